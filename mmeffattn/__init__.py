@@ -1,0 +1,14 @@
+"""mmeffattn: efficient vision attention backbones for the OpenMMLab ecosystem.
+
+``import mmeffattn`` registers every model in :mod:`mmeffattn.registry`. It needs neither a GPU
+nor Triton: without them the attention ops run their pure PyTorch references.
+"""
+from .version import __version__
+from . import ops  # noqa: F401  (ops first: models call them)
+from . import models  # noqa: F401
+from . import engine  # noqa: F401
+
+# mmengine's own checkpoints must load under torch>=2.6's safe loader (resume, load_from).
+engine.allow_mmengine_checkpoints()
+
+__all__ = ['__version__']

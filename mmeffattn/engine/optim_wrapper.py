@@ -1,0 +1,32 @@
+"""Mixed precision on any device.
+
+mmengine's ``AmpOptimWrapper`` refuses to run without a GPU. On the CPU, ``--amp`` means bfloat16
+autocast: bf16 has fp32's exponent range, so no loss scaling is needed.
+"""
+from contextlib import contextmanager
+
+import torch
+from mmengine.optim import OptimWrapper
+
+from ..registry import OPTIM_WRAPPERS
+
+
+@OPTIM_WRAPPERS.register_module()
+class CPUAutocastOptimWrapper(OptimWrapper):
+    """An ``OptimWrapper`` that runs the forward pass under ``torch.autocast('cpu', bf16)``.
+
+    Args:
+        dtype: the autocast dtype, ``'bfloat16'`` (default) or ``'float16'``.
+        **kwargs: passed to :class:`mmengine.optim.OptimWrapper`.
+    """
+
+    def __init__(self, dtype: str = 'bfloat16', **kwargs) -> None:
+        super().__init__(**kwargs)
+        if dtype not in ('bfloat16', 'float16'):
+            raise ValueError(f"dtype must be 'bfloat16' or 'float16', got {dtype!r}")
+        self.cast_dtype = getattr(torch, dtype)
+
+    @contextmanager
+    def optim_context(self, model: torch.nn.Module):
+        with super().optim_context(model), torch.autocast('cpu', dtype=self.cast_dtype):
+            yield

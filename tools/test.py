@@ -1,0 +1,93 @@
+#!/usr/bin/env python
+"""Evaluate a checkpoint on a config's test set and write the metrics to a JSON file.
+
+    python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--out-json PATH] [--show-dir DIR]
+    bash tools/dist_test.sh CONFIG CHECKPOINT NUM_PROCS [args]
+"""
+import argparse
+import json
+import os
+import os.path as osp
+import sys
+
+sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
+
+import mmeffattn  # noqa: E402,F401
+from mmeffattn.engine import check_dataset_paths  # noqa: E402
+from mmeffattn.engine.runner_setup import (DictAction, load_config, prepare_runtime,  # noqa: E402
+                                           set_work_dir, setup_launcher)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('config', help='test config file path')
+    parser.add_argument('checkpoint', help='checkpoint file')
+    parser.add_argument('--work-dir', help='where logs (and by default the metrics JSON) go')
+    parser.add_argument('--out-json', help='metrics JSON path (default: WORK_DIR/test_metrics.json)')
+    parser.add_argument('--show-dir', help='draw predictions on the test images into this folder')
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
+                        help='override config entries, e.g. model.backbone.window_size=8')
+    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
+                        default='none', help='job launcher')
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    args = parser.parse_args(argv)
+    os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
+    return args
+
+
+def enable_visualization(cfg, show_dir: str) -> None:
+    """Turn on the downstream library's visualization hook, whichever it is."""
+    hook = cfg.default_hooks.get('visualization')
+    if hook is None:
+        raise RuntimeError('--show-dir needs a "visualization" entry in default_hooks')
+    kind = hook['type'].split('.')[-1]
+    if kind == 'DetVisualizationHook':  # mmdet
+        hook.update(draw=True, test_out_dir=osp.abspath(show_dir))
+    elif kind == 'SegVisualizationHook':  # mmseg writes through the visualizer's save_dir
+        hook.update(draw=True, interval=1)
+        cfg.visualizer['save_dir'] = osp.abspath(show_dir)
+    elif kind == 'VisualizationHook':  # mmpretrain
+        hook.update(enable=True, out_dir=osp.abspath(show_dir))
+    else:
+        raise RuntimeError(f'--show-dir does not know the visualization hook {hook["type"]!r}')
+
+
+def to_jsonable(value):
+    try:
+        return float(value) if not isinstance(value, (int, str, bool)) else value
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    prepare_runtime()
+    cfg = load_config(args.config, args.cfg_options)
+    set_work_dir(cfg, args.config, args.work_dir)
+    if not osp.isfile(args.checkpoint):
+        raise FileNotFoundError(f'checkpoint {args.checkpoint!r} does not exist')
+    cfg.load_from = args.checkpoint
+    if args.show_dir:
+        enable_visualization(cfg, args.show_dir)
+    check_dataset_paths(cfg, ['test'])
+    setup_launcher(cfg, args.launcher)
+
+    from mmengine.dist import is_main_process
+    from mmengine.registry import RUNNERS
+    from mmengine.runner import Runner
+    runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
+    metrics = runner.test()
+
+    if is_main_process():
+        out = args.out_json or osp.join(cfg.work_dir, 'test_metrics.json')
+        os.makedirs(osp.dirname(osp.abspath(out)), exist_ok=True)
+        record = dict(config=args.config, checkpoint=args.checkpoint,
+                      metrics={k: to_jsonable(v) for k, v in metrics.items()})
+        with open(out, 'w') as f:
+            json.dump(record, f, indent=2)
+        runner.logger.info(f'metrics written to {out}')
+    return metrics
+
+
+if __name__ == '__main__':
+    main()
