@@ -9,7 +9,7 @@ from setuptools import find_packages, setup
 HERE = osp.dirname(osp.abspath(__file__))
 # Folders shipped inside the package under mmeffattn/.mim, the OpenMMLab way, so that a config
 # elsewhere can inherit 'mmeffattn::<path>' and `mim` finds our tools.
-MIM_FOLDERS = ('configs', 'tools')
+MIM_FOLDERS = ('configs', 'tools', 'model-index.yml')
 
 
 def get_version() -> str:
@@ -39,8 +39,10 @@ def add_mim_extension() -> None:
             shutil.rmtree(dst)
         if mode == 'symlink':
             os.symlink(osp.relpath(src, mim_path), dst)
-        else:
+        elif osp.isdir(src):
             shutil.copytree(src, dst)
+        else:
+            shutil.copyfile(src, dst)
 
 
 def read_requirements(path: str) -> list:
@@ -61,7 +63,8 @@ if __name__ == '__main__':
         python_requires='>=3.9',
         packages=find_packages(exclude=('configs', 'tools', 'tests', 'scripts')),
         include_package_data=True,
-        package_data={'mmeffattn': ['.mim/configs/**/*.py', '.mim/tools/**/*', '.mim/tools/*']},
+        package_data={'mmeffattn': ['.mim/model-index.yml', '.mim/configs/**/*.py',
+                                    '.mim/configs/**/*.yml', '.mim/tools/*']},
         install_requires=['torch', 'mmengine>=0.10', 'mmcv>=2.0,<2.2'],
         extras_require={'all': read_requirements('requirements/runtime.txt')},
         zip_safe=False,

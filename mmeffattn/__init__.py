@@ -10,5 +10,7 @@ from . import engine  # noqa: F401
 
 # mmengine's own checkpoints must load under torch>=2.6's safe loader (resume, load_from).
 engine.allow_mmengine_checkpoints()
+# Configs elsewhere may inherit ours as 'mmeffattn::<path>' (shipped in mmeffattn/.mim).
+engine.compat.register_config_package()
 
 __all__ = ['__version__']

@@ -71,3 +71,14 @@ def configure_cpu_ddp(cfg) -> None:
     cfg.model_wrapper_cfg = wrapper
     env = cfg.setdefault('env_cfg', {})
     env.setdefault('dist_cfg', {})['backend'] = 'gloo'
+
+
+def register_config_package() -> None:
+    """Let configs inherit ours as ``_base_ = 'mmeffattn::sema/...py'``.
+
+    mmengine 0.10.7 resolves ``pkg::`` only for packages in its fixed ``MODULE2PACKAGE`` table,
+    so the name is added there; it then finds the configs under ``mmeffattn/.mim/configs``. This
+    runs on ``import mmeffattn``, i.e. in our tools before any config is parsed.
+    """
+    from mmengine.config import utils as cfg_utils
+    cfg_utils.MODULE2PACKAGE.setdefault('mmeffattn', 'mmeffattn')

@@ -1,0 +1,47 @@
+"""Every config under configs/ loads, and its model builds through the downstream registry."""
+import glob
+import os.path as osp
+
+import pytest
+from mmengine.config import Config
+from mmengine.registry import init_default_scope
+
+import mmeffattn  # noqa: F401
+
+ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+CONFIGS = sorted(glob.glob(osp.join(ROOT, 'configs', '**', '*.py'), recursive=True))
+
+
+def _id(path: str) -> str:
+    return osp.relpath(path, osp.join(ROOT, 'configs'))
+
+
+def test_main_config_exists():
+    assert osp.isfile(osp.join(ROOT, 'configs', 'mask_rcnn_sema_t_3x.py'))
+
+
+@pytest.mark.parametrize('path', CONFIGS, ids=[_id(p) for p in CONFIGS])
+def test_config_builds(path):
+    cfg = Config.fromfile(path)
+    assert cfg.custom_imports['imports'] == ['mmeffattn']
+    backbone = cfg.model.backbone
+    assert backbone.type.startswith('mmeffattn.'), backbone.type
+    init_default_scope(cfg.default_scope)
+    from mmengine.registry import MODELS
+    model = MODELS.build(cfg.model)
+    # the backbone really is ours, with the attention the config asks for
+    assert type(model.backbone).__module__.startswith('mmeffattn.')
+    if 'attn_type' in backbone:
+        assert model.backbone.attn_type == backbone.attn_type
+    n_params = sum(p.numel() for p in model.parameters())
+    assert n_params > 1e6
+
+
+def test_config_inherits_from_another_package_via_mim(tmp_path):
+    """A config outside the project can inherit ours through the package's .mim folder."""
+    cfg_file = tmp_path / 'my_cfg.py'
+    cfg_file.write_text("_base_ = 'mmeffattn::sema/retinanet_sema-t_fpn_1x_coco.py'\n"
+                        "model = dict(backbone=dict(drop_path_rate=0.0))\n")
+    cfg = Config.fromfile(str(cfg_file))
+    assert cfg.model.backbone.type == 'mmeffattn.SEMA'
+    assert cfg.model.backbone.drop_path_rate == 0.0
