@@ -49,3 +49,9 @@ def shared_data_dir(name: str) -> str:
         pytest.skip(f'sample data {path!r} is absent: put the shared data beside the project '
                     f'(../shared/data) or set MMEFFATTN_SHARED_DATA')
     return path
+
+
+@pytest.fixture
+def shared_data():
+    """``shared_data('coco_tiny')`` -> its path, or the test is skipped with a clear message."""
+    return shared_data_dir

@@ -1,0 +1,57 @@
+"""UperNet + SEMA-T end to end on ../shared/data/ade20k_sample: train, evaluate mIoU."""
+import json
+import os.path as osp
+
+import pytest
+
+from e2e_helpers import run_tool, write_config
+
+pytestmark = pytest.mark.e2e
+
+SMALL_ADE = '''
+data_root = {root!r}
+crop_size = (128, 128)
+data_preprocessor = dict(size=crop_size)
+model = dict(data_preprocessor=data_preprocessor)
+train_pipeline = [
+    dict(type='LoadImageFromFile'),
+    dict(type='LoadAnnotations', reduce_zero_label=True),
+    dict(type='RandomResize', scale=(256, 128), ratio_range=(0.75, 1.25), keep_ratio=True),
+    dict(type='RandomCrop', crop_size=crop_size, cat_max_ratio=0.75),
+    dict(type='RandomFlip', prob=0.5),
+    dict(type='PackSegInputs'),
+]
+test_pipeline = [
+    dict(type='LoadImageFromFile'),
+    dict(type='Resize', scale=(256, 128), keep_ratio=True),
+    dict(type='LoadAnnotations', reduce_zero_label=True),
+    dict(type='PackSegInputs'),
+]
+paths = dict(img_path='images/validation', seg_map_path='annotations/validation')
+train_dataloader = dict(batch_size=2, num_workers=0, persistent_workers=False,
+    dataset=dict(data_root=data_root, data_prefix=paths, pipeline=train_pipeline))
+val_dataloader = dict(batch_size=1, num_workers=0, persistent_workers=False,
+    dataset=dict(data_root=data_root, data_prefix=paths, pipeline=test_pipeline))
+test_dataloader = val_dataloader
+train_cfg = dict(max_iters=2, val_interval=2)
+param_scheduler = [dict(type='PolyLR', eta_min=0.0, power=1.0, begin=0, end=2, by_epoch=False)]
+default_hooks = dict(logger=dict(interval=1), checkpoint=dict(interval=2))
+'''
+
+
+@pytest.mark.parametrize('config', ['configs/sema/sema-t_upernet_8xb2-160k_ade20k-512x512.py'],
+                         ids=['upernet-sema-t'])
+def test_upernet_on_ade20k_sample(tmp_path, config, shared_data):
+    root = shared_data('ade20k_sample') + '/'
+    cfg = write_config(tmp_path / 'cfg.py', config, SMALL_ADE.format(root=root))
+    work = str(tmp_path / 'work')
+    run_tool(['tools/train.py', cfg, '--work-dir', work])
+    ckpt = osp.join(work, 'iter_2.pth')
+    assert osp.isfile(ckpt)
+    out_json = str(tmp_path / 'metrics.json')
+    run_tool(['tools/test.py', cfg, ckpt, '--work-dir', work, '--out-json', out_json,
+              '--show-dir', str(tmp_path / 'vis')])
+    metrics = json.load(open(out_json))['metrics']
+    assert 'mIoU' in metrics and 0.0 <= metrics['mIoU'] <= 100.0
+    import glob
+    assert glob.glob(str(tmp_path / 'vis' / '**' / '*.png'), recursive=True), 'nothing drawn'
