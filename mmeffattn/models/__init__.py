@@ -1,0 +1,2 @@
+from . import layers  # noqa: F401
+from .backbones import *  # noqa: F401,F403

@@ -1,0 +1,780 @@
+"""SEMA and MILA (MLLA) hierarchical backbones for OpenMMLab.
+
+Papers:
+    - SEMA: a Scalable and Efficient Mamba like Attention via Token Localization and Averaging
+      (Tran, Xue, Zhang, Lyu, Zheng, Qi, Xin), arXiv 2506.08297, https://arxiv.org/abs/2506.08297
+    - Demystify Mamba in Vision: A Linear Attention Perspective (Han et al.), NeurIPS 2024,
+      arXiv 2405.16605, https://arxiv.org/abs/2405.16605. The model was called MLLA (Mamba-Like
+      Linear Attention) in the preprint and MILA (Mamba-Inspired Linear Attention) in the final
+      paper; official code https://github.com/LeapLabTHU/MLLA.
+
+Both models share MLLA's macro design: a convolutional stem (stride 4), four stages of Mamba-like
+blocks and MobileNet-style downsampling between stages. They differ only in the token mixer:
+``attn_type='linear'`` is MLLA's linear attention (ELU+1 kernel, 2-D RoPE, LePE), and
+``attn_type='sema'`` is SEMA's windowed softmax attention plus the mean of all values (LePE, no
+RoPE).
+
+Module and parameter names follow the official MLLA code (``patch_embed``,
+``layers.{i}.blocks.{j}``, ``cpe1``, ``in_proj``, ``act_proj``, ``dwc``, ``attn.qk``, ``attn.lepe``,
+``out_proj``, ``cpe2``, ``mlp``, ``layers.{i}.downsample.conv``, ``norm{i}``), so official
+checkpoints load after :func:`checkpoint_filter_mlla`, which only drops the classifier and the
+fixed-size RoPE buffers. SEMA adds ``attn.v`` (its value projection).
+"""
+import functools
+import re
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torch.utils.checkpoint as cp
+from mmengine.logging import MMLogger
+from mmengine.model import BaseModule
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from mmeffattn.ops import sema_attention
+from mmeffattn.registry import MODELS
+from ..layers import ConvNormAct, DropPath, Mlp
+
+__all__ = ['SEMA', 'MILA', 'checkpoint_filter_mlla', 'apply_rope_2d']
+
+HWShape = Tuple[int, int]
+
+
+# --------------------------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------------------------
+def tokens_to_map(x: torch.Tensor, hw: HWShape) -> torch.Tensor:
+    """``[B, H*W, C]`` tokens (row-major) -> ``[B, C, H, W]`` map."""
+    B, N, C = x.shape
+    return x.transpose(1, 2).reshape(B, C, hw[0], hw[1])
+
+
+def map_to_tokens(x: torch.Tensor) -> torch.Tensor:
+    """``[B, C, H, W]`` map -> ``[B, H*W, C]`` tokens (row-major)."""
+    return x.flatten(2).transpose(1, 2)
+
+
+def _rope_angles(h: int, w: int, dim: int, base: float,
+                 device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Cosines and sines of the 2-D RoPE angles for an ``h x w`` grid, each ``[h*w, dim // 2]``.
+
+    Channel pair ``j`` (channels ``2j, 2j+1``) turns by ``row * theta_j`` for ``j < dim/4`` and by
+    ``col * theta_{j - dim/4}`` for the rest, ``theta_k = base ** (-k / (dim/4))``: the official
+    MLLA formula. Always float32 (the official code rotates in float32 too).
+    """
+    k_max = dim // 4
+    theta = 1.0 / (base ** (torch.arange(k_max, device=device, dtype=torch.float32) / k_max))
+    rows = torch.arange(h, device=device, dtype=torch.float32)
+    cols = torch.arange(w, device=device, dtype=torch.float32)
+    ang_h = (rows[:, None] * theta).unsqueeze(1).expand(h, w, k_max)  # [h, w, k_max]
+    ang_w = (cols[:, None] * theta).unsqueeze(0).expand(h, w, k_max)  # [h, w, k_max]
+    angles = torch.cat([ang_h, ang_w], dim=-1).reshape(h * w, 2 * k_max)  # [N, dim/2]
+    return angles.cos(), angles.sin()
+
+
+@functools.lru_cache(maxsize=64)
+def _rope_angles_cached(h: int, w: int, dim: int, base: float,
+                        device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
+    # Built outside inference mode, so that a table first made under torch.inference_mode()
+    # can serve training later (inference tensors cannot be saved for backward).
+    with torch.inference_mode(False), torch.no_grad():
+        return _rope_angles(h, w, dim, base, device)
+
+
+def rope_cos_sin(h: int, w: int, dim: int, base: float,
+                 device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The RoPE table for an ``h x w`` grid, cached per ``(h, w, dim, base, device)``.
+
+    Under ``torch.jit.trace`` or ``torch.compile`` it is computed inline instead (sizes may be
+    symbolic there, and the graph then owns the computation).
+    """
+    if torch.jit.is_tracing() or torch.compiler.is_compiling():
+        return _rope_angles(h, w, dim, base, device)
+    return _rope_angles_cached(int(h), int(w), int(dim), float(base), device)
+
+
+def apply_rope_2d(x: torch.Tensor, hw: HWShape, base: float = 10000.) -> torch.Tensor:
+    """Rotary position embedding over a 2-D token grid, for any grid size.
+
+    Equal to the official MLLA ``RoPE``/``rope`` for the same grid: adjacent channels
+    ``(2j, 2j+1)`` form a complex number that is multiplied by ``exp(i * angle_j(row, col))``,
+    computed over all ``C`` channels before they are split into heads. The table is computed on
+    the fly for ``hw`` and cached per ``(H, W, C, base, device)``.
+
+    Args:
+        x: ``[..., N, C]`` with ``N = H * W`` tokens in row-major order; ``C % 4 == 0``.
+        hw: the token grid ``(H, W)``.
+        base: the RoPE frequency base.
+
+    Returns:
+        A tensor shaped and typed like ``x``. The rotation runs in float32 as in the official code,
+        which then returns float32; casting back keeps a half-precision model (without autocast)
+        working, and under autocast the following matmuls run in half precision either way.
+    """
+    H, W = hw
+    N, C = x.shape[-2:]
+    if N != H * W:
+        raise ValueError(f'RoPE got {N} tokens for a {H}x{W} grid')
+    if C % 4 != 0:
+        raise ValueError(f'2-D RoPE needs channels divisible by 4, got {C}')
+    cos, sin = rope_cos_sin(H, W, C, base, x.device)  # [N, C/2] each
+    xf = x.float().unflatten(-1, (C // 2, 2))  # [..., N, C/2, 2]
+    x_re, x_im = xf.unbind(-1)
+    out = torch.stack([x_re * cos - x_im * sin, x_im * cos + x_re * sin], dim=-1)
+    return out.flatten(-2).to(x.dtype)  # [..., N, C]
+
+
+# --------------------------------------------------------------------------------------------
+# attention
+# --------------------------------------------------------------------------------------------
+class LinearAttention(nn.Module):
+    """MLLA/MILA linear attention with 2-D RoPE and LePE; the values are the input (``v = x``).
+
+    ``out_i = (phi(q_i) R_i) [sum_j (phi(k_j) R_j)^T v_j / N] / (phi(q_i) mean_j phi(k_j)^T + eps)
+    + LePE(v)_i`` with ``phi = ELU + 1`` and ``R`` the RoPE rotation (the normalizer uses the
+    unrotated q and k, exactly as the official code).
+
+    Args:
+        dim: channels.
+        num_heads: attention heads; ``dim % num_heads == 0``.
+        qkv_bias: bias of the q/k projection.
+        rope_base: RoPE frequency base.
+    """
+
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True,
+                 rope_base: float = 10000.) -> None:
+        super().__init__()
+        if dim % num_heads != 0:
+            raise ValueError(f'dim {dim} is not divisible by num_heads {num_heads}')
+        self.dim = dim
+        self.num_heads = num_heads
+        self.rope_base = rope_base
+        self.qk = nn.Linear(dim, dim * 2, bias=qkv_bias)
+        self.elu = nn.ELU()
+        self.lepe = nn.Conv2d(dim, dim, 3, padding=1, groups=dim)
+
+    def forward(self, x: torch.Tensor, hw: HWShape) -> torch.Tensor:
+        B, N, C = x.shape
+        nh, hd = self.num_heads, C // self.num_heads
+        q, k = self.qk(x).unflatten(-1, (2, C)).unbind(-2)  # [B, N, C] each
+        q = self.elu(q) + 1.0
+        k = self.elu(k) + 1.0
+        q_rope = apply_rope_2d(q, hw, self.rope_base)  # [B, N, C]
+        k_rope = apply_rope_2d(k, hw, self.rope_base)
+
+        def heads(t: torch.Tensor) -> torch.Tensor:
+            return t.reshape(B, N, nh, hd).transpose(1, 2)  # [B, nh, N, hd]
+
+        q, k, q_rope, k_rope, v = heads(q), heads(k), heads(q_rope), heads(k_rope), heads(x)
+        z = 1 / (q @ k.mean(dim=-2, keepdim=True).transpose(-2, -1) + 1e-6)  # [B, nh, N, 1]
+        kv = (k_rope.transpose(-2, -1) * N ** -0.5) @ (v * N ** -0.5)  # [B, nh, hd, hd]
+        out = (q_rope @ kv) * z  # [B, nh, N, hd]
+        out = out.transpose(1, 2).reshape(B, N, C)
+        return out + map_to_tokens(self.lepe(tokens_to_map(x, hw)))
+
+    def extra_repr(self) -> str:
+        return f'dim={self.dim}, num_heads={self.num_heads}'
+
+
+class SEMAttention(nn.Module):
+    """SEMA attention: windowed softmax (localization) + mean of all values (averaging) + LePE.
+
+    q and k come from one ``Linear(dim, 2 * dim)`` (named ``qk`` as in MLLA); unlike MLLA, the
+    values have their own projection ``v``. There is no RoPE: the softmax only sees a local
+    window, and position comes from the block's convolutional position encodings and the LePE.
+
+    Args:
+        dim: channels.
+        num_heads: attention heads; head dim ``dim // num_heads`` must be one the op supports.
+        window_size: side of the non-overlapping attention windows.
+        qkv_bias: bias of the q/k and v projections.
+        backend: passed to :func:`mmeffattn.ops.sema_attention` (None picks automatically).
+    """
+
+    def __init__(self, dim: int, num_heads: int, window_size: int = 7, qkv_bias: bool = True,
+                 backend: Optional[str] = None) -> None:
+        super().__init__()
+        if dim % num_heads != 0:
+            raise ValueError(f'dim {dim} is not divisible by num_heads {num_heads}')
+        self.dim = dim
+        self.num_heads = num_heads
+        self.window_size = window_size
+        self.backend = backend
+        self.qk = nn.Linear(dim, dim * 2, bias=qkv_bias)
+        self.v = nn.Linear(dim, dim, bias=qkv_bias)
+        self.lepe = nn.Conv2d(dim, dim, 3, padding=1, groups=dim)
+
+    def forward(self, x: torch.Tensor, hw: HWShape) -> torch.Tensor:
+        B, N, C = x.shape
+        nh, hd = self.num_heads, C // self.num_heads
+        qk = self.qk(x).reshape(B, N, 2, nh, hd).permute(2, 0, 3, 1, 4)  # [2, B, nh, N, hd]
+        q, k = qk.unbind(0)  # views; the op accepts any strides
+        v = self.v(x)  # [B, N, C]
+        out = sema_attention(q, k, v.reshape(B, N, nh, hd).transpose(1, 2), hw, self.window_size,
+                             backend=self.backend)  # [B, nh, N, hd]
+        out = out.transpose(1, 2).reshape(B, N, C)
+        return out + map_to_tokens(self.lepe(tokens_to_map(v, hw)))
+
+    def extra_repr(self) -> str:
+        return f'dim={self.dim}, num_heads={self.num_heads}, window_size={self.window_size}'
+
+
+# --------------------------------------------------------------------------------------------
+# block
+# --------------------------------------------------------------------------------------------
+class SEMABlock(nn.Module):
+    """MLLA's Mamba-like block with a choice of token mixer.
+
+    ``x = x + cpe1(x)``; ``x = x + drop_path(out_proj(attn(SiLU(dwc(in_proj(LN(x))))) *
+    SiLU(act_proj(LN(x)))))``; ``x = x + cpe2(x)``; ``x = x + drop_path(mlp(LN(x)))``.
+
+    Args:
+        dim: channels.
+        num_heads: attention heads.
+        attn_type: ``'sema'`` or ``'linear'``.
+        window_size: SEMA window side (unused by ``'linear'``).
+        mlp_ratio: MLP hidden channels / ``dim``.
+        qkv_bias: bias of the attention projections.
+        drop: dropout inside the MLP.
+        drop_path: stochastic depth rate of both residual branches.
+        rope_base: RoPE base for ``'linear'``.
+        attn_backend: backend for the SEMA op.
+    """
+
+    def __init__(self, dim: int, num_heads: int, attn_type: str = 'sema', window_size: int = 7,
+                 mlp_ratio: float = 4., qkv_bias: bool = True, drop: float = 0.,
+                 drop_path: float = 0., rope_base: float = 10000.,
+                 attn_backend: Optional[str] = None) -> None:
+        super().__init__()
+        self.dim = dim
+        self.cpe1 = nn.Conv2d(dim, dim, 3, padding=1, groups=dim)
+        self.norm1 = nn.LayerNorm(dim)
+        self.in_proj = nn.Linear(dim, dim)
+        self.act_proj = nn.Linear(dim, dim)
+        self.dwc = nn.Conv2d(dim, dim, 3, padding=1, groups=dim)
+        self.act = nn.SiLU()
+        if attn_type == 'sema':
+            self.attn = SEMAttention(dim, num_heads, window_size, qkv_bias, backend=attn_backend)
+        elif attn_type == 'linear':
+            self.attn = LinearAttention(dim, num_heads, qkv_bias, rope_base=rope_base)
+        else:
+            raise ValueError(f"attn_type must be 'sema' or 'linear', got {attn_type!r}")
+        self.out_proj = nn.Linear(dim, dim)
+        self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
+        self.cpe2 = nn.Conv2d(dim, dim, 3, padding=1, groups=dim)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_cfg=dict(type='GELU'), drop=drop)
+
+    def forward(self, x: torch.Tensor, hw: HWShape) -> torch.Tensor:
+        # x: [B, N, C], N = H * W
+        x = x + map_to_tokens(self.cpe1(tokens_to_map(x, hw)))
+        shortcut = x
+        x = self.norm1(x)
+        gate = self.act(self.act_proj(x))  # [B, N, C]
+        x = self.in_proj(x)
+        x = map_to_tokens(self.act(self.dwc(tokens_to_map(x, hw))))  # [B, N, C]
+        x = self.attn(x, hw)
+        x = shortcut + self.drop_path(self.out_proj(x * gate))
+        x = x + map_to_tokens(self.cpe2(tokens_to_map(x, hw)))
+        return x + self.drop_path(self.mlp(self.norm2(x)))
+
+
+# --------------------------------------------------------------------------------------------
+# stem, downsampling, stage
+# --------------------------------------------------------------------------------------------
+class Stem(nn.Module):
+    """MLLA's convolutional stem: stride 4, ``in_channels -> embed_dims``.
+
+    conv1: 3x3 s2 -> C/2 (BN, ReLU); conv2: two 3x3 (residual); conv3: 3x3 s2 -> 4C, 1x1 -> C.
+    The image is zero padded on the right/bottom to a multiple of 4 first (as the official det
+    code).
+
+    Args:
+        in_channels: image channels.
+        embed_dims: output channels.
+        norm_cfg: norm of the convolutions.
+        act_cfg: activation of the convolutions.
+    """
+
+    patch_size = 4
+
+    def __init__(self, in_channels: int = 3, embed_dims: int = 96,
+                 norm_cfg: dict = dict(type='BN'), act_cfg: dict = dict(type='ReLU')) -> None:
+        super().__init__()
+        half = embed_dims // 2
+        kw = dict(bias=False, norm_cfg=norm_cfg)
+        self.conv1 = ConvNormAct(in_channels, half, 3, stride=2, padding=1, act_cfg=act_cfg, **kw)
+        self.conv2 = nn.Sequential(
+            ConvNormAct(half, half, 3, padding=1, act_cfg=act_cfg, **kw),
+            ConvNormAct(half, half, 3, padding=1, act_cfg=None, **kw))
+        self.conv3 = nn.Sequential(
+            ConvNormAct(half, embed_dims * 4, 3, stride=2, padding=1, act_cfg=act_cfg, **kw),
+            ConvNormAct(embed_dims * 4, embed_dims, 1, act_cfg=None, **kw))
+
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, HWShape]:
+        H, W = x.shape[-2:]
+        p = self.patch_size
+        if H % p or W % p:
+            x = F.pad(x, (0, (-W) % p, 0, (-H) % p))
+        x = self.conv1(x)  # [B, C/2, H/2, W/2]
+        x = self.conv2(x) + x
+        x = self.conv3(x)  # [B, C, H/4, W/4]
+        return map_to_tokens(x), (x.shape[2], x.shape[3])
+
+
+class PatchMerging(nn.Module):
+    """MobileNet-style downsampling: 1x1 (4 x 2C, ReLU) -> 3x3 depthwise s2 (ReLU) -> 1x1 (2C, BN).
+
+    An odd ``H`` or ``W`` is zero padded on the bottom/right to even first (as the official det
+    code), so the output grid is ``ceil(H / 2) x ceil(W / 2)``.
+
+    Args:
+        dim: input channels; the output has ``2 * dim``.
+        ratio: expansion ratio of the hidden width relative to the output channels.
+        norm_cfg: norm of the last convolution.
+        act_cfg: activation of the first two convolutions.
+    """
+
+    def __init__(self, dim: int, ratio: float = 4.0, norm_cfg: dict = dict(type='BN'),
+                 act_cfg: dict = dict(type='ReLU')) -> None:
+        super().__init__()
+        out_channels = 2 * dim
+        hidden = int(out_channels * ratio)
+        self.conv = nn.Sequential(
+            ConvNormAct(dim, hidden, 1, norm_cfg=None, act_cfg=act_cfg),
+            ConvNormAct(hidden, hidden, 3, stride=2, padding=1, groups=hidden, norm_cfg=None,
+                        act_cfg=act_cfg),
+            ConvNormAct(hidden, out_channels, 1, norm_cfg=norm_cfg, act_cfg=None))
+
+    def forward(self, x: torch.Tensor, hw: HWShape) -> Tuple[torch.Tensor, HWShape]:
+        x = tokens_to_map(x, hw)  # [B, C, H, W]
+        if hw[0] % 2 or hw[1] % 2:
+            x = F.pad(x, (0, hw[1] % 2, 0, hw[0] % 2))
+        x = self.conv(x)  # [B, 2C, ceil(H/2), ceil(W/2)]
+        return map_to_tokens(x), (x.shape[2], x.shape[3])
+
+
+class SEMAStage(nn.Module):
+    """A stage: ``depth`` blocks, then an optional :class:`PatchMerging` (MLLA's ``BasicLayer``).
+
+    Args:
+        dim: channels.
+        depth: number of blocks.
+        num_heads: attention heads.
+        drop_path: one rate per block, or one rate for all.
+        downsample: whether to end with a :class:`PatchMerging`.
+        with_cp: checkpoint each block (only while gradients are needed).
+        norm_cfg: norm of the downsampling convolutions.
+        act_cfg: activation of the downsampling convolutions.
+        **block_kwargs: passed to :class:`SEMABlock`.
+    """
+
+    def __init__(self, dim: int, depth: int, num_heads: int,
+                 drop_path: Union[float, Sequence[float]] = 0., downsample: bool = False,
+                 with_cp: bool = False, norm_cfg: dict = dict(type='BN'),
+                 act_cfg: dict = dict(type='ReLU'), **block_kwargs) -> None:
+        super().__init__()
+        dpr = list(drop_path) if isinstance(drop_path, (list, tuple)) else [drop_path] * depth
+        self.with_cp = with_cp
+        self.blocks = nn.ModuleList([
+            SEMABlock(dim, num_heads, drop_path=dpr[i], **block_kwargs) for i in range(depth)])
+        self.downsample = PatchMerging(dim, norm_cfg=norm_cfg, act_cfg=act_cfg) \
+            if downsample else None
+
+    def _use_cp(self, x: torch.Tensor, blk: nn.Module) -> bool:
+        return self.with_cp and torch.is_grad_enabled() and (
+            x.requires_grad or any(p.requires_grad for p in blk.parameters()))
+
+    def forward(self, x: torch.Tensor,
+                hw: HWShape) -> Tuple[torch.Tensor, HWShape, torch.Tensor, HWShape]:
+        """Returns ``(x_next, hw_next, x_out, hw_out)``: the downsampled tokens for the next stage
+        and this stage's output tokens before downsampling."""
+        for blk in self.blocks:
+            if self._use_cp(x, blk):
+                x = cp.checkpoint(blk, x, hw, use_reentrant=False)
+            else:
+                x = blk(x, hw)
+        if self.downsample is None:
+            return x, hw, x, hw
+        x_down, hw_down = self.downsample(x, hw)
+        return x_down, hw_down, x, hw
+
+
+# --------------------------------------------------------------------------------------------
+# model
+# --------------------------------------------------------------------------------------------
+@MODELS.register_module()
+class SEMA(BaseModule):
+    """SEMA / MILA hierarchical backbone (MLLA macro-architecture) for detection and segmentation.
+
+    A stride-4 convolutional stem, four stages of Mamba-like blocks (:class:`SEMABlock`) with
+    MobileNet-style downsampling between them; channels ``embed_dims * 2**i`` at stride
+    ``4 * 2**i``.
+    Returns one NCHW map per index in ``out_indices``, each through its own LayerNorm ``norm{i}``,
+    like the official MLLA det/seg backbone.
+
+    Token mixers:
+        - ``attn_type='sema'`` (SEMA, arXiv 2506.08297): q, k from ``Linear(dim, 2*dim)``, v from
+          its own ``Linear(dim, dim)`` (SEMA adds it; MLLA uses ``v = x``), softmax inside
+          non-overlapping ``window_size`` windows tiled from the top-left (partial windows masked)
+          plus the mean of all values, plus LePE on v. **No RoPE**: the softmax is local, so
+          relative position inside a window is left to the block's convolutional position
+          encodings (cpe1, dwc, cpe2) and the LePE; this also keeps the model free of
+          grid-size-dependent tables.
+        - ``attn_type='linear'`` (MILA/MLLA, arXiv 2405.16605): the official linear attention
+          (ELU+1, 2-D RoPE computed for the actual grid, normalizer z, LePE, ``v = x``); the
+          baseline.
+
+    Any input size works: the stem pads the image to a multiple of 4 and odd grids are padded to
+    even before each downsampling (both as the official det code); SEMA windows may be partial.
+
+    Args:
+        arch: a key of :attr:`arch_zoo` (``'tiny'``/``'t'``, ``'small'``/``'s'``,
+            ``'base'``/``'b'``) or a dict with ``embed_dims``, ``depths`` and ``num_heads``.
+        attn_type: ``'sema'`` or ``'linear'``.
+        in_channels: image channels.
+        window_size: SEMA window side (>= 1).
+        mlp_ratio: MLP hidden channels / block channels.
+        qkv_bias: bias of the attention projections.
+        drop_rate: dropout after the stem and inside the MLPs.
+        drop_path_rate: stochastic depth, rising linearly from 0 to this over all blocks.
+        out_indices: stages whose outputs are returned (negative indices count from the end).
+        frozen_stages: -1 freezes nothing; 0 freezes the stem; ``i >= 1`` freezes the stem and
+            stages ``0 .. i-1`` (each with its downsampling and its output norm), as mmdet's Swin.
+        norm_eval: keep the BatchNorm layers in eval mode (running stats frozen) while training.
+        with_cp: gradient checkpointing per block (only when gradients are needed).
+        norm_cfg: norm of the stem and downsampling convolutions (``dict(type='SyncBN')``...).
+        act_cfg: activation of the stem and downsampling convolutions.
+        rope_base: RoPE base for ``attn_type='linear'``.
+        attn_backend: backend for :func:`mmeffattn.ops.sema_attention` (None: automatic).
+        init_cfg: mmengine init config; ``dict(type='Pretrained', checkpoint=..., prefix=...)``
+            loads a checkpoint strictly (see :meth:`init_weights`).
+    """
+
+    arch_zoo = {
+        **dict.fromkeys(['t', 'tiny'], {
+            'embed_dims': 64, 'depths': [2, 4, 8, 4], 'num_heads': [2, 4, 8, 16]}),
+        **dict.fromkeys(['s', 'small'], {
+            'embed_dims': 64, 'depths': [3, 6, 21, 6], 'num_heads': [2, 4, 8, 16]}),
+        **dict.fromkeys(['b', 'base'], {
+            'embed_dims': 96, 'depths': [3, 6, 21, 6], 'num_heads': [3, 6, 12, 24]}),
+    }
+    attn_types = ('sema', 'linear')
+
+    def __init__(self,
+                 arch: Union[str, dict] = 'tiny',
+                 attn_type: str = 'sema',
+                 in_channels: int = 3,
+                 window_size: int = 7,
+                 mlp_ratio: float = 4.,
+                 qkv_bias: bool = True,
+                 drop_rate: float = 0.,
+                 drop_path_rate: float = 0.1,
+                 out_indices: Sequence[int] = (0, 1, 2, 3),
+                 frozen_stages: int = -1,
+                 norm_eval: bool = False,
+                 with_cp: bool = False,
+                 norm_cfg: dict = dict(type='BN'),
+                 act_cfg: dict = dict(type='ReLU'),
+                 rope_base: float = 10000.,
+                 attn_backend: Optional[str] = None,
+                 init_cfg: Optional[Union[dict, List[dict]]] = None) -> None:
+        super().__init__(init_cfg=init_cfg)
+        self.arch_settings = self._parse_arch(arch)
+        if attn_type not in self.attn_types:
+            raise ValueError(f'attn_type must be one of {self.attn_types}, got {attn_type!r}')
+        if isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 1:
+            raise ValueError(f'window_size must be an integer >= 1, got {window_size!r}')
+        self.attn_type = attn_type
+        self.in_channels = in_channels
+        self.window_size = window_size
+        embed_dims = self.arch_settings['embed_dims']
+        depths = self.arch_settings['depths']
+        num_heads = self.arch_settings['num_heads']
+        self.embed_dims = embed_dims
+        self.num_layers = len(depths)
+        self.num_features = [int(embed_dims * 2**i) for i in range(self.num_layers)]
+        self.out_indices = self._parse_out_indices(out_indices)
+        if not -1 <= frozen_stages <= self.num_layers:
+            raise ValueError(f'frozen_stages must be in [-1, {self.num_layers}], '
+                             f'got {frozen_stages}')
+        self.frozen_stages = frozen_stages
+        self.norm_eval = norm_eval
+        self.with_cp = with_cp
+
+        self.patch_embed = Stem(in_channels, embed_dims, norm_cfg=norm_cfg, act_cfg=act_cfg)
+        self.pos_drop = nn.Dropout(p=drop_rate)
+
+        # stochastic depth decay rule (on the CPU, so a meta-device build works too)
+        dpr = torch.linspace(0, drop_path_rate, sum(depths), device='cpu').tolist()
+        self.layers = nn.ModuleList()
+        for i in range(self.num_layers):
+            start = sum(depths[:i])
+            self.layers.append(SEMAStage(
+                dim=self.num_features[i], depth=depths[i], num_heads=num_heads[i],
+                drop_path=dpr[start:start + depths[i]], downsample=i < self.num_layers - 1,
+                with_cp=with_cp, norm_cfg=norm_cfg, act_cfg=act_cfg, attn_type=attn_type,
+                window_size=window_size, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, drop=drop_rate,
+                rope_base=rope_base, attn_backend=attn_backend))
+        for i in self.out_indices:
+            self.add_module(f'norm{i}', nn.LayerNorm(self.num_features[i]))
+
+        self.apply(self._init_weights)
+        self._freeze_stages()
+
+    # ---------------------------------------------------------------- construction helpers
+    @classmethod
+    def _parse_arch(cls, arch: Union[str, dict]) -> dict:
+        essential = {'embed_dims', 'depths', 'num_heads'}
+        if isinstance(arch, str):
+            key = arch.lower()
+            if key not in cls.arch_zoo:
+                raise KeyError(f'Unknown arch {arch!r} for {cls.__name__}; choose one of '
+                               f'{sorted(cls.arch_zoo)} or pass a dict with keys '
+                               f'{sorted(essential)}')
+            return dict(cls.arch_zoo[key])
+        if not isinstance(arch, dict) or not essential <= set(arch):
+            raise ValueError(f'A custom arch must be a dict with keys {sorted(essential)}, '
+                             f'got {arch!r}')
+        arch = dict(arch)
+        if len(arch['depths']) != len(arch['num_heads']):
+            raise ValueError(f"arch 'depths' {arch['depths']} and 'num_heads' "
+                             f"{arch['num_heads']} differ in length")
+        return arch
+
+    def _parse_out_indices(self, out_indices: Union[int, Sequence[int]]) -> Tuple[int, ...]:
+        if isinstance(out_indices, int):
+            out_indices = [out_indices]
+        parsed = []
+        for i in out_indices:
+            j = i + self.num_layers if i < 0 else i
+            if not 0 <= j < self.num_layers:
+                raise ValueError(f'out_indices {tuple(out_indices)} out of range for '
+                                 f'{self.num_layers} stages')
+            parsed.append(j)
+        return tuple(sorted(set(parsed)))
+
+    @staticmethod
+    def _init_weights(m: nn.Module) -> None:
+        if isinstance(m, nn.Linear):
+            nn.init.trunc_normal_(m.weight, std=.02)
+            if m.bias is not None:
+                nn.init.constant_(m.bias, 0)
+        elif isinstance(m, nn.LayerNorm):
+            nn.init.constant_(m.bias, 0)
+            nn.init.constant_(m.weight, 1.0)
+
+    # ---------------------------------------------------------------- train mode, freezing
+    def _freeze_stages(self) -> None:
+        if self.frozen_stages < 0:
+            return
+        frozen = [self.patch_embed, self.pos_drop]
+        for i in range(self.frozen_stages):
+            frozen.append(self.layers[i])
+            if i in self.out_indices:
+                frozen.append(getattr(self, f'norm{i}'))
+        for m in frozen:
+            m.eval()
+            for p in m.parameters():
+                p.requires_grad = False
+
+    def train(self, mode: bool = True) -> 'SEMA':
+        super().train(mode)
+        self._freeze_stages()
+        if mode and self.norm_eval:
+            for m in self.modules():
+                if isinstance(m, _BatchNorm):
+                    m.eval()
+        return self
+
+    # ---------------------------------------------------------------- forward
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        """Args: x: ``[B, in_channels, H, W]``, any ``H, W >= 1``.
+
+        Returns:
+            One ``[B, embed_dims * 2**i, ~H / 2**(i+2), ~W / 2**(i+2)]`` map per ``i`` in
+            ``out_indices`` (sizes rounded up at each stride-2 step).
+        """
+        if x.dim() != 4 or x.shape[1] != self.in_channels:
+            raise ValueError(f'{self.__class__.__name__} expects an input of shape '
+                             f'[B, {self.in_channels}, H, W], got {tuple(x.shape)}')
+        x, hw = self.patch_embed(x)  # [B, N, C0]
+        x = self.pos_drop(x)
+        outs = []
+        for i, layer in enumerate(self.layers):
+            x, hw, out, out_hw = layer(x, hw)
+            if i in self.out_indices:
+                out = getattr(self, f'norm{i}')(out)  # [B, N_i, C_i]
+                outs.append(tokens_to_map(out, out_hw).contiguous())  # [B, C_i, H_i, W_i]
+        return tuple(outs)
+
+    # ---------------------------------------------------------------- weights
+    def init_weights(self) -> None:
+        """Initialize, or load the ``Pretrained`` checkpoint of ``init_cfg`` strictly.
+
+        Without a ``Pretrained`` entry the weights keep the official init (trunc normal std .02
+        for Linear, LayerNorm ones/zeros, PyTorch defaults for convolutions, made at construction)
+        and any other ``init_cfg`` entries run the mmengine way.
+
+        ``dict(type='Pretrained', checkpoint=None)`` (our configs' default) also keeps the init.
+        With ``dict(type='Pretrained', checkpoint=..., prefix=None)`` the checkpoint is read with
+        mmengine's ``CheckpointLoader`` (any backend it supports), unwrapped from ``state_dict`` or
+        ``model``, restricted to the keys under ``prefix`` (stripped), passed through
+        :func:`checkpoint_filter_mlla` (drops classifier and fixed RoPE tables) and loaded. Missing
+        backbone keys or shape mismatches raise a ``RuntimeError`` naming them; only the output
+        norms ``norm{i}`` may be missing (an ImageNet checkpoint has none; they keep their init
+        and are logged). Unexpected keys are logged as a warning.
+        """
+        cfgs = self.init_cfg if isinstance(self.init_cfg, list) else [self.init_cfg]
+        cfgs = [c for c in cfgs if c is not None]
+        pretrained = [c for c in cfgs if c.get('type') == 'Pretrained']
+        if len(pretrained) > 1:
+            raise ValueError(f'{self.__class__.__name__} got {len(pretrained)} Pretrained '
+                             f'init_cfg entries; give one')
+        if not pretrained:
+            super().init_weights()
+            return
+        others = [c for c in cfgs if c.get('type') != 'Pretrained']
+        saved, self.init_cfg = self.init_cfg, (others or None)
+        try:
+            super().init_weights()
+        finally:
+            self.init_cfg = saved
+        if pretrained[0].get('checkpoint') is None:
+            # configs name the entry with checkpoint=None so that one --cfg-options key switches
+            # ImageNet weights on; until then the backbone trains from scratch
+            MMLogger.get_current_instance().info(
+                f'{self.__class__.__name__}: Pretrained init_cfg has checkpoint=None; training '
+                f'from scratch (set model.backbone.init_cfg.checkpoint=PATH to load weights)')
+            return
+        self.load_pretrained(pretrained[0].get('checkpoint'), prefix=pretrained[0].get('prefix'),
+                             map_location=pretrained[0].get('map_location', 'cpu'))
+
+    def load_pretrained(self, checkpoint: str, prefix: Optional[str] = None,
+                        map_location: str = 'cpu') -> None:
+        """Load a checkpoint file strictly (see :meth:`init_weights`)."""
+        from mmengine.runner.checkpoint import CheckpointLoader
+
+        if not checkpoint:
+            raise ValueError("init_cfg=dict(type='Pretrained') needs a 'checkpoint'")
+        logger = MMLogger.get_current_instance()
+        ckpt = CheckpointLoader.load_checkpoint(checkpoint, map_location=map_location,
+                                                logger=logger)
+        state_dict = _unwrap_state_dict(ckpt)
+        if prefix:
+            prefix = prefix if prefix.endswith('.') else prefix + '.'
+            sub = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
+            if not sub:
+                heads = sorted({k.split('.', 1)[0] + '.' for k in state_dict})
+                raise RuntimeError(
+                    f'No key of checkpoint {checkpoint!r} starts with prefix {prefix!r}; its keys '
+                    f'start with {heads[:20]}. Set init_cfg prefix to one of them, or to None for '
+                    f'a bare backbone/classification checkpoint.')
+            state_dict = sub
+        state_dict = checkpoint_filter_mlla(state_dict)
+        self._load_state_dict_strict(state_dict, checkpoint, prefix, logger)
+        logger.info(f'{self.__class__.__name__}: loaded {len(state_dict)} tensors from '
+                    f'{checkpoint!r}' + (f' (prefix {prefix!r})' if prefix else ''))
+
+    def _load_state_dict_strict(self, state_dict: Dict[str, torch.Tensor], checkpoint: str,
+                                prefix: Optional[str], logger: MMLogger) -> None:
+        own = self.state_dict()
+        missing = [k for k in own if k not in state_dict]
+        unexpected = [k for k in state_dict if k not in own]
+        optional = [k for k in missing if re.match(r'norm\d+\.', k)]
+        missing = [k for k in missing if k not in optional]
+        mismatched = [f'{k}: checkpoint {tuple(state_dict[k].shape)} vs model {tuple(v.shape)}'
+                      for k, v in own.items() if k in state_dict and state_dict[k].shape != v.shape]
+        if missing or mismatched:
+            found = _guess_prefix(list(own), list(state_dict))
+            if found:
+                hint = (f'The backbone weights seem to lie under {found!r}: set '
+                        f"init_cfg=dict(type='Pretrained', checkpoint=..., prefix={found!r})")
+            elif not prefix:
+                hint = ('If the checkpoint holds a whole detector/segmentor/classifier, set '
+                        "init_cfg=dict(type='Pretrained', checkpoint=..., prefix='backbone.')")
+            else:
+                hint = f'Check that prefix {prefix!r} selects the backbone'
+
+            raise RuntimeError(
+                f'Checkpoint {checkpoint!r} does not match {self.__class__.__name__}('
+                f'arch={self.arch_settings}, attn_type={self.attn_type!r}): '
+                f'{len(missing)} missing keys {_clip(missing)}; '
+                f'{len(mismatched)} shape mismatches {_clip(mismatched)}; '
+                f'{len(unexpected)} unexpected keys {_clip(unexpected)}. {hint}, and that arch '
+                f'and attn_type match the checkpoint.')
+        if unexpected:
+            logger.warning(f'{self.__class__.__name__}: ignoring {len(unexpected)} unexpected '
+                           f'checkpoint keys {_clip(unexpected)}')
+        if optional:
+            logger.info(f'{self.__class__.__name__}: output norms not in the checkpoint keep '
+                        f'their init: {_clip(optional)}')
+        self.load_state_dict(state_dict, strict=False)
+
+
+@MODELS.register_module()
+class MILA(SEMA):
+    """MILA (MLLA) backbone: :class:`SEMA` with ``attn_type='linear'`` by default."""
+
+    def __init__(self, *args, attn_type: str = 'linear', **kwargs) -> None:
+        super().__init__(*args, attn_type=attn_type, **kwargs)
+
+
+# --------------------------------------------------------------------------------------------
+# checkpoint filter
+# --------------------------------------------------------------------------------------------
+def _unwrap_state_dict(ckpt: dict) -> Dict[str, torch.Tensor]:
+    for key in ('state_dict', 'model'):
+        if isinstance(ckpt, dict) and key in ckpt and isinstance(ckpt[key], dict):
+            return ckpt[key]
+    return ckpt
+
+
+def _guess_prefix(own_keys: List[str], ckpt_keys: List[str]) -> Optional[str]:
+    """The prefix under which a checkpoint holds our keys (``'backbone.'``), if it has one."""
+    probe = next((k for k in own_keys if k.startswith('patch_embed.')), None)
+    if probe is None or probe in ckpt_keys:
+        return None
+    for k in ckpt_keys:
+        if k.endswith('.' + probe):
+            return k[:-len(probe)]
+    return None
+
+
+def _clip(keys: List[str], n: int = 12) -> str:
+    return str(keys[:n])[:-1] + (f', ... {len(keys) - n} more]' if len(keys) > n else ']')
+
+
+def checkpoint_filter_mlla(state_dict: Dict[str, torch.Tensor],
+                           final_norm: Optional[str] = None) -> Dict[str, torch.Tensor]:
+    """Map an official MLLA/MILA checkpoint to :class:`SEMA`/:class:`MILA` keys.
+
+    The module names are the official ones, so this only unwraps and drops: the checkpoint dict is
+    unwrapped from ``model`` (official training script) or ``state_dict`` (mmengine), a DDP
+    ``module.`` prefix is stripped, and the classifier (``head.*``), the classification norm
+    (``norm.*``; the per-output ``norm{i}`` are kept) and the fixed-size RoPE tables
+    (``*.attn.rope.rotations``, recomputed on the fly here) are dropped. Pure: the input is not
+    modified.
+
+    Args:
+        state_dict: a checkpoint dict or a state dict.
+        final_norm: if given (``'norm3'``), the classification norm is renamed to it instead of
+            dropped: the official classifier applies it to the last stage's tokens before
+            pooling, exactly what ``norm3`` does here (useful with ``out_indices=(3, )`` under a
+            pooling + linear head). The official det/seg backbones drop it (default).
+
+    Returns:
+        A new state dict.
+    """
+    state_dict = _unwrap_state_dict(state_dict)
+    out = {}
+    for k, v in state_dict.items():
+        if k.startswith('module.'):
+            k = k[len('module.'):]
+        if k.startswith('norm.') and final_norm:
+            k = final_norm + k[len('norm'):]
+        elif k.startswith(('head.', 'norm.')) or k.endswith('attn.rope.rotations'):
+            continue
+        out[k] = v
+    return out

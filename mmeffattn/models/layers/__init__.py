@@ -1,0 +1,6 @@
+"""Layers shared by the model families, one job per file (timm's ``layers`` layout)."""
+from .conv_norm_act import ConvNormAct
+from .drop import DropPath, drop_path
+from .mlp import Mlp
+
+__all__ = ['ConvNormAct', 'DropPath', 'drop_path', 'Mlp']

@@ -1,0 +1,46 @@
+"""Conv2d -> optional norm -> optional activation, as submodules ``conv``/``norm``/``act``.
+
+mmcv's ``ConvModule`` names its norm after the norm type (``bn``, ``gn``), which would break the
+key mapping to checkpoints of models written with plain ``conv``/``norm``/``act`` names (MLLA,
+EfficientViT).
+"""
+from typing import Optional
+
+import torch
+import torch.nn as nn
+from mmcv.cnn import build_activation_layer, build_norm_layer
+
+
+class ConvNormAct(nn.Module):
+    """A 2-D convolution followed by an optional norm and an optional activation.
+
+    Args:
+        in_channels: input channels.
+        out_channels: output channels.
+        kernel_size: square kernel side.
+        stride: convolution stride.
+        padding: zero padding on each side.
+        groups: convolution groups (``in_channels`` for a depthwise convolution).
+        bias: whether the convolution has a bias.
+        norm_cfg: norm config for ``mmcv.cnn.build_norm_layer`` (``dict(type='BN')``,
+            ``dict(type='SyncBN')``), or None for no norm.
+        act_cfg: activation config for ``mmcv.cnn.build_activation_layer``, or None for none.
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int = 3, stride: int = 1,
+                 padding: int = 0, groups: int = 1, bias: bool = True,
+                 norm_cfg: Optional[dict] = dict(type='BN'),
+                 act_cfg: Optional[dict] = dict(type='ReLU')) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size, stride=stride,
+                              padding=padding, groups=groups, bias=bias)
+        self.norm = build_norm_layer(norm_cfg, out_channels)[1] if norm_cfg else None
+        self.act = build_activation_layer(act_cfg) if act_cfg else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.conv(x)  # [B, C_out, H', W']
+        if self.norm is not None:
+            x = self.norm(x)
+        if self.act is not None:
+            x = self.act(x)
+        return x

@@ -1,0 +1,36 @@
+"""Token MLP: Linear -> activation -> dropout -> Linear -> dropout (timm's ``Mlp``)."""
+from typing import Optional
+
+import torch
+import torch.nn as nn
+from mmcv.cnn import build_activation_layer
+
+
+class Mlp(nn.Module):
+    """Two-layer MLP applied to the last dimension.
+
+    Submodule names (``fc1``, ``act``, ``fc2``, ``drop``) follow timm and Swin, so checkpoints of
+    those families map one to one.
+
+    Args:
+        in_features: input channels.
+        hidden_features: hidden channels; ``in_features`` when None.
+        out_features: output channels; ``in_features`` when None.
+        act_cfg: activation config for ``mmcv.cnn.build_activation_layer``.
+        drop: dropout after the activation and after ``fc2``.
+    """
+
+    def __init__(self, in_features: int, hidden_features: Optional[int] = None,
+                 out_features: Optional[int] = None, act_cfg: dict = dict(type='GELU'),
+                 drop: float = 0.) -> None:
+        super().__init__()
+        out_features = out_features or in_features
+        hidden_features = hidden_features or in_features
+        self.fc1 = nn.Linear(in_features, hidden_features)
+        self.act = build_activation_layer(act_cfg)
+        self.fc2 = nn.Linear(hidden_features, out_features)
+        self.drop = nn.Dropout(drop)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.drop(self.act(self.fc1(x)))  # [..., hidden]
+        return self.drop(self.fc2(x))  # [..., out]

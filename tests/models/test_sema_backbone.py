@@ -1,0 +1,443 @@
+"""Tests of the SEMA / MILA backbone (mmeffattn/models/backbones/sema.py)."""
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+import mmeffattn  # noqa: F401  (registers the models)
+from mmeffattn.models.backbones import sema as sema_mod
+from mmeffattn.models.backbones.sema import (MILA, SEMA, apply_rope_2d,
+                                             checkpoint_filter_mlla)
+from mmeffattn.registry import MODELS
+
+ATTN_TYPES = ['sema', 'linear']
+TINY_CHANNELS = [64, 128, 256, 512]
+# Parameter counts of the official MLLA classifiers (models/mlla.py of LeapLabTHU/MLLA, with
+# the 1000-way head and the final LayerNorm), counted from the official code.
+OFFICIAL_MLLA_PARAMS = {'tiny': 24_392_200, 'small': 43_015_048, 'base': 95_983_960}
+# A reduced arch for the mechanism tests (checkpoint loading, with_cp, norm_eval): the same code
+# paths as 'tiny' with head dim 32, at a fraction of the build and run time.
+MINI = dict(embed_dims=32, depths=[1, 2, 1, 1], num_heads=[1, 2, 4, 8])
+
+
+@pytest.fixture(scope='module', autouse=True)
+def one_thread():
+    """Small inputs gain nothing from intra-op threads, and on a shared 2-core machine OpenMP
+    spin-waiting under contention made these tests 10-50x slower; restore the setting after."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def reference_attention(monkeypatch):
+    """Run the SEMA op's PyTorch reference: the Triton kernels (interpreted on CPU under pytest)
+    are tested in tests/ops; test_triton_backend_matches_reference covers the model with them."""
+    monkeypatch.setenv('MMEFFATTN_OPS_BACKEND', 'reference')
+
+
+@pytest.fixture(scope='module', params=ATTN_TYPES)
+def tiny_eval(request):
+    """One tiny model per attn_type in eval mode, shared by the tests that do not modify it."""
+    return SEMA(arch='tiny', attn_type=request.param).eval()
+
+
+def check_norm_state(modules, train_state: bool) -> bool:
+    """True if every BatchNorm in ``modules`` is in the given training state."""
+    return all(m.training == train_state for m in modules if isinstance(m, _BatchNorm))
+
+
+def n_params(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def expected_hw(h: int, w: int, i: int):
+    """Output grid of stage i: ceil to a multiple of 4 in the stem, then ceil-halving."""
+    h, w = -(-h // 4), -(-w // 4)
+    for _ in range(i):
+        h, w = -(-h // 2), -(-w // 2)
+    return h, w
+
+
+def official_rope_oracle(x: torch.Tensor, h: int, w: int, base: int = 10000) -> torch.Tensor:
+    """The official MLLA ``RoPE`` module (models/mlla.py), rewritten as a test oracle.
+
+    x: ``[B, h, w, C]``.
+    """
+    c = x.shape[-1]
+    k_max = c // (2 * 2)
+    theta_ks = 1 / (base**(torch.arange(k_max) / k_max))
+    grids = torch.meshgrid([torch.arange(h), torch.arange(w)], indexing='ij')
+    angles = torch.cat([t.unsqueeze(-1) * theta_ks for t in grids], dim=-1)  # [h, w, c/2]
+    rot = torch.stack([torch.cos(angles), torch.sin(angles)], dim=-1)  # [h, w, c/2, 2]
+    xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    return torch.view_as_real(torch.view_as_complex(rot) * xc).flatten(-2)
+
+
+# ------------------------------------------------------------------------------- construction
+@pytest.mark.parametrize('arch', ['tiny', 'small', 'base'])
+def test_arch_param_counts(arch):
+    with torch.device('meta'):  # counting only: skip the init work
+        mila, sema = MILA(arch=arch), SEMA(arch=arch)
+    c = mila.num_features
+    # Our backbone has an output norm per stage and no classifier: swap those for the official
+    # classification norm + 1000-way head, and we must hit the official count exactly.
+    as_classifier = n_params(mila) - sum(2 * ch for ch in c) + 2 * c[-1] + c[-1] * 1000 + 1000
+    assert as_classifier == OFFICIAL_MLLA_PARAMS[arch]
+    # SEMA adds one value projection Linear(dim, dim) per block.
+    extra = sum(d * (ch * ch + ch) for d, ch in zip(mila.arch_settings['depths'], c))
+    assert n_params(sema) == n_params(mila) + extra
+    assert sema.attn_type == 'sema' and mila.attn_type == 'linear'
+
+
+def test_tiny_param_count_with_head():
+    model = SEMA(arch='tiny')
+    total = n_params(model) + n_params(nn.Linear(512, 1000))
+    assert 25.5e6 < total < 26.5e6  # SEMA-T ~26M with a 1000-class head
+    mila_total = n_params(MILA(arch='t')) + n_params(nn.Linear(512, 1000))
+    assert 24e6 < mila_total < 25e6  # MILA-T (README rounds to 25M)
+
+
+def test_arch_aliases_and_custom_dict():
+    assert SEMA._parse_arch('t') == SEMA._parse_arch('tiny')
+    assert SEMA._parse_arch('B')['embed_dims'] == 96
+    custom = dict(embed_dims=32, depths=[1, 1, 1, 1], num_heads=[1, 2, 4, 8])
+    model = SEMA(arch=custom)
+    assert model.num_features == [32, 64, 128, 256]
+    assert len(model.layers[2].blocks) == 1
+
+
+def test_invalid_arch_lists_valid_names():
+    with pytest.raises(KeyError, match=r"Unknown arch 'huge'.*'base'.*'small'.*'tiny'"):
+        SEMA(arch='huge')
+    with pytest.raises(ValueError, match='embed_dims'):
+        SEMA(arch=dict(embed_dims=64, depths=[2, 2, 2, 2]))
+
+
+@pytest.mark.parametrize('window_size', [0, -3, 2.5, True])
+def test_invalid_window_size(window_size):
+    with pytest.raises(ValueError, match='window_size'):
+        SEMA(arch='tiny', window_size=window_size)
+
+
+def test_invalid_options():
+    with pytest.raises(ValueError, match='attn_type'):
+        SEMA(arch='tiny', attn_type='softmax')
+    with pytest.raises(ValueError, match='out_indices'):
+        SEMA(arch='tiny', out_indices=(0, 4))
+    with pytest.raises(ValueError, match='frozen_stages'):
+        SEMA(arch='tiny', frozen_stages=5)
+
+
+def test_drop_path_linear_rule():
+    with torch.device('meta'):
+        model = SEMA(arch='tiny', drop_path_rate=0.3)
+    blocks = [b for layer in model.layers for b in layer.blocks]
+    assert isinstance(blocks[0].drop_path, nn.Identity)  # rate 0 for the first block
+    rates = [b.drop_path.drop_prob for b in blocks[1:]]
+    assert rates == sorted(rates) and rates[-1] == pytest.approx(0.3)
+    assert rates[0] == pytest.approx(0.3 / (len(blocks) - 1))
+
+
+# ------------------------------------------------------------------------------- forward
+@pytest.mark.parametrize('hw', [(224, 224), (231, 257), (64, 64), (33, 47)],
+                         ids=lambda s: f'{s[0]}x{s[1]}')
+def test_output_shapes(tiny_eval, hw):
+    model = tiny_eval
+    with torch.no_grad():
+        outs = model(torch.randn(1, 3, *hw))
+    assert isinstance(outs, tuple) and len(outs) == 4
+    for i, out in enumerate(outs):
+        assert out.shape == (1, TINY_CHANNELS[i], *expected_hw(*hw, i))
+        assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize('out_indices,expect', [((1, 3), (1, 3)), ((-1, ), (3, )), (2, (2, )),
+                                                ((0, ), (0, ))])
+def test_out_indices(out_indices, expect):
+    model = SEMA(arch=MINI, out_indices=out_indices).eval()
+    assert model.out_indices == expect
+    for i in range(4):
+        assert hasattr(model, f'norm{i}') == (i in expect)
+    with torch.no_grad():
+        outs = model(torch.randn(2, 3, 64, 64))
+    assert [o.shape for o in outs] == [(2, 32 * 2**i, *expected_hw(64, 64, i)) for i in expect]
+
+
+def test_bf16_autocast_finite(tiny_eval):
+    model = tiny_eval
+    with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16):
+        outs = model(torch.randn(1, 3, 72, 88))
+    assert all(torch.isfinite(o.float()).all() for o in outs)
+
+
+@pytest.mark.parametrize('shape,msg', [((3, 64, 64), r'\[B, 3, H, W\].*\(3, 64, 64\)'),
+                                       ((1, 1, 64, 64), r'\[B, 3, H, W\].*\(1, 1, 64, 64\)'),
+                                       ((1, 3, 1, 64, 64), r'\[B, 3, H, W\]')])
+def test_bad_input_raises(tiny_eval, shape, msg):
+    with pytest.raises(ValueError, match=msg):
+        tiny_eval(torch.randn(*shape))
+
+
+def test_sema_op_receives_window_and_grid(monkeypatch):
+    calls = []
+    real = sema_mod.sema_attention
+
+    def spy(q, k, v, hw, window_size, **kw):
+        calls.append((tuple(q.shape), tuple(hw), window_size))
+        return real(q, k, v, hw, window_size, **kw)
+
+    monkeypatch.setattr(sema_mod, 'sema_attention', spy)
+    model = SEMA(arch=MINI, window_size=5).eval()
+    with torch.no_grad():
+        model(torch.randn(1, 3, 60, 44))
+    assert len(calls) == sum(MINI['depths'])
+    assert calls[0] == ((1, 1, 15 * 11, 32), (15, 11), 5)  # [B, heads, N, head_dim]
+    assert calls[-1] == ((1, 8, 2 * 2, 32), (2, 2), 5)
+
+
+def test_triton_backend_matches_reference(monkeypatch):
+    """The model's q/k/v views through the Triton kernels (compiled on GPU, interpreted on CPU)."""
+    from mmeffattn.ops.sema.op import sema_triton_reasons
+
+    x = torch.randn(1, 3, 36, 28)
+    probe = torch.zeros(1, 1, 1, 32, device=x.device)
+    reasons = sema_triton_reasons(probe, probe, probe)
+    if reasons:
+        pytest.skip('Triton backend unavailable: ' + '; '.join(reasons))
+    torch.manual_seed(0)
+    ref = SEMA(arch=MINI, attn_backend='reference', window_size=3).eval()
+    tri = SEMA(arch=MINI, attn_backend='triton', window_size=3).eval()
+    tri.load_state_dict(ref.state_dict())
+    with torch.no_grad():
+        for a, b in zip(ref(x), tri(x)):
+            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
+
+
+# ------------------------------------------------------------------------------- RoPE
+@pytest.mark.parametrize('h,w,c', [(14, 14, 64), (5, 9, 128), (1, 7, 32)])
+def test_rope_matches_official(h, w, c):
+    x = torch.randn(2, h, w, c)
+    ours = apply_rope_2d(x.reshape(2, h * w, c), (h, w)).reshape(2, h, w, c)
+    torch.testing.assert_close(ours, official_rope_oracle(x, h, w), rtol=1e-5, atol=1e-5)
+
+
+def test_rope_table_made_in_inference_mode_serves_training():
+    x = torch.randn(1, 13 * 11, 64)
+    with torch.inference_mode():
+        apply_rope_2d(x, (13, 11))  # fills the cache inside inference mode
+    y = x.clone().requires_grad_()
+    apply_rope_2d(y, (13, 11)).sum().backward()
+    assert y.grad is not None and torch.isfinite(y.grad).all()
+
+
+# ------------------------------------------------------------------------------- training modes
+@pytest.mark.parametrize('arch,frozen_stages', [('tiny', 0), ('tiny', 2), (MINI, 3)],
+                         ids=['tiny-0', 'tiny-2', 'mini-3'])
+def test_frozen_stages(arch, frozen_stages):
+    torch.manual_seed(0)
+    model = SEMA(arch=arch, frozen_stages=frozen_stages, drop_path_rate=0.)
+    model.train()
+    frozen = [model.patch_embed] + [model.layers[i] for i in range(frozen_stages)] + \
+        [getattr(model, f'norm{i}') for i in range(frozen_stages)]
+    trainable = [model.layers[i] for i in range(frozen_stages, 4)] + \
+        [getattr(model, f'norm{i}') for i in range(frozen_stages, 4)]
+    for m in frozen:
+        assert not m.training
+        assert all(not p.requires_grad for p in m.parameters())
+        assert check_norm_state(m.modules(), False)
+    for m in trainable:
+        assert m.training
+        assert all(p.requires_grad for p in m.parameters())
+
+    before = copy.deepcopy(model.state_dict())
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1,
+                          momentum=0.9, weight_decay=1e-2)
+    for _ in range(2):
+        opt.zero_grad()
+        sum(o.square().mean() for o in model(torch.randn(2, 3, 64, 64))).backward()
+        opt.step()
+    after = model.state_dict()
+    frozen_prefixes = ('patch_embed.', ) + tuple(f'layers.{i}.' for i in range(frozen_stages)) + \
+        tuple(f'norm{i}.' for i in range(frozen_stages))
+    for k, v in before.items():
+        if k.startswith(frozen_prefixes):  # weights and BN running stats
+            assert torch.equal(v, after[k]), k
+    assert not torch.equal(before['layers.3.blocks.0.in_proj.weight'],
+                           after['layers.3.blocks.0.in_proj.weight'])
+    # downsampling BN of the first trainable stage does learn/update
+    if frozen_stages < 3:
+        k = f'layers.{frozen_stages}.downsample.conv.2.norm.running_mean'
+        assert not torch.equal(before[k], after[k])
+
+
+def test_norm_eval():
+    model = SEMA(arch='tiny', norm_eval=True)
+    model.train()
+    assert check_norm_state(model.modules(), False)
+    assert model.layers[0].blocks[0].norm1.training  # LayerNorms are untouched
+    assert model.training
+    model = SEMA(arch=MINI, norm_eval=False)
+    model.train()
+    assert check_norm_state(model.modules(), True)
+
+
+@pytest.mark.parametrize('attn_type', ATTN_TYPES)
+def test_with_cp_same_outputs_and_grads(attn_type, monkeypatch):
+    torch.manual_seed(0)
+    ref = SEMA(arch='tiny', attn_type=attn_type, drop_path_rate=0.).train()
+    cp_model = SEMA(arch='tiny', attn_type=attn_type, drop_path_rate=0., with_cp=True).train()
+    cp_model.load_state_dict(ref.state_dict())
+
+    n_cp = []
+    real_checkpoint = sema_mod.cp.checkpoint
+
+    def counting_checkpoint(*args, **kwargs):
+        n_cp.append(1)
+        return real_checkpoint(*args, **kwargs)
+
+    monkeypatch.setattr(sema_mod.cp, 'checkpoint', counting_checkpoint)
+    x = torch.randn(2, 3, 64, 48)
+    outs_ref, outs_cp = ref(x), cp_model(x)
+    assert len(n_cp) == sum(ref.arch_settings['depths'])
+    for a, b in zip(outs_ref, outs_cp):
+        torch.testing.assert_close(a, b)
+    sum(o.square().mean() for o in outs_ref).backward()
+    sum(o.square().mean() for o in outs_cp).backward()
+    grads_cp = dict(cp_model.named_parameters())
+    for name, p in ref.named_parameters():
+        torch.testing.assert_close(p.grad, grads_cp[name].grad, rtol=1e-4, atol=1e-6, msg=name)
+
+    n_cp.clear()
+    with torch.no_grad():  # no gradients needed: no checkpointing
+        cp_model(x)
+    assert not n_cp
+
+
+# ------------------------------------------------------------------------------- weights
+def _detector_like_checkpoint(model: nn.Module, path):
+    state = {f'backbone.{k}': v for k, v in model.state_dict().items()}
+    state['neck.lateral_convs.0.conv.weight'] = torch.zeros(1)
+    torch.save({'meta': {}, 'state_dict': state}, path)
+
+
+def test_pretrained_with_prefix_loads(tmp_path):
+    src = SEMA(arch='tiny')
+    for p in src.parameters():
+        nn.init.normal_(p)
+    path = tmp_path / 'det.pth'
+    _detector_like_checkpoint(src, path)
+    dst = SEMA(arch='tiny',
+               init_cfg=dict(type='Pretrained', checkpoint=str(path), prefix='backbone.'))
+    dst.init_weights()
+    for k, v in src.state_dict().items():
+        assert torch.equal(v, dst.state_dict()[k]), k
+
+
+def test_pretrained_official_classification_checkpoint(tmp_path):
+    """An official-style ImageNet checkpoint: 'model' wrapper, head, final norm, RoPE buffers."""
+    src = MILA(arch=MINI, out_indices=(3, ))
+    state = {k: v for k, v in src.state_dict().items() if not k.startswith('norm3.')}
+    state.update({'head.weight': torch.zeros(1000, 256), 'head.bias': torch.zeros(1000),
+                  'norm.weight': torch.ones(256), 'norm.bias': torch.zeros(256),
+                  'layers.0.blocks.0.attn.rope.rotations': torch.zeros(56, 56, 16, 2)})
+    path = tmp_path / 'mlla_t.pth'
+    torch.save({'model': state, 'epoch': 300}, path)
+
+    filtered = checkpoint_filter_mlla(torch.load(path))
+    assert not any(k.startswith(('head.', 'norm.')) or 'rope' in k for k in filtered)
+
+    dst = MILA(arch=MINI, init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+    norm0_before = dst.norm0.weight.clone()
+    dst.init_weights()
+    for k, v in state.items():
+        if k in dst.state_dict():
+            assert torch.equal(v, dst.state_dict()[k]), k
+    assert torch.equal(dst.norm0.weight, norm0_before)  # output norms keep their init
+
+
+def test_checkpoint_filter_is_pure():
+    sd = {'module.patch_embed.conv1.conv.weight': torch.zeros(1),
+          'module.head.bias': torch.zeros(1)}
+    orig = dict(sd)
+    out = checkpoint_filter_mlla({'model': sd})
+    assert out.keys() == {'patch_embed.conv1.conv.weight'}
+    assert sd == orig
+    sd = {'norm.weight': torch.ones(2), 'norm0.weight': torch.ones(2), 'head.weight': torch.ones(2),
+          'layers.0.blocks.0.attn.rope.rotations': torch.ones(1)}
+    assert checkpoint_filter_mlla(sd).keys() == {'norm0.weight'}
+    assert checkpoint_filter_mlla(sd, final_norm='norm3').keys() == {'norm0.weight',
+                                                                     'norm3.weight'}
+
+
+def test_pretrained_mismatch_names_keys(tmp_path):
+    src = SEMA(arch=MINI)
+    state = src.state_dict()
+    del state['layers.1.blocks.0.attn.v.weight']
+    state['layers.9.blocks.0.extra'] = torch.zeros(1)
+    path = tmp_path / 'bad.pth'
+    torch.save(state, path)
+    model = SEMA(arch=MINI, init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+    with pytest.raises(RuntimeError) as err:
+        model.init_weights()
+    msg = str(err.value)
+    assert 'layers.1.blocks.0.attn.v.weight' in msg and 'layers.9.blocks.0.extra' in msg
+    assert "prefix='backbone.'" in msg
+
+
+def test_pretrained_detector_checkpoint_without_prefix_suggests_prefix(tmp_path):
+    path = tmp_path / 'det.pth'
+    _detector_like_checkpoint(SEMA(arch=MINI), path)
+    model = SEMA(arch=MINI, init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+    with pytest.raises(RuntimeError,
+                       match=r"missing keys.*lie under 'backbone\.'.*prefix='backbone\.'"):
+        model.init_weights()
+    model = SEMA(arch=MINI, init_cfg=dict(type='Pretrained', checkpoint=str(path),
+                                            prefix='model.'))
+    with pytest.raises(RuntimeError, match=r"starts with prefix 'model\.'.*'backbone\.'"):
+        model.init_weights()
+
+
+def test_pretrained_mila_checkpoint_into_sema_raises(tmp_path):
+    path = tmp_path / 'mila.pth'
+    torch.save(MILA(arch=MINI).state_dict(), path)
+    model = SEMA(arch=MINI, init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+    with pytest.raises(RuntimeError, match=r'attn\.v\.weight'):
+        model.init_weights()
+
+
+def test_default_init():
+    model = SEMA(arch=MINI)
+    model.init_weights()
+    lin = model.layers[0].blocks[0].in_proj
+    assert lin.bias.abs().max() == 0 and 0.01 < lin.weight.std() < 0.03
+    ln = model.layers[0].blocks[0].norm1
+    assert torch.all(ln.weight == 1) and torch.all(ln.bias == 0)
+
+
+# ------------------------------------------------------------------------------- registries
+def test_build_from_registries():
+    from mmdet.registry import MODELS as DET_MODELS
+
+    with torch.device('meta'):  # resolution and construction only
+        sema = MODELS.build(dict(type='mmeffattn.SEMA', arch='tiny'))
+        mila = MODELS.build(dict(type='mmeffattn.MILA', arch='tiny'))
+    assert isinstance(sema, SEMA) and sema.attn_type == 'sema'
+    assert isinstance(mila, MILA) and mila.attn_type == 'linear'
+    det = DET_MODELS.build(dict(type='mmeffattn.SEMA', arch='tiny', out_indices=(1, 2, 3)))
+    assert isinstance(det, SEMA) and det.out_indices == (1, 2, 3)
+
+
+def test_pretrained_without_checkpoint_keeps_init():
+    """Configs carry dict(type='Pretrained', checkpoint=None): it trains from scratch."""
+    torch.manual_seed(0)
+    plain = SEMA(arch=MINI)
+    plain.init_weights()
+    torch.manual_seed(0)
+    model = SEMA(arch=MINI, init_cfg=dict(type='Pretrained', checkpoint=None, prefix='backbone.'))
+    model.init_weights()
+    for (name, a), b in zip(plain.state_dict().items(), model.state_dict().values()):
+        assert torch.equal(a, b), name
