@@ -31,8 +31,7 @@ train_dataloader = dict(batch_size=2, num_workers=0, persistent_workers=False,
 val_dataloader = dict(batch_size=2, num_workers=0, persistent_workers=False,
     dataset=dict(data_root=data_root, indices=4, pipeline=test_small))
 test_dataloader = val_dataloader
-# ground truth of the evaluated subset only (no ann_file: CocoMetric converts the dataset's)
-val_evaluator = dict(ann_file=None)
+val_evaluator = dict(ann_file=data_root + 'annotations/instances_val2017.json')
 test_evaluator = val_evaluator
 train_cfg = dict(max_epochs=1, val_interval=1)
 default_hooks = dict(logger=dict(interval=1))
