@@ -77,6 +77,9 @@ def main(argv=None) -> dict:
     from mmengine.runner import Runner
     runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
     metrics = runner.test()
+    if not metrics:
+        runner.logger.warning('the evaluator returned no metrics (for detection: no prediction '
+                              'passed the score threshold); the JSON records an empty dict')
 
     if is_main_process():
         out = args.out_json or osp.join(cfg.work_dir, 'test_metrics.json')
