@@ -1,0 +1,744 @@
+"""WeightFormer: an isotropic backbone that models global context through predicted weights.
+
+Paper: Linear-Time Global Visual Modeling without Explicit Attention (He, Han, Huang),
+arXiv 2605.01711, https://arxiv.org/abs/2605.01711; official code
+https://github.com/LeapLabTHU/WeightFormer (``model/wfm.py``, ``cfg/wfm_{t,s,b}.yaml``).
+
+Self-attention can be read as an MLP whose weights are computed from the input. WeightFormer
+drops the explicit token-to-token attention and keeps only that view: some layers add to their
+static weight a weight predicted from a summary of all tokens, at a cost linear in the number of
+tokens.
+
+The trunk (as the official ``VisionTransformer`` in ``model/wfm.py``): a 16x16 patch embedding
+with a LayerNorm after it, no position embedding and no class token, ``depth`` blocks at one
+resolution, a final LayerNorm and mean pooling. Block ``i`` is *dynamic* when ``(i + 2) % 3 ==
+0`` (blocks 1, 4, 7, 10, 13, 16 of 17), otherwise *static*:
+
+- static: ``x = x + DWConv3x3(x)``; ``x = x + drop_path(MLP(LN(x)))``.
+- dynamic: ``x = LN(x)`` (the residual stream itself is normalized; no shortcut around this
+  norm), ``x = x + DynamicDWConv(x)``; ``x = x + drop_path(DynamicMLP(LN(x)))``, whose first
+  linear layer is a :class:`DynamicLinear`.
+
+Drop path applies to the MLP branch only, as in the official code. All LayerNorms use
+``eps=1e-6``.
+
+Beyond the official code (which assumes a square grid at its training size): any image size (the
+image is zero padded on the bottom/right to a multiple of 16), any ``H x W`` token grid, outputs of
+any blocks (``out_indices``) as token maps, pooled vectors or a stride 4/8/16/32 pyramid
+(:class:`~mmeffattn.models.layers.ViTPyramid`), and the OpenMMLab training switches.
+
+Parameter names (``patch_embed.proj``, ``patch_embed.norm``, ``blocks.{i}.norm1/dwc/norm2``,
+``blocks.{i}.mlp.fc1/fc2``, ``norm{i}``) differ from the official ones; the checkpoint filter
+:func:`convert_weightformer` at the end of this file maps official checkpoints, and
+``tools/model_converters/weightformer_official.py`` is its command line.
+"""
+import re
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torch.utils.checkpoint as cp
+from mmengine.logging import MMLogger
+from mmengine.model import BaseModule
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from mmeffattn.registry import MODELS
+from ..layers import DropPath, Mlp
+from ..layers.vit_pyramid import ViTPyramid
+
+__all__ = ['WeightFormer', 'DynamicLinear', 'DynamicDWConv', 'convert_weightformer',
+           'checkpoint_filter_weightformer', 'is_dynamic_block']
+
+HWShape = Tuple[int, int]
+LN_EPS = 1e-6
+
+
+# --------------------------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------------------------
+def tokens_to_map(x: torch.Tensor, hw: HWShape) -> torch.Tensor:
+    """``[B, H*W, C]`` tokens (row-major) -> ``[B, C, H, W]`` map."""
+    return x.transpose(1, 2).reshape(x.shape[0], x.shape[2], hw[0], hw[1])
+
+
+def map_to_tokens(x: torch.Tensor) -> torch.Tensor:
+    """``[B, C, H, W]`` map -> ``[B, H*W, C]`` tokens (row-major)."""
+    return x.flatten(2).transpose(1, 2)
+
+
+def is_dynamic_block(i: int) -> bool:
+    """Whether block ``i`` (0-based) of the trunk is dynamic: ``(i + 2) % 3 == 0``."""
+    return (i + 2) % 3 == 0
+
+
+# --------------------------------------------------------------------------------------------
+# dynamic layers
+# --------------------------------------------------------------------------------------------
+class DynamicLinear(nn.Module):
+    """A linear layer whose weight is a static weight plus one predicted from the tokens.
+
+    The official ``DynLinear``: with ``r = reduction``, the token grid is average pooled 2x2
+    (``M`` pooled tokens ``P``, ``[M, C_in]``); one linear layer ``token_proj`` gives two
+    branches ``A_in [M, C_in/r]`` and ``A_out [M, C_out/r]``, each through SiLU and expanded by a
+    learned basis (``in_basis [C_in/r, C_in]``, ``out_basis [C_out/r, C_out]``)::
+
+        U = SiLU(A_in) in_basis                  # [M, C_in]
+        V = SiLU(A_out) out_basis                # [M, C_out]
+        dW = U^T V * C_in^-0.5 / N               # [C_in, C_out], N = H * W (all tokens, not M)
+        dW_j <- dW_j / (||dW_j|| + 1)            # each output column j, norm over the C_in inputs
+        y = x (W + dW) + b
+
+    i.e. the bilateral form ``dW(X) = W1 s(W2 X^T) s(X W3) W4`` of the paper on pooled tokens.
+    The weight is kept in ``nn.Linear``'s layout ``[C_out, C_in]`` (the official ``w`` is its
+    transpose), so ``dW`` is computed as ``[B, C_out, C_in]`` here.
+
+    Pooling floors an odd side (``nn.AvgPool2d(2)`` as the official); a side of length 1 is
+    pooled with a window of 1 on that side (the official code cannot run such a grid).
+
+    Args:
+        in_features: input channels ``C_in`` (divisible by ``reduction``).
+        out_features: output channels ``C_out`` (divisible by ``reduction``).
+        reduction: rank reduction ``r`` of the two branches (4 in the official code).
+    """
+
+    def __init__(self, in_features: int, out_features: Optional[int] = None,
+                 reduction: int = 4) -> None:
+        super().__init__()
+        out_features = out_features or in_features
+        if in_features % reduction or out_features % reduction:
+            raise ValueError(f'DynamicLinear needs in_features ({in_features}) and out_features '
+                             f'({out_features}) divisible by reduction ({reduction})')
+        self.in_features = in_features
+        self.out_features = out_features
+        self.reduction = reduction
+        self.scale = in_features**-0.5
+        self.rank_in = in_features // reduction
+        self.rank_out = out_features // reduction
+        self.weight = nn.Parameter(torch.empty(out_features, in_features))
+        self.bias = nn.Parameter(torch.empty(out_features))
+        self.token_proj = nn.Linear(in_features, self.rank_in + self.rank_out)
+        self.in_basis = nn.Parameter(torch.empty(self.rank_in, in_features))
+        self.out_basis = nn.Parameter(torch.empty(self.rank_out, out_features))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        # official init: trunc normal std .02 for the static and basis weights and the bias
+        for p in (self.weight, self.bias, self.in_basis, self.out_basis):
+            nn.init.trunc_normal_(p, std=.02)
+
+    def dynamic_weight(self, x: torch.Tensor, hw: HWShape) -> torch.Tensor:
+        """The normalized predicted weight ``dW``, ``[B, C_out, C_in]``, for tokens ``x``."""
+        H, W = hw
+        N = x.shape[1]
+        pooled = F.avg_pool2d(tokens_to_map(x, hw), (min(2, H), min(2, W)))  # [B, C_in, h, w]
+        ctx = self.token_proj(map_to_tokens(pooled))  # [B, M, r_in + r_out]
+        a_in, a_out = ctx.split([self.rank_in, self.rank_out], dim=-1)
+        u = F.silu(a_in) @ self.in_basis  # [B, M, C_in]
+        v = F.silu(a_out) @ self.out_basis  # [B, M, C_out]
+        dw = v.transpose(1, 2) @ u * self.scale / N  # [B, C_out, C_in]
+        return dw / (dw.norm(dim=-1, keepdim=True) + 1.0)
+
+    def forward(self, x: torch.Tensor, hw: HWShape) -> torch.Tensor:
+        # x: [B, N, C_in]
+        w = self.dynamic_weight(x, hw) + self.weight  # [B, C_out, C_in]
+        return x @ w.transpose(1, 2) + self.bias  # [B, N, C_out]
+
+    def extra_repr(self) -> str:
+        return (f'in_features={self.in_features}, out_features={self.out_features}, '
+                f'reduction={self.reduction}')
+
+
+class DynamicDWConv(nn.Module):
+    """A depthwise convolution whose kernel is a static kernel plus one predicted per sample.
+
+    The official ``DynCnn``: the input is average pooled to ``K x K`` (the kernel size), a 1x1
+    conv -> GELU -> 1x1 conv (no bias) ``kernel_gen`` maps it to one ``K x K`` kernel per sample
+    and channel, each kernel is divided by its Frobenius norm plus one and added to the static
+    kernel; the convolution (zero padding ``K // 2``, static bias) then runs per sample, as one
+    grouped convolution over ``B * C`` groups.
+
+    Args:
+        dim: channels.
+        kernel_size: odd kernel side ``K`` (3 in the official code).
+    """
+
+    def __init__(self, dim: int, kernel_size: int = 3) -> None:
+        super().__init__()
+        if kernel_size % 2 != 1:
+            raise ValueError(f'DynamicDWConv needs an odd kernel_size, got {kernel_size}')
+        self.dim = dim
+        self.kernel_size = kernel_size
+        self.weight = nn.Parameter(torch.empty(dim, 1, kernel_size, kernel_size))
+        self.bias = nn.Parameter(torch.empty(dim))
+        self.kernel_gen = nn.Sequential(
+            nn.Conv2d(dim, dim, kernel_size=1), nn.GELU(),
+            nn.Conv2d(dim, dim, kernel_size=1, bias=False))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.trunc_normal_(self.weight, std=.02)
+        nn.init.trunc_normal_(self.bias, std=.02)
+
+    def dynamic_kernel(self, x: torch.Tensor) -> torch.Tensor:
+        """The normalized predicted kernels ``[B * C, 1, K, K]`` for the map ``x``."""
+        B, C = x.shape[:2]
+        k = self.kernel_size
+        dk = self.kernel_gen(F.adaptive_avg_pool2d(x, k)).reshape(B * C, 1, k, k)
+        return dk / (dk.norm(dim=(-2, -1), keepdim=True) + 1.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [B, C, H, W]
+        B, C, H, W = x.shape
+        w = self.dynamic_kernel(x) + self.weight.repeat(B, 1, 1, 1)  # [B*C, 1, K, K]
+        out = F.conv2d(x.reshape(1, B * C, H, W), w, self.bias.repeat(B),
+                       padding=self.kernel_size // 2, groups=B * C)
+        return out.reshape(B, C, H, W)
+
+    def extra_repr(self) -> str:
+        return f'dim={self.dim}, kernel_size={self.kernel_size}'
+
+
+class DynamicMlp(Mlp):
+    """:class:`~mmeffattn.models.layers.Mlp` whose ``fc1`` is a :class:`DynamicLinear`."""
+
+    def __init__(self, in_features: int, hidden_features: int,
+                 act_cfg: dict = dict(type='GELU'), drop: float = 0.,
+                 reduction: int = 4) -> None:
+        super().__init__(in_features, hidden_features, act_cfg=act_cfg, drop=drop)
+        self.fc1 = DynamicLinear(in_features, hidden_features, reduction=reduction)
+
+    def forward(self, x: torch.Tensor, hw: HWShape) -> torch.Tensor:
+        x = self.drop(self.act(self.fc1(x, hw)))  # [B, N, hidden]
+        return self.drop(self.fc2(x))  # [B, N, C]
+
+
+# --------------------------------------------------------------------------------------------
+# block, patch embedding
+# --------------------------------------------------------------------------------------------
+class WeightFormerBlock(nn.Module):
+    """One WeightFormer block, static or dynamic (see the module docstring).
+
+    Args:
+        dim: channels.
+        mlp_ratio: MLP hidden channels / ``dim``.
+        dynamic: dynamic block (norm on the stream, dynamic depthwise conv and first linear).
+        drop: dropout inside the MLP.
+        drop_path: stochastic depth rate of the MLP branch.
+        kernel_size: depthwise convolution kernel side.
+        reduction: rank reduction of :class:`DynamicLinear`.
+    """
+
+    def __init__(self, dim: int, mlp_ratio: float = 4., dynamic: bool = False, drop: float = 0.,
+                 drop_path: float = 0., kernel_size: int = 3, reduction: int = 4) -> None:
+        super().__init__()
+        self.dynamic = dynamic
+        hidden = int(dim * mlp_ratio)
+        if dynamic:
+            self.norm1 = nn.LayerNorm(dim, eps=LN_EPS)
+            self.dwc = DynamicDWConv(dim, kernel_size)
+            self.mlp = DynamicMlp(dim, hidden, drop=drop, reduction=reduction)
+        else:
+            self.dwc = nn.Conv2d(dim, dim, kernel_size, padding=kernel_size // 2, groups=dim)
+            self.mlp = Mlp(dim, hidden, act_cfg=dict(type='GELU'), drop=drop)
+        self.norm2 = nn.LayerNorm(dim, eps=LN_EPS)
+        self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
+
+    def forward(self, x: torch.Tensor, hw: HWShape) -> torch.Tensor:
+        # x: [B, N, C], N = H * W
+        if self.dynamic:
+            x = self.norm1(x)  # normalizes the stream itself (official placement)
+        x = x + map_to_tokens(self.dwc(tokens_to_map(x, hw)))
+        h = self.norm2(x)
+        h = self.mlp(h, hw) if self.dynamic else self.mlp(h)
+        return x + self.drop_path(h)
+
+
+class PatchEmbed(nn.Module):
+    """Non-overlapping ``patch_size`` patches -> tokens, then a LayerNorm (the official
+    ``patch_embed`` + ``init_norm``). The image is zero padded on the bottom/right to a multiple
+    of ``patch_size`` first.
+
+    Args:
+        in_channels: image channels.
+        embed_dims: token channels.
+        patch_size: patch side.
+    """
+
+    def __init__(self, in_channels: int = 3, embed_dims: int = 192, patch_size: int = 16) -> None:
+        super().__init__()
+        self.patch_size = patch_size
+        self.proj = nn.Conv2d(in_channels, embed_dims, patch_size, stride=patch_size)
+        self.norm = nn.LayerNorm(embed_dims, eps=LN_EPS)
+
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, HWShape]:
+        p = self.patch_size
+        H, W = x.shape[-2:]
+        if H % p or W % p:
+            x = F.pad(x, (0, (-W) % p, 0, (-H) % p))
+        x = self.proj(x)  # [B, C, ceil(H/p), ceil(W/p)]
+        hw = (x.shape[2], x.shape[3])
+        return self.norm(map_to_tokens(x)), hw
+
+
+# --------------------------------------------------------------------------------------------
+# model
+# --------------------------------------------------------------------------------------------
+@MODELS.register_module()
+class WeightFormer(BaseModule):
+    """WeightFormer isotropic backbone for classification, detection and segmentation.
+
+    Every block runs at stride ``patch_size`` (16). Outputs are taken after the blocks in
+    ``out_indices``, each through its own LayerNorm ``norm{i}`` (the official classifier's final
+    ``norm`` is ``norm{depth-1}``), and returned as ``out_type`` says:
+
+    - ``'featmap'``: one ``[B, C, ceil(H/16), ceil(W/16)]`` map per index.
+    - ``'avgpool'``: one ``[B, C]`` token mean per index. With ``out_indices=(-1, )`` (the
+      default for this type) it is exactly the official head input (final norm, then mean), so an
+      mmpretrain ``ImageClassifier`` with ``neck=None`` and ``LinearClsHead(in_channels=C)``
+      reproduces the official classifier (:func:`convert_weightformer` maps its weights).
+    - ``'pyramid'`` (default, for mmdet/mmseg): the maps go through a
+      :class:`~mmeffattn.models.layers.ViTPyramid` (``pyramid``), giving 4 maps of ``C`` channels
+      at strides 4, 8, 16, 32: ``[4h, 4w]``, ``[2h, 2w]``, ``[h, w]``, ``[ceil(h/2), ceil(w/2)]``
+      for ``h, w = ceil(H/16), ceil(W/16)``. With 4 ``out_indices`` level ``i`` comes from the
+      ``i``-th index (shallow blocks feed the fine levels, as BEiT/ViT-Adapter); with one index
+      every level comes from it (ViTDet). The neck that follows takes ``in_channels=[C] * 4``.
+
+    ``out_indices=None`` picks ``(depth - 1, )`` for ``'avgpool'`` and 4 evenly spaced blocks
+    ``(k + 1) * depth // 4 - 1`` otherwise: ``(3, 7, 11, 16)`` for depth 17. Blocks after the
+    last output index are not run (their parameters get no gradient: freeze them, or use
+    ``find_unused_parameters`` under DDP).
+
+    Variants (``cfg/wfm_{t,s,b}.yaml`` -> ``wfm_tiny/small/base`` in ``model/wfm.py``):
+    T 192 channels, S and B 384 channels, all depth 17 and MLP ratio 4; B is S's architecture
+    trained at 448x448. The official training used drop path 0.0 (T) and 0.2 (S, B).
+
+    Args:
+        arch: a key of :attr:`arch_zoo` (``'tiny'``/``'t'``, ``'small'``/``'s'``,
+            ``'base'``/``'b'``) or a dict with ``embed_dims``, ``depth`` (and optionally
+            ``mlp_ratio``, default 4).
+        in_channels: image channels.
+        patch_size: patch side (the trunk's stride).
+        out_indices: blocks whose outputs are returned (negative counts from the end), or None
+            for the default of ``out_type`` (above).
+        out_type: ``'featmap'``, ``'avgpool'`` or ``'pyramid'``.
+        drop_rate: dropout inside the MLPs.
+        drop_path_rate: stochastic depth of the MLP branches, rising linearly from 0 at the first
+            block to this at the last.
+        frozen_stages: -1 freezes nothing; 0 freezes the patch embedding (with its norm);
+            ``i >= 1`` also freezes blocks ``0 .. i-1`` and their output norms. The pyramid is
+            never frozen.
+        norm_eval: keep BatchNorm layers (only the pyramid may have them) in eval mode while
+            training.
+        with_cp: gradient checkpointing per block (only when gradients are needed).
+        pyramid_cfg: keyword arguments of :class:`~mmeffattn.models.layers.ViTPyramid`
+            (``scales``, ``norm_cfg``, ``act_cfg``, ``out_norm``), for ``out_type='pyramid'``.
+        init_cfg: mmengine init config; ``dict(type='Pretrained', checkpoint=..., prefix=...)``
+            loads an official or converted checkpoint strictly (see :meth:`init_weights`).
+    """
+
+    arch_zoo = {
+        **dict.fromkeys(['t', 'tiny'], {'embed_dims': 192, 'depth': 17, 'mlp_ratio': 4.}),
+        **dict.fromkeys(['s', 'small'], {'embed_dims': 384, 'depth': 17, 'mlp_ratio': 4.}),
+        **dict.fromkeys(['b', 'base'], {'embed_dims': 384, 'depth': 17, 'mlp_ratio': 4.}),
+    }
+    out_types = ('featmap', 'avgpool', 'pyramid')
+    kernel_size = 3  # depthwise convolutions (static and dynamic)
+    reduction = 4  # rank reduction of the dynamic linear layers
+
+    def __init__(self,
+                 arch: Union[str, dict] = 'tiny',
+                 in_channels: int = 3,
+                 patch_size: int = 16,
+                 out_indices: Optional[Union[int, Sequence[int]]] = None,
+                 out_type: str = 'pyramid',
+                 drop_rate: float = 0.,
+                 drop_path_rate: float = 0.,
+                 frozen_stages: int = -1,
+                 norm_eval: bool = False,
+                 with_cp: bool = False,
+                 pyramid_cfg: Optional[dict] = None,
+                 init_cfg: Optional[Union[dict, List[dict]]] = None) -> None:
+        super().__init__(init_cfg=init_cfg)
+        self.arch_settings = self._parse_arch(arch)
+        if out_type not in self.out_types:
+            raise ValueError(f'out_type must be one of {self.out_types}, got {out_type!r}')
+        self.embed_dims = embed_dims = self.arch_settings['embed_dims']
+        self.depth = depth = self.arch_settings['depth']
+        mlp_ratio = self.arch_settings['mlp_ratio']
+        if embed_dims % self.reduction or int(embed_dims * mlp_ratio) % self.reduction:
+            raise ValueError(f'embed_dims ({embed_dims}) and the MLP width must be divisible by '
+                             f'{self.reduction} (the dynamic linear layers reduce by it)')
+        self.in_channels = in_channels
+        self.patch_size = patch_size
+        self.out_type = out_type
+        self.out_indices = self._parse_out_indices(out_indices)
+        if not -1 <= frozen_stages <= depth:
+            raise ValueError(f'frozen_stages must be in [-1, {depth}], got {frozen_stages}')
+        self.frozen_stages = frozen_stages
+        self.norm_eval = norm_eval
+        self.with_cp = with_cp
+        self.dynamic_blocks = tuple(i for i in range(depth) if is_dynamic_block(i))
+
+        self.patch_embed = PatchEmbed(in_channels, embed_dims, patch_size)
+        # stochastic depth decay rule (on the CPU, so a meta-device build works too)
+        dpr = torch.linspace(0, drop_path_rate, depth, device='cpu').tolist()
+        self.blocks = nn.ModuleList([
+            WeightFormerBlock(embed_dims, mlp_ratio, dynamic=is_dynamic_block(i), drop=drop_rate,
+                              drop_path=dpr[i], kernel_size=self.kernel_size,
+                              reduction=self.reduction) for i in range(depth)])
+        for i in self.out_indices:
+            self.add_module(f'norm{i}', nn.LayerNorm(embed_dims, eps=LN_EPS))
+        self.pyramid: Optional[ViTPyramid] = None
+        if out_type == 'pyramid':
+            self.pyramid = ViTPyramid(embed_dims, **(pyramid_cfg or {}))
+            if len(self.out_indices) not in (1, self.pyramid.num_levels):
+                raise ValueError(
+                    f"out_type='pyramid' needs 1 or {self.pyramid.num_levels} out_indices (one "
+                    f'per pyramid level), got {self.out_indices}')
+        elif pyramid_cfg is not None:
+            raise ValueError(f"pyramid_cfg is only used with out_type='pyramid', not "
+                             f'{out_type!r}')
+
+        self.apply(self._init_weights)
+        self._freeze_stages()
+
+    # ---------------------------------------------------------------- construction helpers
+    @classmethod
+    def _parse_arch(cls, arch: Union[str, dict]) -> dict:
+        essential = {'embed_dims', 'depth'}
+        if isinstance(arch, str):
+            key = arch.lower()
+            if key not in cls.arch_zoo:
+                raise KeyError(f'Unknown arch {arch!r} for {cls.__name__}; choose one of '
+                               f'{sorted(cls.arch_zoo)} or pass a dict with keys '
+                               f'{sorted(essential)}')
+            return dict(cls.arch_zoo[key])
+        if not isinstance(arch, dict) or not essential <= set(arch):
+            raise ValueError(f'A custom arch must be a dict with keys {sorted(essential)} '
+                             f"(and optionally 'mlp_ratio'), got {arch!r}")
+        arch = dict(arch)
+        arch.setdefault('mlp_ratio', 4.)
+        if arch['depth'] < 1:
+            raise ValueError(f"arch 'depth' must be >= 1, got {arch['depth']}")
+        return arch
+
+    def _parse_out_indices(self,
+                           out_indices: Optional[Union[int, Sequence[int]]]) -> Tuple[int, ...]:
+        depth = self.depth
+        if out_indices is None:
+            if self.out_type == 'avgpool':
+                return (depth - 1, )
+            return tuple(sorted({max((k + 1) * depth // 4 - 1, 0) for k in range(4)}))
+        if isinstance(out_indices, int):
+            out_indices = [out_indices]
+        if len(out_indices) == 0:
+            raise ValueError('out_indices must name at least one block')
+        parsed = []
+        for i in out_indices:
+            j = i + depth if i < 0 else i
+            if not 0 <= j < depth:
+                raise ValueError(f'out_indices {tuple(out_indices)} out of range for {depth} '
+                                 f'blocks')
+            parsed.append(j)
+        return tuple(sorted(set(parsed)))
+
+    @staticmethod
+    def _init_weights(m: nn.Module) -> None:
+        # official init: trunc normal std .02 for every nn.Linear (zero bias), LayerNorm 1/0;
+        # convolutions keep PyTorch's default; the dynamic layers' own parameters are set in
+        # their reset_parameters
+        if isinstance(m, nn.Linear):
+            nn.init.trunc_normal_(m.weight, std=.02)
+            if m.bias is not None:
+                nn.init.constant_(m.bias, 0)
+        elif isinstance(m, nn.LayerNorm):
+            nn.init.constant_(m.bias, 0)
+            nn.init.constant_(m.weight, 1.0)
+
+    # ---------------------------------------------------------------- train mode, freezing
+    def _freeze_stages(self) -> None:
+        if self.frozen_stages < 0:
+            return
+        frozen: List[nn.Module] = [self.patch_embed]
+        for i in range(self.frozen_stages):
+            frozen.append(self.blocks[i])
+            if i in self.out_indices:
+                frozen.append(getattr(self, f'norm{i}'))
+        for m in frozen:
+            m.eval()
+            for p in m.parameters():
+                p.requires_grad = False
+
+    def train(self, mode: bool = True) -> 'WeightFormer':
+        super().train(mode)
+        self._freeze_stages()
+        if mode and self.norm_eval:
+            for m in self.modules():
+                if isinstance(m, _BatchNorm):
+                    m.eval()
+        return self
+
+    # ---------------------------------------------------------------- forward
+    def _use_cp(self, x: torch.Tensor, blk: nn.Module) -> bool:
+        return self.with_cp and torch.is_grad_enabled() and (
+            x.requires_grad or any(p.requires_grad for p in blk.parameters()))
+
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        """Args: x: ``[B, in_channels, H, W]``, any ``H, W >= 1``.
+
+        Returns:
+            A tuple, per ``out_type`` (see the class docstring).
+        """
+        if x.dim() != 4 or x.shape[1] != self.in_channels:
+            raise ValueError(f'{self.__class__.__name__} expects an input of shape '
+                             f'[B, {self.in_channels}, H, W], got {tuple(x.shape)}')
+        x, hw = self.patch_embed(x)  # [B, N, C]
+        outs = []
+        last = self.out_indices[-1]
+        for i, blk in enumerate(self.blocks[:last + 1]):
+            if self._use_cp(x, blk):
+                x = cp.checkpoint(blk, x, hw, use_reentrant=False)
+            else:
+                x = blk(x, hw)
+            if i in self.out_indices:
+                out = getattr(self, f'norm{i}')(x)  # [B, N, C]
+                if self.out_type == 'avgpool':
+                    outs.append(out.mean(dim=1))  # [B, C]
+                else:
+                    outs.append(tokens_to_map(out, hw).contiguous())  # [B, C, h, w]
+        if self.pyramid is not None:
+            return self.pyramid(outs)
+        return tuple(outs)
+
+    # ---------------------------------------------------------------- weights
+    def init_weights(self) -> None:
+        """Initialize, or load the ``Pretrained`` checkpoint of ``init_cfg`` strictly.
+
+        Without a ``Pretrained`` entry the weights keep the official init (made at construction)
+        and other ``init_cfg`` entries run the mmengine way; ``checkpoint=None`` keeps the init
+        too (configs name the entry so one ``--cfg-options`` key switches weights on).
+
+        With ``dict(type='Pretrained', checkpoint=..., prefix=None)`` the checkpoint is read with
+        mmengine's ``CheckpointLoader``, unwrapped from ``state_dict``/``model``, restricted to
+        the keys under ``prefix`` (stripped) and passed through
+        :func:`checkpoint_filter_weightformer`, so both an official checkpoint (``prefix=None``)
+        and one of our classifiers/detectors (``prefix='backbone.'``) load. Missing trunk keys or
+        shape mismatches raise a ``RuntimeError`` naming them; only the output norms ``norm{i}``
+        and the ``pyramid`` may be missing (an ImageNet checkpoint has only the last norm; they
+        keep their init and are logged). Unexpected keys are logged as a warning.
+        """
+        cfgs = self.init_cfg if isinstance(self.init_cfg, list) else [self.init_cfg]
+        cfgs = [c for c in cfgs if c is not None]
+        pretrained = [c for c in cfgs if c.get('type') == 'Pretrained']
+        if len(pretrained) > 1:
+            raise ValueError(f'{self.__class__.__name__} got {len(pretrained)} Pretrained '
+                             f'init_cfg entries; give one')
+        if not pretrained:
+            super().init_weights()
+            return
+        others = [c for c in cfgs if c.get('type') != 'Pretrained']
+        saved, self.init_cfg = self.init_cfg, (others or None)
+        try:
+            super().init_weights()
+        finally:
+            self.init_cfg = saved
+        if pretrained[0].get('checkpoint') is None:
+            MMLogger.get_current_instance().info(
+                f'{self.__class__.__name__}: Pretrained init_cfg has checkpoint=None; training '
+                f'from scratch (set model.backbone.init_cfg.checkpoint=PATH to load weights)')
+            return
+        self.load_pretrained(pretrained[0]['checkpoint'], prefix=pretrained[0].get('prefix'),
+                             map_location=pretrained[0].get('map_location', 'cpu'))
+
+    def load_pretrained(self, checkpoint: str, prefix: Optional[str] = None,
+                        map_location: str = 'cpu') -> None:
+        """Load a checkpoint file strictly (see :meth:`init_weights`)."""
+        from mmengine.runner.checkpoint import CheckpointLoader
+
+        if not checkpoint:
+            raise ValueError("init_cfg=dict(type='Pretrained') needs a 'checkpoint'")
+        logger = MMLogger.get_current_instance()
+        ckpt = CheckpointLoader.load_checkpoint(checkpoint, map_location=map_location,
+                                                logger=logger)
+        state_dict = _unwrap_state_dict(ckpt)
+        if prefix:
+            prefix = prefix if prefix.endswith('.') else prefix + '.'
+            sub = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
+            if not sub:
+                heads = sorted({k.split('.', 1)[0] + '.' for k in state_dict})
+                raise RuntimeError(
+                    f'No key of checkpoint {checkpoint!r} starts with prefix {prefix!r}; its keys '
+                    f'start with {heads[:20]}. Set init_cfg prefix to one of them, or to None for '
+                    f'an official WeightFormer checkpoint.')
+            state_dict = sub
+        state_dict = checkpoint_filter_weightformer(state_dict)
+        self._load_state_dict_strict(state_dict, checkpoint, prefix, logger)
+        logger.info(f'{self.__class__.__name__}: loaded {len(state_dict)} tensors from '
+                    f'{checkpoint!r}' + (f' (prefix {prefix!r})' if prefix else ''))
+
+    def _load_state_dict_strict(self, state_dict: Dict[str, torch.Tensor], checkpoint: str,
+                                prefix: Optional[str], logger: MMLogger) -> None:
+        own = self.state_dict()
+        missing = [k for k in own if k not in state_dict]
+        unexpected = [k for k in state_dict if k not in own]
+        optional = [k for k in missing if re.match(r'(norm\d+|pyramid)\.', k)]
+        missing = [k for k in missing if k not in optional]
+        mismatched = [f'{k}: checkpoint {tuple(state_dict[k].shape)} vs model {tuple(v.shape)}'
+                      for k, v in own.items() if k in state_dict and state_dict[k].shape != v.shape]
+        if missing or mismatched:
+            found = _guess_prefix(list(own), list(state_dict))
+            if found:
+                hint = (f'The backbone weights seem to lie under {found!r}: set '
+                        f"init_cfg=dict(type='Pretrained', checkpoint=..., prefix={found!r})")
+            elif not prefix:
+                hint = ('If the checkpoint holds a whole classifier/detector/segmentor, set '
+                        "init_cfg=dict(type='Pretrained', checkpoint=..., prefix='backbone.')")
+            else:
+                hint = f'Check that prefix {prefix!r} selects the backbone'
+            raise RuntimeError(
+                f'Checkpoint {checkpoint!r} does not match {self.__class__.__name__}('
+                f'arch={self.arch_settings}): {len(missing)} missing keys {_clip(missing)}; '
+                f'{len(mismatched)} shape mismatches {_clip(mismatched)}; '
+                f'{len(unexpected)} unexpected keys {_clip(unexpected)}. {hint}, and that arch '
+                f'matches the checkpoint.')
+        if unexpected:
+            logger.warning(f'{self.__class__.__name__}: ignoring {len(unexpected)} unexpected '
+                           f'checkpoint keys {_clip(unexpected)}')
+        if optional:
+            logger.info(f'{self.__class__.__name__}: output norms / pyramid not in the '
+                        f'checkpoint keep their init: {_clip(optional)}')
+        self.load_state_dict(state_dict, strict=False)
+
+
+# --------------------------------------------------------------------------------------------
+# checkpoint filter
+# --------------------------------------------------------------------------------------------
+def _unwrap_state_dict(ckpt: dict) -> Dict[str, torch.Tensor]:
+    for key in ('state_dict', 'model'):
+        if isinstance(ckpt, dict) and key in ckpt and isinstance(ckpt[key], dict):
+            return ckpt[key]
+    return ckpt
+
+
+def _guess_prefix(own_keys: List[str], ckpt_keys: List[str]) -> Optional[str]:
+    """The prefix under which a checkpoint holds our keys (``'backbone.'``), if it has one."""
+    probe = 'patch_embed.proj.weight'
+    if probe in ckpt_keys or probe not in own_keys:
+        return None
+    for k in ckpt_keys:
+        if k.endswith('.' + probe):
+            return k[:-len(probe)]
+    return None
+
+
+def _clip(keys: List[str], n: int = 12) -> str:
+    return str(keys[:n])[:-1] + (f', ... {len(keys) - n} more]' if len(keys) > n else ']')
+
+
+# official name inside a block -> ours, for the parts that are renamed (the rest keep their names)
+_OFFICIAL_DYNAMIC_LINEAR = {'w': 'weight', 'b': 'bias', 'wfm.weight': 'token_proj.weight',
+                            'wfm.bias': 'token_proj.bias', 'w1': 'in_basis', 'w2': 'out_basis'}
+_OFFICIAL_DYNAMIC_CONV = {'w': 'weight', 'b': 'bias', 'wfm.0.weight': 'kernel_gen.0.weight',
+                          'wfm.0.bias': 'kernel_gen.0.bias', 'wfm.2.weight': 'kernel_gen.2.weight'}
+
+
+def is_official_state_dict(state_dict: Dict[str, torch.Tensor]) -> bool:
+    """Whether a state dict uses the official ``model/wfm.py`` key names."""
+    return any(k.startswith(('init_norm.', 'module.init_norm.')) or '.linear1.' in k
+               for k in state_dict)
+
+
+def convert_weightformer(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """Map an official WeightFormer checkpoint to an mmpretrain ``ImageClassifier``'s keys.
+
+    The classifier is ``ImageClassifier(backbone=WeightFormer(arch, out_type='avgpool'),
+    neck=None, head=LinearClsHead(1000, C))``; the result loads into it strictly and gives the
+    official logits. Mapping (official ``model/wfm.py`` -> ours):
+
+    ==============================  ==================================================
+    ``patch_embed.proj.*``          ``backbone.patch_embed.proj.*``
+    ``init_norm.*``                 ``backbone.patch_embed.norm.*``
+    ``blocks.i.norm1/norm2.*``      ``backbone.blocks.i.norm1/norm2.*``
+    ``blocks.i.dwc.weight/bias``    ``backbone.blocks.i.dwc.weight/bias`` (static)
+    ``blocks.i.dwc.w/b``            ``backbone.blocks.i.dwc.weight/bias`` (dynamic)
+    ``blocks.i.dwc.wfm.{0,2}.*``    ``backbone.blocks.i.dwc.kernel_gen.{0,2}.*``
+    ``blocks.i.linear1.weight/bias``  ``backbone.blocks.i.mlp.fc1.weight/bias`` (static)
+    ``blocks.i.linear1.w``          ``backbone.blocks.i.mlp.fc1.weight``, **transposed**
+    ``blocks.i.linear1.b``          ``backbone.blocks.i.mlp.fc1.bias``
+    ``blocks.i.linear1.wfm.*``      ``backbone.blocks.i.mlp.fc1.token_proj.*``
+    ``blocks.i.linear1.w1/w2``      ``backbone.blocks.i.mlp.fc1.in_basis/out_basis``
+    ``blocks.i.linear2.*``          ``backbone.blocks.i.mlp.fc2.*``
+    ``norm.*``                      ``backbone.norm{depth-1}.*``
+    ``head.*``                      ``head.fc.*``
+    ==============================  ==================================================
+
+    The input may be wrapped (``model``/``state_dict``) and carry a DDP ``module.`` prefix. Keys
+    outside this table raise a ``ValueError`` (nothing is dropped silently). Pure: the input is
+    not modified; tensors are shared except the transposed ones.
+
+    Args:
+        state_dict: an official checkpoint dict or its state dict.
+
+    Returns:
+        A new state dict with ``backbone.*`` and ``head.fc.*`` keys.
+    """
+    sd = {(k[len('module.'):] if k.startswith('module.') else k): v
+          for k, v in _unwrap_state_dict(state_dict).items()}
+    block_ids = {int(m.group(1)) for m in (re.match(r'blocks\.(\d+)\.', k) for k in sd) if m}
+    if not block_ids:
+        raise ValueError('Not an official WeightFormer state dict: no blocks.{i}.* keys')
+    depth = max(block_ids) + 1
+    out, unknown = {}, []
+    for k, v in sd.items():
+        m = re.match(r'blocks\.(\d+)\.(\w+)\.(.+)$', k)
+        if m:
+            i, part, rest = int(m.group(1)), m.group(2), m.group(3)
+            dst = f'backbone.blocks.{i}.'
+            if part in ('norm1', 'norm2'):
+                out[dst + f'{part}.{rest}'] = v
+            elif part == 'linear2':
+                out[dst + f'mlp.fc2.{rest}'] = v
+            elif part == 'linear1' and rest in ('weight', 'bias'):
+                out[dst + f'mlp.fc1.{rest}'] = v
+            elif part == 'linear1' and rest in _OFFICIAL_DYNAMIC_LINEAR:
+                # official w is [in, out] (x @ w); ours is nn.Linear's [out, in]
+                out[dst + 'mlp.fc1.' + _OFFICIAL_DYNAMIC_LINEAR[rest]] = \
+                    v.t().contiguous() if rest == 'w' else v
+            elif part == 'dwc' and rest in ('weight', 'bias'):
+                out[dst + f'dwc.{rest}'] = v
+            elif part == 'dwc' and rest in _OFFICIAL_DYNAMIC_CONV:
+                out[dst + 'dwc.' + _OFFICIAL_DYNAMIC_CONV[rest]] = v
+            else:
+                unknown.append(k)
+        elif k.startswith('patch_embed.proj.'):
+            out['backbone.' + k] = v
+        elif k.startswith('init_norm.'):
+            out['backbone.patch_embed.norm.' + k[len('init_norm.'):]] = v
+        elif k.startswith('norm.'):
+            out[f'backbone.norm{depth - 1}.' + k[len('norm.'):]] = v
+        elif k.startswith('head.'):
+            out['head.fc.' + k[len('head.'):]] = v
+        else:
+            unknown.append(k)
+    if unknown:
+        raise ValueError(f'convert_weightformer: {len(unknown)} keys of no official WeightFormer '
+                         f'module: {_clip(unknown)}')
+    return out
+
+
+def checkpoint_filter_weightformer(
+        state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """Keys of a checkpoint for the :class:`WeightFormer` backbone.
+
+    An official checkpoint (``model/wfm.py`` names) goes through :func:`convert_weightformer`
+    and keeps its backbone part (the classifier head is dropped; the final norm becomes
+    ``norm{depth-1}``). Any other state dict is unwrapped and loses a DDP ``module.`` prefix.
+    Pure: the input is not modified.
+    """
+    state_dict = _unwrap_state_dict(state_dict)
+    if is_official_state_dict(state_dict):
+        return {k[len('backbone.'):]: v for k, v in convert_weightformer(state_dict).items()
+                if k.startswith('backbone.')}
+    return {(k[len('module.'):] if k.startswith('module.') else k): v
+            for k, v in state_dict.items()}

@@ -1,0 +1,129 @@
+"""A multi-scale feature pyramid for isotropic (plain ViT-like) trunks.
+
+An isotropic trunk keeps one resolution (stride ``s``, 16 for a 16x16 patch embedding) in every
+block. Detectors and segmentors want maps at strides 4, 8, 16 and 32; the usual way to get them
+(BEiT/mmseg's ``fpn1..fpn4``, ViTDet's simple feature pyramid, ViT-Adapter's baseline) resamples
+stride-``s`` maps with strided transposed convolutions and max pooling:
+
+========  ==========================================================  ===============
+scale     layers                                                      stride (s = 16)
+========  ==========================================================  ===============
+4         ConvTranspose 2x2/2 -> norm -> act -> ConvTranspose 2x2/2   4
+2         ConvTranspose 2x2/2                                         8
+1         identity                                                    16
+0.5       MaxPool 2x2/2 (ceil mode)                                   32
+========  ==========================================================  ===============
+
+Each level then gets its own norm (``norms.{i}``), so the levels enter an FPN/UPerHead on a
+common footing. The input is either one map per level (BEiT/ViT-Adapter style: outputs of
+evenly spaced blocks, shallow blocks for the fine levels) or a single map that feeds every level
+(ViTDet style: the last block only).
+"""
+import math
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from mmcv.cnn import build_activation_layer, build_norm_layer
+
+__all__ = ['LayerNorm2d', 'build_norm2d', 'ViTPyramid']
+
+
+class LayerNorm2d(nn.LayerNorm):
+    """LayerNorm over the channels of an NCHW map (ViTDet/ConvNeXt ``LayerNorm2d``)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [B, C, H, W]
+        x = x.permute(0, 2, 3, 1)  # [B, H, W, C]
+        x = F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+        return x.permute(0, 3, 1, 2)
+
+
+def build_norm2d(norm_cfg: dict, channels: int) -> nn.Module:
+    """A norm for NCHW maps: ``dict(type='LN2d', eps=1e-6)`` gives :class:`LayerNorm2d` (no
+    batch statistics: the default, robust at detection batch sizes); anything else (``BN``,
+    ``SyncBN``, ``GN``) goes to ``mmcv.cnn.build_norm_layer``."""
+    cfg = dict(norm_cfg)
+    if cfg.get('type') == 'LN2d':
+        return LayerNorm2d(channels, eps=cfg.get('eps', 1e-6))
+    return build_norm_layer(cfg, channels)[1]
+
+
+def _level(channels: int, scale: float, norm_cfg: dict, act_cfg: dict) -> nn.Module:
+    """The resampling of one pyramid level (see the module docstring)."""
+    if scale == 1:
+        return nn.Identity()
+    if scale > 1:
+        layers: List[nn.Module] = []
+        for j in range(int(round(math.log2(scale)))):
+            if j:
+                layers += [build_norm2d(norm_cfg, channels), build_activation_layer(act_cfg)]
+            layers.append(nn.ConvTranspose2d(channels, channels, kernel_size=2, stride=2))
+        return nn.Sequential(*layers)
+    k = int(round(1 / scale))
+    return nn.MaxPool2d(kernel_size=k, stride=k, ceil_mode=True)
+
+
+class ViTPyramid(nn.Module):
+    """Resample stride-``s`` maps of an isotropic trunk into a feature pyramid.
+
+    Args:
+        embed_dims: channels of the trunk maps (kept at every level; the FPN/UPerHead that
+            follows projects them, so its ``in_channels`` is ``[embed_dims] * len(scales)``).
+        scales: one resampling factor per level, powers of two (``4`` upsamples 4x, ``0.5``
+            halves). The default gives strides 4, 8, 16, 32 for a stride-16 trunk.
+        norm_cfg: norm between the two transposed convolutions of a 4x level and of the per-level
+            output norms. Default ``LN2d`` (channel LayerNorm); ``dict(type='SyncBN')`` gives
+            BEiT/mmseg's variant.
+        act_cfg: activation between the two transposed convolutions of a 4x level.
+        out_norm: give each level its own output norm ``norms.{i}``.
+
+    Shapes:
+        Input: a sequence of ``[B, C, H, W]`` maps, one per level or one for all levels.
+        Output: a tuple of ``len(scales)`` maps, level ``i`` ``[B, C, H * scales[i], W *
+        scales[i]]`` (downsampling rounds up: max pooling in ceil mode).
+    """
+
+    def __init__(self, embed_dims: int, scales: Sequence[float] = (4., 2., 1., .5),
+                 norm_cfg: dict = dict(type='LN2d', eps=1e-6),
+                 act_cfg: dict = dict(type='GELU'), out_norm: bool = True) -> None:
+        super().__init__()
+        scales = tuple(float(s) for s in scales)
+        if not scales:
+            raise ValueError('ViTPyramid needs at least one scale')
+        for s in scales:
+            if s <= 0 or not math.log2(s).is_integer():
+                raise ValueError(f'ViTPyramid scales must be powers of two (4, 2, 1, 0.5, ...), '
+                                 f'got {scales}')
+        self.embed_dims = embed_dims
+        self.scales = scales
+        self.levels = nn.ModuleList([_level(embed_dims, s, norm_cfg, act_cfg) for s in scales])
+        self.norms: Optional[nn.ModuleList] = nn.ModuleList(
+            [build_norm2d(norm_cfg, embed_dims) for _ in scales]) if out_norm else None
+
+    @property
+    def num_levels(self) -> int:
+        return len(self.scales)
+
+    def forward(self, feats: Sequence[torch.Tensor]) -> Tuple[torch.Tensor, ...]:
+        if isinstance(feats, torch.Tensor):
+            feats = [feats]
+        if len(feats) == 1:
+            feats = list(feats) * self.num_levels
+        if len(feats) != self.num_levels:
+            raise ValueError(f'ViTPyramid with {self.num_levels} levels takes 1 or '
+                             f'{self.num_levels} maps, got {len(feats)}')
+        outs = []
+        for i, (x, level) in enumerate(zip(feats, self.levels)):
+            if x.dim() != 4 or x.shape[1] != self.embed_dims:
+                raise ValueError(f'ViTPyramid expects [B, {self.embed_dims}, H, W] maps, got '
+                                 f'{tuple(x.shape)} for level {i}')
+            x = level(x)  # [B, C, H * scale, W * scale]
+            if self.norms is not None:
+                x = self.norms[i](x)
+            outs.append(x)
+        return tuple(outs)
+
+    def extra_repr(self) -> str:
+        return f'embed_dims={self.embed_dims}, scales={self.scales}'
