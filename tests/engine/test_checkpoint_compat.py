@@ -1,7 +1,6 @@
 """mmengine checkpoints resume under torch's weights_only loader (torch >= 2.6)."""
 import os.path as osp
 
-import pytest
 import torch
 import torch.nn as nn
 from mmengine.model import BaseModel

@@ -21,19 +21,18 @@ checkpoints load after :func:`checkpoint_filter_mlla`, which only drops the clas
 fixed-size RoPE buffers. SEMA adds ``attn.v`` (its value projection).
 """
 import functools
-import re
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint as cp
-from mmengine.logging import MMLogger
 from mmengine.model import BaseModule
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from mmeffattn.ops import sema_attention
 from mmeffattn.registry import MODELS
+from ..utils import StrictPretrainedMixin, unwrap_state_dict
 from ..layers import ConvNormAct, DropPath, Mlp
 
 __all__ = ['SEMA', 'MILA', 'checkpoint_filter_mlla', 'apply_rope_2d']
@@ -405,7 +404,7 @@ class SEMAStage(nn.Module):
 # model
 # --------------------------------------------------------------------------------------------
 @MODELS.register_module()
-class SEMA(BaseModule):
+class SEMA(StrictPretrainedMixin, BaseModule):
     """SEMA / MILA hierarchical backbone (MLLA macro-architecture) for detection and segmentation.
 
     A stride-4 convolutional stem, four stages of Mamba-like blocks (:class:`SEMABlock`) with
@@ -610,107 +609,17 @@ class SEMA(BaseModule):
         return tuple(outs)
 
     # ---------------------------------------------------------------- weights
-    def init_weights(self) -> None:
-        """Initialize, or load the ``Pretrained`` checkpoint of ``init_cfg`` strictly.
+    # strict Pretrained loading comes from StrictPretrainedMixin; these tailor it to the family
+    optional_keys = r'norm\d+\.'  # output norms: an ImageNet checkpoint has none
+    prefix_probe = 'patch_embed.conv1.conv.weight'
+    official_name = 'MLLA/SEMA classification'
 
-        Without a ``Pretrained`` entry the weights keep the official init (trunc normal std .02
-        for Linear, LayerNorm ones/zeros, PyTorch defaults for convolutions, made at construction)
-        and any other ``init_cfg`` entries run the mmengine way.
+    def checkpoint_filter(self, state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        return checkpoint_filter_mlla(state_dict)
 
-        ``dict(type='Pretrained', checkpoint=None)`` (our configs' default) also keeps the init.
-        With ``dict(type='Pretrained', checkpoint=..., prefix=None)`` the checkpoint is read with
-        mmengine's ``CheckpointLoader`` (any backend it supports), unwrapped from ``state_dict`` or
-        ``model``, restricted to the keys under ``prefix`` (stripped), passed through
-        :func:`checkpoint_filter_mlla` (drops classifier and fixed RoPE tables) and loaded. Missing
-        backbone keys or shape mismatches raise a ``RuntimeError`` naming them; only the output
-        norms ``norm{i}`` may be missing (an ImageNet checkpoint has none; they keep their init
-        and are logged). Unexpected keys are logged as a warning.
-        """
-        cfgs = self.init_cfg if isinstance(self.init_cfg, list) else [self.init_cfg]
-        cfgs = [c for c in cfgs if c is not None]
-        pretrained = [c for c in cfgs if c.get('type') == 'Pretrained']
-        if len(pretrained) > 1:
-            raise ValueError(f'{self.__class__.__name__} got {len(pretrained)} Pretrained '
-                             f'init_cfg entries; give one')
-        if not pretrained:
-            super().init_weights()
-            return
-        others = [c for c in cfgs if c.get('type') != 'Pretrained']
-        saved, self.init_cfg = self.init_cfg, (others or None)
-        try:
-            super().init_weights()
-        finally:
-            self.init_cfg = saved
-        if pretrained[0].get('checkpoint') is None:
-            # configs name the entry with checkpoint=None so that one --cfg-options key switches
-            # ImageNet weights on; until then the backbone trains from scratch
-            MMLogger.get_current_instance().info(
-                f'{self.__class__.__name__}: Pretrained init_cfg has checkpoint=None; training '
-                f'from scratch (set model.backbone.init_cfg.checkpoint=PATH to load weights)')
-            return
-        self.load_pretrained(pretrained[0].get('checkpoint'), prefix=pretrained[0].get('prefix'),
-                             map_location=pretrained[0].get('map_location', 'cpu'))
-
-    def load_pretrained(self, checkpoint: str, prefix: Optional[str] = None,
-                        map_location: str = 'cpu') -> None:
-        """Load a checkpoint file strictly (see :meth:`init_weights`)."""
-        from mmengine.runner.checkpoint import CheckpointLoader
-
-        if not checkpoint:
-            raise ValueError("init_cfg=dict(type='Pretrained') needs a 'checkpoint'")
-        logger = MMLogger.get_current_instance()
-        ckpt = CheckpointLoader.load_checkpoint(checkpoint, map_location=map_location,
-                                                logger=logger)
-        state_dict = _unwrap_state_dict(ckpt)
-        if prefix:
-            prefix = prefix if prefix.endswith('.') else prefix + '.'
-            sub = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
-            if not sub:
-                heads = sorted({k.split('.', 1)[0] + '.' for k in state_dict})
-                raise RuntimeError(
-                    f'No key of checkpoint {checkpoint!r} starts with prefix {prefix!r}; its keys '
-                    f'start with {heads[:20]}. Set init_cfg prefix to one of them, or to None for '
-                    f'a bare backbone/classification checkpoint.')
-            state_dict = sub
-        state_dict = checkpoint_filter_mlla(state_dict)
-        self._load_state_dict_strict(state_dict, checkpoint, prefix, logger)
-        logger.info(f'{self.__class__.__name__}: loaded {len(state_dict)} tensors from '
-                    f'{checkpoint!r}' + (f' (prefix {prefix!r})' if prefix else ''))
-
-    def _load_state_dict_strict(self, state_dict: Dict[str, torch.Tensor], checkpoint: str,
-                                prefix: Optional[str], logger: MMLogger) -> None:
-        own = self.state_dict()
-        missing = [k for k in own if k not in state_dict]
-        unexpected = [k for k in state_dict if k not in own]
-        optional = [k for k in missing if re.match(r'norm\d+\.', k)]
-        missing = [k for k in missing if k not in optional]
-        mismatched = [f'{k}: checkpoint {tuple(state_dict[k].shape)} vs model {tuple(v.shape)}'
-                      for k, v in own.items() if k in state_dict and state_dict[k].shape != v.shape]
-        if missing or mismatched:
-            found = _guess_prefix(list(own), list(state_dict))
-            if found:
-                hint = (f'The backbone weights seem to lie under {found!r}: set '
-                        f"init_cfg=dict(type='Pretrained', checkpoint=..., prefix={found!r})")
-            elif not prefix:
-                hint = ('If the checkpoint holds a whole detector/segmentor/classifier, set '
-                        "init_cfg=dict(type='Pretrained', checkpoint=..., prefix='backbone.')")
-            else:
-                hint = f'Check that prefix {prefix!r} selects the backbone'
-
-            raise RuntimeError(
-                f'Checkpoint {checkpoint!r} does not match {self.__class__.__name__}('
-                f'arch={self.arch_settings}, attn_type={self.attn_type!r}): '
-                f'{len(missing)} missing keys {_clip(missing)}; '
-                f'{len(mismatched)} shape mismatches {_clip(mismatched)}; '
-                f'{len(unexpected)} unexpected keys {_clip(unexpected)}. {hint}, and that arch '
-                f'and attn_type match the checkpoint.')
-        if unexpected:
-            logger.warning(f'{self.__class__.__name__}: ignoring {len(unexpected)} unexpected '
-                           f'checkpoint keys {_clip(unexpected)}')
-        if optional:
-            logger.info(f'{self.__class__.__name__}: output norms not in the checkpoint keep '
-                        f'their init: {_clip(optional)}')
-        self.load_state_dict(state_dict, strict=False)
+    def describe(self) -> str:
+        return (f'{self.__class__.__name__}(arch={self.arch_settings}, '
+                f'attn_type={self.attn_type!r})')
 
 
 @MODELS.register_module()
@@ -724,28 +633,6 @@ class MILA(SEMA):
 # --------------------------------------------------------------------------------------------
 # checkpoint filter
 # --------------------------------------------------------------------------------------------
-def _unwrap_state_dict(ckpt: dict) -> Dict[str, torch.Tensor]:
-    for key in ('state_dict', 'model'):
-        if isinstance(ckpt, dict) and key in ckpt and isinstance(ckpt[key], dict):
-            return ckpt[key]
-    return ckpt
-
-
-def _guess_prefix(own_keys: List[str], ckpt_keys: List[str]) -> Optional[str]:
-    """The prefix under which a checkpoint holds our keys (``'backbone.'``), if it has one."""
-    probe = next((k for k in own_keys if k.startswith('patch_embed.')), None)
-    if probe is None or probe in ckpt_keys:
-        return None
-    for k in ckpt_keys:
-        if k.endswith('.' + probe):
-            return k[:-len(probe)]
-    return None
-
-
-def _clip(keys: List[str], n: int = 12) -> str:
-    return str(keys[:n])[:-1] + (f', ... {len(keys) - n} more]' if len(keys) > n else ']')
-
-
 def checkpoint_filter_mlla(state_dict: Dict[str, torch.Tensor],
                            final_norm: Optional[str] = None) -> Dict[str, torch.Tensor]:
     """Map an official MLLA/MILA checkpoint to :class:`SEMA`/:class:`MILA` keys.
@@ -767,7 +654,7 @@ def checkpoint_filter_mlla(state_dict: Dict[str, torch.Tensor],
     Returns:
         A new state dict.
     """
-    state_dict = _unwrap_state_dict(state_dict)
+    state_dict = unwrap_state_dict(state_dict)
     out = {}
     for k, v in state_dict.items():
         if k.startswith('module.'):

@@ -39,11 +39,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint as cp
-from mmengine.logging import MMLogger
 from mmengine.model import BaseModule
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from mmeffattn.registry import MODELS
+from ..utils import StrictPretrainedMixin, clip_keys, unwrap_state_dict
 from ..layers import DropPath, Mlp
 from ..layers.vit_pyramid import ViTPyramid
 
@@ -285,7 +285,7 @@ class PatchEmbed(nn.Module):
 # model
 # --------------------------------------------------------------------------------------------
 @MODELS.register_module()
-class WeightFormer(BaseModule):
+class WeightFormer(StrictPretrainedMixin, BaseModule):
     """WeightFormer isotropic backbone for classification, detection and segmentation.
 
     Every block runs at stride ``patch_size`` (16). Outputs are taken after the blocks in
@@ -512,130 +512,18 @@ class WeightFormer(BaseModule):
         return tuple(outs)
 
     # ---------------------------------------------------------------- weights
-    def init_weights(self) -> None:
-        """Initialize, or load the ``Pretrained`` checkpoint of ``init_cfg`` strictly.
+    # strict Pretrained loading comes from StrictPretrainedMixin; these tailor it to the family
+    optional_keys = r'(norm\d+|pyramid)\.'  # an ImageNet checkpoint has only the last norm
+    prefix_probe = 'patch_embed.proj.weight'
+    official_name = 'official WeightFormer'
 
-        Without a ``Pretrained`` entry the weights keep the official init (made at construction)
-        and other ``init_cfg`` entries run the mmengine way; ``checkpoint=None`` keeps the init
-        too (configs name the entry so one ``--cfg-options`` key switches weights on).
-
-        With ``dict(type='Pretrained', checkpoint=..., prefix=None)`` the checkpoint is read with
-        mmengine's ``CheckpointLoader``, unwrapped from ``state_dict``/``model``, restricted to
-        the keys under ``prefix`` (stripped) and passed through
-        :func:`checkpoint_filter_weightformer`, so both an official checkpoint (``prefix=None``)
-        and one of our classifiers/detectors (``prefix='backbone.'``) load. Missing trunk keys or
-        shape mismatches raise a ``RuntimeError`` naming them; only the output norms ``norm{i}``
-        and the ``pyramid`` may be missing (an ImageNet checkpoint has only the last norm; they
-        keep their init and are logged). Unexpected keys are logged as a warning.
-        """
-        cfgs = self.init_cfg if isinstance(self.init_cfg, list) else [self.init_cfg]
-        cfgs = [c for c in cfgs if c is not None]
-        pretrained = [c for c in cfgs if c.get('type') == 'Pretrained']
-        if len(pretrained) > 1:
-            raise ValueError(f'{self.__class__.__name__} got {len(pretrained)} Pretrained '
-                             f'init_cfg entries; give one')
-        if not pretrained:
-            super().init_weights()
-            return
-        others = [c for c in cfgs if c.get('type') != 'Pretrained']
-        saved, self.init_cfg = self.init_cfg, (others or None)
-        try:
-            super().init_weights()
-        finally:
-            self.init_cfg = saved
-        if pretrained[0].get('checkpoint') is None:
-            MMLogger.get_current_instance().info(
-                f'{self.__class__.__name__}: Pretrained init_cfg has checkpoint=None; training '
-                f'from scratch (set model.backbone.init_cfg.checkpoint=PATH to load weights)')
-            return
-        self.load_pretrained(pretrained[0]['checkpoint'], prefix=pretrained[0].get('prefix'),
-                             map_location=pretrained[0].get('map_location', 'cpu'))
-
-    def load_pretrained(self, checkpoint: str, prefix: Optional[str] = None,
-                        map_location: str = 'cpu') -> None:
-        """Load a checkpoint file strictly (see :meth:`init_weights`)."""
-        from mmengine.runner.checkpoint import CheckpointLoader
-
-        if not checkpoint:
-            raise ValueError("init_cfg=dict(type='Pretrained') needs a 'checkpoint'")
-        logger = MMLogger.get_current_instance()
-        ckpt = CheckpointLoader.load_checkpoint(checkpoint, map_location=map_location,
-                                                logger=logger)
-        state_dict = _unwrap_state_dict(ckpt)
-        if prefix:
-            prefix = prefix if prefix.endswith('.') else prefix + '.'
-            sub = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
-            if not sub:
-                heads = sorted({k.split('.', 1)[0] + '.' for k in state_dict})
-                raise RuntimeError(
-                    f'No key of checkpoint {checkpoint!r} starts with prefix {prefix!r}; its keys '
-                    f'start with {heads[:20]}. Set init_cfg prefix to one of them, or to None for '
-                    f'an official WeightFormer checkpoint.')
-            state_dict = sub
-        state_dict = checkpoint_filter_weightformer(state_dict)
-        self._load_state_dict_strict(state_dict, checkpoint, prefix, logger)
-        logger.info(f'{self.__class__.__name__}: loaded {len(state_dict)} tensors from '
-                    f'{checkpoint!r}' + (f' (prefix {prefix!r})' if prefix else ''))
-
-    def _load_state_dict_strict(self, state_dict: Dict[str, torch.Tensor], checkpoint: str,
-                                prefix: Optional[str], logger: MMLogger) -> None:
-        own = self.state_dict()
-        missing = [k for k in own if k not in state_dict]
-        unexpected = [k for k in state_dict if k not in own]
-        optional = [k for k in missing if re.match(r'(norm\d+|pyramid)\.', k)]
-        missing = [k for k in missing if k not in optional]
-        mismatched = [f'{k}: checkpoint {tuple(state_dict[k].shape)} vs model {tuple(v.shape)}'
-                      for k, v in own.items() if k in state_dict and state_dict[k].shape != v.shape]
-        if missing or mismatched:
-            found = _guess_prefix(list(own), list(state_dict))
-            if found:
-                hint = (f'The backbone weights seem to lie under {found!r}: set '
-                        f"init_cfg=dict(type='Pretrained', checkpoint=..., prefix={found!r})")
-            elif not prefix:
-                hint = ('If the checkpoint holds a whole classifier/detector/segmentor, set '
-                        "init_cfg=dict(type='Pretrained', checkpoint=..., prefix='backbone.')")
-            else:
-                hint = f'Check that prefix {prefix!r} selects the backbone'
-            raise RuntimeError(
-                f'Checkpoint {checkpoint!r} does not match {self.__class__.__name__}('
-                f'arch={self.arch_settings}): {len(missing)} missing keys {_clip(missing)}; '
-                f'{len(mismatched)} shape mismatches {_clip(mismatched)}; '
-                f'{len(unexpected)} unexpected keys {_clip(unexpected)}. {hint}, and that arch '
-                f'matches the checkpoint.')
-        if unexpected:
-            logger.warning(f'{self.__class__.__name__}: ignoring {len(unexpected)} unexpected '
-                           f'checkpoint keys {_clip(unexpected)}')
-        if optional:
-            logger.info(f'{self.__class__.__name__}: output norms / pyramid not in the '
-                        f'checkpoint keep their init: {_clip(optional)}')
-        self.load_state_dict(state_dict, strict=False)
+    def checkpoint_filter(self, state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        return checkpoint_filter_weightformer(state_dict)
 
 
 # --------------------------------------------------------------------------------------------
 # checkpoint filter
 # --------------------------------------------------------------------------------------------
-def _unwrap_state_dict(ckpt: dict) -> Dict[str, torch.Tensor]:
-    for key in ('state_dict', 'model'):
-        if isinstance(ckpt, dict) and key in ckpt and isinstance(ckpt[key], dict):
-            return ckpt[key]
-    return ckpt
-
-
-def _guess_prefix(own_keys: List[str], ckpt_keys: List[str]) -> Optional[str]:
-    """The prefix under which a checkpoint holds our keys (``'backbone.'``), if it has one."""
-    probe = 'patch_embed.proj.weight'
-    if probe in ckpt_keys or probe not in own_keys:
-        return None
-    for k in ckpt_keys:
-        if k.endswith('.' + probe):
-            return k[:-len(probe)]
-    return None
-
-
-def _clip(keys: List[str], n: int = 12) -> str:
-    return str(keys[:n])[:-1] + (f', ... {len(keys) - n} more]' if len(keys) > n else ']')
-
-
 # official name inside a block -> ours, for the parts that are renamed (the rest keep their names)
 _OFFICIAL_DYNAMIC_LINEAR = {'w': 'weight', 'b': 'bias', 'wfm.weight': 'token_proj.weight',
                             'wfm.bias': 'token_proj.bias', 'w1': 'in_basis', 'w2': 'out_basis'}
@@ -684,7 +572,7 @@ def convert_weightformer(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch
         A new state dict with ``backbone.*`` and ``head.fc.*`` keys.
     """
     sd = {(k[len('module.'):] if k.startswith('module.') else k): v
-          for k, v in _unwrap_state_dict(state_dict).items()}
+          for k, v in unwrap_state_dict(state_dict).items()}
     block_ids = {int(m.group(1)) for m in (re.match(r'blocks\.(\d+)\.', k) for k in sd) if m}
     if not block_ids:
         raise ValueError('Not an official WeightFormer state dict: no blocks.{i}.* keys')
@@ -723,7 +611,7 @@ def convert_weightformer(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch
             unknown.append(k)
     if unknown:
         raise ValueError(f'convert_weightformer: {len(unknown)} keys of no official WeightFormer '
-                         f'module: {_clip(unknown)}')
+                         f'module: {clip_keys(unknown)}')
     return out
 
 
@@ -736,7 +624,7 @@ def checkpoint_filter_weightformer(
     ``norm{depth-1}``). Any other state dict is unwrapped and loses a DDP ``module.`` prefix.
     Pure: the input is not modified.
     """
-    state_dict = _unwrap_state_dict(state_dict)
+    state_dict = unwrap_state_dict(state_dict)
     if is_official_state_dict(state_dict):
         return {k[len('backbone.'):]: v for k, v in convert_weightformer(state_dict).items()
                 if k.startswith('backbone.')}

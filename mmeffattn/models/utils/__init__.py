@@ -1,0 +1,3 @@
+from .pretrained import StrictPretrainedMixin, clip_keys, unwrap_state_dict
+
+__all__ = ['StrictPretrainedMixin', 'clip_keys', 'unwrap_state_dict']
