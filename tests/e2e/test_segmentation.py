@@ -39,8 +39,10 @@ default_hooks = dict(logger=dict(interval=1), checkpoint=dict(interval=2))
 '''
 
 
-@pytest.mark.parametrize('config', ['configs/sema/sema-t_upernet_8xb2-160k_ade20k-512x512.py'],
-                         ids=['upernet-sema-t'])
+@pytest.mark.parametrize(
+    'config', ['configs/sema/sema-t_upernet_8xb2-160k_ade20k-512x512.py',
+               'configs/weightformer/weightformer-t_upernet_8xb2-160k_ade20k-512x512.py'],
+    ids=['upernet-sema-t', 'upernet-weightformer-t'])
 def test_upernet_on_ade20k_sample(tmp_path, config, shared_data):
     root = shared_data('ade20k_sample') + '/'
     cfg = write_config(tmp_path / 'cfg.py', config, SMALL_ADE.format(root=root))
