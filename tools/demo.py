@@ -46,7 +46,7 @@ def run(cmd, what: str) -> None:
 
 def draw_predictions(config: str, checkpoint: str, data_root: str, out_dir: str,
                      num: int, cfg_options: dict) -> list:
-    """Draw the model's predictions (score >= 0.3) on the first ``num`` val images."""
+    """Draw the model's predictions (score >= 0.5) on the first ``num`` val images."""
     import mmcv
     from mmdet.apis import inference_detector, init_detector
     from mmdet.registry import VISUALIZERS
@@ -67,7 +67,7 @@ def draw_predictions(config: str, checkpoint: str, data_root: str, out_dir: str,
         result = inference_detector(model, img)
         out = osp.join(out_dir, osp.splitext(name)[0] + '.png')
         visualizer.add_datasample(name, img, data_sample=result, draw_gt=False, show=False,
-                                  pred_score_thr=0.3, out_file=out)
+                                  pred_score_thr=0.5, out_file=out)
         written.append(out)
     return written
 
