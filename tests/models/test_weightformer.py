@@ -46,6 +46,15 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+@pytest.fixture(autouse=True)
+def reference_ops(monkeypatch):
+    """Run the dynamic ops' PyTorch reference (the model's original arithmetic): the Triton
+    kernels (interpreted on CPU under pytest, ~50 ms per program) are tested in
+    tests/ops/test_dynamic_{weight,dwconv}.py; test_triton_backend_matches_reference covers the
+    model with them."""
+    monkeypatch.setenv('MMEFFATTN_OPS_BACKEND', 'reference')
+
+
 @pytest.fixture(scope='module')
 def tiny_models():
     """One eval-mode tiny model per out_type, shared by the tests that do not modify it."""
@@ -384,6 +393,54 @@ def test_dynamic_dwconv_per_sample_kernels():
         k = k / (k.flatten(1).norm(dim=1).view(6, 1, 1, 1) + 1) + conv.weight
         ref = F.conv2d(x[b:b + 1], k, conv.bias, padding=1, groups=6)
         torch.testing.assert_close(y[b:b + 1], ref)
+
+
+def test_dynamic_layers_call_the_ops(monkeypatch):
+    """DynamicLinear and DynamicDWConv go through the public ops with their backend."""
+    from mmeffattn.ops.dynamic_dwconv import op as dwconv_op
+    from mmeffattn.ops.dynamic_weight import op as weight_op
+    calls = []
+    real_w, real_c = weight_op.dynamic_weight_naive, dwconv_op.dynamic_dwconv_naive
+    monkeypatch.setattr(weight_op, 'dynamic_weight_naive',
+                        lambda *a, **kw: calls.append('weight') or real_w(*a, **kw))
+    monkeypatch.setattr(dwconv_op, 'dynamic_dwconv_naive',
+                        lambda *a, **kw: calls.append('dwconv') or real_c(*a, **kw))
+    model = WeightFormer(arch=MINI, out_type='featmap', out_indices=(4, )).eval()
+    with torch.no_grad():
+        model(torch.randn(1, 3, 48, 32))
+    assert calls == ['dwconv', 'weight'] * 2  # dynamic blocks 1 and 4
+
+
+def test_triton_backend_matches_reference(monkeypatch):
+    """The dynamic layers through the Triton kernels (compiled on GPU, interpreted on CPU),
+    forward and backward, against the reference on the same weights."""
+    from mmeffattn.ops.dynamic_dwconv.op import dynamic_dwconv_triton_reasons
+    from mmeffattn.ops.dynamic_weight.op import dynamic_weight_triton_reasons
+
+    probe = torch.zeros(1, 1, 16)
+    reasons = (dynamic_weight_triton_reasons(probe, probe)
+               + dynamic_dwconv_triton_reasons(probe.view(1, 1, 4, 4), probe.view(1, 1, 4, 4)))
+    if reasons:
+        pytest.skip('Triton backend unavailable: ' + '; '.join(reasons))
+    monkeypatch.delenv('MMEFFATTN_OPS_BACKEND')
+    torch.manual_seed(0)
+    ref = WeightFormer(arch=dict(embed_dims=32, depth=2), out_type='featmap').train()
+    tri = copy.deepcopy(ref)
+    for m in tri.modules():
+        if isinstance(m, (DynamicLinear, DynamicDWConv)):
+            m.backend = 'triton'
+    for m in ref.modules():
+        if isinstance(m, (DynamicLinear, DynamicDWConv)):
+            m.backend = 'reference'
+    x = torch.randn(2, 3, 80, 48)  # a 5 x 3 token grid: odd sides, pooled to 2 x 1
+    outs_ref, outs_tri = ref(x), tri(x)
+    for a, b in zip(outs_ref, outs_tri):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
+    sum(o.square().mean() for o in outs_ref).backward()
+    sum(o.square().mean() for o in outs_tri).backward()
+    grads_tri = dict(tri.named_parameters())
+    for name, p in ref.named_parameters():
+        torch.testing.assert_close(grads_tri[name].grad, p.grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
 # ------------------------------------------------------------------------------- pyramid layer

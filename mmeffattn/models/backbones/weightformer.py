@@ -42,6 +42,8 @@ import torch.utils.checkpoint as cp
 from mmengine.model import BaseModule
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from mmeffattn.ops.dynamic_dwconv import dynamic_dwconv
+from mmeffattn.ops.dynamic_weight import dynamic_weight
 from mmeffattn.registry import MODELS
 from ..utils import StrictPretrainedMixin, clip_keys, unwrap_state_dict
 from ..layers import DropPath, Mlp
@@ -96,14 +98,20 @@ class DynamicLinear(nn.Module):
     Pooling floors an odd side (``nn.AvgPool2d(2)`` as the official); a side of length 1 is
     pooled with a window of 1 on that side (the official code cannot run such a grid).
 
+    The reduction over the pooled tokens, the normalization and the static-weight add run in
+    :func:`mmeffattn.ops.dynamic_weight.dynamic_weight` (Triton kernels or its PyTorch
+    reference, which is this layer's original arithmetic).
+
     Args:
         in_features: input channels ``C_in`` (divisible by ``reduction``).
         out_features: output channels ``C_out`` (divisible by ``reduction``).
         reduction: rank reduction ``r`` of the two branches (4 in the official code).
+        backend: backend of the op: None (automatic; ``$MMEFFATTN_OPS_BACKEND`` applies),
+            ``'triton'`` or ``'reference'``.
     """
 
     def __init__(self, in_features: int, out_features: Optional[int] = None,
-                 reduction: int = 4) -> None:
+                 reduction: int = 4, backend: Optional[str] = None) -> None:
         super().__init__()
         out_features = out_features or in_features
         if in_features % reduction or out_features % reduction:
@@ -112,6 +120,7 @@ class DynamicLinear(nn.Module):
         self.in_features = in_features
         self.out_features = out_features
         self.reduction = reduction
+        self.backend = backend
         self.scale = in_features**-0.5
         self.rank_in = in_features // reduction
         self.rank_out = out_features // reduction
@@ -127,21 +136,26 @@ class DynamicLinear(nn.Module):
         for p in (self.weight, self.bias, self.in_basis, self.out_basis):
             nn.init.trunc_normal_(p, std=.02)
 
-    def dynamic_weight(self, x: torch.Tensor, hw: HWShape) -> torch.Tensor:
-        """The normalized predicted weight ``dW``, ``[B, C_out, C_in]``, for tokens ``x``."""
+    def factors(self, x: torch.Tensor, hw: HWShape) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The two sides ``U [B, M, C_in]`` and ``V [B, M, C_out]`` of ``dW`` for tokens ``x``."""
         H, W = hw
-        N = x.shape[1]
         pooled = F.avg_pool2d(tokens_to_map(x, hw), (min(2, H), min(2, W)))  # [B, C_in, h, w]
         ctx = self.token_proj(map_to_tokens(pooled))  # [B, M, r_in + r_out]
         a_in, a_out = ctx.split([self.rank_in, self.rank_out], dim=-1)
         u = F.silu(a_in) @ self.in_basis  # [B, M, C_in]
         v = F.silu(a_out) @ self.out_basis  # [B, M, C_out]
-        dw = v.transpose(1, 2) @ u * self.scale / N  # [B, C_out, C_in]
-        return dw / (dw.norm(dim=-1, keepdim=True) + 1.0)
+        return u, v
+
+    def dynamic_weight(self, x: torch.Tensor, hw: HWShape) -> torch.Tensor:
+        """The normalized predicted weight ``dW``, ``[B, C_out, C_in]``, for tokens ``x``."""
+        u, v = self.factors(x, hw)
+        return dynamic_weight(u, v, x.shape[1], self.scale, backend=self.backend)
 
     def forward(self, x: torch.Tensor, hw: HWShape) -> torch.Tensor:
         # x: [B, N, C_in]
-        w = self.dynamic_weight(x, hw) + self.weight  # [B, C_out, C_in]
+        u, v = self.factors(x, hw)
+        w = dynamic_weight(u, v, x.shape[1], self.scale, self.weight,
+                           backend=self.backend)  # [B, C_out, C_in], dW + W
         return x @ w.transpose(1, 2) + self.bias  # [B, N, C_out]
 
     def extra_repr(self) -> str:
@@ -155,20 +169,27 @@ class DynamicDWConv(nn.Module):
     The official ``DynCnn``: the input is average pooled to ``K x K`` (the kernel size), a 1x1
     conv -> GELU -> 1x1 conv (no bias) ``kernel_gen`` maps it to one ``K x K`` kernel per sample
     and channel, each kernel is divided by its Frobenius norm plus one and added to the static
-    kernel; the convolution (zero padding ``K // 2``, static bias) then runs per sample, as one
-    grouped convolution over ``B * C`` groups.
+    kernel; the convolution (zero padding ``K // 2``, static bias) then runs per sample (the
+    official code: one grouped convolution over ``B * C`` groups).
+
+    The normalization, the static-kernel add and the convolution run in
+    :func:`mmeffattn.ops.dynamic_dwconv.dynamic_dwconv` (Triton kernels or its PyTorch
+    reference, which is this layer's original arithmetic).
 
     Args:
         dim: channels.
         kernel_size: odd kernel side ``K`` (3 in the official code).
+        backend: backend of the op: None (automatic; ``$MMEFFATTN_OPS_BACKEND`` applies),
+            ``'triton'`` or ``'reference'``.
     """
 
-    def __init__(self, dim: int, kernel_size: int = 3) -> None:
+    def __init__(self, dim: int, kernel_size: int = 3, backend: Optional[str] = None) -> None:
         super().__init__()
         if kernel_size % 2 != 1:
             raise ValueError(f'DynamicDWConv needs an odd kernel_size, got {kernel_size}')
         self.dim = dim
         self.kernel_size = kernel_size
+        self.backend = backend
         self.weight = nn.Parameter(torch.empty(dim, 1, kernel_size, kernel_size))
         self.bias = nn.Parameter(torch.empty(dim))
         self.kernel_gen = nn.Sequential(
@@ -180,20 +201,21 @@ class DynamicDWConv(nn.Module):
         nn.init.trunc_normal_(self.weight, std=.02)
         nn.init.trunc_normal_(self.bias, std=.02)
 
+    def raw_kernel(self, x: torch.Tensor) -> torch.Tensor:
+        """The predicted kernels before normalization, ``[B, C, K, K]``, for the map ``x``."""
+        return self.kernel_gen(F.adaptive_avg_pool2d(x, self.kernel_size))
+
     def dynamic_kernel(self, x: torch.Tensor) -> torch.Tensor:
         """The normalized predicted kernels ``[B * C, 1, K, K]`` for the map ``x``."""
         B, C = x.shape[:2]
         k = self.kernel_size
-        dk = self.kernel_gen(F.adaptive_avg_pool2d(x, k)).reshape(B * C, 1, k, k)
+        dk = self.raw_kernel(x).reshape(B * C, 1, k, k)
         return dk / (dk.norm(dim=(-2, -1), keepdim=True) + 1.0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [B, C, H, W]
-        B, C, H, W = x.shape
-        w = self.dynamic_kernel(x) + self.weight.repeat(B, 1, 1, 1)  # [B*C, 1, K, K]
-        out = F.conv2d(x.reshape(1, B * C, H, W), w, self.bias.repeat(B),
-                       padding=self.kernel_size // 2, groups=B * C)
-        return out.reshape(B, C, H, W)
+        # x: [B, C, H, W]; normalized predicted kernel + static kernel, then the convolution
+        return dynamic_dwconv(x, self.raw_kernel(x), self.bias, self.weight, normalize=True,
+                              backend=self.backend)  # [B, C, H, W]
 
     def extra_repr(self) -> str:
         return f'dim={self.dim}, kernel_size={self.kernel_size}'

@@ -1,0 +1,241 @@
+"""Launchers and the autograd Function of the Triton dynamic depthwise-convolution kernels.
+
+Importing this module needs Triton (``op.py`` guards it). The kernels run compiled on CUDA
+tensors and interpreted on CPU tensors when Triton's interpreter is on.
+
+Forward: one launch of ``dynamic_dwconv_fwd_kernel`` (kernel normalization, static-kernel add,
+convolution, bias and cast fused). Backward: ``dynamic_dwconv_bwd_kernel`` gives ``dx`` and
+per-tile partial sums of the kernel and bias gradients (deterministic, no atomics);
+``dynamic_dwconv_bwd_reduce_kernel`` reduces them per sample and back-propagates the
+normalization; the static kernel's and the bias's gradients are sums over the samples (torch).
+"""
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from . import kernels
+
+#: (channels, pixels) per program of the forward and the backward; warps of both
+FWD_TILE = (32, 64)
+BWD_TILE = (32, 64)
+NUM_WARPS = 8
+#: channels per program of the reduction kernel
+REDUCE_BLOCK_C = 32
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """One kernel launch configuration: the kernel, its constexprs, num_warps, num_stages and
+    an optional register cap per thread (``maxnreg``, None = ptxas decides)."""
+    kernel: Any
+    constexprs: Dict[str, Any]
+    num_warps: int
+    num_stages: int
+    maxnreg: Optional[int] = None
+
+    @property
+    def launch_options(self) -> Dict[str, Any]:
+        options = dict(num_warps=self.num_warps, num_stages=self.num_stages)
+        if self.maxnreg is not None:
+            options['maxnreg'] = self.maxnreg
+        return options
+
+
+def _next_pow2(x: int) -> int:
+    return 1 << max(0, x - 1).bit_length()
+
+
+def dynamic_dwconv_kernel_configs(channels: int, kernel_size: int, normalize: bool,
+                                  has_weight: bool, has_bias: bool,
+                                  needs_dx: bool = True, needs_dk: bool = True
+                                  ) -> Dict[str, KernelConfig]:
+    """The configurations the launchers use, by role: ``'fwd'``, ``'bwd'``, ``'bwd_reduce'``
+    (the last only when a kernel, weight or bias gradient is needed).
+
+    Chosen from ahead-of-time compiles for sm_80 and sm_90 (tests/ops/test_dynamic_dwconv.py):
+    ``32 x 64`` tiles on 8 warps stay near 56 (forward) and 80 (backward) registers for every
+    K up to ``op.MAX_KERNEL_SIZE`` = 9, dtype and layout; ``32 x 128`` forward tiles reached
+    ~110 and spilled a few bytes in one case. The tiles do not depend on the dtype (the
+    arithmetic is fp32).
+    """
+    bc = min(FWD_TILE[0], _next_pow2(channels))
+    bkk = _next_pow2(kernel_size ** 2 + 1)
+    common = dict(K=kernel_size, NORMALIZE=normalize, HAS_WEIGHT=has_weight)
+    configs = {
+        'fwd': KernelConfig(kernels.dynamic_dwconv_fwd_kernel,
+                            dict(common, BC=bc, BP=FWD_TILE[1], HAS_BIAS=has_bias),
+                            num_warps=NUM_WARPS, num_stages=1),
+        'bwd': KernelConfig(kernels.dynamic_dwconv_bwd_kernel,
+                            dict(common, BC=min(BWD_TILE[0], bc), BP=BWD_TILE[1],
+                                 NEEDS_DX=needs_dx, NEEDS_DK=needs_dk),
+                            num_warps=NUM_WARPS, num_stages=1),
+    }
+    if needs_dk:
+        configs['bwd_reduce'] = KernelConfig(
+            kernels.dynamic_dwconv_bwd_reduce_kernel,
+            dict(K=kernel_size, BC=min(REDUCE_BLOCK_C, bc), BKK=bkk, NORMALIZE=normalize),
+            num_warps=4, num_stages=1)
+    return configs
+
+
+# ---------------------------------------------------------------------------------------------
+# launching (with a hook that records launches instead, for ahead-of-time compilation tests)
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class Launch:
+    """A recorded kernel launch: ``config.kernel[grid](*args, **config.constexprs, ...)``."""
+    role: str
+    config: KernelConfig
+    grid: Tuple[int, ...]
+    args: Tuple[Any, ...]
+
+
+_recorder: Optional[List[Launch]] = None
+
+
+@contextlib.contextmanager
+def record_launches() -> Iterator[List[Launch]]:
+    """Within the block, launchers record their launches in the yielded list and run nothing
+    (outputs stay uninitialised). Used to compile exactly what the launchers launch."""
+    global _recorder
+    previous, _recorder = _recorder, []
+    try:
+        yield _recorder
+    finally:
+        _recorder = previous
+
+
+def _launch(role: str, config: KernelConfig, grid: Tuple[int, ...], *args: Any) -> None:
+    if _recorder is not None:
+        _recorder.append(Launch(role, config, grid, args))
+        return
+    config.kernel[grid](*args, **config.constexprs, **config.launch_options)
+
+
+def _device_guard(x: torch.Tensor):
+    return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
+
+
+def int32_offsets_fit(*tensors: torch.Tensor) -> bool:
+    """Whether the offsets inside one sample of these ``[B, C, H, W]`` tensors fit the kernels'
+    int32 arithmetic (the batch offset is int64)."""
+    return all(sum((s - 1) * abs(st) for s, st in zip(x.shape[1:], x.stride()[1:])) < 2 ** 31
+               for x in tensors)
+
+
+def _strides4(x: torch.Tensor) -> Tuple[int, int, int, int]:
+    return x.stride(0), x.stride(1), x.stride(2), x.stride(3)
+
+
+def _flat_kernel(kernel: torch.Tensor) -> torch.Tensor:
+    """``[B, C, K, K]`` -> contiguous ``[B, C, K*K]``."""
+    return kernel.reshape(kernel.shape[0], kernel.shape[1], -1).contiguous()
+
+
+# ---------------------------------------------------------------------------------------------
+# launchers
+# ---------------------------------------------------------------------------------------------
+def dynamic_dwconv_fwd(x: torch.Tensor, kernel: torch.Tensor, bias: Optional[torch.Tensor],
+                       weight: Optional[torch.Tensor], normalize: bool) -> torch.Tensor:
+    """Forward launcher.
+
+    Args:
+        x: ``[B, C, H, W]``, any strides; kernel ``[B, C, K, K]``; bias ``[C]`` or None;
+            weight ``[C, K*K]``-reshapable or None.
+    Returns:
+        ``[B, C, H, W]`` in x's dtype, with x's memory layout (``torch.empty_like``).
+    """
+    B, C, H, W = x.shape
+    K = kernel.shape[-1]
+    cfg = dynamic_dwconv_kernel_configs(C, K, normalize, weight is not None,
+                                        bias is not None)['fwd']
+    out = torch.empty_like(x)
+    k = _flat_kernel(kernel)
+    w = k if weight is None else weight.reshape(C, K * K).contiguous()
+    b = k if bias is None else bias.contiguous()
+    grid = (-(-H * W // cfg.constexprs['BP']), -(-C // cfg.constexprs['BC']), B)
+    with _device_guard(x):
+        _launch('fwd', cfg, grid, x, k, w, b, out, *_strides4(x), k.stride(0), *_strides4(out),
+                C, H, W)
+    return out
+
+
+def dynamic_dwconv_bwd(dy: torch.Tensor, x: torch.Tensor, kernel: torch.Tensor,
+                       weight: Optional[torch.Tensor], normalize: bool, has_bias: bool,
+                       needs: Tuple[bool, bool, bool, bool] = (True, True, True, True)
+                       ) -> Tuple[Optional[torch.Tensor], ...]:
+    """Backward launcher: ``(dx, dkernel, dbias, dweight)`` for the inputs ``needs`` flags (in
+    that order), None for the others; each in its input's dtype and shape."""
+    B, C, H, W = x.shape
+    K = kernel.shape[-1]
+    needs = (needs[0], needs[1], needs[2] and has_bias, needs[3] and weight is not None)
+    needs_dx = needs[0]
+    needs_dk = any(needs[1:])
+    cfgs = dynamic_dwconv_kernel_configs(C, K, normalize, weight is not None, has_bias,
+                                         needs_dx, needs_dk)
+    k = _flat_kernel(kernel)
+    w = k if weight is None else weight.reshape(C, K * K).contiguous()
+    if not int32_offsets_fit(dy):  # x was checked; an unusual upstream gradient is copied
+        dy = dy.contiguous()
+    cfg = cfgs['bwd']
+    n_tiles = -(-H * W // cfg.constexprs['BP'])
+    dx = torch.empty_like(x) if needs_dx else None
+    dx_arg = dx if needs_dx else x
+    part = (torch.empty((B, n_tiles, C, K * K + 1), dtype=torch.float32, device=x.device)
+            if needs_dk else k)
+    dkernel = dbias = dweight = None
+    with _device_guard(x):
+        _launch('bwd', cfg, (n_tiles, -(-C // cfg.constexprs['BC']), B),
+                x, k, w, dy, dx_arg, part, *_strides4(x), k.stride(0), *_strides4(dy),
+                *_strides4(dx_arg), C, H, W, n_tiles)
+        if needs_dk:
+            red_cfg = cfgs['bwd_reduce']
+            dk = torch.empty_like(k)
+            red = torch.empty((B, C, K * K + 1), dtype=torch.float32, device=x.device)
+            _launch('bwd_reduce', red_cfg, (-(-C // red_cfg.constexprs['BC']), B),
+                    k, part, dk, red, k.stride(0), C, n_tiles)
+            if needs[1]:
+                dkernel = dk.reshape(kernel.shape)
+            if needs[2]:
+                dbias = red[:, :, K * K].sum(dim=0)
+            if needs[3]:
+                dweight = red[:, :, :K * K].sum(dim=0).reshape(weight.shape).to(weight.dtype)
+    return dx, dkernel, dbias, dweight
+
+
+class DynamicDWConvFunction(torch.autograd.Function):
+    """Autograd wrapper of the Triton kernels (first-order gradients for every tensor input)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, kernel: torch.Tensor, bias: Optional[torch.Tensor],
+                weight: Optional[torch.Tensor], normalize: bool) -> torch.Tensor:
+        out = dynamic_dwconv_fwd(x, kernel, bias, weight, normalize)
+        if any(ctx.needs_input_grad[:4]):
+            ctx.save_for_backward(x, kernel, weight)
+        ctx.normalize = normalize
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy: torch.Tensor):
+        x, kernel, weight = ctx.saved_tensors
+        n = ctx.needs_input_grad
+        dx, dkernel, dbias, dweight = dynamic_dwconv_bwd(
+            dy, x, kernel, weight, ctx.normalize, ctx.bias_dtype is not None,
+            (n[0], n[1], n[2], n[3]))
+        if dbias is not None:
+            dbias = dbias.to(ctx.bias_dtype)
+        return dx, dkernel, dbias, dweight, None
+
+
+def dynamic_dwconv_triton(x: torch.Tensor, kernel: torch.Tensor,
+                          bias: Optional[torch.Tensor] = None,
+                          weight: Optional[torch.Tensor] = None,
+                          normalize: bool = False) -> torch.Tensor:
+    """The dynamic depthwise convolution with the Triton kernels, no input validation (see
+    ``op.dynamic_dwconv``). Returns ``[B, C, H, W]`` in x's dtype and memory layout."""
+    return DynamicDWConvFunction.apply(x, kernel, bias, weight, normalize)

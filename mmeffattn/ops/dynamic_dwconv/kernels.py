@@ -1,0 +1,202 @@
+"""Triton kernels of the per-sample dynamic depthwise convolution.
+
+Only ``@triton.jit`` functions live here; launchers and the autograd Function are in
+``function.py``. Conventions shared by every kernel:
+
+* ``x``, ``dy`` and the outputs ``out``, ``dx`` are ``[B, C, H, W]`` with arbitrary strides
+  (NCHW, or the channels-last view a token tensor ``[B, H*W, C]`` gives; Triton specialises the
+  unit stride, so either layout loads coalesced).
+* ``kernel`` is ``[B, C, K*K]`` (taps contiguous, row-major), ``weight`` ``[C, K*K]``
+  contiguous, ``bias`` ``[C]``. The effective tap of channel ``c`` is ``kernel[b, c, t] * inv +
+  weight[c, t]`` with ``inv = 1 / (||kernel[b, c, :]|| + 1)`` when NORMALIZE (else 1); each
+  program recomputes it for its channels (K*K values, cheaper than a launch).
+* Stride 1, zero padding ``P = K // 2``: ``out[h, w] = sum_t x[h + ky - P, w + kx - P] tap_t``
+  with ``t = ky * K + kx``; the taps are a loop (``loop_unroll_factor=1``: unrolled, every
+  tap's tile was loaded up front and ptxas spilled).
+* One program per (block of ``BP`` pixels, block of ``BC`` channels, sample) on a 3-D grid;
+  pixels are the flattened ``H*W`` grid in row-major order. Out-of-grid neighbours load as zero.
+* Arithmetic is fp32 whatever the storage dtypes.
+"""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _tap(kernel, weight, o_c, m_c, b_inv, t, KK: tl.constexpr, NORMALIZE: tl.constexpr,
+         HAS_WEIGHT: tl.constexpr):
+    """Effective tap ``t`` of the channels ``o_c`` ([BC], fp32); ``kernel`` points at the
+    sample's ``[C, K*K]`` kernels."""
+    b_t = tl.load(kernel + o_c * KK + t, mask=m_c, other=0.).to(tl.float32)  # [BC]
+    if NORMALIZE:
+        b_t = b_t * b_inv
+    if HAS_WEIGHT:
+        b_t += tl.load(weight + o_c * KK + t, mask=m_c, other=0.).to(tl.float32)
+    return b_t
+
+
+@triton.jit
+def _inv_norm(kernel, o_c, m_c, BC: tl.constexpr, KK: tl.constexpr):
+    """``1 / (||kernel[c, :]|| + 1)`` for the channels ``o_c`` ([BC], fp32); a loop over the
+    taps (a ``[BC, K*K]`` tile cost ptxas up to ~100 registers more at K = 9)."""
+    b_ss = tl.zeros([BC], dtype=tl.float32)  # [BC]
+    for t in tl.range(0, KK, loop_unroll_factor=1):
+        b_k = tl.load(kernel + o_c * KK + t, mask=m_c, other=0.).to(tl.float32)  # [BC]
+        b_ss += b_k * b_k
+    return 1. / (tl.sqrt(b_ss) + 1.)
+
+
+@triton.jit
+def dynamic_dwconv_fwd_kernel(
+    x, kernel, weight, bias, out,
+    stride_xb, stride_xc, stride_xh, stride_xw,
+    stride_kb,
+    stride_ob, stride_oc, stride_oh, stride_ow,
+    C, H, W,
+    K: tl.constexpr, BC: tl.constexpr, BP: tl.constexpr,
+    NORMALIZE: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
+):
+    """out = dwconv(x, effective kernel) (+ bias): one ``BP x BC`` output tile per program."""
+    i_p = tl.program_id(0)
+    i_c = tl.program_id(1)
+    i_b = tl.program_id(2).to(tl.int64)
+    x += i_b * stride_xb
+    kernel += i_b * stride_kb
+    out += i_b * stride_ob
+    KK: tl.constexpr = K * K
+    PAD: tl.constexpr = K // 2
+
+    o_c = i_c * BC + tl.arange(0, BC)  # [BC]
+    m_c = o_c < C  # [BC]
+    o_p = i_p * BP + tl.arange(0, BP)  # [BP]
+    m_p = o_p < H * W  # [BP]
+    o_h = o_p // W  # [BP]
+    o_w = o_p % W  # [BP]
+    b_inv = _inv_norm(kernel, o_c, m_c, BC, KK) if NORMALIZE else 1.
+
+    b_acc = tl.zeros([BP, BC], dtype=tl.float32)  # [BP, BC]
+    for t in tl.range(0, KK, loop_unroll_factor=1):
+        b_tap = _tap(kernel, weight, o_c, m_c, b_inv, t, KK, NORMALIZE, HAS_WEIGHT)  # [BC]
+        o_hh = o_h + (t // K - PAD)  # [BP]
+        o_ww = o_w + (t % K - PAD)  # [BP]
+        m_s = m_p & (o_hh >= 0) & (o_hh < H) & (o_ww >= 0) & (o_ww < W)  # [BP]
+        b_x = tl.load(x + (o_hh * stride_xh + o_ww * stride_xw)[:, None] + o_c[None, :] * stride_xc,
+                      mask=m_s[:, None] & m_c[None, :], other=0.).to(tl.float32)  # [BP, BC]
+        b_acc += b_x * b_tap[None, :]
+    if HAS_BIAS:
+        b_acc += tl.load(bias + o_c, mask=m_c, other=0.).to(tl.float32)[None, :]
+    tl.store(out + (o_h * stride_oh + o_w * stride_ow)[:, None] + o_c[None, :] * stride_oc,
+             b_acc.to(out.dtype.element_ty), mask=m_p[:, None] & m_c[None, :])
+
+
+@triton.jit
+def dynamic_dwconv_bwd_kernel(
+    x, kernel, weight, dy, dx, part,
+    stride_xb, stride_xc, stride_xh, stride_xw,
+    stride_kb,
+    stride_dyb, stride_dyc, stride_dyh, stride_dyw,
+    stride_dxb, stride_dxc, stride_dxh, stride_dxw,
+    C, H, W, n_pix_tiles,
+    K: tl.constexpr, BC: tl.constexpr, BP: tl.constexpr,
+    NORMALIZE: tl.constexpr, HAS_WEIGHT: tl.constexpr, NEEDS_DX: tl.constexpr,
+    NEEDS_DK: tl.constexpr,
+):
+    """dx of one ``BP x BC`` tile, and this tile's partial sums of the kernel and bias gradients.
+
+    ``dx[p] = sum_t dy[p - off_t] tap_t`` (the transposed convolution); ``part`` is
+    ``[B, n_pix_tiles, C, K*K + 1]`` fp32: slot ``t < K*K`` holds ``sum_p dy[p] x[p + off_t]``
+    over the tile's pixels, slot ``K*K`` holds ``sum_p dy[p]`` (written only if NEEDS_DK; the
+    finalize kernel reduces them over tiles).
+    """
+    i_p = tl.program_id(0)
+    i_c = tl.program_id(1)
+    i_b = tl.program_id(2).to(tl.int64)
+    x += i_b * stride_xb
+    kernel += i_b * stride_kb
+    dy += i_b * stride_dyb
+    dx += i_b * stride_dxb
+    KK: tl.constexpr = K * K
+    PAD: tl.constexpr = K // 2
+
+    o_c = i_c * BC + tl.arange(0, BC)  # [BC]
+    m_c = o_c < C  # [BC]
+    o_p = i_p * BP + tl.arange(0, BP)  # [BP]
+    m_p = o_p < H * W  # [BP]
+    o_h = o_p // W  # [BP]
+    o_w = o_p % W  # [BP]
+    m_pc = m_p[:, None] & m_c[None, :]  # [BP, BC]
+    if NEEDS_DK:
+        b_dy = tl.load(dy + (o_h * stride_dyh + o_w * stride_dyw)[:, None]
+                       + o_c[None, :] * stride_dyc, mask=m_pc, other=0.).to(tl.float32)  # [BP, BC]
+        p_part = part + ((i_b * n_pix_tiles + i_p) * C + o_c) * (KK + 1)  # [BC]
+        tl.store(p_part + KK, tl.sum(b_dy, 0), mask=m_c)
+    if NEEDS_DX:
+        b_inv = _inv_norm(kernel, o_c, m_c, BC, KK) if NORMALIZE else 1.
+        b_dx = tl.zeros([BP, BC], dtype=tl.float32)  # [BP, BC]
+
+    for t in tl.range(0, KK, loop_unroll_factor=1):
+        if NEEDS_DX:
+            b_tap = _tap(kernel, weight, o_c, m_c, b_inv, t, KK, NORMALIZE, HAS_WEIGHT)  # [BC]
+            o_hh = o_h - (t // K - PAD)  # [BP]
+            o_ww = o_w - (t % K - PAD)  # [BP]
+            m_s = m_p & (o_hh >= 0) & (o_hh < H) & (o_ww >= 0) & (o_ww < W)  # [BP]
+            b_dys = tl.load(dy + (o_hh * stride_dyh + o_ww * stride_dyw)[:, None]
+                            + o_c[None, :] * stride_dyc, mask=m_s[:, None] & m_c[None, :],
+                            other=0.).to(tl.float32)  # [BP, BC]
+            b_dx += b_dys * b_tap[None, :]
+        if NEEDS_DK:
+            o_hh = o_h + (t // K - PAD)  # [BP]
+            o_ww = o_w + (t % K - PAD)  # [BP]
+            m_s = m_p & (o_hh >= 0) & (o_hh < H) & (o_ww >= 0) & (o_ww < W)  # [BP]
+            b_xs = tl.load(x + (o_hh * stride_xh + o_ww * stride_xw)[:, None]
+                           + o_c[None, :] * stride_xc, mask=m_s[:, None] & m_c[None, :],
+                           other=0.).to(tl.float32)  # [BP, BC]
+            tl.store(p_part + t, tl.sum(b_dy * b_xs, 0), mask=m_c)
+    if NEEDS_DX:
+        tl.store(dx + (o_h * stride_dxh + o_w * stride_dxw)[:, None] + o_c[None, :] * stride_dxc,
+                 b_dx.to(dx.dtype.element_ty), mask=m_pc)
+
+
+@triton.jit
+def dynamic_dwconv_bwd_reduce_kernel(
+    kernel, part, dkernel, red,
+    stride_kb,
+    C, n_pix_tiles,
+    K: tl.constexpr, BC: tl.constexpr, BKK: tl.constexpr, NORMALIZE: tl.constexpr,
+):
+    """Reduce the per-tile partial sums of one sample and back-propagate the normalization.
+
+    ``red [B, C, K*K + 1]`` fp32 receives ``G`` (the effective kernel's gradient, slots
+    ``< K*K``) and the bias gradient of the sample (slot ``K*K``); the launcher sums it over the
+    samples for the static weight and bias. ``dkernel [B, C, K*K]`` (kernel's dtype) receives
+    ``G`` or, with NORMALIZE, ``G / (n + 1) - R (G . R) / (n (n + 1)^2)`` for the raw kernel
+    ``R`` of norm ``n`` (``G`` where ``n = 0``, as torch's norm backward).
+    One program per (block of ``BC`` channels, sample).
+    """
+    i_c = tl.program_id(0)
+    i_b = tl.program_id(1).to(tl.int64)
+    kernel += i_b * stride_kb
+    dkernel += i_b * stride_kb
+    KK: tl.constexpr = K * K
+
+    o_c = i_c * BC + tl.arange(0, BC)  # [BC]
+    m_c = o_c < C  # [BC]
+    o_t = tl.arange(0, BKK)  # [BKK]
+    m_t1 = m_c[:, None] & (o_t < KK + 1)[None, :]  # [BC, BKK] taps and the bias slot
+    p_part = part + (i_b * n_pix_tiles * C + o_c[:, None]) * (KK + 1) + o_t[None, :]  # [BC, BKK]
+    b_acc = tl.zeros([BC, BKK], dtype=tl.float32)  # [BC, BKK]
+    for i_t in range(n_pix_tiles):
+        b_acc += tl.load(p_part + i_t * C * (KK + 1), mask=m_t1, other=0.)
+    tl.store(red + (i_b * C + o_c[:, None]) * (KK + 1) + o_t[None, :], b_acc, mask=m_t1)
+
+    m_t = m_c[:, None] & (o_t < KK)[None, :]  # [BC, BKK] taps only
+    b_g = tl.where(m_t, b_acc, 0.)  # [BC, BKK]
+    if NORMALIZE:
+        b_r = tl.load(kernel + o_c[:, None] * KK + o_t[None, :], mask=m_t,
+                      other=0.).to(tl.float32)  # [BC, BKK]
+        b_n = tl.sqrt(tl.sum(b_r * b_r, 1))  # [BC]
+        b_inv = 1. / (b_n + 1.)  # [BC]
+        b_coef = tl.where(b_n > 0., tl.sum(b_g * b_r, 1) * b_inv * b_inv
+                          / tl.where(b_n > 0., b_n, 1.), 0.)  # [BC]
+        b_g = b_g * b_inv[:, None] - b_r * b_coef[:, None]
+    tl.store(dkernel + o_c[:, None] * KK + o_t[None, :], b_g.to(dkernel.dtype.element_ty),
+             mask=m_t)

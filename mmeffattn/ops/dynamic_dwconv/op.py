@@ -1,0 +1,137 @@
+"""Public dynamic depthwise-convolution op: validates its inputs and dispatches to Triton or the
+reference."""
+from typing import List, Optional
+
+import torch
+
+from .._backend import (HAS_TRITON, can_run_device, can_run_dtype, can_run_triton,
+                        select_backend)
+from .naive import dynamic_dwconv_naive
+
+SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # of the Triton kernels
+#: largest kernel side compiled without spills (tests/ops/test_dynamic_dwconv.py); larger
+#: kernels run the reference
+MAX_KERNEL_SIZE = 9
+int32_offsets_fit = dynamic_dwconv_triton = None
+_KERNELS_IMPORT_ERROR = ''
+if HAS_TRITON:
+    try:
+        from .function import dynamic_dwconv_triton, int32_offsets_fit
+    except Exception as e:  # pragma: no cover - e.g. a Triton release without an API we use
+        _KERNELS_IMPORT_ERROR = f'{type(e).__name__}: {e}'
+
+_NAME = 'dynamic_dwconv'
+
+
+def _check_inputs(x: torch.Tensor, kernel: torch.Tensor, bias: Optional[torch.Tensor],
+                  weight: Optional[torch.Tensor], normalize: bool) -> None:
+    """Raise ValueError naming the problem and the fix."""
+    for name, t in (('x', x), ('kernel', kernel)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f'{_NAME}: {name} must be a torch.Tensor, got {type(t).__name__}')
+    if x.dim() != 4:
+        raise ValueError(f'{_NAME}: x must be [B, C, H, W] (4 dims), got shape {tuple(x.shape)}; '
+                         f'turn tokens [B, H*W, C] into a map with '
+                         f'.transpose(1, 2).reshape(B, C, H, W)')
+    B, C, H, W = x.shape
+    if min(B, C, H, W) < 1:
+        raise ValueError(f'{_NAME}: x must not be empty, got shape {tuple(x.shape)}')
+    if kernel.dim() != 4 or tuple(kernel.shape[:2]) != (B, C) or kernel.shape[2] != kernel.shape[3]:
+        raise ValueError(f'{_NAME}: kernel must be [B, C, K, K] = [{B}, {C}, K, K] (one square '
+                         f'kernel per sample and channel of x), got {tuple(kernel.shape)}; a '
+                         f'[B*C, 1, K, K] grouped-conv weight reshapes with '
+                         f'.reshape(B, C, K, K)')
+    K = kernel.shape[-1]
+    if K % 2 != 1:
+        raise ValueError(f'{_NAME}: kernel size K={K} must be odd (zero padding K // 2 keeps '
+                         f'the H x W size)')
+    if not isinstance(normalize, bool):
+        raise ValueError(f'{_NAME}: normalize must be a bool, got {normalize!r}')
+    if bias is not None and (not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (C, )):
+        got = tuple(bias.shape) if isinstance(bias, torch.Tensor) else type(bias).__name__
+        raise ValueError(f'{_NAME}: bias must be [C] = [{C}] (shared by the samples), got {got}')
+    if weight is not None and (not isinstance(weight, torch.Tensor)
+                               or tuple(weight.shape) not in ((C, 1, K, K), (C, K, K))):
+        got = tuple(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__
+        raise ValueError(f'{_NAME}: weight (the static kernel) must be [C, 1, K, K] = '
+                         f'[{C}, 1, {K}, {K}] (a depthwise nn.Conv2d weight) or [C, K, K], '
+                         f'got {got}')
+    named = [('x', x), ('kernel', kernel), ('bias', bias), ('weight', weight)]
+    for name, t in named:
+        if t is not None and not t.is_floating_point():
+            raise ValueError(f'{_NAME}: {name} must be floating point, got {t.dtype}')
+    devices = {name: t.device for name, t in named if t is not None}
+    if len(set(devices.values())) > 1:
+        raise ValueError(f'{_NAME}: x, kernel, bias and weight must be on one device, got '
+                         + ', '.join(f'{n} {d}' for n, d in devices.items()))
+
+
+def dynamic_dwconv_triton_reasons(x: torch.Tensor, kernel: torch.Tensor,
+                                  bias: Optional[torch.Tensor] = None,
+                                  weight: Optional[torch.Tensor] = None,
+                                  interpret: Optional[bool] = None) -> List[str]:
+    """Reasons the Triton kernels cannot run these (validated) inputs; empty if they can.
+
+    Args:
+        interpret: whether Triton's interpreter is on (default: the mode recorded at import,
+            ``mmeffattn.ops._backend.TRITON_INTERPRET``).
+    """
+    reasons = can_run_triton()
+    if _KERNELS_IMPORT_ERROR:  # pragma: no cover
+        reasons.append(f'the dynamic depthwise-convolution Triton kernels failed to import '
+                       f'({_KERNELS_IMPORT_ERROR})')
+    tensors = [t for t in (x, kernel, bias, weight) if t is not None]
+    reasons += can_run_device(tensors, interpret=interpret)
+    reasons += can_run_dtype(tensors, SUPPORTED_DTYPES, interpret=interpret, uses_dot=False)
+    K = kernel.shape[-1]
+    if K > MAX_KERNEL_SIZE:
+        reasons.append(f'kernel size {K} > {MAX_KERNEL_SIZE} (the largest the kernels were '
+                       f'checked to compile without register spills)')
+    if int32_offsets_fit is not None and not int32_offsets_fit(x):
+        reasons.append('one sample of x spans 2**31 elements or more (the kernels\' in-sample '
+                       'offsets are int32)')
+    return reasons
+
+
+def dynamic_dwconv(x: torch.Tensor, kernel: torch.Tensor, bias: Optional[torch.Tensor] = None,
+                   weight: Optional[torch.Tensor] = None, *, normalize: bool = False,
+                   backend: Optional[str] = None) -> torch.Tensor:
+    """Depthwise convolution with its own ``K x K`` kernel per sample and channel.
+
+    Stride 1, zero padding ``K // 2`` (the output keeps ``H x W``). The effective kernel of
+    sample ``b`` and channel ``c`` is::
+
+        kernel[b, c] / (||kernel[b, c]||_F + 1)   if normalize, else kernel[b, c]
+          + weight[c]                             if weight is given
+
+    (WeightFormer's ``DynamicDWConv``: ``normalize=True`` with its static kernel). The Triton
+    backend fuses the normalization, the static add, the convolution, the bias and the cast in
+    one kernel; its backward gives every gradient (x, kernel, bias, weight) in two kernels.
+
+    Args:
+        x: ``[B, C, H, W]``, any strides (NCHW, channels-last, or a token tensor's
+            ``transpose(1, 2).reshape(B, C, H, W)`` view).
+        kernel: ``[B, C, K, K]``, ``K`` odd.
+        bias: optional ``[C]``, shared by the samples.
+        weight: optional static kernel ``[C, 1, K, K]`` or ``[C, K, K]``.
+        normalize: divide each ``K x K`` kernel by its Frobenius norm plus one first.
+        backend: ``None`` (automatic), ``'triton'`` or ``'reference'``; see
+            :mod:`mmeffattn.ops._backend` (``$MMEFFATTN_OPS_BACKEND`` applies when None).
+
+    Returns:
+        ``[B, C, H, W]`` in x's dtype. The Triton backend computes in fp32 whatever the input
+        dtypes (it does not follow autocast) and keeps x's memory layout (a token view in gives
+        tokens out without a copy).
+
+    Raises:
+        ValueError: malformed inputs (the message says what to change).
+        RuntimeError: ``backend='triton'`` on inputs the kernels cannot run (lists the reasons).
+    """
+    _check_inputs(x, kernel, bias, weight, normalize)
+    tensors = [t for t in (x, kernel, bias, weight) if t is not None]
+    chosen = select_backend(_NAME, backend,
+                            lambda: dynamic_dwconv_triton_reasons(x, kernel, bias, weight),
+                            tensors)
+    if chosen == 'triton':
+        return dynamic_dwconv_triton(x, kernel, bias, weight, normalize)
+    return dynamic_dwconv_naive(x, kernel, bias, weight, normalize)

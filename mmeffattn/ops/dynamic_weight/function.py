@@ -1,0 +1,255 @@
+"""Launchers and the autograd Function of the Triton dynamic-weight kernels.
+
+Importing this module needs Triton (``op.py`` guards it). The kernels run compiled on CUDA
+tensors and interpreted on CPU tensors when Triton's interpreter is on.
+
+Forward: one launch of ``dynamic_weight_fwd_kernel`` (reduction over tokens, scale, row norm,
+division, static-weight add and cast, all fused). Backward: ``dynamic_weight_bwd_dp_kernel``
+recomputes ``R`` and gives ``dp = dL/d(v^T u)``; two launches of ``dynamic_weight_bmm_kernel``
+give ``du = v dp`` and ``dv = u dp^T``; the static weight's gradient is ``sum_b g`` (a torch
+reduction).
+"""
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from . import kernels
+
+#: default ``tl.dot`` input precision for fp32: exact fp32 ('ieee'), not TF32.
+DEFAULT_INPUT_PRECISION = 'ieee'
+#: widest column tile (C_in, padded to a power of two) a program holds in one piece; wider
+#: inputs are swept in tiles of SWEEP_BLOCK_I columns, each computed twice.
+MAX_BLOCK_I = 512
+SWEEP_BLOCK_I = 128
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """One kernel launch configuration: the kernel, its constexprs, num_warps, num_stages and
+    an optional register cap per thread (``maxnreg``, None = ptxas decides)."""
+    kernel: Any
+    constexprs: Dict[str, Any]
+    num_warps: int
+    num_stages: int
+    maxnreg: Optional[int] = None
+
+    @property
+    def launch_options(self) -> Dict[str, Any]:
+        options = dict(num_warps=self.num_warps, num_stages=self.num_stages)
+        if self.maxnreg is not None:
+            options['maxnreg'] = self.maxnreg
+        return options
+
+
+def _next_pow2(x: int) -> int:
+    return 1 << max(0, x - 1).bit_length()
+
+
+def dynamic_weight_kernel_configs(c_in: int, c_out: int, dtype: torch.dtype,
+                                  has_weight: bool = True,
+                                  input_precision: str = DEFAULT_INPUT_PRECISION,
+                                  max_block_i: Optional[int] = None) -> Dict[str, KernelConfig]:
+    """The configurations the launchers use, by role: ``'fwd'``, ``'bwd_dp'``, ``'bwd_du'``,
+    ``'bwd_dv'`` (the last two are the same product kernel).
+
+    Chosen from ahead-of-time compiles for sm_80 and sm_90 (tests/ops/test_dynamic_weight.py)
+    so that no config spills: in one piece (``C_in <= max_block_i``) the row tile ``BO x BI``
+    holds at most 8192 fp32 accumulators (4096 in the backward, which also holds the output
+    gradient), 8 warps from 4096 up, and the token loop is software-pipelined (2 stages); a
+    sweep uses ``32 x 128`` (forward) and ``16 x 128`` (backward) tiles, 8 warps, 1 stage.
+
+    Args:
+        c_in, c_out: ``C_in`` and ``C_out``.
+        dtype: dtype of ``u`` and ``v``.
+        has_weight: the forward adds a static weight.
+        input_precision: ``tl.dot`` precision for fp32 inputs.
+        max_block_i: widest column tile in one piece (default :data:`MAX_BLOCK_I`); wider
+            inputs are swept in tiles of ``min(SWEEP_BLOCK_I, max_block_i)`` columns.
+    """
+    max_block_i = MAX_BLOCK_I if max_block_i is None else max_block_i
+    bi = max(16, _next_pow2(c_in))
+    sweep = bi > max_block_i
+    if sweep:
+        bi = min(SWEEP_BLOCK_I, max_block_i)
+    num_i_tiles = -(-c_in // bi)
+    bm = 16 if dtype == torch.float32 else 32
+
+    def rows(budget: int) -> int:
+        return max(16, min(64, budget // bi, max(16, _next_pow2(c_out))))
+
+    # The sweep (several column tiles, each computed twice) keeps smaller tiles and no software
+    # pipelining: with both, ptxas spilled at some unaligned widths.
+    bo_fwd, bo_bwd = (32, 16) if sweep else (rows(8192), rows(4096))
+    stages = 1 if sweep else 2
+    common = dict(BI=bi, BM=bm, NUM_I_TILES=num_i_tiles, INPUT_PRECISION=input_precision)
+    warps = lambda bo: 8 if bo * bi >= 4096 or sweep else 4  # noqa: E731
+    configs = {
+        'fwd': KernelConfig(kernels.dynamic_weight_fwd_kernel,
+                            dict(common, BO=bo_fwd, HAS_WEIGHT=has_weight),
+                            num_warps=warps(bo_fwd), num_stages=stages),
+        'bwd_dp': KernelConfig(kernels.dynamic_weight_bwd_dp_kernel, dict(common, BO=bo_bwd),
+                               num_warps=warps(bo_bwd), num_stages=stages),
+    }
+    bmm = dict(BM=64, BN=64, BK=16 if dtype == torch.float32 else 32,
+               INPUT_PRECISION=input_precision)
+    bmm_cfg = KernelConfig(kernels.dynamic_weight_bmm_kernel, bmm, num_warps=4, num_stages=2)
+    configs['bwd_du'] = configs['bwd_dv'] = bmm_cfg
+    return configs
+
+
+# ---------------------------------------------------------------------------------------------
+# launching (with a hook that records launches instead, for ahead-of-time compilation tests)
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class Launch:
+    """A recorded kernel launch: ``config.kernel[grid](*args, **config.constexprs, ...)``."""
+    role: str
+    config: KernelConfig
+    grid: Tuple[int, ...]
+    args: Tuple[Any, ...]
+
+
+_recorder: Optional[List[Launch]] = None
+
+
+@contextlib.contextmanager
+def record_launches() -> Iterator[List[Launch]]:
+    """Within the block, launchers record their launches in the yielded list and run nothing
+    (outputs stay uninitialised). Used to compile exactly what the launchers launch."""
+    global _recorder
+    previous, _recorder = _recorder, []
+    try:
+        yield _recorder
+    finally:
+        _recorder = previous
+
+
+def _launch(role: str, config: KernelConfig, grid: Tuple[int, ...], *args: Any) -> None:
+    if _recorder is not None:
+        _recorder.append(Launch(role, config, grid, args))
+        return
+    config.kernel[grid](*args, **config.constexprs, **config.launch_options)
+
+
+def _device_guard(x: torch.Tensor):
+    return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
+
+
+def _unit_last_stride(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def int32_offsets_fit(*tensors: torch.Tensor) -> bool:
+    """Whether the offsets inside one sample of these 3-D tensors fit the kernels' int32
+    arithmetic (the batch offset is int64)."""
+    return all((x.shape[1] - 1) * abs(x.stride(1)) + (x.shape[2] - 1) * abs(x.stride(2)) < 2 ** 31
+               for x in tensors)
+
+
+# ---------------------------------------------------------------------------------------------
+# launchers
+# ---------------------------------------------------------------------------------------------
+def dynamic_weight_fwd(u: torch.Tensor, v: torch.Tensor, s: float,
+                       weight: Optional[torch.Tensor] = None,
+                       input_precision: str = DEFAULT_INPUT_PRECISION) -> torch.Tensor:
+    """Forward launcher.
+
+    Args:
+        u: ``[B, M, C_in]``, v: ``[B, M, C_out]``, unit stride on channels, one dtype.
+        s: ``scale / n_tokens``.
+        weight: optional ``[C_out, C_in]``, unit stride on C_in.
+    Returns:
+        ``[B, C_out, C_in]`` contiguous, dtype ``promote_types(u.dtype, weight.dtype)``.
+    """
+    B, M, C_in = u.shape
+    C_out = v.shape[2]
+    dtype = u.dtype if weight is None else torch.promote_types(u.dtype, weight.dtype)
+    cfg = dynamic_weight_kernel_configs(C_in, C_out, u.dtype, weight is not None,
+                                        input_precision)['fwd']
+    out = torch.empty((B, C_out, C_in), dtype=dtype, device=u.device)
+    w = out if weight is None else weight
+    grid = (-(-C_out // cfg.constexprs['BO']), B)
+    with _device_guard(u):
+        _launch('fwd', cfg, grid, u, v, w, out,
+                u.stride(0), u.stride(1), v.stride(0), v.stride(1), w.stride(-2),
+                out.stride(0), out.stride(1), M, C_in, C_out, s)
+    return out
+
+
+def dynamic_weight_bwd(g: torch.Tensor, u: torch.Tensor, v: torch.Tensor, s: float,
+                       needs_uv: Tuple[bool, bool] = (True, True),
+                       input_precision: str = DEFAULT_INPUT_PRECISION
+                       ) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """Backward launcher: ``(du, dv)`` (None where not needed), contiguous, u's dtype.
+
+    Args:
+        g: gradient of the output ``[B, C_out, C_in]``.
+    """
+    B, M, C_in = u.shape
+    C_out = v.shape[2]
+    cfgs = dynamic_weight_kernel_configs(C_in, C_out, u.dtype, True, input_precision)
+    g = _unit_last_stride(g)
+    if not int32_offsets_fit(g):  # u and v were checked; an unusual upstream gradient is copied
+        g = g.contiguous()
+    dp = torch.empty((B, C_out, C_in), dtype=u.dtype, device=u.device)
+    du = dv = None
+    with _device_guard(u):
+        cfg = cfgs['bwd_dp']
+        _launch('bwd_dp', cfg, (-(-C_out // cfg.constexprs['BO']), B), u, v, g, dp,
+                u.stride(0), u.stride(1), v.stride(0), v.stride(1), g.stride(0), g.stride(1),
+                dp.stride(0), dp.stride(1), M, C_in, C_out, s)
+        cfg = cfgs['bwd_du']
+        bm, bn = cfg.constexprs['BM'], cfg.constexprs['BN']
+        if needs_uv[0]:  # du [M, C_in] = v [M, C_out] @ dp [C_out, C_in]
+            du = torch.empty((B, M, C_in), dtype=u.dtype, device=u.device)
+            _launch('bwd_du', cfg, (-(-M // bm) * -(-C_in // bn), B), v, dp, du,
+                    v.stride(0), v.stride(1), v.stride(2), dp.stride(0), dp.stride(1),
+                    dp.stride(2), du.stride(0), du.stride(1), M, C_in, C_out)
+        if needs_uv[1]:  # dv [M, C_out] = u [M, C_in] @ dp^T [C_in, C_out]
+            dv = torch.empty((B, M, C_out), dtype=u.dtype, device=u.device)
+            _launch('bwd_dv', cfgs['bwd_dv'], (-(-M // bm) * -(-C_out // bn), B), u, dp, dv,
+                    u.stride(0), u.stride(1), u.stride(2), dp.stride(0), dp.stride(2),
+                    dp.stride(1), dv.stride(0), dv.stride(1), M, C_out, C_in)
+    return du, dv
+
+
+class DynamicWeightFunction(torch.autograd.Function):
+    """Autograd wrapper of the Triton kernels (first-order gradients for u, v and the weight)."""
+
+    @staticmethod
+    def forward(ctx, u: torch.Tensor, v: torch.Tensor, weight: Optional[torch.Tensor], s: float,
+                input_precision: str) -> torch.Tensor:
+        u, v = _unit_last_stride(u), _unit_last_stride(v)
+        if weight is not None:
+            weight = _unit_last_stride(weight)
+        out = dynamic_weight_fwd(u, v, s, weight, input_precision)
+        if any(ctx.needs_input_grad[:2]):
+            ctx.save_for_backward(u, v)
+        ctx.s, ctx.input_precision = s, input_precision
+        ctx.weight_dtype = None if weight is None else weight.dtype
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g: torch.Tensor):
+        needs = ctx.needs_input_grad
+        du = dv = dweight = None
+        if needs[0] or needs[1]:
+            u, v = ctx.saved_tensors
+            du, dv = dynamic_weight_bwd(g, u, v, ctx.s, (needs[0], needs[1]),
+                                        ctx.input_precision)
+        if needs[2]:
+            dweight = g.sum(dim=0, dtype=torch.float32).to(ctx.weight_dtype)
+        return du, dv, dweight, None, None
+
+
+def dynamic_weight_triton(u: torch.Tensor, v: torch.Tensor, n_tokens: float,
+                          scale: Optional[float] = None, weight: Optional[torch.Tensor] = None,
+                          input_precision: str = DEFAULT_INPUT_PRECISION) -> torch.Tensor:
+    """The dynamic weight with the Triton kernels, no input validation (see
+    ``op.dynamic_weight``). Returns ``[B, C_out, C_in]`` contiguous."""
+    scale = u.shape[-1] ** -0.5 if scale is None else float(scale)
+    return DynamicWeightFunction.apply(u, v, weight, scale / float(n_tokens), input_precision)

@@ -1,0 +1,218 @@
+"""Triton kernels of WeightFormer's bilateral dynamic weight.
+
+Only ``@triton.jit`` functions live here; launchers and the autograd Function are in
+``function.py``. Conventions shared by every kernel:
+
+* ``u [B, M, C_in]`` and ``v [B, M, C_out]`` have arbitrary batch/token strides and unit stride
+  on channels; ``out``, ``g`` (its gradient) and ``dp`` are ``[B, C_out, C_in]`` with unit stride
+  on ``C_in`` (``nn.Linear``'s layout of one weight per sample).
+* ``R = s * v^T u`` (``s = scale / n_tokens``) is the raw predicted weight; the op returns
+  ``R_j / (||R_j|| + 1) (+ W_j)`` for each output row ``j`` (norm over the ``C_in`` inputs).
+* One program per (block of ``BO`` output rows, sample), on a 2-D grid. The row norm needs the
+  whole row, so a program covers all of ``C_in``: in one ``BO x BI`` tile held in registers when
+  ``NUM_I_TILES == 1`` (``BI >= C_in``, the usual case), else in ``NUM_I_TILES`` tiles that are
+  computed twice (a first sweep for the row statistics, a second one that stores) -- FLOPs are
+  traded for no workspace and no read-after-write of global memory inside a program.
+* The reduction over the ``M`` tokens is the inner loop, ``BM`` tokens per ``tl.dot``; masked
+  (padded) tokens, rows and columns load as zero and add nothing to sums or norms.
+* Accumulation is fp32; ``tl.dot`` inputs are the storage dtype (fp32 with ``INPUT_PRECISION``).
+"""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _raw_tile(u, v, o_o, m_o, o_i, m_i, M, stride_um, stride_vm, s,
+              BO: tl.constexpr, BI: tl.constexpr, BM: tl.constexpr,
+              INPUT_PRECISION: tl.constexpr):
+    """``s * sum_m v[m, o] u[m, i]`` for the rows ``o_o`` ([BO]) and columns ``o_i`` ([BI]) of
+    one sample (``u``, ``v`` point at it); returns ``[BO, BI]`` fp32, zero where masked."""
+    b_acc = tl.zeros([BO, BI], dtype=tl.float32)
+    for m0 in range(0, M, BM):
+        o_m = m0 + tl.arange(0, BM)  # [BM]
+        m_m = o_m < M  # [BM]
+        b_v = tl.load(v + o_m[:, None] * stride_vm + o_o[None, :],
+                      mask=m_m[:, None] & m_o[None, :], other=0.)  # [BM, BO]
+        b_u = tl.load(u + o_m[:, None] * stride_um + o_i[None, :],
+                      mask=m_m[:, None] & m_i[None, :], other=0.)  # [BM, BI]
+        b_acc += tl.dot(tl.trans(b_v), b_u, input_precision=INPUT_PRECISION)  # [BO, BI]
+    return b_acc * s
+
+
+@triton.jit
+def dynamic_weight_fwd_kernel(
+    u, v, w, out,
+    stride_ub, stride_um,
+    stride_vb, stride_vm,
+    stride_wo,
+    stride_ob, stride_oo,
+    M, C_in, C_out, s,
+    BO: tl.constexpr, BI: tl.constexpr, BM: tl.constexpr, NUM_I_TILES: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+):
+    """out[b] = R / (||R_j|| + 1) (+ w), R = s v[b]^T u[b]; one block of output rows per program.
+
+    w: static weight ``[C_out, C_in]`` (read only if HAS_WEIGHT); out: ``[B, C_out, C_in]`` in
+    its own dtype (the promoted dtype of u and w).
+    """
+    i_o = tl.program_id(0)
+    i_b = tl.program_id(1).to(tl.int64)
+    u += i_b * stride_ub
+    v += i_b * stride_vb
+    out += i_b * stride_ob
+
+    o_o = i_o * BO + tl.arange(0, BO)  # [BO]
+    m_o = o_o < C_out  # [BO]
+    if NUM_I_TILES == 1:
+        o_i = tl.arange(0, BI)  # [BI]
+        m_i = o_i < C_in  # [BI]
+        b_r = _raw_tile(u, v, o_o, m_o, o_i, m_i, M, stride_um, stride_vm, s,
+                        BO, BI, BM, INPUT_PRECISION)  # [BO, BI]
+        b_inv = 1. / (tl.sqrt(tl.sum(b_r * b_r, 1)) + 1.)  # [BO]
+        b_out = b_r * b_inv[:, None]  # [BO, BI]
+        m_oi = m_o[:, None] & m_i[None, :]  # [BO, BI]
+        if HAS_WEIGHT:
+            b_out += tl.load(w + o_o[:, None] * stride_wo + o_i[None, :], mask=m_oi,
+                             other=0.).to(tl.float32)
+        tl.store(out + o_o[:, None] * stride_oo + o_i[None, :], b_out.to(out.dtype.element_ty),
+                 mask=m_oi)
+    else:
+        # sweep 1: squared row norms over all column tiles
+        b_ss = tl.zeros([BO], dtype=tl.float32)  # [BO]
+        for i_t in range(NUM_I_TILES):
+            o_i = i_t * BI + tl.arange(0, BI)  # [BI]
+            b_r = _raw_tile(u, v, o_o, m_o, o_i, o_i < C_in, M, stride_um, stride_vm, s,
+                            BO, BI, BM, INPUT_PRECISION)  # [BO, BI]
+            b_ss += tl.sum(b_r * b_r, 1)
+        b_inv = 1. / (tl.sqrt(b_ss) + 1.)  # [BO]
+        # sweep 2: recompute, normalize, store
+        for i_t in range(NUM_I_TILES):
+            o_i = i_t * BI + tl.arange(0, BI)  # [BI]
+            m_i = o_i < C_in  # [BI]
+            b_r = _raw_tile(u, v, o_o, m_o, o_i, m_i, M, stride_um, stride_vm, s,
+                            BO, BI, BM, INPUT_PRECISION)  # [BO, BI]
+            b_out = b_r * b_inv[:, None]  # [BO, BI]
+            m_oi = m_o[:, None] & m_i[None, :]  # [BO, BI]
+            if HAS_WEIGHT:
+                b_out += tl.load(w + o_o[:, None] * stride_wo + o_i[None, :], mask=m_oi,
+                                 other=0.).to(tl.float32)
+            tl.store(out + o_o[:, None] * stride_oo + o_i[None, :],
+                     b_out.to(out.dtype.element_ty), mask=m_oi)
+
+
+@triton.jit
+def _grad_raw(b_r, b_g, b_n, b_c, s):
+    """``dL/dP`` for ``P = R / s`` from ``R`` and the output gradient ``g`` of one tile
+    ([BO, BI]), given each row's norm ``n = ||R_j||`` and ``c = g_j . R_j`` ([BO]):
+    ``s * (g / (n + 1) - R c / (n (n + 1)^2))``; a zero row (n = 0) gets ``s * g``, as torch's
+    norm backward (the second term's limit)."""
+    b_inv = 1. / (b_n + 1.)  # [BO]
+    b_coef = tl.where(b_n > 0., b_c * b_inv * b_inv / tl.where(b_n > 0., b_n, 1.), 0.)  # [BO]
+    return (b_g * b_inv[:, None] - b_r * b_coef[:, None]) * s
+
+
+@triton.jit
+def dynamic_weight_bwd_dp_kernel(
+    u, v, g, dp,
+    stride_ub, stride_um,
+    stride_vb, stride_vm,
+    stride_gb, stride_go,
+    stride_pb, stride_po,
+    M, C_in, C_out, s,
+    BO: tl.constexpr, BI: tl.constexpr, BM: tl.constexpr, NUM_I_TILES: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    """dp[b] = dL/d(v^T u) of sample b: recomputes R (no saved statistics) and back-propagates
+    the row normalization and the scale; the gradients of u and v are then the products
+    ``v dp`` and ``u dp^T`` (``dynamic_weight_bmm_kernel``).
+
+    g: output gradient ``[B, C_out, C_in]`` (unit stride on C_in); dp: ``[B, C_out, C_in]``, in
+    u's dtype (the operand of the next products).
+    """
+    i_o = tl.program_id(0)
+    i_b = tl.program_id(1).to(tl.int64)
+    u += i_b * stride_ub
+    v += i_b * stride_vb
+    g += i_b * stride_gb
+    dp += i_b * stride_pb
+
+    o_o = i_o * BO + tl.arange(0, BO)  # [BO]
+    m_o = o_o < C_out  # [BO]
+    if NUM_I_TILES == 1:
+        o_i = tl.arange(0, BI)  # [BI]
+        m_i = o_i < C_in  # [BI]
+        m_oi = m_o[:, None] & m_i[None, :]  # [BO, BI]
+        b_r = _raw_tile(u, v, o_o, m_o, o_i, m_i, M, stride_um, stride_vm, s,
+                        BO, BI, BM, INPUT_PRECISION)  # [BO, BI]
+        b_g = tl.load(g + o_o[:, None] * stride_go + o_i[None, :], mask=m_oi,
+                      other=0.).to(tl.float32)  # [BO, BI]
+        b_n = tl.sqrt(tl.sum(b_r * b_r, 1))  # [BO]
+        b_c = tl.sum(b_g * b_r, 1)  # [BO]
+        b_dp = _grad_raw(b_r, b_g, b_n, b_c, s)  # [BO, BI]
+        tl.store(dp + o_o[:, None] * stride_po + o_i[None, :], b_dp.to(dp.dtype.element_ty),
+                 mask=m_oi)
+    else:
+        b_ss = tl.zeros([BO], dtype=tl.float32)  # [BO]
+        b_c = tl.zeros([BO], dtype=tl.float32)  # [BO]
+        for i_t in range(NUM_I_TILES):
+            o_i = i_t * BI + tl.arange(0, BI)  # [BI]
+            m_i = o_i < C_in  # [BI]
+            b_r = _raw_tile(u, v, o_o, m_o, o_i, m_i, M, stride_um, stride_vm, s,
+                            BO, BI, BM, INPUT_PRECISION)  # [BO, BI]
+            b_g = tl.load(g + o_o[:, None] * stride_go + o_i[None, :],
+                          mask=m_o[:, None] & m_i[None, :], other=0.).to(tl.float32)
+            b_ss += tl.sum(b_r * b_r, 1)
+            b_c += tl.sum(b_g * b_r, 1)
+        b_n = tl.sqrt(b_ss)  # [BO]
+        for i_t in range(NUM_I_TILES):
+            o_i = i_t * BI + tl.arange(0, BI)  # [BI]
+            m_i = o_i < C_in  # [BI]
+            m_oi = m_o[:, None] & m_i[None, :]  # [BO, BI]
+            b_r = _raw_tile(u, v, o_o, m_o, o_i, m_i, M, stride_um, stride_vm, s,
+                            BO, BI, BM, INPUT_PRECISION)  # [BO, BI]
+            b_g = tl.load(g + o_o[:, None] * stride_go + o_i[None, :], mask=m_oi,
+                          other=0.).to(tl.float32)  # [BO, BI]
+            b_dp = _grad_raw(b_r, b_g, b_n, b_c, s)  # [BO, BI]
+            tl.store(dp + o_o[:, None] * stride_po + o_i[None, :],
+                     b_dp.to(dp.dtype.element_ty), mask=m_oi)
+
+
+@triton.jit
+def dynamic_weight_bmm_kernel(
+    a, b, c,
+    stride_ab, stride_am, stride_ak,
+    stride_bb, stride_bk, stride_bn,
+    stride_cb, stride_cm,
+    M, N, K,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+):
+    """c[i] = a[i] @ b[i] for each sample i: ``a [M, K]``, ``b [K, N]`` with any strides (a
+    transpose is a stride swap), ``c [M, N]`` with unit stride on N, in its own dtype.
+
+    The backward's two products: ``du = v dp`` (K = C_out) and ``dv = u dp^T`` (K = C_in).
+    One program per (``BM x BN`` output tile, sample); tiles are numbered along N fastest.
+    """
+    i_t = tl.program_id(0)
+    i_s = tl.program_id(1).to(tl.int64)
+    n_tiles_n = tl.cdiv(N, BN)
+    i_m = i_t // n_tiles_n
+    i_n = i_t % n_tiles_n
+    a += i_s * stride_ab
+    b += i_s * stride_bb
+    c += i_s * stride_cb
+
+    o_m = i_m * BM + tl.arange(0, BM)  # [BM]
+    o_n = i_n * BN + tl.arange(0, BN)  # [BN]
+    m_m = o_m < M  # [BM]
+    m_n = o_n < N  # [BN]
+    b_acc = tl.zeros([BM, BN], dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        o_k = k0 + tl.arange(0, BK)  # [BK]
+        m_k = o_k < K  # [BK]
+        b_a = tl.load(a + o_m[:, None] * stride_am + o_k[None, :] * stride_ak,
+                      mask=m_m[:, None] & m_k[None, :], other=0.)  # [BM, BK]
+        b_b = tl.load(b + o_k[:, None] * stride_bk + o_n[None, :] * stride_bn,
+                      mask=m_k[:, None] & m_n[None, :], other=0.)  # [BK, BN]
+        b_acc += tl.dot(b_a, b_b, input_precision=INPUT_PRECISION)  # [BM, BN]
+    tl.store(c + o_m[:, None] * stride_cm + o_n[None, :], b_acc.to(c.dtype.element_ty),
+             mask=m_m[:, None] & m_n[None, :])

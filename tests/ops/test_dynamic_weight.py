@@ -1,0 +1,446 @@
+"""WeightFormer's bilateral dynamic weight: Triton kernels (interpreted on CPU, compiled on CUDA)
+vs the PyTorch reference, reference semantics, gradients, dispatch, input validation and
+ahead-of-time compilation for sm_80 / sm_90."""
+import json
+import os
+import os.path as osp
+import subprocess
+import sys
+from typing import NamedTuple, Optional
+
+import pytest
+import torch
+
+from mmeffattn.ops import _backend
+from mmeffattn.ops.dynamic_weight import dynamic_weight, dynamic_weight_naive
+from mmeffattn.ops.dynamic_weight import op as dw_op
+from tolerances import assert_close
+
+HAS_CUDA = torch.cuda.is_available()
+DEVICE = 'cuda' if HAS_CUDA else 'cpu'
+TRITON_RUNNABLE = _backend.HAS_TRITON and (HAS_CUDA or _backend.TRITON_INTERPRET)
+needs_triton = pytest.mark.skipif(not TRITON_RUNNABLE,
+                                  reason='needs Triton with a CUDA GPU or its CPU interpreter')
+DTYPES = {'fp32': torch.float32, 'fp16': torch.float16, 'bf16': torch.bfloat16}
+HERE = osp.dirname(osp.abspath(__file__))
+ROOT = osp.dirname(osp.dirname(HERE))
+
+
+@pytest.fixture(scope='module', autouse=True)
+def one_thread():
+    """Small inputs gain nothing from intra-op threads, and on a shared 2-core machine OpenMP
+    spin-waiting under contention made small CPU ops 10-50x slower; restored after."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+class Case(NamedTuple):
+    B: int
+    M: int
+    C_in: int
+    C_out: int
+    dtype: str
+    weight: Optional[str] = None  # dtype of the static weight, None: no weight
+    scale: Optional[float] = None
+    max_block_i: Optional[int] = None  # force the column sweep with a narrow tile
+
+    @property
+    def id(self) -> str:
+        s = f'B{self.B}-M{self.M}-Ci{self.C_in}-Co{self.C_out}-{self.dtype}'
+        s += f'-w{self.weight}' if self.weight else '-now'
+        if self.scale is not None:
+            s += f'-scale{self.scale:g}'
+        if self.max_block_i is not None:
+            s += f'-sweep{self.max_block_i}'
+        return s
+
+
+def make_inputs(case: Case, device: str = DEVICE, seed: int = 0):
+    """u, v ``[B, M, C]`` (positive-mean, as SiLU outputs times a basis tend to be correlated)
+    and the static weight (or None)."""
+    g = torch.Generator().manual_seed(seed)
+    u = torch.randn(case.B, case.M, case.C_in, generator=g) + 0.3
+    v = torch.randn(case.B, case.M, case.C_out, generator=g) + 0.3
+    dtype = DTYPES[case.dtype]
+    u, v = u.to(device, dtype), v.to(device, dtype)
+    w = None
+    if case.weight:
+        w = (0.02 * torch.randn(case.C_out, case.C_in, generator=g)).to(device,
+                                                                       DTYPES[case.weight])
+    return u, v, w
+
+
+def n_tokens(case: Case) -> int:
+    return 4 * case.M + 1  # WeightFormer divides by the tokens before 2x2 pooling
+
+
+@pytest.fixture
+def sweep(monkeypatch):
+    """``sweep(case)`` narrows the launchers' widest column tile as the case asks."""
+    from mmeffattn.ops.dynamic_weight import function
+
+    def apply(case: Case) -> None:
+        if case.max_block_i is not None:
+            monkeypatch.setattr(function, 'MAX_BLOCK_I', case.max_block_i)
+            monkeypatch.setattr(function, 'SWEEP_BLOCK_I', case.max_block_i)
+    return apply
+
+
+def check_against_reference(case: Case, backend: str, device: str = DEVICE) -> None:
+    dtype = DTYPES[case.dtype]
+    u, v, w = make_inputs(case, device)
+    inputs = [t.requires_grad_() for t in (u, v, w) if t is not None]
+    out = dynamic_weight(u, v, n_tokens(case), case.scale, w, backend=backend)
+    expected_dtype = dtype if w is None else torch.promote_types(dtype, w.dtype)
+    assert out.dtype == expected_dtype and out.shape == (case.B, case.C_out, case.C_in)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(device, out.dtype)
+    out.backward(g)
+
+    inputs64 = [t.detach().double().requires_grad_() for t in inputs]
+    u64, v64 = inputs64[:2]
+    w64 = inputs64[2] if w is not None else None
+    ref = dynamic_weight_naive(u64, v64, n_tokens(case), case.scale, w64)
+    ref.backward(g.double())
+    assert_close(out, ref, dtype, 'out')
+    for name, x, x64 in zip(['du', 'dv', 'dweight'], inputs, inputs64):
+        assert_close(x.grad, x64.grad, dtype, name)
+
+
+# ------------------------------------------------------------------------------------------
+# Triton vs reference
+# ------------------------------------------------------------------------------------------
+# Launches stay small (at most ~30 programs). Together the cases cover C_in and C_out not powers
+# of two, both orders of C_in vs C_out, several token blocks (M 37, 100) and fewer tokens than a
+# block (M 5), fp32/fp16 with or without a weight of the same or another dtype, a custom scale,
+# and the sweep over several column tiles (forced with a narrow tile), fp32 and fp16.
+TRITON_CASES = [
+    Case(2, 37, 40, 72, 'fp32', 'fp32'),
+    Case(2, 37, 40, 72, 'fp16', 'fp16'),
+    Case(2, 37, 72, 40, 'fp16', 'fp32'),
+    Case(1, 5, 24, 16, 'fp32', None, scale=0.3),
+    Case(1, 100, 48, 48, 'fp32', 'fp32'),
+    Case(2, 37, 72, 40, 'fp32', 'fp32', max_block_i=32),
+    Case(1, 37, 72, 24, 'fp16', None, max_block_i=32),
+]
+
+
+@needs_triton
+@pytest.mark.parametrize('case', TRITON_CASES, ids=lambda c: c.id)
+def test_triton_matches_reference(case: Case, sweep) -> None:
+    sweep(case)
+    check_against_reference(case, backend='triton')
+
+
+@pytest.mark.skipif(not (HAS_CUDA and _backend.HAS_TRITON),
+                    reason='bf16 tl.dot is wrong in Triton\'s interpreter: bf16 runs on CUDA only')
+@pytest.mark.parametrize('case', [Case(2, 49, 192, 768, 'bf16', 'fp32'),
+                                  Case(2, 37, 72, 40, 'bf16', None, max_block_i=32)],
+                         ids=lambda c: c.id)
+def test_triton_matches_reference_bf16_cuda(case: Case, sweep) -> None:
+    sweep(case)
+    check_against_reference(case, backend='triton', device='cuda')
+
+
+@needs_triton
+@pytest.mark.parametrize('max_block_i', [None, 32], ids=['one-tile', 'sweep'])
+def test_triton_zero_rows(max_block_i, sweep) -> None:
+    """Output rows whose raw weight is exactly zero (v is zero on those channels): the norm's
+    gradient there is torch's zero subgradient, and nothing may become NaN."""
+    case = Case(1, 21, 40, 24, 'fp32', 'fp32', max_block_i=max_block_i)
+    sweep(case)
+    u, v, w = make_inputs(case)
+    v[:, :, ::3] = 0
+    u, v, w = (t.requires_grad_() for t in (u, v, w))
+    out = dynamic_weight(u, v, 84, None, w, backend='triton')
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    out.backward(g)
+    u64, v64, w64 = (t.detach().double().requires_grad_() for t in (u, v, w))
+    ref = dynamic_weight_naive(u64, v64, 84, None, w64)
+    ref.backward(g.double())
+    assert_close(out, ref, torch.float32, 'out')
+    for name, x, x64 in zip(['du', 'dv', 'dweight'], (u, v, w), (u64, v64, w64)):
+        assert_close(x.grad, x64.grad, torch.float32, name)
+
+
+@needs_triton
+def test_triton_strided_inputs_no_grad_and_partial_grad() -> None:
+    """u, v as views of one tensor (token stride != channels); inference needs no saved
+    tensors; gradients only for the inputs that require them."""
+    case = Case(2, 13, 24, 40, 'fp32', 'fp32')
+    g = torch.Generator().manual_seed(0)
+    uv = torch.randn(case.B, case.M, case.C_in + case.C_out, generator=g).to(DEVICE)
+    u, v = uv.split([case.C_in, case.C_out], dim=-1)
+    w = torch.randn(case.C_out, case.C_in, generator=g).to(DEVICE)
+    with torch.no_grad():
+        out = dynamic_weight(u, v, 52, None, w, backend='triton')
+    assert_close(out, dynamic_weight_naive(u.double(), v.double(), 52, None, w.double()),
+                 torch.float32, 'out')
+
+    uv.requires_grad_()
+    u, v = uv.split([case.C_in, case.C_out], dim=-1)
+    dynamic_weight(u, v, 52, None, w, backend='triton').sum().backward()  # expanded gradient
+    uv64 = uv.detach().double().requires_grad_()
+    u64, v64 = uv64.split([case.C_in, case.C_out], dim=-1)
+    dynamic_weight_naive(u64, v64, 52, None, w.double()).sum().backward()
+    assert w.grad is None
+    assert_close(uv.grad, uv64.grad, torch.float32, 'duv')
+
+
+# ------------------------------------------------------------------------------------------
+# the reference alone
+# ------------------------------------------------------------------------------------------
+def test_reference_is_official_formula() -> None:
+    """The official ``DynLinear`` computes ``w = U^T V * scale / N`` in its ``[C_in, C_out]``
+    layout and divides each column by its norm over the inputs plus one; ours is its transpose.
+    Written out with explicit sums over tokens."""
+    case = Case(2, 9, 12, 20, 'fp32', 'fp32')
+    u, v, w = (t.double() for t in make_inputs(case, 'cpu'))
+    scale, N = 12 ** -0.5, 36
+    official = torch.einsum('bmi,bmo->bio', u, v) * scale / N  # [B, C_in, C_out]
+    official = official / (official.norm(dim=1, keepdim=True) + 1)
+    ours = dynamic_weight(u, v, N, weight=w, backend='reference')
+    assert_close(ours, official.transpose(1, 2) + w, torch.float64, 'out')
+    assert_close(dynamic_weight(u, v, N, backend='reference'), official.transpose(1, 2),
+                 torch.float64, 'out without weight')
+    # each row of the normalized part has norm ||R|| / (||R|| + 1) < 1
+    norms = dynamic_weight(u, v, N, backend='reference').norm(dim=-1)
+    assert (norms < 1).all() and (norms > 0).all()
+
+
+def test_reference_gradcheck_fp64() -> None:
+    u, v, w = (t.double().requires_grad_() for t in make_inputs(Case(2, 5, 6, 8, 'fp32', 'fp32'),
+                                                                'cpu'))
+    assert torch.autograd.gradcheck(lambda u, v, w: dynamic_weight_naive(u, v, 20, 0.7, w),
+                                    (u, v, w), eps=1e-6, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize('dtype', ['fp16', 'bf16'])
+def test_reference_low_precision(dtype: str) -> None:
+    """The reference in low precision (the CPU path) stays within the dtype's tolerance of its
+    float64 evaluation, forward and backward."""
+    check_against_reference(Case(2, 37, 40, 72, dtype, None), backend='reference', device='cpu')
+
+
+# ------------------------------------------------------------------------------------------
+# dispatch
+# ------------------------------------------------------------------------------------------
+@pytest.fixture
+def spies(monkeypatch):
+    """Record which implementation ``dynamic_weight`` calls."""
+    calls = []
+    naive, triton_fn = dw_op.dynamic_weight_naive, dw_op.dynamic_weight_triton
+
+    def spy_naive(*a, **kw):
+        calls.append('reference')
+        return naive(*a, **kw)
+
+    def spy_triton(*a, **kw):
+        calls.append('triton')
+        return triton_fn(*a, **kw)
+
+    monkeypatch.setattr(dw_op, 'dynamic_weight_naive', spy_naive)
+    monkeypatch.setattr(dw_op, 'dynamic_weight_triton', spy_triton)
+    return calls
+
+
+def small(dtype=torch.float32, device='cpu'):
+    u, v, w = make_inputs(Case(1, 5, 16, 24, 'fp32', 'fp32'), device)
+    return u.to(dtype), v.to(dtype), w
+
+
+def test_env_var_forces_reference(monkeypatch, spies) -> None:
+    monkeypatch.setenv(_backend.ENV_VAR, 'reference')
+    u, v, w = small()
+    dynamic_weight(u, v, 20, weight=w)
+    assert spies == ['reference']
+    if TRITON_RUNNABLE:  # an explicit argument wins over the environment
+        u, v, w = small(device=DEVICE)
+        dynamic_weight(u, v, 20, weight=w, backend='triton')
+        assert spies == ['reference', 'triton']
+
+
+def test_backend_argument_forces_reference(spies) -> None:
+    u, v, w = small(device=DEVICE)
+    dynamic_weight(u, v, 20, weight=w, backend='reference')
+    assert spies == ['reference']
+
+
+@needs_triton
+def test_auto_picks_triton_when_possible(monkeypatch, spies) -> None:
+    monkeypatch.delenv(_backend.ENV_VAR, raising=False)
+    u, v, w = small(device=DEVICE)
+    dynamic_weight(u, v, 20, weight=w)
+    assert spies == ['triton']
+
+
+def test_cpu_without_interpreter(monkeypatch, spies) -> None:
+    """CPU tensors with the interpreter off: automatic -> reference; backend='triton' -> error
+    that lists the reason."""
+    monkeypatch.delenv(_backend.ENV_VAR, raising=False)
+    monkeypatch.setattr(_backend, 'TRITON_INTERPRET', False)
+    u, v, w = small()
+    assert any('interpreter is off' in r for r in dw_op.dynamic_weight_triton_reasons(u, v, w))
+    dynamic_weight(u, v, 20, weight=w)
+    assert spies == ['reference']
+    with pytest.raises(RuntimeError, match=r'(?s)Triton backend was requested.*interpreter is off'):
+        dynamic_weight(u, v, 20, weight=w, backend='triton')
+    assert spies == ['reference']
+
+
+def test_unsupported_dtype_falls_back(monkeypatch, spies) -> None:
+    """fp64 (e.g. gradcheck through the public op) runs the reference automatically, and so does
+    bf16 under the interpreter (its tl.dot is wrong there)."""
+    monkeypatch.delenv(_backend.ENV_VAR, raising=False)
+    u, v, w = small(torch.float64)
+    dynamic_weight(u, v, 20, weight=w.double())
+    assert spies == ['reference']
+    reasons = dw_op.dynamic_weight_triton_reasons(u, v, w.double(), interpret=True)
+    assert any('float64' in r for r in reasons) and any('weight dtype' in r for r in reasons)
+    if _backend.TRITON_INTERPRET and not HAS_CUDA:
+        u, v, w = small(torch.bfloat16)
+        dynamic_weight(u, v, 20, weight=w)
+        assert spies == ['reference', 'reference']
+        with pytest.raises(RuntimeError, match='bfloat16'):
+            dynamic_weight(u, v, 20, weight=w, backend='triton')
+
+
+def test_int32_offset_reason() -> None:
+    x = torch.empty_strided((1, 2, 16), (0, 2 ** 31, 1), device='meta')
+    assert any('2**31' in r for r in dw_op.dynamic_weight_triton_reasons(x, x, interpret=True))
+    y = torch.empty_strided((1, 2, 16), (0, 2 ** 30, 1), device='meta')
+    assert not any('2**31' in r for r in dw_op.dynamic_weight_triton_reasons(y, y, interpret=True))
+
+
+def test_import_without_triton() -> None:
+    """The op imports and runs its reference without Triton; an explicit Triton request says
+    why it cannot."""
+    code = '\n'.join([
+        'import sys; sys.modules["triton"] = None  # makes "import triton" raise ImportError',
+        'import torch',
+        'from mmeffattn.ops.dynamic_weight import dynamic_weight, dynamic_weight_naive',
+        'u, v = torch.randn(1, 5, 8), torch.randn(1, 5, 12)',
+        'assert torch.equal(dynamic_weight(u, v, 20), dynamic_weight_naive(u, v, 20))',
+        'try:',
+        '    dynamic_weight(u, v, 20, backend="triton")',
+        'except RuntimeError as e:',
+        '    assert "triton is not importable" in str(e), e',
+        'else:',
+        '    raise AssertionError("no error")',
+        'print("ok")',
+    ])
+    env = {k: v for k, v in os.environ.items() if k != _backend.ENV_VAR}
+    res = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert res.returncode == 0 and res.stdout.strip() == 'ok', res.stderr
+
+
+# ------------------------------------------------------------------------------------------
+# input validation
+# ------------------------------------------------------------------------------------------
+def _bad_inputs():
+    u, v, w = torch.zeros(2, 5, 8), torch.zeros(2, 5, 12), torch.zeros(12, 8)
+    return [
+        ('u-rank', (u[0], v, 20), {}, r'u must be \[B, M, channels\] \(3 dims'),
+        ('v-type', (u, v.numpy(), 20), {}, r'v must be a torch.Tensor'),
+        ('tokens-differ', (u, v[:, :4], 20), {}, r'must agree on B and M'),
+        ('batch-differ', (u, v[:1], 20), {}, r'must agree on B and M'),
+        ('empty', (u[:, :0], v[:, :0], 20), {}, r'at least one token'),
+        ('dtype', (u, v.half(), 20), {}, r'same dtype.*cast them'),
+        ('int', (u.long(), v.long(), 20), {}, r'floating point'),
+        ('device', (u, v.to('meta'), 20), {}, r'one device'),
+        ('n-tokens-0', (u, v, 0), {}, r'n_tokens must be a positive number'),
+        ('n-tokens-bool', (u, v, True), {}, r'n_tokens must be a positive number'),
+        ('scale-str', (u, v, 20, '1'), {}, r'scale must be a real number'),
+        ('weight-transposed', (u, v, 20), dict(weight=w.t()),
+         r'weight must be the static weight \[C_out, C_in\] = \[12, 8\].*transpose'),
+        ('weight-int', (u, v, 20), dict(weight=w.long()), r'weight must be floating point'),
+        ('weight-device', (u, v, 20), dict(weight=w.to('meta')), r'weight must be on the device'),
+    ]
+
+
+@pytest.mark.parametrize('args,kwargs,match', [(a, k, m) for _, a, k, m in _bad_inputs()],
+                         ids=[name for name, _, _, _ in _bad_inputs()])
+def test_invalid_inputs(args, kwargs, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        dynamic_weight(*args, **kwargs)
+
+
+# ------------------------------------------------------------------------------------------
+# ahead-of-time compilation for sm_80 / sm_90 (no GPU needed)
+# ------------------------------------------------------------------------------------------
+#: shared memory per block (bytes): sm_80 163 KB, sm_90 227 KB
+SHARED_LIMIT = {80: 163 * 1024, 90: 227 * 1024}
+
+
+def aot_case(M, C_in, C_out, dtype, weight='fp32', B=2):
+    return dict(op='dynamic_weight', B=B, M=M, C_in=C_in, C_out=C_out, dtype=dtype,
+                weight=weight)
+
+
+# WeightFormer-T/S/B fc1 (C_in 192 -> one 256-wide tile; 384 -> one 512-wide tile) at 224 px
+# (M 49) and 1024 px (M 1024), fp32 (FMA dots) and bf16/fp16 (tensor cores); the sweep (C_in
+# 1000, unaligned, and 1536); small unaligned widths as in the interpreted tests.
+AOT_SUBSET = [
+    aot_case(49, 192, 768, 'fp32'), aot_case(49, 192, 768, 'bf16'),
+    aot_case(1024, 384, 1536, 'fp32'), aot_case(1024, 384, 1536, 'bf16'),
+    aot_case(49, 1000, 40, 'fp32'), aot_case(49, 1000, 40, 'bf16', weight=None),
+    aot_case(37, 40, 72, 'fp32'), aot_case(37, 72, 40, 'fp16', weight=None),
+    aot_case(49, 300, 40, 'fp32'),
+]
+AOT_FULL = [aot_case(M, C_in, C_out, dtype, weight)
+            for M in (49, 1024)
+            for C_in, C_out in ((192, 768), (384, 1536), (768, 192), (40, 72), (200, 72),
+                                (300, 40), (1000, 40), (1536, 384))
+            for dtype in ('fp32', 'fp16', 'bf16')
+            for weight in ('fp32', None)]
+
+
+def compile_all(cases) -> list:
+    """Run tests/ops/aot_worker_weightformer.py with the interpreter off; one dict per compile."""
+    env = {k: v for k, v in os.environ.items() if k != 'TRITON_INTERPRET'}
+    env['PYTHONPATH'] = os.pathsep.join([ROOT] + [p for p in [env.get('PYTHONPATH')] if p])
+    res = subprocess.run([sys.executable, osp.join(HERE, 'aot_worker_weightformer.py'),
+                          json.dumps(cases), '80', '90'], capture_output=True, text=True,
+                         env=env, cwd=ROOT, timeout=3600)
+    assert res.returncode == 0, (f'AOT compilation failed:\n{res.stdout[-3000:]}\n'
+                                 f'{res.stderr[-6000:]}')
+    return [json.loads(line) for line in res.stdout.splitlines() if line.startswith('{')]
+
+
+def check_aot(results: list) -> None:
+    assert results, 'nothing was compiled'
+    assert {r['kernel'] for r in results} == {'dynamic_weight_fwd_kernel',
+                                              'dynamic_weight_bwd_dp_kernel',
+                                              'dynamic_weight_bmm_kernel'}
+    assert {r['arch'] for r in results} == {80, 90}
+    table = '\n'.join(
+        f"sm_{r['arch']} {r['kernel']:<30} {r['case']['dtype']} Ci={r['case']['C_in']:<4} "
+        f"{ {k: v for k, v in r['constexprs'].items() if k != 'INPUT_PRECISION'} } "
+        f"warps={r['num_warps']} stages={r['num_stages']} regs={r['regs']} stack={r['stack']} "
+        f"shared={r['shared']}" for r in results)
+    print(table)
+    bad = [r for r in results
+           if r['stack'] or r['local'] or r['shared'] > SHARED_LIMIT[r['arch']]]
+    assert not bad, 'spills / local memory / shared overflow:\n' + '\n'.join(map(str, bad))
+
+
+@pytest.mark.skipif(not _backend.HAS_TRITON, reason='needs Triton (no GPU needed)')
+def test_aot_compile_subset() -> None:
+    results = compile_all(AOT_SUBSET)
+    check_aot(results)
+    assert {r['constexprs']['NUM_I_TILES'] > 1 for r in results
+            if 'NUM_I_TILES' in r['constexprs']} == {True, False}  # both code paths
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _backend.HAS_TRITON, reason='needs Triton (no GPU needed)')
+def test_aot_compile_full() -> None:
+    check_aot(compile_all(AOT_FULL))
+
+
+def test_public_api() -> None:
+    import mmeffattn.ops.dynamic_weight as pkg
+    assert pkg.dynamic_weight is dynamic_weight and pkg.dynamic_weight_naive is dynamic_weight_naive
+    assert set(pkg.__all__) == {'dynamic_weight', 'dynamic_weight_naive'}
