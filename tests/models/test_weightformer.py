@@ -397,8 +397,8 @@ def test_dynamic_dwconv_per_sample_kernels():
 
 def test_dynamic_layers_call_the_ops(monkeypatch):
     """DynamicLinear and DynamicDWConv go through the public ops with their backend."""
-    from mmeffattn.ops.dynamic_dwconv import op as dwconv_op
-    from mmeffattn.ops.dynamic_weight import op as weight_op
+    from mmeffattn.ops.dyn_dwconv import op as dwconv_op
+    from mmeffattn.ops.dyn_weight import op as weight_op
     calls = []
     real_w, real_c = weight_op.dynamic_weight_naive, dwconv_op.dynamic_dwconv_naive
     monkeypatch.setattr(weight_op, 'dynamic_weight_naive',
@@ -414,8 +414,8 @@ def test_dynamic_layers_call_the_ops(monkeypatch):
 def test_triton_backend_matches_reference(monkeypatch):
     """The dynamic layers through the Triton kernels (compiled on GPU, interpreted on CPU),
     forward and backward, against the reference on the same weights."""
-    from mmeffattn.ops.dynamic_dwconv.op import dynamic_dwconv_triton_reasons
-    from mmeffattn.ops.dynamic_weight.op import dynamic_weight_triton_reasons
+    from mmeffattn.ops.dyn_dwconv.op import dynamic_dwconv_triton_reasons
+    from mmeffattn.ops.dyn_weight.op import dynamic_weight_triton_reasons
 
     probe = torch.zeros(1, 1, 16)
     reasons = (dynamic_weight_triton_reasons(probe, probe)

@@ -21,8 +21,8 @@ assert not os.environ.get('TRITON_INTERPRET'), 'run with Triton\'s interpreter o
 import torch  # noqa: E402
 
 import aot_worker  # noqa: E402  (tests/ops, the script's directory)
-from mmeffattn.ops.dynamic_dwconv import function as dwconv_function  # noqa: E402
-from mmeffattn.ops.dynamic_weight import function as weight_function  # noqa: E402
+from mmeffattn.ops.dyn_dwconv import function as dwconv_function  # noqa: E402
+from mmeffattn.ops.dyn_weight import function as weight_function  # noqa: E402
 
 DTYPES = {'fp32': torch.float32, 'fp16': torch.float16, 'bf16': torch.bfloat16}
 

@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from mmeffattn.ops import _backend
-from mmeffattn.ops.dynamic_dwconv import dynamic_dwconv, dynamic_dwconv_naive
-from mmeffattn.ops.dynamic_dwconv import op as dc_op
+from mmeffattn.ops.dyn_dwconv import dynamic_dwconv, dynamic_dwconv_naive
+from mmeffattn.ops.dyn_dwconv import op as dc_op
 from tolerances import assert_close
 
 HAS_CUDA = torch.cuda.is_available()
@@ -311,7 +311,7 @@ def test_import_without_triton() -> None:
     code = '\n'.join([
         'import sys; sys.modules["triton"] = None  # makes "import triton" raise ImportError',
         'import torch',
-        'from mmeffattn.ops.dynamic_dwconv import dynamic_dwconv, dynamic_dwconv_naive',
+        'from mmeffattn.ops.dyn_dwconv import dynamic_dwconv, dynamic_dwconv_naive',
         'x, k = torch.randn(1, 4, 5, 6), torch.randn(1, 4, 3, 3)',
         'assert torch.equal(dynamic_dwconv(x, k), dynamic_dwconv_naive(x, k))',
         'try:',
@@ -431,6 +431,6 @@ def test_aot_compile_full() -> None:
 
 
 def test_public_api() -> None:
-    import mmeffattn.ops.dynamic_dwconv as pkg
+    import mmeffattn.ops.dyn_dwconv as pkg
     assert pkg.dynamic_dwconv is dynamic_dwconv and pkg.dynamic_dwconv_naive is dynamic_dwconv_naive
     assert set(pkg.__all__) == {'dynamic_dwconv', 'dynamic_dwconv_naive'}

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from mmeffattn.ops import _backend
-from mmeffattn.ops.dynamic_weight import dynamic_weight, dynamic_weight_naive
-from mmeffattn.ops.dynamic_weight import op as dw_op
+from mmeffattn.ops.dyn_weight import dynamic_weight, dynamic_weight_naive
+from mmeffattn.ops.dyn_weight import op as dw_op
 from tolerances import assert_close
 
 HAS_CUDA = torch.cuda.is_available()
@@ -79,7 +79,7 @@ def n_tokens(case: Case) -> int:
 @pytest.fixture
 def sweep(monkeypatch):
     """``sweep(case)`` narrows the launchers' widest column tile as the case asks."""
-    from mmeffattn.ops.dynamic_weight import function
+    from mmeffattn.ops.dyn_weight import function
 
     def apply(case: Case) -> None:
         if case.max_block_i is not None:
@@ -319,7 +319,7 @@ def test_import_without_triton() -> None:
     code = '\n'.join([
         'import sys; sys.modules["triton"] = None  # makes "import triton" raise ImportError',
         'import torch',
-        'from mmeffattn.ops.dynamic_weight import dynamic_weight, dynamic_weight_naive',
+        'from mmeffattn.ops.dyn_weight import dynamic_weight, dynamic_weight_naive',
         'u, v = torch.randn(1, 5, 8), torch.randn(1, 5, 12)',
         'assert torch.equal(dynamic_weight(u, v, 20), dynamic_weight_naive(u, v, 20))',
         'try:',
@@ -441,6 +441,6 @@ def test_aot_compile_full() -> None:
 
 
 def test_public_api() -> None:
-    import mmeffattn.ops.dynamic_weight as pkg
+    import mmeffattn.ops.dyn_weight as pkg
     assert pkg.dynamic_weight is dynamic_weight and pkg.dynamic_weight_naive is dynamic_weight_naive
     assert set(pkg.__all__) == {'dynamic_weight', 'dynamic_weight_naive'}

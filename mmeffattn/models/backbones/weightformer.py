@@ -42,8 +42,7 @@ import torch.utils.checkpoint as cp
 from mmengine.model import BaseModule
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from mmeffattn.ops.dynamic_dwconv import dynamic_dwconv
-from mmeffattn.ops.dynamic_weight import dynamic_weight
+from mmeffattn.ops import dynamic_dwconv, dynamic_weight
 from mmeffattn.registry import MODELS
 from ..utils import StrictPretrainedMixin, clip_keys, unwrap_state_dict
 from ..layers import DropPath, Mlp
@@ -99,7 +98,7 @@ class DynamicLinear(nn.Module):
     pooled with a window of 1 on that side (the official code cannot run such a grid).
 
     The reduction over the pooled tokens, the normalization and the static-weight add run in
-    :func:`mmeffattn.ops.dynamic_weight.dynamic_weight` (Triton kernels or its PyTorch
+    :func:`mmeffattn.ops.dyn_weight.dynamic_weight` (Triton kernels or its PyTorch
     reference, which is this layer's original arithmetic).
 
     Args:
@@ -173,7 +172,7 @@ class DynamicDWConv(nn.Module):
     official code: one grouped convolution over ``B * C`` groups).
 
     The normalization, the static-kernel add and the convolution run in
-    :func:`mmeffattn.ops.dynamic_dwconv.dynamic_dwconv` (Triton kernels or its PyTorch
+    :func:`mmeffattn.ops.dyn_dwconv.dynamic_dwconv` (Triton kernels or its PyTorch
     reference, which is this layer's original arithmetic).
 
     Args:

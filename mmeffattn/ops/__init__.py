@@ -1,0 +1,8 @@
+"""Attention ops. Each op has a pure PyTorch reference and Triton kernels; the public function
+picks a backend and can always fall back to the reference."""
+from .dyn_dwconv import dynamic_dwconv, dynamic_dwconv_naive
+from .dyn_weight import dynamic_weight, dynamic_weight_naive
+from .sema import sema_attention, sema_attention_naive
+
+__all__ = ['sema_attention', 'sema_attention_naive', 'dynamic_weight', 'dynamic_weight_naive',
+           'dynamic_dwconv', 'dynamic_dwconv_naive']

@@ -1,0 +1,151 @@
+"""Backend selection shared by every op: Triton kernels (compiled or interpreted) or the reference.
+
+Each op asks :func:`select_backend` with a list of reasons why its Triton kernels cannot run on
+the given inputs (built from the ``can_run_*`` checks below plus its own). Rules:
+
+* ``backend='reference'`` always runs the reference.
+* ``backend='triton'`` runs the kernels, or raises ``RuntimeError`` listing every reason.
+* ``backend=None`` (automatic): ``$MMEFFATTN_OPS_BACKEND`` (``reference``/``triton``/``auto``)
+  if set, else Triton when there is no reason against it, otherwise the reference. A CUDA input
+  that falls back to the reference logs the reasons once (a silent slow path otherwise).
+
+Triton runs CUDA tensors compiled, and CPU tensors only when its interpreter was switched on
+(``TRITON_INTERPRET=1`` before ``import triton``; the mode is recorded here at import). This
+module imports without Triton and without a GPU.
+"""
+import logging
+import os
+from typing import Callable, Iterable, List, Optional, Sequence
+
+import torch
+
+try:
+    import triton
+    HAS_TRITON = True
+    _TRITON_IMPORT_ERROR = ''
+except Exception as e:  # pragma: no cover - depends on the installation
+    triton = None
+    HAS_TRITON = False
+    _TRITON_IMPORT_ERROR = f'{type(e).__name__}: {e}'
+
+
+def _interpreter_on() -> bool:
+    if not HAS_TRITON:
+        return False
+    knobs = getattr(triton, 'knobs', None)
+    if knobs is not None:  # triton >= 3.4
+        return bool(knobs.runtime.interpret)
+    return os.environ.get('TRITON_INTERPRET', '0') not in ('', '0')  # pragma: no cover
+
+
+#: Whether Triton interprets kernels on the CPU in this process (fixed when triton is imported).
+TRITON_INTERPRET: bool = _interpreter_on()
+
+ENV_VAR = 'MMEFFATTN_OPS_BACKEND'
+BACKENDS = ('triton', 'reference')
+
+logger = logging.getLogger('mmeffattn.ops')
+_warned: set = set()
+
+
+def can_run_triton() -> List[str]:
+    """Reasons Triton itself is unusable in this process (empty when it can be used)."""
+    if not HAS_TRITON:
+        return [f'triton is not importable ({_TRITON_IMPORT_ERROR})']
+    return []
+
+
+def can_run_device(tensors: Sequence[torch.Tensor], interpret: Optional[bool] = None) -> List[str]:
+    """Reasons the tensors' device cannot run Triton kernels.
+
+    Args:
+        tensors: the op's inputs.
+        interpret: whether Triton's interpreter is on; defaults to :data:`TRITON_INTERPRET`.
+    """
+    interpret = TRITON_INTERPRET if interpret is None else interpret
+    devices = {t.device for t in tensors}
+    if len(devices) > 1:
+        return [f'inputs are on different devices ({sorted(map(str, devices))})']
+    reasons = []
+    for device in devices:
+        if device.type == 'cuda':
+            continue  # compiled, or interpreted with copies to the host when interpret is on
+        if device.type == 'cpu':
+            if not interpret:
+                reasons.append('the inputs are CPU tensors and Triton\'s interpreter is off '
+                               '(set TRITON_INTERPRET=1 before triton is imported to interpret '
+                               'the kernels on the CPU, or move the inputs to a CUDA device)')
+        else:
+            reasons.append(f'device type {device.type!r} is not supported by the Triton kernels '
+                           '(CUDA, or CPU with the interpreter)')
+    return reasons
+
+
+def can_run_dtype(tensors: Sequence[torch.Tensor], dtypes: Iterable[torch.dtype],
+                  interpret: Optional[bool] = None, uses_dot: bool = True) -> List[str]:
+    """Reasons the tensors' dtype cannot run the kernels.
+
+    Args:
+        tensors: the op's inputs.
+        dtypes: dtypes the kernels support.
+        interpret: whether Triton's interpreter is on; defaults to :data:`TRITON_INTERPRET`.
+        uses_dot: the kernels use ``tl.dot``, which Triton's interpreter gets wrong for bf16.
+    """
+    interpret = TRITON_INTERPRET if interpret is None else interpret
+    dtypes = tuple(dtypes)
+    reasons = []
+    for dtype in sorted({t.dtype for t in tensors}, key=str):
+        if dtype not in dtypes:
+            reasons.append(f'dtype {dtype} is not supported by the Triton kernels '
+                           f'(supported: {", ".join(map(str, dtypes))})')
+        elif dtype == torch.bfloat16 and uses_dot:
+            if interpret and any(t.device.type == 'cpu' for t in tensors):
+                reasons.append('bfloat16 tl.dot gives wrong results in Triton\'s interpreter')
+            elif any(t.is_cuda and torch.cuda.get_device_capability(t.device)[0] < 8
+                     for t in tensors):
+                reasons.append('bfloat16 kernels need a GPU of compute capability 8.0 or newer')
+    return reasons
+
+
+def requested_backend(backend: Optional[str]) -> Optional[str]:
+    """The explicit backend: the argument if given, else ``$MMEFFATTN_OPS_BACKEND``; None = auto."""
+    source = 'backend'
+    if backend is None:
+        backend = os.environ.get(ENV_VAR) or None
+        source = f'${ENV_VAR}'
+    if backend is None or backend == 'auto':
+        return None
+    if backend not in BACKENDS:
+        raise ValueError(f'{source}={backend!r} is not a backend; use one of '
+                         f'{", ".join(repr(b) for b in BACKENDS)}, \'auto\' or None')
+    return backend
+
+
+def select_backend(op_name: str, backend: Optional[str],
+                   triton_reasons: Callable[[], List[str]],
+                   tensors: Sequence[torch.Tensor] = ()) -> str:
+    """Pick ``'triton'`` or ``'reference'`` for one call of ``op_name`` (rules in the module doc).
+
+    Args:
+        op_name: used in messages.
+        backend: ``None``/``'auto'``, ``'triton'`` or ``'reference'``.
+        triton_reasons: returns the reasons the Triton kernels cannot run these inputs.
+        tensors: the inputs (only to decide whether a fallback deserves a log message).
+    """
+    backend = requested_backend(backend)
+    if backend == 'reference':
+        return 'reference'
+    reasons = triton_reasons()
+    if not reasons:
+        return 'triton'
+    if backend == 'triton':
+        raise RuntimeError(f'{op_name}: the Triton backend was requested but cannot run:\n' +
+                           '\n'.join(f'  - {r}' for r in reasons) +
+                           "\nUse backend='reference' (or None to choose automatically).")
+    key = (op_name, tuple(reasons))
+    if any(t.is_cuda for t in tensors) and key not in _warned:
+        _warned.add(key)
+        logger.warning('%s: falling back to the PyTorch reference: %s', op_name, '; '.join(reasons))
+    else:
+        logger.debug('%s: using the PyTorch reference: %s', op_name, '; '.join(reasons))
+    return 'reference'

@@ -1,0 +1,9 @@
+"""SEMA attention: softmax attention in non-overlapping windows + the mean of all values.
+
+``naive.py``: PyTorch reference (test oracle, CPU path); ``kernels.py``: Triton kernels;
+``function.py``: launchers and autograd Function; ``op.py``: the public, dispatching function.
+"""
+from .naive import sema_attention_naive
+from .op import sema_attention
+
+__all__ = ['sema_attention', 'sema_attention_naive']

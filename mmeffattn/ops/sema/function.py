@@ -1,0 +1,290 @@
+"""Launchers and the autograd Function of the Triton SEMA attention kernels.
+
+Importing this module needs Triton (``op.py`` guards it). The kernels run compiled on CUDA
+tensors and interpreted on CPU tensors when Triton's interpreter is on.
+"""
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Tuple
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from . import kernels
+
+#: default ``tl.dot`` input precision for fp32: exact fp32 ('ieee'), not TF32.
+DEFAULT_INPUT_PRECISION = 'ieee'
+#: tokens per program of the backward preprocessing kernel, by padded head dim
+PREPROCESS_BLOCK_N = {16: 128, 32: 64, 64: 32, 128: 16}
+
+
+class WindowGeometry(NamedTuple):
+    """How an ``H x W`` grid is tiled by windows of side ``window_size``.
+
+    Windows are ``win_h x win_w`` with ``win_h = min(window_size, H)`` (likewise for W): a grid
+    smaller than the window is one window of the grid's own size, which is the same partition.
+    """
+    H: int
+    W: int
+    win_h: int
+    win_w: int
+    n_win_h: int
+    n_win_w: int
+
+    @property
+    def n_win(self) -> int:
+        return self.n_win_h * self.n_win_w
+
+    @property
+    def window_tokens(self) -> int:
+        return self.win_h * self.win_w
+
+
+def window_geometry(hw: Tuple[int, int], window_size: int) -> WindowGeometry:
+    H, W = hw
+    win_h, win_w = min(window_size, H), min(window_size, W)
+    return WindowGeometry(H, W, win_h, win_w, -(-H // win_h), -(-W // win_w))
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """One kernel launch configuration: the kernel, its constexprs, num_warps and num_stages."""
+    kernel: Any
+    constexprs: Dict[str, Any]
+    num_warps: int
+    num_stages: int
+
+    @property
+    def launch_options(self) -> Dict[str, Any]:
+        return dict(num_warps=self.num_warps, num_stages=self.num_stages)
+
+
+class Tiles(NamedTuple):
+    block: int  # tokens per block (query and key tiles are BLOCK x BD, logits BLOCK x BLOCK)
+    fwd_warps: int
+    bwd_warps: int
+    fwd_stages: int = 2  # software-pipelining stages of the several-block kernels' loops
+    bwd_stages: int = 2
+
+
+def _next_pow2(x: int) -> int:
+    return 1 << max(0, x - 1).bit_length()
+
+
+def sema_tiles(bd: int, window_tokens: int, dtype: torch.dtype) -> Tiles:
+    """Token block and warps for padded head dim ``bd``, chosen from ahead-of-time compiles for
+    sm_80 and sm_90 so that no config spills registers (checked by tests/ops/test_sema_aot.py).
+
+    A window that fits one block is processed whole (the backward then recomputes its softmax
+    in one pass); larger windows loop over blocks. fp32 ``tl.dot`` with ``'ieee'`` precision is
+    an FMA loop that holds its operands in registers, so fp32 uses smaller tiles than fp16/bf16
+    (tensor cores).
+    """
+    one_block = max(16, _next_pow2(window_tokens))
+    if dtype == torch.float32:
+        return Tiles(16, 4, 4, 2, 1 if bd == 32 else 2)
+    if window_tokens <= 64:
+        return Tiles(one_block, 4 if bd <= 64 else 8, 4 if bd <= 32 else 8)
+    if bd <= 32:
+        return Tiles(64, 4, 4)
+    return Tiles(32, 4 if bd <= 64 else 8, 8)
+
+
+def sema_kernel_configs(head_dim: int, window_tokens: int, dtype: torch.dtype, with_mean: bool,
+                        input_precision: str = DEFAULT_INPUT_PRECISION
+                        ) -> Tuple[int, Dict[str, KernelConfig]]:
+    """``(n_blocks, configs)``: blocks per window and the configurations the launchers use, by
+    role: ``'fwd'``; ``'bwd'`` (``sema_bwd_window_kernel`` when a window is one block, else
+    ``sema_bwd_kernel``); ``'bwd_preprocess'`` (only with several blocks per window).
+    """
+    bd = max(16, _next_pow2(head_dim))
+    tiles = sema_tiles(bd, window_tokens, dtype)
+    n_blocks = -(-window_tokens // tiles.block)
+    common = dict(BD=bd, EVEN_D=head_dim == bd, BLOCK=tiles.block, WITH_MEAN=with_mean,
+                  INPUT_PRECISION=input_precision)
+    if n_blocks == 1:
+        return n_blocks, {
+            'fwd': KernelConfig(kernels.sema_fwd_window_kernel, common, tiles.fwd_warps, 1),
+            'bwd': KernelConfig(kernels.sema_bwd_window_kernel, common, tiles.bwd_warps, 1)}
+    return n_blocks, {
+        'fwd': KernelConfig(kernels.sema_fwd_kernel, common, tiles.fwd_warps, tiles.fwd_stages),
+        'bwd_preprocess': KernelConfig(
+            kernels.sema_bwd_preprocess_kernel,
+            dict(BD=bd, EVEN_D=head_dim == bd, BLOCK_N=PREPROCESS_BLOCK_N[bd],
+                 WITH_MEAN=with_mean), 4, 1),
+        'bwd': KernelConfig(kernels.sema_bwd_kernel, common, tiles.bwd_warps, tiles.bwd_stages)}
+
+
+# ---------------------------------------------------------------------------------------------
+# launching (with a hook that records launches instead, for ahead-of-time compilation tests)
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class Launch:
+    """A recorded kernel launch: ``config.kernel[grid](*args, **config.constexprs, ...)``."""
+    role: str
+    config: KernelConfig
+    grid: Tuple[int, ...]
+    args: Tuple[Any, ...]
+
+
+_recorder: Optional[List[Launch]] = None
+
+
+@contextlib.contextmanager
+def record_launches() -> Iterator[List[Launch]]:
+    """Within the block, launchers record their launches in the yielded list and run nothing
+    (outputs stay uninitialised). Used to compile exactly what the launchers launch."""
+    global _recorder
+    previous, _recorder = _recorder, []
+    try:
+        yield _recorder
+    finally:
+        _recorder = previous
+
+
+def _launch(role: str, config: KernelConfig, grid: Tuple[int, ...], *args: Any) -> None:
+    if _recorder is not None:
+        _recorder.append(Launch(role, config, grid, args))
+        return
+    config.kernel[grid](*args, **config.constexprs, **config.launch_options)
+
+
+def _device_guard(x: torch.Tensor):
+    return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
+
+
+def _unit_last_stride(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def _strides(x: torch.Tensor) -> Tuple[int, int, int]:
+    return x.stride(0), x.stride(1), x.stride(2)
+
+
+def int32_offsets_fit(*tensors: torch.Tensor) -> bool:
+    """Whether the offsets inside one (batch, head) slice of these ``[B, heads, N, D]`` tensors
+    fit the kernels' int32 token arithmetic (batch and head offsets are int64)."""
+    return all((x.shape[2] - 1) * abs(x.stride(2)) + x.shape[3] < 2 ** 31 for x in tensors)
+
+
+def _check_int32_offsets(*tensors: torch.Tensor) -> None:
+    if not int32_offsets_fit(*tensors):
+        raise ValueError('a [B, heads, N, D] tensor overflows the kernels\' int32 token offsets '
+                         '(N * token stride >= 2**31); use the reference backend')
+
+
+# ---------------------------------------------------------------------------------------------
+# launchers
+# ---------------------------------------------------------------------------------------------
+def sema_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, geom: WindowGeometry,
+             scale: float, with_mean: bool, input_precision: str = DEFAULT_INPUT_PRECISION
+             ) -> Tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """Forward launcher.
+
+    Args:
+        q, k, v: ``[B, heads, N, D]``, unit stride on D.
+    Returns:
+        o ``[B, heads, N, D]`` (contiguous, q's dtype); lse ``[B*heads, N]`` fp32 log2-sum-exp
+        (only when a window spans several blocks, else None); the value mean ``[B*heads, D]``
+        fp32 (None without ``with_mean``).
+    """
+    B, nh, N, D = q.shape
+    n_blocks, cfgs = sema_kernel_configs(D, geom.window_tokens, q.dtype, with_mean,
+                                         input_precision)
+    o = torch.empty((B, nh, N, D), dtype=q.dtype, device=q.device)
+    mean = v.mean(dim=2, dtype=torch.float32).reshape(B * nh, D) if with_mean else None
+    lse = (torch.empty((B * nh, N), dtype=torch.float32, device=q.device)
+           if n_blocks > 1 else None)
+    _check_int32_offsets(q, k, v, o)
+    strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(o))
+    geometry = (nh, geom.H, geom.W, geom.win_h, geom.win_w, geom.n_win_w, geom.n_win)
+    mean_arg = mean if with_mean else o  # any pointer when unused
+    with _device_guard(q):
+        if n_blocks == 1:
+            _launch('fwd', cfgs['fwd'], (B * nh * geom.n_win,),
+                    q, k, v, o, mean_arg, *strides, *geometry, scale, D)
+        else:
+            _launch('fwd', cfgs['fwd'], (B * nh * geom.n_win * n_blocks,),
+                    q, k, v, o, mean_arg, lse, *strides, *geometry, n_blocks, scale, D)
+    return o, lse, mean
+
+
+def sema_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             o: Optional[torch.Tensor], lse: Optional[torch.Tensor], mean: Optional[torch.Tensor],
+             geom: WindowGeometry, scale: float, with_mean: bool,
+             input_precision: str = DEFAULT_INPUT_PRECISION
+             ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Backward launcher: ``(dq, dk, dv)``, each ``[B, heads, N, D]`` contiguous.
+
+    ``o``, ``lse`` (and ``mean`` with ``with_mean``) are the forward's outputs; ``o`` and ``lse``
+    are only read when a window spans several blocks.
+    """
+    B, nh, N, D = q.shape
+    n_blocks, cfgs = sema_kernel_configs(D, geom.window_tokens, q.dtype, with_mean,
+                                         input_precision)
+    do = _unit_last_stride(do)
+    dq = torch.empty((B, nh, N, D), dtype=q.dtype, device=q.device)
+    dk = torch.empty_like(dq)
+    dv = torch.empty_like(dq)
+    # d(mean of v)/dv_j = 1/N for every token: every dv gets sum_n dO_n / N
+    mean_do = (do.sum(dim=2, dtype=torch.float32).div_(N).reshape(B * nh, D)
+               if with_mean else dq)
+    _check_int32_offsets(q, k, v, do, dq)
+    strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq))
+    geometry = (nh, geom.H, geom.W, geom.win_h, geom.win_w, geom.n_win_w, geom.n_win)
+    with _device_guard(q):
+        if n_blocks == 1:
+            _launch('bwd', cfgs['bwd'], (B * nh * geom.n_win,),
+                    q, k, v, do, dq, dk, dv, mean_do, *strides, *geometry, scale, D)
+        else:
+            pre = cfgs['bwd_preprocess']
+            delta = torch.empty((B * nh, N), dtype=torch.float32, device=q.device)
+            _launch('bwd_preprocess', pre, (-(-N // pre.constexprs['BLOCK_N']), B * nh),
+                    o, do, mean if with_mean else o, delta,
+                    *_strides(o), *_strides(do), nh, N, D)
+            _launch('bwd', cfgs['bwd'], (B * nh * geom.n_win * n_blocks,),
+                    q, k, v, do, dq, dk, dv, lse, delta, mean_do, *strides, *geometry,
+                    n_blocks, scale, D)
+    return dq, dk, dv
+
+
+class SemaAttentionFunction(torch.autograd.Function):
+    """Autograd wrapper of the Triton kernels (first-order gradients for q, k, v)."""
+
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, geom: WindowGeometry,
+                scale: float, with_mean: bool, input_precision: str) -> torch.Tensor:
+        q, k, v = _unit_last_stride(q), _unit_last_stride(k), _unit_last_stride(v)
+        o, lse, mean = sema_fwd(q, k, v, geom, scale, with_mean, input_precision)
+        if any(ctx.needs_input_grad[:3]):
+            # o and lse are only needed when windows span several blocks
+            ctx.save_for_backward(q, k, v, o if lse is not None else None, lse, mean)
+        ctx.geom, ctx.scale, ctx.with_mean, ctx.input_precision = (geom, scale, with_mean,
+                                                                    input_precision)
+        return o
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, do: torch.Tensor):
+        q, k, v, o, lse, mean = ctx.saved_tensors
+        dq, dk, dv = sema_bwd(do, q, k, v, o, lse, mean, ctx.geom, ctx.scale, ctx.with_mean,
+                              ctx.input_precision)
+        needs = ctx.needs_input_grad
+        return (dq if needs[0] else None, dk if needs[1] else None, dv if needs[2] else None,
+                None, None, None, None)
+
+
+def sema_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          hw: Tuple[int, int], window_size: int, scale: Optional[float] = None,
+                          with_mean: bool = True,
+                          input_precision: str = DEFAULT_INPUT_PRECISION) -> torch.Tensor:
+    """SEMA attention with the Triton kernels, no input validation (see ``op.sema_attention``).
+
+    Args:
+        q, k, v: ``[B, heads, N, D]``, N = H * W.
+    Returns:
+        ``[B, heads, N, D]`` contiguous.
+    """
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    return SemaAttentionFunction.apply(q, k, v, window_geometry(hw, window_size), scale,
+                                       with_mean, input_precision)

@@ -1,0 +1,329 @@
+"""Triton kernels of SEMA attention (windowed softmax attention + broadcast value mean).
+
+Only ``@triton.jit`` functions live here; launchers and the autograd Function are in
+``function.py``. Layout and conventions shared by every kernel:
+
+* q, k, v, do are ``[B, heads, N, D]`` with arbitrary batch/head/token strides and unit stride
+  on the head dim; outputs o, dq, dk, dv are contiguous ``[B, heads, N, D]``.
+* The token grid ``H x W`` is tiled by ``win_h x win_w`` windows from the top-left corner
+  (``win_h = min(window_size, H)``, ``win_w = min(window_size, W)``); window ``i_w`` is at
+  window-row ``i_w // n_win_w`` and window-column ``i_w % n_win_w``. Inside a window tokens are
+  numbered row-major (``t = r * win_w + c``) and processed in ``n_blocks`` blocks of ``BLOCK``
+  tokens; positions past the grid edge (and past ``win_h * win_w``) are masked.
+* One program per (batch*head, window, token block), on a 1-D grid, block fastest.
+* The head dim ``D`` is padded to ``BD`` (a power of two >= 16) with masks.
+* Only block sizes, the padded head dim, dtype and flags are compile-time constants: the head
+  dim, the grid geometry and the block count are runtime values, and the geometry is not
+  specialised (``do_not_specialize``), so one compiled kernel serves every grid and window size
+  of a tile class (and the ahead-of-time test can cover all of them).
+* Logits are kept in the log2 domain (``qk_scale = scale * log2(e)``, ``exp2``); the optional
+  log-sum-exp buffer ``lse`` is ``[B*heads, N]`` fp32 in that domain.
+* Accumulation is fp32; ``tl.dot`` inputs are the storage dtype (fp32 with ``INPUT_PRECISION``).
+"""
+import triton
+import triton.language as tl
+
+_GEOMETRY = ['n_heads', 'H', 'W', 'win_h', 'win_w', 'n_win_w', 'n_win', 'n_blocks']
+
+
+@triton.jit
+def _window_tokens(i_w, i_blk, H, W, win_h, win_w, n_win_w, BLOCK: tl.constexpr):
+    """Token indices ``o_n`` ([BLOCK], into the N = H*W grid) and validity mask ``m_n`` of the
+    ``i_blk``-th block of window ``i_w``."""
+    o_t = i_blk * BLOCK + tl.arange(0, BLOCK)  # [BLOCK] token index inside the window
+    o_r = (i_w // n_win_w) * win_h + o_t // win_w  # [BLOCK] grid row
+    o_c = (i_w % n_win_w) * win_w + o_t % win_w  # [BLOCK] grid column
+    m_n = (o_t < win_h * win_w) & (o_r < H) & (o_c < W)  # [BLOCK]
+    o_n = o_r * W + o_c  # [BLOCK]
+    return o_n, m_n
+
+
+@triton.jit
+def _head_dim_mask(D, BD: tl.constexpr, EVEN_D: tl.constexpr):
+    """``o_d`` ([BD] head-dim offsets) and their mask; with ``EVEN_D`` (D == BD) the mask is a
+    compile-time all-true one, so loads and stores stay unmasked and vectorised along D."""
+    o_d = tl.arange(0, BD)  # [BD]
+    if EVEN_D:
+        m_d = tl.full([BD], 1, tl.int1)
+    else:
+        m_d = o_d < D
+    return o_d, m_d
+
+
+@triton.jit(do_not_specialize=_GEOMETRY[:-1])
+def sema_fwd_window_kernel(
+    q, k, v, o, mean,
+    stride_qb, stride_qh, stride_qn,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_ob, stride_oh, stride_on,
+    n_heads, H, W, win_h, win_w, n_win_w, n_win, scale, D,
+    BD: tl.constexpr, EVEN_D: tl.constexpr, BLOCK: tl.constexpr, WITH_MEAN: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    """Forward when a whole window fits in one block: one program per (batch*head, window).
+
+    o = softmax(q k^T * scale) v (+ mean[b, h]) over the window's tokens.
+    mean: ``[B*heads, D]`` fp32 value mean (read only if WITH_MEAN).
+    """
+    i_w = tl.program_id(0) % n_win
+    i_bh = tl.program_id(0) // n_win
+    i_b = (i_bh // n_heads).to(tl.int64)
+    i_h = (i_bh % n_heads).to(tl.int64)
+    q += i_b * stride_qb + i_h * stride_qh
+    k += i_b * stride_kb + i_h * stride_kh
+    v += i_b * stride_vb + i_h * stride_vh
+    o += i_b * stride_ob + i_h * stride_oh
+
+    o_d, m_d = _head_dim_mask(D, BD, EVEN_D)  # [BD]
+    o_n, m_n = _window_tokens(i_w, 0, H, W, win_h, win_w, n_win_w, BLOCK)  # [BLOCK]
+    m_nd = m_n[:, None] & m_d[None, :]  # [BLOCK, BD]
+    b_q = tl.load(q + o_n[:, None] * stride_qn + o_d[None, :], mask=m_nd, other=0.)  # [BLOCK, BD]
+    b_k = tl.load(k + o_n[:, None] * stride_kn + o_d[None, :], mask=m_nd, other=0.)  # [BLOCK, BD]
+    b_v = tl.load(v + o_n[:, None] * stride_vn + o_d[None, :], mask=m_nd, other=0.)  # [BLOCK, BD]
+
+    b_s = tl.dot(b_q, tl.trans(b_k), input_precision=INPUT_PRECISION) * (scale * 1.4426950408889634)
+    b_s = tl.where(m_n[None, :], b_s, float('-inf'))  # [BLOCK, BLOCK] padded keys excluded
+    b_p = tl.exp2(b_s - tl.max(b_s, 1)[:, None])  # [BLOCK, BLOCK]
+    b_o = tl.dot(b_p.to(b_v.dtype), b_v, input_precision=INPUT_PRECISION)  # [BLOCK, BD]
+    b_o = b_o / tl.sum(b_p, 1)[:, None]
+    if WITH_MEAN:
+        b_o += tl.load(mean + i_bh * D + o_d, mask=m_d, other=0.)[None, :]
+    tl.store(o + o_n[:, None] * stride_on + o_d[None, :], b_o.to(o.dtype.element_ty), mask=m_nd)
+
+
+@triton.jit(do_not_specialize=_GEOMETRY)
+def sema_fwd_kernel(
+    q, k, v, o, mean, lse,
+    stride_qb, stride_qh, stride_qn,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_ob, stride_oh, stride_on,
+    n_heads, H, W, win_h, win_w, n_win_w, n_win, n_blocks, scale, D,
+    BD: tl.constexpr, EVEN_D: tl.constexpr, BLOCK: tl.constexpr, WITH_MEAN: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    """Forward for windows of several blocks: one program per (batch*head, window, query
+    block), online softmax over the window's key blocks.
+
+    mean: ``[B*heads, D]`` fp32 value mean (read only if WITH_MEAN).
+    lse: ``[B*heads, N]`` fp32 log2-sum-exp of each query row, for the backward.
+    """
+    i_prog = tl.program_id(0)
+    i_blk = i_prog % n_blocks
+    i_w = (i_prog // n_blocks) % n_win
+    i_bh = i_prog // (n_blocks * n_win)
+    i_b = (i_bh // n_heads).to(tl.int64)
+    i_h = (i_bh % n_heads).to(tl.int64)
+    q += i_b * stride_qb + i_h * stride_qh
+    k += i_b * stride_kb + i_h * stride_kh
+    v += i_b * stride_vb + i_h * stride_vh
+    o += i_b * stride_ob + i_h * stride_oh
+
+    o_d, m_d = _head_dim_mask(D, BD, EVEN_D)  # [BD]
+    o_nq, m_nq = _window_tokens(i_w, i_blk, H, W, win_h, win_w, n_win_w, BLOCK)  # [BLOCK]
+    m_q = m_nq[:, None] & m_d[None, :]  # [BLOCK, BD]
+    b_q = tl.load(q + o_nq[:, None] * stride_qn + o_d[None, :], mask=m_q, other=0.)  # [BLOCK, BD]
+
+    qk_scale = scale * 1.4426950408889634
+    b_m = tl.full([BLOCK], float('-inf'), dtype=tl.float32)  # [BLOCK] running row max (log2)
+    b_l = tl.zeros([BLOCK], dtype=tl.float32)  # [BLOCK] running row sum
+    b_acc = tl.zeros([BLOCK, BD], dtype=tl.float32)  # [BLOCK, BD]
+    # Block 0 always holds the window's top-left token, which is always real, so b_m is finite
+    # after the first iteration and fully padded later blocks contribute exp2(-inf) = 0.
+    for i_kb in range(n_blocks):
+        o_nk, m_nk = _window_tokens(i_w, i_kb, H, W, win_h, win_w, n_win_w, BLOCK)  # [BLOCK]
+        m_kv = m_nk[:, None] & m_d[None, :]  # [BLOCK, BD]
+        b_k = tl.load(k + o_nk[:, None] * stride_kn + o_d[None, :], mask=m_kv, other=0.)
+        b_v = tl.load(v + o_nk[:, None] * stride_vn + o_d[None, :], mask=m_kv, other=0.)
+        b_s = tl.dot(b_q, tl.trans(b_k), input_precision=INPUT_PRECISION) * qk_scale
+        b_s = tl.where(m_nk[None, :], b_s, float('-inf'))  # [BLOCK, BLOCK]
+        b_m_new = tl.maximum(b_m, tl.max(b_s, 1))  # [BLOCK]
+        b_alpha = tl.exp2(b_m - b_m_new)  # [BLOCK]
+        b_p = tl.exp2(b_s - b_m_new[:, None])  # [BLOCK, BLOCK]
+        b_l = b_l * b_alpha + tl.sum(b_p, 1)
+        b_acc = b_acc * b_alpha[:, None] + tl.dot(b_p.to(b_v.dtype), b_v,
+                                                  input_precision=INPUT_PRECISION)
+        b_m = b_m_new
+
+    b_o = b_acc / b_l[:, None]  # [BLOCK, BD]
+    if WITH_MEAN:
+        b_o += tl.load(mean + i_bh * D + o_d, mask=m_d, other=0.)[None, :]
+    tl.store(o + o_nq[:, None] * stride_on + o_d[None, :], b_o.to(o.dtype.element_ty), mask=m_q)
+    tl.store(lse + i_bh.to(tl.int64) * (H * W) + o_nq, b_m + tl.log2(b_l), mask=m_nq)
+
+
+@triton.jit(do_not_specialize=_GEOMETRY[:-1])
+def sema_bwd_window_kernel(
+    q, k, v, do, dq, dk, dv, mean_do,
+    stride_qb, stride_qh, stride_qn,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_dob, stride_doh, stride_don,
+    stride_gb, stride_gh, stride_gn,
+    n_heads, H, W, win_h, win_w, n_win_w, n_win, scale, D,
+    BD: tl.constexpr, EVEN_D: tl.constexpr, BLOCK: tl.constexpr, WITH_MEAN: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    """Backward when a whole window fits in one block: one program per (batch*head, window).
+
+    Recomputes the window's softmax from scratch (no saved statistics) and takes the softmax
+    backward's row term from ``delta_i = sum_j P_ij dP_ij`` (= dO_i . O_i without the mean), so
+    it needs neither o nor lse. dq, dk, dv share the contiguous strides ``stride_g*``;
+    mean_do: ``[B*heads, D]`` fp32 ``sum_n dO / N`` added to every dv (read only if WITH_MEAN).
+    """
+    i_w = tl.program_id(0) % n_win
+    i_bh = tl.program_id(0) // n_win
+    i_b = (i_bh // n_heads).to(tl.int64)
+    i_h = (i_bh % n_heads).to(tl.int64)
+    q += i_b * stride_qb + i_h * stride_qh
+    k += i_b * stride_kb + i_h * stride_kh
+    v += i_b * stride_vb + i_h * stride_vh
+    do += i_b * stride_dob + i_h * stride_doh
+    dq += i_b * stride_gb + i_h * stride_gh
+    dk += i_b * stride_gb + i_h * stride_gh
+    dv += i_b * stride_gb + i_h * stride_gh
+
+    o_d, m_d = _head_dim_mask(D, BD, EVEN_D)  # [BD]
+    o_n, m_n = _window_tokens(i_w, 0, H, W, win_h, win_w, n_win_w, BLOCK)  # [BLOCK]
+    m_nd = m_n[:, None] & m_d[None, :]  # [BLOCK, BD]
+    b_q = tl.load(q + o_n[:, None] * stride_qn + o_d[None, :], mask=m_nd, other=0.)  # [BLOCK, BD]
+    b_k = tl.load(k + o_n[:, None] * stride_kn + o_d[None, :], mask=m_nd, other=0.)  # [BLOCK, BD]
+    b_v = tl.load(v + o_n[:, None] * stride_vn + o_d[None, :], mask=m_nd, other=0.)  # [BLOCK, BD]
+    b_do = tl.load(do + o_n[:, None] * stride_don + o_d[None, :], mask=m_nd, other=0.)
+
+    # P: queries on rows, keys on columns. Padded query rows have q = dO = 0, so their dS = 0.
+    b_s = tl.dot(b_q, tl.trans(b_k), input_precision=INPUT_PRECISION) * (scale * 1.4426950408889634)
+    b_s = tl.where(m_n[None, :], b_s, float('-inf'))  # [BLOCK, BLOCK]
+    b_p = tl.exp2(b_s - tl.max(b_s, 1)[:, None])  # [BLOCK, BLOCK]
+    b_p = b_p / tl.sum(b_p, 1)[:, None]
+
+    b_dv = tl.dot(tl.trans(b_p.to(b_do.dtype)), b_do,
+                  input_precision=INPUT_PRECISION)  # [BLOCK, BD]
+    if WITH_MEAN:
+        b_dv += tl.load(mean_do + i_bh * D + o_d, mask=m_d, other=0.)[None, :]
+    tl.store(dv + o_n[:, None] * stride_gn + o_d[None, :], b_dv.to(dv.dtype.element_ty), mask=m_nd)
+
+    b_dp = tl.dot(b_do, tl.trans(b_v), input_precision=INPUT_PRECISION)  # [BLOCK, BLOCK]
+    b_delta = tl.sum(b_p * b_dp, 1)  # [BLOCK]
+    b_ds = (b_p * (b_dp - b_delta[:, None])).to(b_q.dtype)  # [BLOCK, BLOCK]
+    b_dk = tl.dot(tl.trans(b_ds), b_q, input_precision=INPUT_PRECISION) * scale  # [BLOCK, BD]
+    tl.store(dk + o_n[:, None] * stride_gn + o_d[None, :], b_dk.to(dk.dtype.element_ty), mask=m_nd)
+    b_dq = tl.dot(b_ds, b_k, input_precision=INPUT_PRECISION) * scale  # [BLOCK, BD]
+    tl.store(dq + o_n[:, None] * stride_gn + o_d[None, :], b_dq.to(dq.dtype.element_ty), mask=m_nd)
+
+
+@triton.jit(do_not_specialize=['n_heads', 'N'])
+def sema_bwd_preprocess_kernel(
+    o, do, mean, delta,
+    stride_ob, stride_oh, stride_on,
+    stride_dob, stride_doh, stride_don,
+    n_heads, N, D,
+    BD: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr, WITH_MEAN: tl.constexpr,
+):
+    """delta[bh, n] = sum_d dO[n, d] * (O[n, d] - mean[d]): the softmax backward's row term.
+
+    One program per (batch*head, block of BLOCK_N tokens); delta: ``[B*heads, N]`` fp32.
+    """
+    i_nb = tl.program_id(0)
+    i_bh = tl.program_id(1)
+    i_b = (i_bh // n_heads).to(tl.int64)
+    i_h = (i_bh % n_heads).to(tl.int64)
+    o += i_b * stride_ob + i_h * stride_oh
+    do += i_b * stride_dob + i_h * stride_doh
+
+    o_n = i_nb * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
+    o_d, m_d = _head_dim_mask(D, BD, EVEN_D)  # [BD]
+    m_n = o_n < N  # [BLOCK_N]
+    m_nd = m_n[:, None] & m_d[None, :]  # [BLOCK_N, BD]
+    b_o = tl.load(o + o_n[:, None] * stride_on + o_d[None, :], mask=m_nd, other=0.).to(tl.float32)
+    b_do = tl.load(do + o_n[:, None] * stride_don + o_d[None, :], mask=m_nd,
+                   other=0.).to(tl.float32)
+    if WITH_MEAN:
+        b_o -= tl.load(mean + i_bh * D + o_d, mask=m_d, other=0.)[None, :]
+    tl.store(delta + i_bh.to(tl.int64) * N + o_n, tl.sum(b_o * b_do, 1), mask=m_n)
+
+
+@triton.jit(do_not_specialize=_GEOMETRY)
+def sema_bwd_kernel(
+    q, k, v, do, dq, dk, dv, lse, delta, mean_do,
+    stride_qb, stride_qh, stride_qn,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_dob, stride_doh, stride_don,
+    stride_gb, stride_gh, stride_gn,
+    n_heads, H, W, win_h, win_w, n_win_w, n_win, n_blocks, scale, D,
+    BD: tl.constexpr, EVEN_D: tl.constexpr, BLOCK: tl.constexpr, WITH_MEAN: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    """Backward for windows of several blocks: one program per (batch*head, window, block j).
+
+    Part 1 accumulates dk_j, dv_j over the window's query blocks; part 2 accumulates dq_j over its
+    key blocks. Uses the forward's lse and the preprocessed delta (both ``[B*heads, N]`` fp32).
+    """
+    i_prog = tl.program_id(0)
+    i_blk = i_prog % n_blocks
+    i_w = (i_prog // n_blocks) % n_win
+    i_bh = i_prog // (n_blocks * n_win)
+    i_b = (i_bh // n_heads).to(tl.int64)
+    i_h = (i_bh % n_heads).to(tl.int64)
+    q += i_b * stride_qb + i_h * stride_qh
+    k += i_b * stride_kb + i_h * stride_kh
+    v += i_b * stride_vb + i_h * stride_vh
+    do += i_b * stride_dob + i_h * stride_doh
+    dq += i_b * stride_gb + i_h * stride_gh
+    dk += i_b * stride_gb + i_h * stride_gh
+    dv += i_b * stride_gb + i_h * stride_gh
+    lse += i_bh.to(tl.int64) * (H * W)
+    delta += i_bh.to(tl.int64) * (H * W)
+    qk_scale = scale * 1.4426950408889634
+
+    o_d, m_d = _head_dim_mask(D, BD, EVEN_D)  # [BD]
+    o_nj, m_nj = _window_tokens(i_w, i_blk, H, W, win_h, win_w, n_win_w, BLOCK)  # [BLOCK]
+    m_j = m_nj[:, None] & m_d[None, :]  # [BLOCK, BD]
+
+    # ---- part 1: dk, dv of key block j (keys on the rows of S^T: [keys, queries]) ----
+    b_k = tl.load(k + o_nj[:, None] * stride_kn + o_d[None, :], mask=m_j, other=0.)  # [BLOCK, BD]
+    b_v = tl.load(v + o_nj[:, None] * stride_vn + o_d[None, :], mask=m_j, other=0.)  # [BLOCK, BD]
+    b_dk = tl.zeros([BLOCK, BD], dtype=tl.float32)
+    b_dv = tl.zeros([BLOCK, BD], dtype=tl.float32)
+    for i_qb in range(n_blocks):
+        o_ni, m_ni = _window_tokens(i_w, i_qb, H, W, win_h, win_w, n_win_w, BLOCK)  # [BLOCK]
+        m_i = m_ni[:, None] & m_d[None, :]  # [BLOCK, BD]
+        b_q = tl.load(q + o_ni[:, None] * stride_qn + o_d[None, :], mask=m_i, other=0.)
+        b_do = tl.load(do + o_ni[:, None] * stride_don + o_d[None, :], mask=m_i, other=0.)
+        # padded queries have q = dO = 0 (and lse = delta = 0): they add nothing to dk, dv
+        b_lse = tl.load(lse + o_ni, mask=m_ni, other=0.)  # [BLOCK]
+        b_delta = tl.load(delta + o_ni, mask=m_ni, other=0.)  # [BLOCK]
+        b_st = tl.dot(b_k, tl.trans(b_q), input_precision=INPUT_PRECISION) * qk_scale
+        # padded keys: P = 0 (their logit 0 - lse could overflow exp2 when every real logit of a
+        # row is very negative)
+        b_pt = tl.where(m_nj[:, None], tl.exp2(b_st - b_lse[None, :]), 0.)
+        b_dv += tl.dot(b_pt.to(b_do.dtype), b_do, input_precision=INPUT_PRECISION)
+        b_dpt = tl.dot(b_v, tl.trans(b_do), input_precision=INPUT_PRECISION)  # [BLOCK(k), BLOCK(q)]
+        b_dst = b_pt * (b_dpt - b_delta[None, :])  # [BLOCK(k), BLOCK(q)]
+        b_dk += tl.dot(b_dst.to(b_q.dtype), b_q, input_precision=INPUT_PRECISION)
+    if WITH_MEAN:
+        b_dv += tl.load(mean_do + i_bh * D + o_d, mask=m_d, other=0.)[None, :]
+    tl.store(dv + o_nj[:, None] * stride_gn + o_d[None, :], b_dv.to(dv.dtype.element_ty), mask=m_j)
+    tl.store(dk + o_nj[:, None] * stride_gn + o_d[None, :], (b_dk * scale).to(dk.dtype.element_ty),
+             mask=m_j)
+
+    # ---- part 2: dq of query block j ----
+    b_q = tl.load(q + o_nj[:, None] * stride_qn + o_d[None, :], mask=m_j, other=0.)  # [BLOCK, BD]
+    b_do = tl.load(do + o_nj[:, None] * stride_don + o_d[None, :], mask=m_j, other=0.)
+    b_lse = tl.load(lse + o_nj, mask=m_nj, other=0.)  # [BLOCK]
+    b_delta = tl.load(delta + o_nj, mask=m_nj, other=0.)  # [BLOCK]
+    b_dq = tl.zeros([BLOCK, BD], dtype=tl.float32)
+    for i_kb in range(n_blocks):
+        o_ni, m_ni = _window_tokens(i_w, i_kb, H, W, win_h, win_w, n_win_w, BLOCK)  # [BLOCK]
+        m_i = m_ni[:, None] & m_d[None, :]  # [BLOCK, BD]
+        b_k = tl.load(k + o_ni[:, None] * stride_kn + o_d[None, :], mask=m_i, other=0.)
+        b_v = tl.load(v + o_ni[:, None] * stride_vn + o_d[None, :], mask=m_i, other=0.)
+        b_s = tl.dot(b_q, tl.trans(b_k), input_precision=INPUT_PRECISION) * qk_scale
+        b_p = tl.where(m_ni[None, :], tl.exp2(b_s - b_lse[:, None]), 0.)  # padded keys: P = 0
+        b_dp = tl.dot(b_do, tl.trans(b_v), input_precision=INPUT_PRECISION)  # [BLOCK(q), BLOCK(k)]
+        b_ds = b_p * (b_dp - b_delta[:, None])  # [BLOCK(q), BLOCK(k)]
+        b_dq += tl.dot(b_ds.to(b_k.dtype), b_k, input_precision=INPUT_PRECISION)
+    tl.store(dq + o_nj[:, None] * stride_gn + o_d[None, :], (b_dq * scale).to(dq.dtype.element_ty),
+             mask=m_j)

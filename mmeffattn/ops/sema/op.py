@@ -1,0 +1,118 @@
+"""Public SEMA attention op: validates its inputs and dispatches to Triton or the reference."""
+import operator
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+
+from .._backend import (HAS_TRITON, can_run_device, can_run_dtype, can_run_triton,
+                        select_backend)
+from .naive import sema_attention_naive
+
+SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # of the Triton kernels
+int32_offsets_fit = sema_attention_triton = None
+_KERNELS_IMPORT_ERROR = ''
+if HAS_TRITON:
+    try:
+        from .function import int32_offsets_fit, sema_attention_triton
+    except Exception as e:  # pragma: no cover - e.g. a Triton release without an API we use
+        _KERNELS_IMPORT_ERROR = f'{type(e).__name__}: {e}'
+
+#: head dims the op accepts (the kernels pad D to a power of two >= 16 with masks)
+MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 128
+
+
+def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: Sequence[int],
+                  window_size: int) -> Tuple[int, int]:
+    """Raise ValueError naming the problem and the fix; return ``(H, W)``."""
+    for name, x in (('q', q), ('k', k), ('v', v)):
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f'sema_attention: {name} must be a torch.Tensor, got '
+                             f'{type(x).__name__}')
+        if x.dim() != 4:
+            raise ValueError(f'sema_attention: {name} must be [B, heads, N, D] (4 dims), got shape '
+                             f'{tuple(x.shape)}; reshape tokens [B, N, heads*D] with '
+                             f'.reshape(B, N, heads, D).transpose(1, 2)')
+    if not (q.shape == k.shape == v.shape):
+        raise ValueError(f'sema_attention: q, k, v must have the same shape [B, heads, N, D], got '
+                         f'q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}')
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f'sema_attention: q, k, v must have the same dtype, got q {q.dtype}, '
+                         f'k {k.dtype}, v {v.dtype}; cast them to one dtype')
+    if not q.is_floating_point():
+        raise ValueError(f'sema_attention: q, k, v must be floating point, got {q.dtype}')
+    if not (q.device == k.device == v.device):
+        raise ValueError(f'sema_attention: q, k, v must be on one device, got q {q.device}, '
+                         f'k {k.device}, v {v.device}')
+    try:
+        H, W = (operator.index(s) for s in hw)
+    except (TypeError, ValueError):
+        H = W = 0
+    if H < 1 or W < 1 or any(isinstance(s, bool) for s in hw):
+        raise ValueError(f'sema_attention: hw must be a pair of positive ints (H, W), got {hw!r}')
+    N = q.shape[2]
+    if N != H * W:
+        raise ValueError(f'sema_attention: q has N={N} tokens but hw=({H}, {W}) holds H*W={H * W}; '
+                         f'pass the token grid the tokens came from')
+    if isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 1:
+        raise ValueError(f'sema_attention: window_size must be an int >= 1, got {window_size!r}')
+    D = q.shape[3]
+    if not MIN_HEAD_DIM <= D <= MAX_HEAD_DIM:
+        raise ValueError(f'sema_attention: head dim D={D} is outside the supported '
+                         f'{MIN_HEAD_DIM}..{MAX_HEAD_DIM}; choose num_heads so that '
+                         f'channels / num_heads lies in that range')
+    return H, W
+
+
+def sema_triton_reasons(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                        interpret: Optional[bool] = None) -> List[str]:
+    """Reasons the Triton kernels cannot run these (validated) inputs; empty if they can.
+
+    Args:
+        interpret: whether Triton's interpreter is on (default: the mode recorded at import,
+            ``mmeffattn.ops._backend.TRITON_INTERPRET``).
+    """
+    reasons = can_run_triton()
+    if _KERNELS_IMPORT_ERROR:  # pragma: no cover
+        reasons.append(f'the SEMA Triton kernels failed to import ({_KERNELS_IMPORT_ERROR})')
+    tensors = (q, k, v)
+    reasons += can_run_device(tensors, interpret=interpret)
+    reasons += can_run_dtype(tensors, SUPPORTED_DTYPES, interpret=interpret)
+    if int32_offsets_fit is not None and not int32_offsets_fit(*tensors):
+        reasons.append('N * token stride of an input reaches 2**31 (the kernels\' token offsets '
+                       'are int32)')
+    return reasons
+
+
+def sema_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: Tuple[int, int],
+                   window_size: int, *, scale: Optional[float] = None, with_mean: bool = True,
+                   backend: Optional[str] = None) -> torch.Tensor:
+    """SEMA attention: softmax attention inside non-overlapping windows + the mean of all values.
+
+    Windows of ``window_size x window_size`` tokens are tiled from the top-left corner of the
+    ``H x W`` grid; the last row/column of windows may be partial (padded positions get zero
+    attention weight). With ``with_mean`` the mean of the N value vectors is added to every token.
+
+    Args:
+        q, k, v: ``[B, heads, N, D]``, ``N = H * W`` tokens in row-major order, ``16 <= D <= 128``,
+            one dtype and device; any strides (e.g. views of a fused qkv projection).
+        hw: the token grid ``(H, W)``.
+        window_size: window side, ``>= 1``.
+        scale: logit scale, ``D ** -0.5`` by default.
+        with_mean: add the mean of all value vectors to every output token.
+        backend: ``None`` (automatic), ``'triton'`` or ``'reference'``; see
+            :mod:`mmeffattn.ops._backend` (``$MMEFFATTN_OPS_BACKEND`` applies when None).
+
+    Returns:
+        ``[B, heads, N, D]`` in the inputs' dtype (contiguous from the Triton backend).
+
+    Raises:
+        ValueError: malformed inputs (the message says what to change).
+        RuntimeError: ``backend='triton'`` on inputs the kernels cannot run (lists the reasons).
+    """
+    hw = _check_inputs(q, k, v, hw, window_size)
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    chosen = select_backend('sema_attention', backend, lambda: sema_triton_reasons(q, k, v),
+                            (q, k, v))
+    if chosen == 'triton':
+        return sema_attention_triton(q, k, v, hw, window_size, scale=scale, with_mean=with_mean)
+    return sema_attention_naive(q, k, v, hw, window_size, scale=scale, with_mean=with_mean)

@@ -1,0 +1,114 @@
+"""Compile the SEMA kernels ahead of time for NVIDIA targets, without a GPU (run as a script).
+
+Usage: ``python tests/ops/aot_worker.py CASES_JSON [ARCH ...]`` with Triton's interpreter OFF.
+CASES_JSON is a list of ``{"D", "window", "H", "W", "dtype", "with_mean"}``. For each case the
+real launchers run forward and backward on small CPU tensors inside
+``function.record_launches()``, which records every launch (kernel, grid, arguments,
+constexprs, num_warps, num_stages) instead of running it; each distinct launch is then compiled
+for each architecture with the same specialisation Triton's JIT would apply to those arguments.
+Prints one JSON line per (launch, arch): registers and stack from ``cuobjdump -res-usage``,
+shared memory from the compiled metadata.
+"""
+import json
+import multiprocessing
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+
+assert not os.environ.get('TRITON_INTERPRET'), 'run with Triton\'s interpreter off'
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+from triton.compiler.compiler import make_backend  # noqa: E402
+from triton.runtime.jit import create_function_from_signature  # noqa: E402
+
+from mmeffattn.ops.sema import function  # noqa: E402
+
+DTYPES = {'fp32': torch.float32, 'fp16': torch.float16, 'bf16': torch.bfloat16}
+
+
+def record_case(case: dict) -> list:
+    """The launches of one forward + backward, as the launchers issue them."""
+    dtype = DTYPES[case['dtype']]
+    H, W, D = case['H'], case['W'], case['D']
+    # a fused-qk-like view for q, k (token stride 2*heads*D) and a contiguous v, as the backbone
+    qk = torch.empty(1, H * W, 2, 2, D, dtype=dtype)
+    q, k = qk.permute(2, 0, 3, 1, 4).unbind(0)
+    v = torch.empty(1, 2, H * W, D, dtype=dtype)
+    geom = function.window_geometry((H, W), case['window'])
+    scale = D ** -0.5
+    with function.record_launches() as launches:
+        o, lse, mean = function.sema_fwd(q, k, v, geom, scale, case['with_mean'])
+        function.sema_bwd(torch.empty_like(o), q, k, v, o, lse, mean, geom, scale,
+                          case['with_mean'])
+    return launches
+
+
+def specialise(launch, arch: int):
+    """(signature, constexprs, attrs, options) exactly as Triton's JIT derives them from the
+    launch's arguments (uses Triton internals: a Triton upgrade that changes them fails loudly)."""
+    target = GPUTarget('cuda', arch, 32)
+    backend = make_backend(target)
+    kernel = launch.config.kernel
+    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+    kwargs = dict(launch.config.constexprs, **launch.config.launch_options)
+    bound_args, specialization, options = binder(*launch.args, **kwargs)
+    options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound_args,
+                                                              specialization, options)
+    return target, signature, constexprs, attrs, options
+
+
+_JOBS: list = []  # (launch, arch, meta), set before the worker processes fork
+
+
+def compile_one(index: int) -> dict:
+    launch, arch, meta = _JOBS[index]
+    target, signature, constexprs, attrs, options = specialise(launch, arch)
+    t0 = time.time()
+    compiled = triton.compile(ASTSource(launch.config.kernel, signature, constexprs, attrs),
+                              target=target, options=options.__dict__)
+    seconds = time.time() - t0
+    with tempfile.NamedTemporaryFile(suffix='.cubin') as f:
+        f.write(compiled.asm['cubin'])
+        f.flush()
+        usage = subprocess.run([triton.knobs.nvidia.cuobjdump.path, '-res-usage', f.name],
+                               capture_output=True, text=True, check=True).stdout
+    m = re.search(r'REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)', usage)
+    if m is None:
+        raise RuntimeError(f'cannot parse cuobjdump output:\n{usage}')
+    return dict(meta, arch=arch, regs=int(m.group(1)), stack=int(m.group(2)),
+                local=int(m.group(4)), shared=compiled.metadata.shared,
+                seconds=round(seconds, 2))
+
+
+def main() -> None:
+    cases = json.loads(sys.argv[1])
+    archs = [int(a) for a in sys.argv[2:]] or [80, 90]
+    jobs, seen = _JOBS, set()
+    for case in cases:
+        for launch in record_case(case):
+            cfg = launch.config
+            key_args = specialise(launch, archs[0])[1:4]
+            key = (cfg.kernel.__name__, repr(key_args), repr(cfg.launch_options))
+            if key in seen:
+                continue
+            seen.add(key)
+            meta = dict(case=case, role=launch.role, kernel=cfg.kernel.__name__,
+                        constexprs=dict(cfg.constexprs), num_warps=cfg.num_warps,
+                        num_stages=cfg.num_stages)
+            jobs += [(launch, arch, meta) for arch in archs]
+    workers = max(1, min(len(jobs), os.cpu_count() or 1))
+    # fork: the workers inherit the recorded launches (kernels and CPU tensors) through _JOBS
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context('fork')) as pool:
+        for result in pool.map(compile_one, range(len(jobs))):
+            print(json.dumps(result), flush=True)
+
+
+if __name__ == '__main__':
+    main()

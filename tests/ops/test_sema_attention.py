@@ -1,0 +1,469 @@
+"""SEMA attention: Triton kernels (interpreted on CPU, compiled on CUDA) vs the PyTorch reference,
+reference semantics, gradients, dispatch and input validation."""
+import os
+import subprocess
+import sys
+from typing import NamedTuple, Optional
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import mmeffattn.ops as ops
+from mmeffattn.ops import _backend, sema_attention, sema_attention_naive
+from mmeffattn.ops.sema import op as sema_op
+from tolerances import assert_close, rms
+
+HAS_CUDA = torch.cuda.is_available()
+DEVICE = 'cuda' if HAS_CUDA else 'cpu'
+TRITON_RUNNABLE = _backend.HAS_TRITON and (HAS_CUDA or _backend.TRITON_INTERPRET)
+needs_triton = pytest.mark.skipif(not TRITON_RUNNABLE,
+                                  reason='needs Triton with a CUDA GPU or its CPU interpreter')
+DTYPES = {'fp32': torch.float32, 'fp16': torch.float16, 'bf16': torch.bfloat16}
+
+
+class Case(NamedTuple):
+    B: int
+    heads: int
+    H: int
+    W: int
+    window: int
+    D: int
+    dtype: str
+    with_mean: bool = True
+    scale: Optional[float] = None
+
+    @property
+    def id(self) -> str:
+        s = f'B{self.B}-H{self.heads}-{self.H}x{self.W}-w{self.window}-D{self.D}-{self.dtype}'
+        if not self.with_mean:
+            s += '-nomean'
+        if self.scale is not None:
+            s += f'-scale{self.scale:g}'
+        return s
+
+
+def make_qkv(case: Case, device: str = DEVICE, seed: int = 0):
+    """q, k, v ``[B, heads, N, D]`` in the case's dtype; v has a non-zero mean so the mean term
+    is visible."""
+    g = torch.Generator().manual_seed(seed)
+    shape = (case.B, case.heads, case.H * case.W, case.D)
+    q, k, v = (torch.randn(shape, generator=g) for _ in range(3))
+    v = v + torch.randn((case.B, case.heads, 1, case.D), generator=g)
+    dtype = DTYPES[case.dtype]
+    return tuple(x.to(device=device, dtype=dtype) for x in (q, k, v))
+
+
+# Launch sizes: about 100 interpreted programs at most per kernel launch. Together the cases
+# cover partial windows in one or both directions, grids smaller than the window, exact
+# multiples, windows of one token, one block per window (window <= 8) and several (window 12:
+# 144 tokens), odd head dims and 16/128, with/without the mean, a custom scale.
+TRITON_CASES = [
+    Case(2, 3, 13, 17, 7, 40, 'fp32'),
+    Case(2, 3, 13, 17, 7, 40, 'fp16'),
+    Case(1, 2, 5, 9, 7, 24, 'fp32'),            # H < window
+    Case(1, 2, 10, 4, 7, 24, 'fp16'),           # W < window
+    Case(1, 2, 3, 4, 7, 72, 'fp16'),            # the whole grid is one (partial) window
+    Case(1, 2, 14, 14, 7, 16, 'fp32'),          # exact multiple
+    Case(1, 2, 14, 14, 7, 128, 'fp16'),
+    Case(1, 2, 14, 21, 7, 128, 'fp32', with_mean=False),
+    Case(2, 1, 9, 10, 4, 32, 'fp16', with_mean=False, scale=0.3),
+    Case(1, 2, 16, 17, 8, 32, 'fp16'),          # 64-token windows
+    Case(1, 2, 9, 11, 8, 72, 'fp32', scale=0.2),
+    Case(1, 2, 3, 5, 1, 16, 'fp32'),            # one-token windows
+    Case(1, 2, 13, 17, 12, 40, 'fp32'),         # 144-token windows: several blocks
+    Case(1, 2, 25, 14, 12, 64, 'fp16', with_mean=False),
+    Case(1, 1, 12, 12, 12, 128, 'fp16'),
+]
+
+
+def reference_fp64(q, k, v, case: Case):
+    """The reference evaluated in float64 on the same (rounded) inputs, with input gradients."""
+    q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
+    out = sema_attention_naive(q64, k64, v64, (case.H, case.W), case.window, scale=case.scale,
+                               with_mean=case.with_mean)
+    return out, (q64, k64, v64)
+
+
+def check_against_reference(case: Case, backend: str, device: str = DEVICE) -> None:
+    dtype = DTYPES[case.dtype]
+    q, k, v = (x.requires_grad_() for x in make_qkv(case, device))
+    out = sema_attention(q, k, v, (case.H, case.W), case.window, scale=case.scale,
+                         with_mean=case.with_mean, backend=backend)
+    assert out.dtype == dtype and out.shape == q.shape
+    do = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(device, dtype)
+    out.backward(do)
+
+    ref, inputs64 = reference_fp64(q, k, v, case)
+    ref.backward(do.double())
+    assert_close(out, ref, dtype, 'out')
+    for name, x, x64 in zip('qkv', (q, k, v), inputs64):
+        assert_close(x.grad, x64.grad, dtype, f'd{name}')
+
+
+# ------------------------------------------------------------------------------------------
+# Triton vs reference
+# ------------------------------------------------------------------------------------------
+@needs_triton
+@pytest.mark.parametrize('case', TRITON_CASES, ids=lambda c: c.id)
+def test_triton_matches_reference(case: Case) -> None:
+    check_against_reference(case, backend='triton')
+
+
+@pytest.mark.skipif(not _backend.HAS_TRITON, reason='needs Triton')
+def test_triton_cases_cover_every_kernel() -> None:
+    """The cases above launch every kernel (one-block and several-block windows) in fp32 and
+    fp16, whatever tile table the launcher uses."""
+    from mmeffattn.ops.sema import function
+    seen = set()
+    for case in TRITON_CASES:
+        q, k, v = make_qkv(case, 'cpu')
+        geom = function.window_geometry((case.H, case.W), case.window)
+        with function.record_launches() as launches:
+            o, lse, mean = function.sema_fwd(q, k, v, geom, 1., case.with_mean)
+            function.sema_bwd(o, q, k, v, o, lse, mean, geom, 1., case.with_mean)
+        seen |= {(case.dtype, launch.config.kernel.__name__) for launch in launches}
+    kernels = {'sema_fwd_window_kernel', 'sema_bwd_window_kernel', 'sema_fwd_kernel',
+               'sema_bwd_preprocess_kernel', 'sema_bwd_kernel'}
+    missing = {(dt, name) for dt in ('fp32', 'fp16') for name in kernels} - seen
+    assert not missing, missing
+
+
+@pytest.mark.skipif(not (HAS_CUDA and _backend.HAS_TRITON),
+                    reason='bf16 tl.dot is wrong in Triton\'s interpreter: bf16 runs on CUDA only')
+@pytest.mark.parametrize('case', [Case(2, 3, 13, 17, 7, 32, 'bf16'),
+                                  Case(1, 2, 25, 14, 12, 64, 'bf16')], ids=lambda c: c.id)
+def test_triton_matches_reference_bf16_cuda(case: Case) -> None:
+    check_against_reference(case, backend='triton', device='cuda')
+
+
+@needs_triton
+def test_triton_strided_inputs() -> None:
+    """Strided views of a fused qk projection and a transposed v, as the backbone passes them."""
+    B, N, nh, D, hw = 1, 7 * 9, 2, 32, (7, 9)
+    g = torch.Generator().manual_seed(0)
+    qk = torch.randn(B, N, 2, nh, D, generator=g).to(DEVICE).requires_grad_()
+    v_tok = torch.randn(B, N, nh * D, generator=g).to(DEVICE).requires_grad_()
+    q, k = qk.permute(2, 0, 3, 1, 4).unbind(0)  # [B, nh, N, D], token stride 2*nh*D
+    v = v_tok.reshape(B, N, nh, D).transpose(1, 2)
+    assert not q.is_contiguous() and not v.is_contiguous()
+    out = sema_attention(q, k, v, hw, 7, backend='triton')
+    do = torch.randn(out.shape, generator=g).to(DEVICE)
+    out.backward(do)
+
+    qk64 = qk.detach().double().requires_grad_()
+    v64 = v_tok.detach().double().requires_grad_()
+    q64, k64 = qk64.permute(2, 0, 3, 1, 4).unbind(0)
+    ref = sema_attention_naive(q64.contiguous(), k64.contiguous(),
+                               v64.reshape(B, N, nh, D).transpose(1, 2).contiguous(), hw, 7)
+    ref.backward(do.double())
+    assert_close(out, ref, torch.float32, 'out')
+    assert_close(qk.grad, qk64.grad, torch.float32, 'dqk')
+    assert_close(v_tok.grad, v64.grad, torch.float32, 'dv')
+
+
+@needs_triton
+def test_triton_no_grad_and_partial_grad() -> None:
+    """Inference mode needs no saved tensors; gradients only for the inputs that require them."""
+    case = Case(1, 2, 9, 8, 7, 32, 'fp32')
+    q, k, v = make_qkv(case)
+    with torch.no_grad():
+        out = sema_attention(q, k, v, (case.H, case.W), case.window, backend='triton')
+    ref, _ = reference_fp64(q, k, v, case)
+    assert_close(out, ref, torch.float32, 'out')
+
+    v.requires_grad_()
+    out = sema_attention(q, k, v, (case.H, case.W), case.window, backend='triton')
+    out.sum().backward()
+    assert q.grad is None and k.grad is None
+    ref, (_, _, v64) = reference_fp64(q, k, v, case)
+    ref.sum().backward()
+    assert_close(v.grad, v64.grad, torch.float32, 'dv')
+
+
+@needs_triton
+@pytest.mark.parametrize('window', [7, 12], ids=['w7', 'w12'])
+def test_triton_very_negative_logits(window: int) -> None:
+    """Every logit of every row far below zero (log-sum-exp < -128 in log2 units, where
+    exp2(0 - lse) overflows fp32) must still give finite, correct results on padded grids.
+    Logits near -100 carry fp32 rounding of ~1e-5 absolute, which the softmax gradient turns
+    into ~1e-4 relative error: the check is looser than the fp32 tolerance."""
+    case = Case(1, 2, 9, 13, window, 32, 'fp32', scale=1.)
+    q, k, v = make_qkv(case)
+    direction = torch.randn(case.D, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    k = direction.div(case.D ** 0.5).mul(12.).expand_as(k) + 0.01 * k
+    q = (-k.mean(dim=2, keepdim=True)).expand_as(q).contiguous() + 0.01 * q
+    assert (q @ k.transpose(-1, -2)).max() < -100  # logits, with scale 1
+    q, k, v = (x.contiguous().requires_grad_() for x in (q, k, v))
+    out = sema_attention(q, k, v, (case.H, case.W), window, scale=1., backend='triton')
+    do = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    out.backward(do)
+    ref, inputs64 = reference_fp64(q, k, v, case)
+    ref.backward(do.double())
+    for name, x, x64 in zip(['out', 'dq', 'dk', 'dv'], (out, q.grad, k.grad, v.grad),
+                            (ref, *(t.grad for t in inputs64))):
+        assert torch.isfinite(x).all(), f'{name}: non-finite values'
+        err = rms(x.double().cpu() - x64.detach().cpu()) / rms(x64.detach())
+        assert err < 1e-3, f'{name}: relative RMS error {err:.2e}'
+
+
+# ------------------------------------------------------------------------------------------
+# the reference alone
+# ------------------------------------------------------------------------------------------
+def softmax_attention(q, k, v, scale):
+    """Plain softmax attention over the last two dims, written out."""
+    return torch.softmax((q @ k.transpose(-1, -2)) * scale, dim=-1) @ v
+
+
+def windows_by_slicing(q, k, v, hw, window, scale, with_mean=True):
+    """SEMA attention by looping over the windows of the grid and slicing them (no padding)."""
+    B, nh, N, D = q.shape
+    H, W = hw
+    grid = [x.reshape(B, nh, H, W, D) for x in (q, k, v)]
+    out = torch.empty(B, nh, H, W, D, dtype=q.dtype)
+    for r0 in range(0, H, window):
+        for c0 in range(0, W, window):
+            qw, kw, vw = (x[:, :, r0:r0 + window, c0:c0 + window].reshape(B, nh, -1, D)
+                          for x in grid)
+            o = softmax_attention(qw, kw, vw, scale)
+            out[:, :, r0:r0 + window, c0:c0 + window] = o.reshape(
+                B, nh, min(window, H - r0), min(window, W - c0), D)
+    out = out.reshape(B, nh, N, D)
+    return out + v.mean(dim=2, keepdim=True) if with_mean else out
+
+
+@pytest.mark.parametrize('case', [
+    Case(2, 2, 13, 17, 7, 24, 'fp32'), Case(1, 3, 5, 9, 7, 16, 'fp32'),
+    Case(1, 2, 14, 14, 7, 32, 'fp32', scale=0.7), Case(1, 1, 6, 11, 4, 16, 'fp32'),
+    Case(1, 1, 3, 3, 1, 16, 'fp32'), Case(1, 1, 25, 13, 12, 40, 'fp32', with_mean=False),
+], ids=lambda c: c.id)
+def test_reference_equals_window_slicing(case: Case) -> None:
+    q, k, v = (x.double() for x in make_qkv(case, 'cpu'))
+    scale = case.D ** -0.5 if case.scale is None else case.scale
+    expected = windows_by_slicing(q, k, v, (case.H, case.W), case.window, scale, case.with_mean)
+    out = sema_attention(q, k, v, (case.H, case.W), case.window, scale=case.scale,
+                         with_mean=case.with_mean, backend='reference')
+    assert_close(out, expected, torch.float64, 'out')
+
+
+def test_reference_one_window_is_plain_attention() -> None:
+    """A grid that is exactly one window, without the mean, is plain softmax attention; that also
+    matches torch's scaled_dot_product_attention."""
+    case = Case(2, 3, 7, 7, 7, 32, 'fp32', with_mean=False)
+    q, k, v = (x.double() for x in make_qkv(case, 'cpu'))
+    out = sema_attention(q, k, v, (7, 7), 7, with_mean=False, backend='reference')
+    assert_close(out, softmax_attention(q, k, v, 32 ** -0.5), torch.float64, 'out')
+    assert_close(out, F.scaled_dot_product_attention(q, k, v), torch.float64, 'out vs sdpa')
+    # a window larger than the grid is the same single window
+    out_big = sema_attention(q, k, v, (7, 7), 100, with_mean=False, backend='reference')
+    assert_close(out_big, out, torch.float64, 'out, window 100')
+
+
+def test_reference_mean_term() -> None:
+    case = Case(2, 2, 13, 17, 7, 24, 'fp32')
+    q, k, v = (x.double() for x in make_qkv(case, 'cpu'))
+    kw = dict(backend='reference')
+    diff = (sema_attention(q, k, v, (13, 17), 7, with_mean=True, **kw)
+            - sema_attention(q, k, v, (13, 17), 7, with_mean=False, **kw))
+    expected = v.mean(dim=2, keepdim=True).expand_as(diff)
+    assert_close(diff, expected, torch.float64, 'mean term')
+    assert expected.abs().max() > 0.1  # the test inputs have a visible mean
+
+
+@pytest.mark.parametrize('dtype', ['fp16', 'bf16', 'fp32'])
+def test_reference_low_precision(dtype: str) -> None:
+    """The reference in low precision (the CPU path of fp16/bf16 models) stays within the dtype's
+    tolerance of its float64 evaluation, forward and backward."""
+    check_against_reference(Case(1, 2, 13, 17, 7, 32, dtype), backend='reference', device='cpu')
+
+
+@pytest.mark.parametrize('with_mean', [True, False], ids=['mean', 'nomean'])
+def test_reference_gradcheck_fp64(with_mean: bool) -> None:
+    case = Case(1, 1, 4, 5, 3, 16, 'fp32', scale=0.6)  # partial windows in both directions
+    q, k, v = (x.double().requires_grad_() for x in make_qkv(case, 'cpu'))
+    assert torch.autograd.gradcheck(
+        lambda q, k, v: sema_attention_naive(q, k, v, (4, 5), 3, scale=0.6, with_mean=with_mean),
+        (q, k, v), eps=1e-6, atol=1e-6, rtol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------
+# dispatch
+# ------------------------------------------------------------------------------------------
+@pytest.fixture
+def spies(monkeypatch):
+    """Record which implementation ``sema_attention`` calls."""
+    calls = []
+    naive, triton_fn = sema_op.sema_attention_naive, sema_op.sema_attention_triton
+
+    def spy_naive(*a, **kw):
+        calls.append('reference')
+        return naive(*a, **kw)
+
+    def spy_triton(*a, **kw):
+        calls.append('triton')
+        return triton_fn(*a, **kw)
+
+    monkeypatch.setattr(sema_op, 'sema_attention_naive', spy_naive)
+    monkeypatch.setattr(sema_op, 'sema_attention_triton', spy_triton)
+    return calls
+
+
+def small_qkv(dtype=torch.float32, device='cpu'):
+    """q, k, v ``[1, 2, 30, 16]`` on a 5x6 grid (window 4 pads both directions)."""
+    return tuple(x.to(dtype) for x in make_qkv(Case(1, 2, 5, 6, 4, 16, 'fp32'), device))
+
+
+def test_env_var_forces_reference(monkeypatch, spies) -> None:
+    monkeypatch.setenv(_backend.ENV_VAR, 'reference')
+    sema_attention(*small_qkv(), (5, 6), 4)
+    assert spies == ['reference']
+    # an explicit argument wins over the environment
+    if TRITON_RUNNABLE:
+        sema_attention(*small_qkv(device=DEVICE), (5, 6), 4, backend='triton')
+        assert spies == ['reference', 'triton']
+
+
+def test_backend_argument_forces_reference(spies) -> None:
+    sema_attention(*small_qkv(device=DEVICE), (5, 6), 4, backend='reference')
+    assert spies == ['reference']
+
+
+@needs_triton
+def test_auto_picks_triton_when_possible(monkeypatch, spies) -> None:
+    monkeypatch.delenv(_backend.ENV_VAR, raising=False)
+    sema_attention(*small_qkv(device=DEVICE), (5, 6), 4)
+    assert spies == ['triton']
+
+
+def test_cpu_without_interpreter(monkeypatch, spies) -> None:
+    """CPU tensors with the interpreter off: automatic -> reference; backend='triton' -> error
+    that lists the reason."""
+    monkeypatch.delenv(_backend.ENV_VAR, raising=False)
+    monkeypatch.setattr(_backend, 'TRITON_INTERPRET', False)
+    q, k, v = small_qkv()
+    reasons = sema_op.sema_triton_reasons(q, k, v)
+    assert any('interpreter is off' in r for r in reasons), reasons
+    sema_attention(q, k, v, (5, 6), 4)
+    assert spies == ['reference']
+    with pytest.raises(RuntimeError, match=r'(?s)Triton backend was requested.*interpreter is off'):
+        sema_attention(q, k, v, (5, 6), 4, backend='triton')
+    assert spies == ['reference']
+
+
+def test_select_backend_rules() -> None:
+    ok, bad = (lambda: []), (lambda: ['reason one', 'reason two'])
+    assert _backend.select_backend('op', None, ok) == 'triton'
+    assert _backend.select_backend('op', None, bad) == 'reference'
+    assert _backend.select_backend('op', 'reference', ok) == 'reference'
+    assert _backend.select_backend('op', 'triton', ok) == 'triton'
+    with pytest.raises(RuntimeError, match=r'(?s)reason one.*reason two'):
+        _backend.select_backend('op', 'triton', bad)
+    with pytest.raises(ValueError, match='not a backend'):
+        _backend.select_backend('op', 'cuda', ok)
+
+
+def test_env_var_values(monkeypatch) -> None:
+    ok = lambda: []  # noqa: E731
+    monkeypatch.setenv(_backend.ENV_VAR, 'auto')
+    assert _backend.select_backend('op', None, ok) == 'triton'
+    monkeypatch.setenv(_backend.ENV_VAR, 'triton')
+    with pytest.raises(RuntimeError, match='r1'):
+        _backend.select_backend('op', None, lambda: ['r1'])
+    monkeypatch.setenv(_backend.ENV_VAR, 'bogus')
+    with pytest.raises(ValueError, match=r'MMEFFATTN_OPS_BACKEND=\'bogus\''):
+        _backend.select_backend('op', None, ok)
+
+
+def test_dtype_and_device_reasons() -> None:
+    q = torch.zeros(1, 1, 4, 16)
+    assert _backend.can_run_device([q], interpret=True) == []
+    assert _backend.can_run_device([q], interpret=False)
+    assert _backend.can_run_device([q.to('meta')], interpret=True)
+    fp64 = [q.double()]
+    assert any('float64' in r for r in _backend.can_run_dtype(fp64, sema_op.SUPPORTED_DTYPES))
+    bf16 = [q.bfloat16()]
+    assert any('interpreter' in r
+               for r in _backend.can_run_dtype(bf16, sema_op.SUPPORTED_DTYPES, interpret=True))
+    assert _backend.can_run_dtype([q.half()], sema_op.SUPPORTED_DTYPES, interpret=True) == []
+
+
+def test_int32_offset_reason() -> None:
+    """A token stride so large that N * stride reaches 2**31 is a reason against the kernels."""
+    x = torch.empty_strided((1, 1, 2, 16), (0, 0, 2 ** 31, 1), device='meta')
+    assert any('2**31' in r for r in sema_op.sema_triton_reasons(x, x, x, interpret=True))
+    y = torch.empty_strided((1, 1, 2, 16), (0, 0, 2 ** 30, 1), device='meta')
+    assert not any('2**31' in r for r in sema_op.sema_triton_reasons(y, y, y, interpret=True))
+
+
+def test_unsupported_dtype_falls_back(monkeypatch, spies) -> None:
+    """fp64 (e.g. gradcheck through the public op) and bf16 under the interpreter run the
+    reference automatically."""
+    monkeypatch.delenv(_backend.ENV_VAR, raising=False)
+    sema_attention(*small_qkv(torch.float64), (5, 6), 4)
+    assert spies == ['reference']
+    if _backend.TRITON_INTERPRET and not HAS_CUDA:
+        sema_attention(*small_qkv(torch.bfloat16), (5, 6), 4)
+        assert spies == ['reference', 'reference']
+        with pytest.raises(RuntimeError, match='bfloat16'):
+            sema_attention(*small_qkv(torch.bfloat16), (5, 6), 4, backend='triton')
+
+
+def test_import_without_triton() -> None:
+    """``import mmeffattn.ops`` works without Triton; the op runs its reference and an explicit
+    Triton request says why it cannot."""
+    code = '\n'.join([
+        'import sys; sys.modules["triton"] = None  # makes "import triton" raise ImportError',
+        'import torch, mmeffattn.ops as ops',
+        'from mmeffattn.ops import _backend',
+        'assert not _backend.HAS_TRITON',
+        'q = torch.randn(1, 2, 30, 16)',
+        'out = ops.sema_attention(q, q, q, (5, 6), 4)',
+        'ref = ops.sema_attention_naive(q, q, q, (5, 6), 4)',
+        'assert torch.equal(out, ref)',
+        'try:',
+        '    ops.sema_attention(q, q, q, (5, 6), 4, backend="triton")',
+        'except RuntimeError as e:',
+        '    assert "triton is not importable" in str(e), e',
+        'else:',
+        '    raise AssertionError("no error")',
+        'print("ok")',
+    ])
+    env = {k: v for k, v in os.environ.items() if k != _backend.ENV_VAR}
+    res = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert res.returncode == 0 and res.stdout.strip() == 'ok', res.stderr
+
+
+# ------------------------------------------------------------------------------------------
+# input validation
+# ------------------------------------------------------------------------------------------
+def _bad_inputs():
+    x = torch.zeros(1, 2, 30, 16)
+    return [
+        ('rank', (x[0], x, x, (5, 6), 4), r'q must be \[B, heads, N, D\] \(4 dims\)'),
+        ('shape', (x, x[:, :1], x, (5, 6), 4), r'same shape'),
+        ('tokens', (x, x, x, (5, 5), 4), r'N=30 tokens but hw=\(5, 5\) holds H\*W=25'),
+        ('hw-type', (x, x, x, 30, 4), r'hw must be a pair of positive ints'),
+        ('hw-zero', (x, x, x, (0, 30), 4), r'hw must be a pair of positive ints'),
+        ('window-0', (x, x, x, (5, 6), 0), r'window_size must be an int >= 1'),
+        ('window-float', (x, x, x, (5, 6), 7.0), r'window_size must be an int >= 1'),
+        ('head-dim-8', (torch.zeros(1, 2, 30, 8),) * 3 + ((5, 6), 4),
+         r'head dim D=8 is outside the supported 16..128'),
+        ('head-dim-160', (torch.zeros(1, 2, 30, 160),) * 3 + ((5, 6), 4), r'D=160'),
+        ('dtype', (x, x.half(), x, (5, 6), 4), r'same dtype.*cast them'),
+        ('int', (x.long(),) * 3 + ((5, 6), 4), r'floating point'),
+        ('device', (x, x.to('meta'), x, (5, 6), 4), r'one device'),
+    ]
+
+
+@pytest.mark.parametrize('args,match', [(a, m) for _, a, m in _bad_inputs()],
+                         ids=[name for name, _, _ in _bad_inputs()])
+def test_invalid_inputs(args, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        sema_attention(*args)
+
+
+def test_public_api() -> None:
+    assert ops.sema_attention is sema_attention
+    assert ops.sema_attention_naive is sema_attention_naive
+    assert set(ops.__all__) >= {'sema_attention', 'sema_attention_naive'}
