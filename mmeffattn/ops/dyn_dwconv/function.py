@@ -9,13 +9,14 @@ per-tile partial sums of the kernel and bias gradients (deterministic, no atomic
 ``dynamic_dwconv_bwd_reduce_kernel`` reduces them per sample and back-propagates the
 normalization; the static kernel's and the bias's gradients are sums over the samples (torch).
 """
-import contextlib
-from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 from torch.autograd.function import once_differentiable
 
+from .._launch import (KernelConfig, Launch, device_guard as _device_guard,  # noqa: F401
+                       launch as _launch, next_pow2 as _next_pow2, record_launches,
+                       unit_last_stride as _unit_last_stride)
 from . import kernels
 
 #: (channels, pixels) per program of the forward and the backward; warps of both
@@ -24,28 +25,6 @@ BWD_TILE = (32, 64)
 NUM_WARPS = 8
 #: channels per program of the reduction kernel
 REDUCE_BLOCK_C = 32
-
-
-@dataclass(frozen=True)
-class KernelConfig:
-    """One kernel launch configuration: the kernel, its constexprs, num_warps, num_stages and
-    an optional register cap per thread (``maxnreg``, None = ptxas decides)."""
-    kernel: Any
-    constexprs: Dict[str, Any]
-    num_warps: int
-    num_stages: int
-    maxnreg: Optional[int] = None
-
-    @property
-    def launch_options(self) -> Dict[str, Any]:
-        options = dict(num_warps=self.num_warps, num_stages=self.num_stages)
-        if self.maxnreg is not None:
-            options['maxnreg'] = self.maxnreg
-        return options
-
-
-def _next_pow2(x: int) -> int:
-    return 1 << max(0, x - 1).bit_length()
 
 
 def dynamic_dwconv_kernel_configs(channels: int, kernel_size: int, normalize: bool,
@@ -84,41 +63,6 @@ def dynamic_dwconv_kernel_configs(channels: int, kernel_size: int, normalize: bo
 # ---------------------------------------------------------------------------------------------
 # launching (with a hook that records launches instead, for ahead-of-time compilation tests)
 # ---------------------------------------------------------------------------------------------
-@dataclass
-class Launch:
-    """A recorded kernel launch: ``config.kernel[grid](*args, **config.constexprs, ...)``."""
-    role: str
-    config: KernelConfig
-    grid: Tuple[int, ...]
-    args: Tuple[Any, ...]
-
-
-_recorder: Optional[List[Launch]] = None
-
-
-@contextlib.contextmanager
-def record_launches() -> Iterator[List[Launch]]:
-    """Within the block, launchers record their launches in the yielded list and run nothing
-    (outputs stay uninitialised). Used to compile exactly what the launchers launch."""
-    global _recorder
-    previous, _recorder = _recorder, []
-    try:
-        yield _recorder
-    finally:
-        _recorder = previous
-
-
-def _launch(role: str, config: KernelConfig, grid: Tuple[int, ...], *args: Any) -> None:
-    if _recorder is not None:
-        _recorder.append(Launch(role, config, grid, args))
-        return
-    config.kernel[grid](*args, **config.constexprs, **config.launch_options)
-
-
-def _device_guard(x: torch.Tensor):
-    return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
-
-
 def int32_offsets_fit(*tensors: torch.Tensor) -> bool:
     """Whether the offsets inside one sample of these ``[B, C, H, W]`` tensors fit the kernels'
     int32 arithmetic (the batch offset is int64)."""

@@ -9,13 +9,14 @@ recomputes ``R`` and gives ``dp = dL/d(v^T u)``; two launches of ``dynamic_weigh
 give ``du = v dp`` and ``dv = u dp^T``; the static weight's gradient is ``sum_b g`` (a torch
 reduction).
 """
-import contextlib
-from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 from torch.autograd.function import once_differentiable
 
+from .._launch import (KernelConfig, Launch, device_guard as _device_guard,  # noqa: F401
+                       launch as _launch, next_pow2 as _next_pow2, record_launches,
+                       unit_last_stride as _unit_last_stride)
 from . import kernels
 
 #: default ``tl.dot`` input precision for fp32: exact fp32 ('ieee'), not TF32.
@@ -24,28 +25,6 @@ DEFAULT_INPUT_PRECISION = 'ieee'
 #: inputs are swept in tiles of SWEEP_BLOCK_I columns, each computed twice.
 MAX_BLOCK_I = 512
 SWEEP_BLOCK_I = 128
-
-
-@dataclass(frozen=True)
-class KernelConfig:
-    """One kernel launch configuration: the kernel, its constexprs, num_warps, num_stages and
-    an optional register cap per thread (``maxnreg``, None = ptxas decides)."""
-    kernel: Any
-    constexprs: Dict[str, Any]
-    num_warps: int
-    num_stages: int
-    maxnreg: Optional[int] = None
-
-    @property
-    def launch_options(self) -> Dict[str, Any]:
-        options = dict(num_warps=self.num_warps, num_stages=self.num_stages)
-        if self.maxnreg is not None:
-            options['maxnreg'] = self.maxnreg
-        return options
-
-
-def _next_pow2(x: int) -> int:
-    return 1 << max(0, x - 1).bit_length()
 
 
 def dynamic_weight_kernel_configs(c_in: int, c_out: int, dtype: torch.dtype,
@@ -103,45 +82,6 @@ def dynamic_weight_kernel_configs(c_in: int, c_out: int, dtype: torch.dtype,
 # ---------------------------------------------------------------------------------------------
 # launching (with a hook that records launches instead, for ahead-of-time compilation tests)
 # ---------------------------------------------------------------------------------------------
-@dataclass
-class Launch:
-    """A recorded kernel launch: ``config.kernel[grid](*args, **config.constexprs, ...)``."""
-    role: str
-    config: KernelConfig
-    grid: Tuple[int, ...]
-    args: Tuple[Any, ...]
-
-
-_recorder: Optional[List[Launch]] = None
-
-
-@contextlib.contextmanager
-def record_launches() -> Iterator[List[Launch]]:
-    """Within the block, launchers record their launches in the yielded list and run nothing
-    (outputs stay uninitialised). Used to compile exactly what the launchers launch."""
-    global _recorder
-    previous, _recorder = _recorder, []
-    try:
-        yield _recorder
-    finally:
-        _recorder = previous
-
-
-def _launch(role: str, config: KernelConfig, grid: Tuple[int, ...], *args: Any) -> None:
-    if _recorder is not None:
-        _recorder.append(Launch(role, config, grid, args))
-        return
-    config.kernel[grid](*args, **config.constexprs, **config.launch_options)
-
-
-def _device_guard(x: torch.Tensor):
-    return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
-
-
-def _unit_last_stride(x: torch.Tensor) -> torch.Tensor:
-    return x if x.stride(-1) == 1 else x.contiguous()
-
-
 def int32_offsets_fit(*tensors: torch.Tensor) -> bool:
     """Whether the offsets inside one sample of these 3-D tensors fit the kernels' int32
     arithmetic (the batch offset is int64)."""

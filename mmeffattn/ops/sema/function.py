@@ -3,13 +3,14 @@
 Importing this module needs Triton (``op.py`` guards it). The kernels run compiled on CUDA
 tensors and interpreted on CPU tensors when Triton's interpreter is on.
 """
-import contextlib
-from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Tuple
+from typing import Dict, NamedTuple, Optional, Tuple
 
 import torch
 from torch.autograd.function import once_differentiable
 
+from .._launch import (KernelConfig, Launch, device_guard as _device_guard,  # noqa: F401
+                       launch as _launch, next_pow2 as _next_pow2, record_launches,
+                       unit_last_stride as _unit_last_stride)
 from . import kernels
 
 #: default ``tl.dot`` input precision for fp32: exact fp32 ('ieee'), not TF32.
@@ -46,29 +47,12 @@ def window_geometry(hw: Tuple[int, int], window_size: int) -> WindowGeometry:
     return WindowGeometry(H, W, win_h, win_w, -(-H // win_h), -(-W // win_w))
 
 
-@dataclass(frozen=True)
-class KernelConfig:
-    """One kernel launch configuration: the kernel, its constexprs, num_warps and num_stages."""
-    kernel: Any
-    constexprs: Dict[str, Any]
-    num_warps: int
-    num_stages: int
-
-    @property
-    def launch_options(self) -> Dict[str, Any]:
-        return dict(num_warps=self.num_warps, num_stages=self.num_stages)
-
-
 class Tiles(NamedTuple):
     block: int  # tokens per block (query and key tiles are BLOCK x BD, logits BLOCK x BLOCK)
     fwd_warps: int
     bwd_warps: int
     fwd_stages: int = 2  # software-pipelining stages of the several-block kernels' loops
     bwd_stages: int = 2
-
-
-def _next_pow2(x: int) -> int:
-    return 1 << max(0, x - 1).bit_length()
 
 
 def sema_tiles(bd: int, window_tokens: int, dtype: torch.dtype) -> Tiles:
@@ -118,45 +102,6 @@ def sema_kernel_configs(head_dim: int, window_tokens: int, dtype: torch.dtype, w
 # ---------------------------------------------------------------------------------------------
 # launching (with a hook that records launches instead, for ahead-of-time compilation tests)
 # ---------------------------------------------------------------------------------------------
-@dataclass
-class Launch:
-    """A recorded kernel launch: ``config.kernel[grid](*args, **config.constexprs, ...)``."""
-    role: str
-    config: KernelConfig
-    grid: Tuple[int, ...]
-    args: Tuple[Any, ...]
-
-
-_recorder: Optional[List[Launch]] = None
-
-
-@contextlib.contextmanager
-def record_launches() -> Iterator[List[Launch]]:
-    """Within the block, launchers record their launches in the yielded list and run nothing
-    (outputs stay uninitialised). Used to compile exactly what the launchers launch."""
-    global _recorder
-    previous, _recorder = _recorder, []
-    try:
-        yield _recorder
-    finally:
-        _recorder = previous
-
-
-def _launch(role: str, config: KernelConfig, grid: Tuple[int, ...], *args: Any) -> None:
-    if _recorder is not None:
-        _recorder.append(Launch(role, config, grid, args))
-        return
-    config.kernel[grid](*args, **config.constexprs, **config.launch_options)
-
-
-def _device_guard(x: torch.Tensor):
-    return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
-
-
-def _unit_last_stride(x: torch.Tensor) -> torch.Tensor:
-    return x if x.stride(-1) == 1 else x.contiguous()
-
-
 def _strides(x: torch.Tensor) -> Tuple[int, int, int]:
     return x.stride(0), x.stride(1), x.stride(2)
 

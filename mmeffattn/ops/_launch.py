@@ -1,0 +1,74 @@
+"""Launch plumbing shared by every op's launchers (``<op>/function.py``).
+
+A launcher describes each kernel launch as a :class:`KernelConfig` and starts it with
+:func:`launch`. Inside :func:`record_launches` nothing runs: the launches are recorded instead, so
+the ahead-of-time compilation tests compile exactly the configurations the launchers use.
+"""
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+import torch
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """One kernel launch configuration: the kernel, its constexprs, num_warps, num_stages and
+    an optional register cap per thread (``maxnreg``, None = ptxas decides)."""
+    kernel: Any
+    constexprs: Dict[str, Any]
+    num_warps: int
+    num_stages: int
+    maxnreg: Optional[int] = None
+
+    @property
+    def launch_options(self) -> Dict[str, Any]:
+        options = dict(num_warps=self.num_warps, num_stages=self.num_stages)
+        if self.maxnreg is not None:
+            options['maxnreg'] = self.maxnreg
+        return options
+
+
+@dataclass
+class Launch:
+    """A recorded kernel launch: ``config.kernel[grid](*args, **config.constexprs, ...)``."""
+    role: str
+    config: KernelConfig
+    grid: Tuple[int, ...]
+    args: Tuple[Any, ...]
+
+
+_recorder: Optional[List[Launch]] = None
+
+
+@contextlib.contextmanager
+def record_launches() -> Iterator[List[Launch]]:
+    """Within the block, launchers record their launches in the yielded list and run nothing
+    (outputs stay uninitialised). Used to compile exactly what the launchers launch."""
+    global _recorder
+    previous, _recorder = _recorder, []
+    try:
+        yield _recorder
+    finally:
+        _recorder = previous
+
+
+def launch(role: str, config: KernelConfig, grid: Tuple[int, ...], *args: Any) -> None:
+    """Launch ``config.kernel`` on ``grid`` (or record it inside :func:`record_launches`)."""
+    if _recorder is not None:
+        _recorder.append(Launch(role, config, grid, args))
+        return
+    config.kernel[grid](*args, **config.constexprs, **config.launch_options)
+
+
+def next_pow2(x: int) -> int:
+    return 1 << max(0, x - 1).bit_length()
+
+
+def device_guard(x: torch.Tensor):
+    """Launch on ``x``'s GPU (Triton launches on the current device)."""
+    return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
+
+
+def unit_last_stride(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
