@@ -55,3 +55,15 @@ def shared_data_dir(name: str) -> str:
 def shared_data():
     """``shared_data('coco_tiny')`` -> its path, or the test is skipped with a clear message."""
     return shared_data_dir
+
+
+@pytest.fixture(autouse=True)
+def _isolated_default_scope():
+    """mmengine keeps the default scope (mmdet, mmseg, ...) in a process-wide registry of
+    instances; a Runner or init_default_scope in one test would change how the next test's
+    registries resolve types. Each test starts from the scopes that existed before it."""
+    from mmengine.registry import DefaultScope
+    saved = DefaultScope._instance_dict.copy()
+    yield
+    DefaultScope._instance_dict.clear()
+    DefaultScope._instance_dict.update(saved)

@@ -4,7 +4,7 @@ import os.path as osp
 
 import pytest
 from mmengine.config import Config
-from mmengine.registry import init_default_scope
+from mmengine.registry import DefaultScope
 
 import mmeffattn  # noqa: F401
 
@@ -26,9 +26,9 @@ def test_config_builds(path):
     assert cfg.custom_imports['imports'] == ['mmeffattn']
     backbone = cfg.model.backbone
     assert backbone.type.startswith('mmeffattn.'), backbone.type
-    init_default_scope(cfg.default_scope)
     from mmengine.registry import MODELS
-    model = MODELS.build(cfg.model)
+    with DefaultScope.overwrite_default_scope(cfg.default_scope):  # no global scope left behind
+        model = MODELS.build(cfg.model)
     # the backbone really is ours, with the attention the config asks for
     assert type(model.backbone).__module__.startswith('mmeffattn.')
     if 'attn_type' in backbone:

@@ -18,9 +18,6 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
-# The analyzer traces the model: count the reference ops (a Triton kernel is opaque to tracing).
-os.environ['MMEFFATTN_OPS_BACKEND'] = 'reference'
-
 
 def sdpa_flop_jit(inputs: List[Any], outputs: List[Any]) -> int:
     """MACs of softmax(q k^T) v for q [..., L, D], k [..., S, D], v [..., S, Dv]."""
@@ -50,21 +47,30 @@ class _Forward(nn.Module):
 def count(config: str, shape, cfg_options=None) -> dict:
     from mmengine.analysis import FlopAnalyzer
     from mmengine.config import Config
-    from mmengine.registry import MODELS, init_default_scope
+    from mmengine.registry import MODELS, DefaultScope
 
     import mmeffattn  # noqa: F401
     cfg = Config.fromfile(config)
     if cfg_options:
         cfg.merge_from_dict(cfg_options)
-    init_default_scope(cfg.get('default_scope', 'mmeffattn'))
-    model = _Forward(MODELS.build(cfg.model)).eval()
+    with DefaultScope.overwrite_default_scope(cfg.get('default_scope')):
+        model = _Forward(MODELS.build(cfg.model)).eval()
     counted = model.model if model.classifier else model.model.backbone
     x = torch.randn(1, 3, *shape)
-    with torch.no_grad():
-        analyzer = FlopAnalyzer(model, (x, ))
-        analyzer.set_op_handle('aten::scaled_dot_product_attention', sdpa_flop_jit)
-        analyzer.unsupported_ops_warnings(False).uncalled_modules_warnings(False)
-        flops = analyzer.total()
+    # The analyzer traces the model: count the reference ops (a Triton kernel is opaque to it).
+    saved = os.environ.get('MMEFFATTN_OPS_BACKEND')
+    os.environ['MMEFFATTN_OPS_BACKEND'] = 'reference'
+    try:
+        with torch.no_grad():
+            analyzer = FlopAnalyzer(model, (x, ))
+            analyzer.set_op_handle('aten::scaled_dot_product_attention', sdpa_flop_jit)
+            analyzer.unsupported_ops_warnings(False).uncalled_modules_warnings(False)
+            flops = analyzer.total()
+    finally:
+        if saved is None:
+            os.environ.pop('MMEFFATTN_OPS_BACKEND')
+        else:
+            os.environ['MMEFFATTN_OPS_BACKEND'] = saved
     return dict(what='classifier' if model.classifier else 'backbone',
                 params=sum(p.numel() for p in counted.parameters()), flops=flops,
                 shape=tuple(shape))
