@@ -32,7 +32,8 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from mmeffattn.ops import sema_attention
 from mmeffattn.registry import MODELS
-from ..utils import StrictPretrainedMixin, unwrap_state_dict
+from ..utils import (StrictPretrainedMixin, init_linear_and_norm, parse_out_indices,
+                     unwrap_state_dict)
 from ..layers import ConvNormAct, DropPath, Mlp
 
 __all__ = ['SEMA', 'MILA', 'checkpoint_filter_mlla', 'apply_rope_2d']
@@ -494,7 +495,7 @@ class SEMA(StrictPretrainedMixin, BaseModule):
         self.embed_dims = embed_dims
         self.num_layers = len(depths)
         self.num_features = [int(embed_dims * 2**i) for i in range(self.num_layers)]
-        self.out_indices = self._parse_out_indices(out_indices)
+        self.out_indices = parse_out_indices(out_indices, self.num_layers, 'stages')
         if not -1 <= frozen_stages <= self.num_layers:
             raise ValueError(f'frozen_stages must be in [-1, {self.num_layers}], '
                              f'got {frozen_stages}')
@@ -519,7 +520,7 @@ class SEMA(StrictPretrainedMixin, BaseModule):
         for i in self.out_indices:
             self.add_module(f'norm{i}', nn.LayerNorm(self.num_features[i]))
 
-        self.apply(self._init_weights)
+        self.apply(init_linear_and_norm)
         self._freeze_stages()
 
     # ---------------------------------------------------------------- construction helpers
@@ -541,28 +542,6 @@ class SEMA(StrictPretrainedMixin, BaseModule):
             raise ValueError(f"arch 'depths' {arch['depths']} and 'num_heads' "
                              f"{arch['num_heads']} differ in length")
         return arch
-
-    def _parse_out_indices(self, out_indices: Union[int, Sequence[int]]) -> Tuple[int, ...]:
-        if isinstance(out_indices, int):
-            out_indices = [out_indices]
-        parsed = []
-        for i in out_indices:
-            j = i + self.num_layers if i < 0 else i
-            if not 0 <= j < self.num_layers:
-                raise ValueError(f'out_indices {tuple(out_indices)} out of range for '
-                                 f'{self.num_layers} stages')
-            parsed.append(j)
-        return tuple(sorted(set(parsed)))
-
-    @staticmethod
-    def _init_weights(m: nn.Module) -> None:
-        if isinstance(m, nn.Linear):
-            nn.init.trunc_normal_(m.weight, std=.02)
-            if m.bias is not None:
-                nn.init.constant_(m.bias, 0)
-        elif isinstance(m, nn.LayerNorm):
-            nn.init.constant_(m.bias, 0)
-            nn.init.constant_(m.weight, 1.0)
 
     # ---------------------------------------------------------------- train mode, freezing
     def _freeze_stages(self) -> None:

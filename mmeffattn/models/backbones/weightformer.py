@@ -44,7 +44,8 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from mmeffattn.ops import dynamic_dwconv, dynamic_weight
 from mmeffattn.registry import MODELS
-from ..utils import StrictPretrainedMixin, clip_keys, unwrap_state_dict
+from ..utils import (StrictPretrainedMixin, clip_keys, init_linear_and_norm, parse_out_indices,
+                     unwrap_state_dict)
 from ..layers import DropPath, Mlp
 from ..layers.vit_pyramid import ViTPyramid
 
@@ -421,7 +422,7 @@ class WeightFormer(StrictPretrainedMixin, BaseModule):
             raise ValueError(f"pyramid_cfg is only used with out_type='pyramid', not "
                              f'{out_type!r}')
 
-        self.apply(self._init_weights)
+        self.apply(init_linear_and_norm)  # official init (the dynamic layers set their own)
         self._freeze_stages()
 
     # ---------------------------------------------------------------- construction helpers
@@ -451,31 +452,7 @@ class WeightFormer(StrictPretrainedMixin, BaseModule):
             if self.out_type == 'avgpool':
                 return (depth - 1, )
             return tuple(sorted({max((k + 1) * depth // 4 - 1, 0) for k in range(4)}))
-        if isinstance(out_indices, int):
-            out_indices = [out_indices]
-        if len(out_indices) == 0:
-            raise ValueError('out_indices must name at least one block')
-        parsed = []
-        for i in out_indices:
-            j = i + depth if i < 0 else i
-            if not 0 <= j < depth:
-                raise ValueError(f'out_indices {tuple(out_indices)} out of range for {depth} '
-                                 f'blocks')
-            parsed.append(j)
-        return tuple(sorted(set(parsed)))
-
-    @staticmethod
-    def _init_weights(m: nn.Module) -> None:
-        # official init: trunc normal std .02 for every nn.Linear (zero bias), LayerNorm 1/0;
-        # convolutions keep PyTorch's default; the dynamic layers' own parameters are set in
-        # their reset_parameters
-        if isinstance(m, nn.Linear):
-            nn.init.trunc_normal_(m.weight, std=.02)
-            if m.bias is not None:
-                nn.init.constant_(m.bias, 0)
-        elif isinstance(m, nn.LayerNorm):
-            nn.init.constant_(m.bias, 0)
-            nn.init.constant_(m.weight, 1.0)
+        return parse_out_indices(out_indices, depth, 'blocks')
 
     # ---------------------------------------------------------------- train mode, freezing
     def _freeze_stages(self) -> None:
