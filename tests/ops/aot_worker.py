@@ -1,7 +1,8 @@
 """Compile the SEMA kernels ahead of time for NVIDIA targets, without a GPU (run as a script).
 
 Usage: ``python tests/ops/aot_worker.py CASES_JSON [ARCH ...]`` with Triton's interpreter OFF.
-CASES_JSON is a list of ``{"D", "window", "H", "W", "dtype", "with_mean"}``. For each case the
+CASES_JSON is a list of ``{"D", "window", "H", "W", "dtype", "with_mean"}`` (optional
+``"layout"``: ``"backbone"``, the default, or ``"contiguous"``). For each case the
 real launchers run forward and backward on small CPU tensors inside
 ``function.record_launches()``, which records every launch (kernel, grid, arguments,
 constexprs, num_warps, num_stages) instead of running it; each distinct launch is then compiled
@@ -37,10 +38,14 @@ def record_case(case: dict) -> list:
     """The launches of one forward + backward, as the launchers issue them."""
     dtype = DTYPES[case['dtype']]
     H, W, D = case['H'], case['W'], case['D']
-    # a fused-qk-like view for q, k (token stride 2*heads*D) and a contiguous v, as the backbone
-    qk = torch.empty(1, H * W, 2, 2, D, dtype=dtype)
-    q, k = qk.permute(2, 0, 3, 1, 4).unbind(0)
-    v = torch.empty(1, 2, H * W, D, dtype=dtype)
+    if case.get('layout', 'backbone') == 'backbone':
+        # q, k: views of a fused qk projection (token stride 2*heads*D); v: [B, N, heads, D]
+        # transposed (token stride heads*D), as the SEMA backbone passes them
+        qk = torch.empty(1, H * W, 2, 2, D, dtype=dtype)
+        q, k = qk.permute(2, 0, 3, 1, 4).unbind(0)
+        v = torch.empty(1, H * W, 2, D, dtype=dtype).transpose(1, 2)
+    else:  # 'contiguous' [B, heads, N, D]
+        q, k, v = (torch.empty(1, 2, H * W, D, dtype=dtype) for _ in range(3))
     geom = function.window_geometry((H, W), case['window'])
     scale = D ** -0.5
     with function.record_launches() as launches:

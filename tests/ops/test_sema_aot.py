@@ -20,8 +20,8 @@ ROOT = osp.dirname(osp.dirname(HERE))
 SHARED_LIMIT = {80: 163 * 1024, 90: 227 * 1024}
 
 
-def case(D, window, H, W, dtype, with_mean=True):
-    return dict(D=D, window=window, H=H, W=W, dtype=dtype, with_mean=with_mean)
+def case(D, window, H, W, dtype, with_mean=True, layout='backbone'):
+    return dict(D=D, window=window, H=H, W=W, dtype=dtype, with_mean=with_mean, layout=layout)
 
 
 # Only the tile class changes the compiled code: dtype, padded head dim BD, whether D == BD,
@@ -29,11 +29,12 @@ def case(D, window, H, W, dtype, with_mean=True):
 # alignment specialisation of pointers and strides). Grid geometry, block count and head dim
 # are runtime arguments. Window token counts 12, 30, 49 and 144 hit every block class (16, 32,
 # 64 tokens in one block; several blocks), so FULL compiles every tile class there is.
-FULL = [case(D, window, H, W, dtype, with_mean)
+FULL = [case(D, window, H, W, dtype, with_mean, layout)
         for D in (16, 24, 32, 40, 64, 72, 128)  # each BD in {16, 32, 64, 128}, D == BD or not
         for dtype in ('fp16', 'bf16', 'fp32')
         for window, H, W in ((7, 3, 4), (7, 5, 6), (7, 14, 14), (12, 24, 24))
-        for with_mean in (True, False)]
+        for with_mean in (True, False)
+        for layout in ('backbone', 'contiguous')]
 
 # The default subset: the backbone's head dim 32 with window 7 in every dtype, plus one case of
 # each other kind of tile (D=128, several blocks per window, small windows, odd D, no mean).

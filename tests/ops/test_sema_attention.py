@@ -279,7 +279,8 @@ def test_reference_low_precision(dtype: str) -> None:
 
 @pytest.mark.parametrize('with_mean', [True, False], ids=['mean', 'nomean'])
 def test_reference_gradcheck_fp64(with_mean: bool) -> None:
-    case = Case(1, 1, 4, 5, 3, 16, 'fp32', scale=0.6)  # partial windows in both directions
+    # partial windows in both directions; the reference accepts any head dim (4 keeps it fast)
+    case = Case(1, 2, 4, 5, 3, 4, 'fp32', scale=0.6)
     q, k, v = (x.double().requires_grad_() for x in make_qkv(case, 'cpu'))
     assert torch.autograd.gradcheck(
         lambda q, k, v: sema_attention_naive(q, k, v, (4, 5), 3, scale=0.6, with_mean=with_mean),

@@ -56,22 +56,28 @@ class Tiles(NamedTuple):
 
 
 def sema_tiles(bd: int, window_tokens: int, dtype: torch.dtype) -> Tiles:
-    """Token block and warps for padded head dim ``bd``, chosen from ahead-of-time compiles for
-    sm_80 and sm_90 so that no config spills registers (checked by tests/ops/test_sema_aot.py).
+    """Token block, warps and pipelining stages for padded head dim ``bd``.
 
-    A window that fits one block is processed whole (the backward then recomputes its softmax
-    in one pass); larger windows loop over blocks. fp32 ``tl.dot`` with ``'ieee'`` precision is
-    an FMA loop that holds its operands in registers, so fp32 uses smaller tiles than fp16/bf16
-    (tensor cores).
+    A window that fits one block (at most 64 tokens; 16 in fp32) is processed whole: one
+    program per window, and the backward recomputes the softmax in one pass. Larger windows loop
+    over blocks (online softmax forward; backward with saved log-sum-exp). fp32 ``tl.dot`` with
+    ``'ieee'`` precision is an FMA loop that holds its operands in registers, so fp32 uses
+    16-token blocks; fp16/bf16 run on tensor cores.
+
+    The numbers come from an ahead-of-time search over warps/stages for sm_80 and sm_90 (ptxas
+    of Triton 3.8): the first candidate in (4 warps, 8 warps) x (2, 1 stages) with no register
+    spill for D == BD and D < BD, fp16 and bf16, with and without the mean. The full matrix is
+    re-checked by ``tests/ops/test_sema_aot.py --run-slow``; the default run checks a subset.
     """
     one_block = max(16, _next_pow2(window_tokens))
     if dtype == torch.float32:
         return Tiles(16, 4, 4, 2, 1 if bd == 32 else 2)
     if window_tokens <= 64:
-        return Tiles(one_block, 4 if bd <= 64 else 8, 4 if bd <= 32 else 8)
+        return Tiles(one_block, 8 if bd == 128 and one_block == 64 else 4,
+                     4 if bd <= 32 or one_block == 32 else 8)
     if bd <= 32:
         return Tiles(64, 4, 4)
-    return Tiles(32, 4 if bd <= 64 else 8, 8)
+    return Tiles(32, 4 if bd == 64 else 8, 8)
 
 
 def sema_kernel_configs(head_dim: int, window_tokens: int, dtype: torch.dtype, with_mean: bool,
