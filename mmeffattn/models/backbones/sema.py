@@ -28,12 +28,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint as cp
 from mmengine.model import BaseModule
-from torch.nn.modules.batchnorm import _BatchNorm
 
 from mmeffattn.ops import sema_attention
 from mmeffattn.registry import MODELS
-from ..utils import (StrictPretrainedMixin, init_linear_and_norm, parse_out_indices,
-                     unwrap_state_dict)
+from ..utils import (FreezeStagesMixin, StrictPretrainedMixin, init_linear_and_norm,
+                     parse_out_indices, unwrap_state_dict)
 from ..layers import ConvNormAct, DropPath, Mlp
 
 __all__ = ['SEMA', 'MILA', 'checkpoint_filter_mlla', 'apply_rope_2d']
@@ -405,7 +404,7 @@ class SEMAStage(nn.Module):
 # model
 # --------------------------------------------------------------------------------------------
 @MODELS.register_module()
-class SEMA(StrictPretrainedMixin, BaseModule):
+class SEMA(StrictPretrainedMixin, FreezeStagesMixin, BaseModule):
     """SEMA / MILA hierarchical backbone (MLLA macro-architecture) for detection and segmentation.
 
     A stride-4 convolutional stem, four stages of Mamba-like blocks (:class:`SEMABlock`) with
@@ -544,27 +543,14 @@ class SEMA(StrictPretrainedMixin, BaseModule):
         return arch
 
     # ---------------------------------------------------------------- train mode, freezing
-    def _freeze_stages(self) -> None:
-        if self.frozen_stages < 0:
-            return
+    def frozen_modules(self) -> List[nn.Module]:
+        """The stem and the first ``frozen_stages`` stages with their downsampling and norms."""
         frozen = [self.patch_embed, self.pos_drop]
         for i in range(self.frozen_stages):
             frozen.append(self.layers[i])
             if i in self.out_indices:
                 frozen.append(getattr(self, f'norm{i}'))
-        for m in frozen:
-            m.eval()
-            for p in m.parameters():
-                p.requires_grad = False
-
-    def train(self, mode: bool = True) -> 'SEMA':
-        super().train(mode)
-        self._freeze_stages()
-        if mode and self.norm_eval:
-            for m in self.modules():
-                if isinstance(m, _BatchNorm):
-                    m.eval()
-        return self
+        return frozen
 
     # ---------------------------------------------------------------- forward
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:

@@ -40,12 +40,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint as cp
 from mmengine.model import BaseModule
-from torch.nn.modules.batchnorm import _BatchNorm
 
 from mmeffattn.ops import dynamic_dwconv, dynamic_weight
 from mmeffattn.registry import MODELS
-from ..utils import (StrictPretrainedMixin, clip_keys, init_linear_and_norm, parse_out_indices,
-                     unwrap_state_dict)
+from ..utils import (FreezeStagesMixin, StrictPretrainedMixin, clip_keys, init_linear_and_norm,
+                     parse_out_indices, unwrap_state_dict)
 from ..layers import DropPath, Mlp
 from ..layers.vit_pyramid import ViTPyramid
 
@@ -307,7 +306,7 @@ class PatchEmbed(nn.Module):
 # model
 # --------------------------------------------------------------------------------------------
 @MODELS.register_module()
-class WeightFormer(StrictPretrainedMixin, BaseModule):
+class WeightFormer(StrictPretrainedMixin, FreezeStagesMixin, BaseModule):
     """WeightFormer isotropic backbone for classification, detection and segmentation.
 
     Every block runs at stride ``patch_size`` (16). Outputs are taken after the blocks in
@@ -455,27 +454,14 @@ class WeightFormer(StrictPretrainedMixin, BaseModule):
         return parse_out_indices(out_indices, depth, 'blocks')
 
     # ---------------------------------------------------------------- train mode, freezing
-    def _freeze_stages(self) -> None:
-        if self.frozen_stages < 0:
-            return
+    def frozen_modules(self) -> List[nn.Module]:
+        """The patch embedding and the first ``frozen_stages`` blocks with their output norms."""
         frozen: List[nn.Module] = [self.patch_embed]
         for i in range(self.frozen_stages):
             frozen.append(self.blocks[i])
             if i in self.out_indices:
                 frozen.append(getattr(self, f'norm{i}'))
-        for m in frozen:
-            m.eval()
-            for p in m.parameters():
-                p.requires_grad = False
-
-    def train(self, mode: bool = True) -> 'WeightFormer':
-        super().train(mode)
-        self._freeze_stages()
-        if mode and self.norm_eval:
-            for m in self.modules():
-                if isinstance(m, _BatchNorm):
-                    m.eval()
-        return self
+        return frozen
 
     # ---------------------------------------------------------------- forward
     def _use_cp(self, x: torch.Tensor, blk: nn.Module) -> bool:

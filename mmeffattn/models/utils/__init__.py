@@ -1,5 +1,6 @@
+from .freeze import FreezeStagesMixin
 from .init import init_linear_and_norm, parse_out_indices
 from .pretrained import StrictPretrainedMixin, clip_keys, unwrap_state_dict
 
-__all__ = ['StrictPretrainedMixin', 'clip_keys', 'unwrap_state_dict', 'init_linear_and_norm',
-           'parse_out_indices']
+__all__ = ['FreezeStagesMixin', 'StrictPretrainedMixin', 'clip_keys', 'unwrap_state_dict',
+           'init_linear_and_norm', 'parse_out_indices']
