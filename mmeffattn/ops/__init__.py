@@ -2,7 +2,11 @@
 picks a backend and can always fall back to the reference."""
 from .dyn_dwconv import dynamic_dwconv, dynamic_dwconv_naive
 from .dyn_weight import dynamic_weight, dynamic_weight_naive
+from .laplacian import laplacian_kernel, laplacian_kernel_naive
+from .newton_schulz import newton_schulz_pinv, newton_schulz_pinv_naive, newton_schulz_residual
 from .sema import sema_attention, sema_attention_naive
 
 __all__ = ['sema_attention', 'sema_attention_naive', 'dynamic_weight', 'dynamic_weight_naive',
-           'dynamic_dwconv', 'dynamic_dwconv_naive']
+           'dynamic_dwconv', 'dynamic_dwconv_naive',
+           'laplacian_kernel', 'laplacian_kernel_naive', 'newton_schulz_pinv',
+           'newton_schulz_pinv_naive', 'newton_schulz_residual']

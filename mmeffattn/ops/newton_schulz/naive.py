@@ -1,0 +1,74 @@
+"""Pure PyTorch reference of the Newton-Schulz inverse used by LaplacianFormer (and SOFT): the
+test oracle and the CPU path."""
+import torch
+
+#: numerator of the initial scale ``alpha = ALPHA_NUM / (max_i sum_j P_ij)^2`` (official value)
+ALPHA_NUM = 1.8
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """fp32 for 16-bit floats (the iteration squares the error; fp16 products lose it), else
+    ``dtype``."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def regularized(a: torch.Tensor, eps: float) -> torch.Tensor:
+    """``P = a + eps * I`` for ``a [..., M, M]``."""
+    eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
+    return a + eps * eye
+
+
+def initial_scale(p: torch.Tensor) -> torch.Tensor:
+    """``alpha = 1.8 / (max_i sum_j P_ij)^2`` per matrix, ``[..., 1, 1]``; differentiable (on a
+    tie of the largest row sums the gradient is shared evenly, as ``amax``'s)."""
+    s = p.sum(dim=-1).amax(dim=-1)  # [...]
+    return (ALPHA_NUM / (s * s))[..., None, None]
+
+
+def newton_schulz_pinv_naive(a: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
+    """Newton-Schulz approximation of ``(a + eps I)^{-1}``, differentiable w.r.t. ``a``.
+
+    Does not validate its inputs (``newton_schulz_pinv`` does)::
+
+        P = a + eps * I
+        alpha = 1.8 / (max_i sum_j P_ij)^2      # row sums of P, as the official CUDA operator
+        V = alpha * P
+        repeat iters times:  V = 2 V - (V P) V
+
+    ``alpha`` is part of the graph (not detached), so the gradient is the exact derivative of
+    the returned iterate, whether or not the iteration has converged.
+
+    Args:
+        a: ``[B, heads, M, M]`` (any leading dims work here).
+        iters: number of iterations, ``>= 0``.
+        eps: diagonal regularization.
+
+    Returns:
+        ``[B, heads, M, M]`` in a's dtype (computed in fp32 for fp16/bf16 inputs).
+    """
+    p = regularized(a.to(compute_dtype(a.dtype)), eps)
+    v = initial_scale(p) * p
+    for _ in range(iters):
+        v = 2 * v - (v @ p) @ v
+    return v.to(a.dtype)
+
+
+def newton_schulz_residual(a: torch.Tensor, inv: torch.Tensor, eps: float) -> torch.Tensor:
+    """How far ``inv`` is from ``(a + eps I)^{-1}``: ``||P inv - I||_F / sqrt(M)`` per matrix,
+    computed in fp64 (no gradient). 0 for the exact inverse; the Newton-Schulz iteration
+    converges iff this drops below 1, so a value near or above 1 means it has not converged
+    (too few ``iters``, or a condition number too large for them).
+
+    Args:
+        a: ``[..., M, M]`` the matrix given to ``newton_schulz_pinv``.
+        inv: ``[..., M, M]`` its result.
+        eps: the ``eps`` given to ``newton_schulz_pinv``.
+
+    Returns:
+        ``[...]`` fp64 on a's device.
+    """
+    with torch.no_grad():
+        p = regularized(a.double(), eps)
+        eye = torch.eye(a.shape[-1], dtype=torch.float64, device=a.device)
+        r = p @ inv.double() - eye
+        return torch.linalg.matrix_norm(r) / a.shape[-1] ** 0.5

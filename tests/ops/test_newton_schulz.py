@@ -1,0 +1,412 @@
+"""Newton-Schulz inverse: Triton kernels (interpreted on CPU, compiled on CUDA) vs the PyTorch
+reference (whole-matrix and tiled kernels, the batched-matmul path past the on-chip limit),
+reference semantics and exact gradients, convergence and its report, dispatch and input
+validation. Ahead-of-time compilation: test_laplacian_aot.py."""
+import math
+import os
+import subprocess
+import sys
+from typing import NamedTuple, Optional
+
+import pytest
+import torch
+
+from mmeffattn.ops import (_backend, laplacian_kernel_naive, newton_schulz_pinv,
+                           newton_schulz_pinv_naive, newton_schulz_residual)
+from mmeffattn.ops.newton_schulz import op as ns_op
+from test_laplacian_kernel import spy_on
+from tolerances import assert_close
+
+HAS_CUDA = torch.cuda.is_available()
+DEVICE = 'cuda' if HAS_CUDA else 'cpu'
+TRITON_RUNNABLE = _backend.HAS_TRITON and (HAS_CUDA or _backend.TRITON_INTERPRET)
+needs_triton = pytest.mark.skipif(not TRITON_RUNNABLE,
+                                  reason='needs Triton with a CUDA GPU or its CPU interpreter')
+DTYPES = {'fp32': torch.float32, 'fp16': torch.float16, 'bf16': torch.bfloat16,
+          'fp64': torch.float64}
+EPS = 0.01  # LaplacianFormer's regularization
+
+
+@pytest.fixture(scope='module', autouse=True)
+def one_thread():
+    """Small inputs gain nothing from intra-op threads, and on a shared 2-core machine OpenMP
+    spin-waiting under contention made small CPU ops much slower; restored after."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def kernel_matrix(B: int, H: int, M: int, lam: float = 32.0, seed: int = 0) -> torch.Tensor:
+    """``[B, H, M, M]`` fp64: the Laplacian kernel of M random 16-d landmarks, i.e. the matrix
+    LaplacianFormer inverts (symmetric positive definite, positive entries). lam = 32 gives
+    condition numbers ~80 at M = 24."""
+    g = torch.Generator().manual_seed(seed)
+    pts = torch.randn(B, H, M, 16, generator=g, dtype=torch.float64)
+    return laplacian_kernel_naive(pts, pts, lam)
+
+
+def eye_like(a: torch.Tensor) -> torch.Tensor:
+    return torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
+
+
+class Case(NamedTuple):
+    B: int
+    H: int
+    M: int
+    iters: int
+    dtype: str
+    path: Optional[str] = None  # force 'tiled' kernels (fwd and bwd) or the 'matmul' path
+
+    @property
+    def id(self) -> str:
+        return (f'B{self.B}-H{self.H}-M{self.M}-it{self.iters}-{self.dtype}'
+                + (f'-{self.path}' if self.path else ''))
+
+
+@pytest.fixture
+def force_path(monkeypatch):
+    """``force_path(case)`` makes the launchers take the case's path on small matrices."""
+    from mmeffattn.ops.newton_schulz import function
+
+    def apply(case: Case) -> None:
+        if case.path == 'tiled':
+            monkeypatch.setattr(function, 'MAX_REGISTER_MP', {'fwd': 0, 'bwd': 0})
+        elif case.path == 'matmul':
+            monkeypatch.setattr(function, 'MAX_ONCHIP_M', 0)
+    return apply
+
+
+def check_against_reference(case: Case, backend: str, device: str = DEVICE) -> None:
+    """Forward and gradient (same upstream gradient) vs the reference in float64."""
+    dtype = DTYPES[case.dtype]
+    a = kernel_matrix(case.B, case.H, case.M).to(device, dtype).requires_grad_()
+    out = newton_schulz_pinv(a, case.iters, EPS, backend=backend)
+    assert out.dtype == dtype and out.shape == a.shape
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(device, dtype)
+    out.backward(g)
+    a64 = a.detach().double().requires_grad_()
+    ref = newton_schulz_pinv_naive(a64, case.iters, EPS)
+    ref.backward(g.double())
+    assert_close(out, ref, dtype, 'out')
+    assert_close(a.grad, a64.grad, dtype, 'da')
+
+
+# ------------------------------------------------------------------------------------------
+# Triton vs reference
+# ------------------------------------------------------------------------------------------
+# M = 1 and 13 (padded to 16), 40 (padded to 64: whole-matrix forward, tiled backward), 100
+# (padded to 128: tiled both ways, a partial last tile), small sizes forced through the tiled
+# kernels, the batched-matmul path (forced, and past the on-chip limit), 0 iterations
+# (V_0 = alpha P only), every dtype the kernels take.
+TRITON_CASES = [
+    Case(1, 2, 13, 6, 'fp32'),
+    Case(1, 2, 13, 6, 'fp16'),
+    Case(1, 2, 13, 6, 'bf16'),
+    Case(2, 1, 1, 4, 'fp32'),
+    Case(1, 2, 13, 0, 'fp32'),
+    Case(1, 1, 40, 5, 'fp32'),
+    Case(1, 2, 37, 4, 'fp32', 'tiled'),
+    Case(1, 1, 13, 3, 'fp16', 'tiled'),
+    Case(1, 1, 100, 3, 'fp32'),
+    Case(1, 2, 13, 5, 'fp32', 'matmul'),
+    Case(1, 2, 13, 5, 'fp16', 'matmul'),
+    Case(1, 1, 130, 4, 'fp32'),
+]
+
+
+@needs_triton
+@pytest.mark.parametrize('case', TRITON_CASES, ids=lambda c: c.id)
+def test_triton_matches_reference(case: Case, force_path) -> None:
+    force_path(case)
+    check_against_reference(case, backend='triton')
+
+
+def test_matmul_path_backward_is_exact_fp64(monkeypatch) -> None:
+    """The hand-written backward (the recursion the kernels implement) in float64, through
+    the batched-matmul path: equal to autograd through the reference to rounding."""
+    from mmeffattn.ops.newton_schulz import function
+    a = kernel_matrix(2, 2, 9, lam=8.0)
+    for iters in (0, 1, 7):
+        out, kept = function.newton_schulz_fwd_torch(a, iters, EPS, True)
+        g = torch.randn(a.shape, generator=torch.Generator().manual_seed(iters),
+                        dtype=torch.float64)
+        da = function.newton_schulz_bwd_torch(g, a, kept, iters, EPS)
+        a64 = a.clone().requires_grad_()
+        ref = newton_schulz_pinv_naive(a64, iters, EPS)
+        ref.backward(g)
+        assert_close(out, ref, torch.float64, f'out (iters={iters})')
+        assert_close(da, a64.grad, torch.float64, f'da (iters={iters})')
+
+
+@needs_triton
+@pytest.mark.parametrize('path', [None, 'tiled'])
+def test_triton_tied_row_sums(path, force_path) -> None:
+    """Several rows reach the largest row sum (alpha's max): the gradient through alpha is
+    shared evenly among them, as torch's amax does, in both kernels."""
+    force_path(Case(1, 1, 1, 1, 'fp32', path))
+    M = 11
+    base = 0.2 * torch.ones(M, M, dtype=torch.float64) + torch.eye(M, dtype=torch.float64)
+    a = base.expand(1, 2, M, M).clone()  # every row sums to the same value
+    a[:, 1, 3, 4] = a[:, 1, 4, 3] = 0.1  # the second matrix: two rows fall out of the tie
+    a = a.float().requires_grad_()
+    out = newton_schulz_pinv(a, 4, EPS, backend='triton')
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(3))
+    out.backward(g)
+    a64 = a.detach().double().requires_grad_()
+    newton_schulz_pinv_naive(a64, 4, EPS).backward(g.double())
+    assert_close(out, newton_schulz_pinv_naive(a64.detach(), 4, EPS), torch.float32, 'out')
+    assert_close(a.grad, a64.grad, torch.float32, 'da')
+
+
+@needs_triton
+def test_triton_strided_input_and_no_grad() -> None:
+    """A transposed, non-contiguous input; inference stores no iterates."""
+    a = kernel_matrix(2, 3, 21).float()
+    at = a.transpose(0, 1)  # [3, 2, M, M] view
+    with torch.no_grad():
+        out = newton_schulz_pinv(at, 5, EPS, backend='triton')
+    assert_close(out, newton_schulz_pinv_naive(at.double(), 5, EPS), torch.float32, 'out')
+    at = at.detach().requires_grad_()
+    newton_schulz_pinv(at, 5, EPS, backend='triton').sum().backward()
+    at64 = at.detach().double().requires_grad_()
+    newton_schulz_pinv_naive(at64, 5, EPS).sum().backward()
+    assert_close(at.grad, at64.grad, torch.float32, 'da')
+
+
+# ------------------------------------------------------------------------------------------
+# the reference alone: semantics, gradient, convergence
+# ------------------------------------------------------------------------------------------
+def test_reference_is_the_official_iteration() -> None:
+    """The official CUDA operator: P = a + 0.01 I, alpha = 1.8 / (max row sum of P)^2,
+    V = alpha P, then V <- 2V - V P V. Written out per matrix with explicit Python loops."""
+    a = kernel_matrix(2, 2, 7, lam=8.0)
+    ours = newton_schulz_pinv(a, 5, 0.01, backend='reference')
+    for b in range(2):
+        for h in range(2):
+            p = a[b, h] + 0.01 * torch.eye(7, dtype=torch.float64)
+            s = max(float(p[i].sum()) for i in range(7))
+            v = 1.8 / s ** 2 * p
+            for _ in range(5):
+                v = 2 * v - v @ p @ v
+            assert_close(ours[b, h], v, torch.float64, f'matrix {b},{h}')
+    assert_close(newton_schulz_pinv(a, 0, 0.01, backend='reference'),
+                 1.8 / (a + 0.01 * eye_like(a)).sum(-1).amax(-1)[..., None, None] ** 2
+                 * (a + 0.01 * eye_like(a)), torch.float64, 'iters=0')
+
+
+@pytest.mark.parametrize('iters', [0, 3])
+def test_reference_gradcheck_fp64(iters: int) -> None:
+    """alpha is differentiated (not detached): the gradient is that of the returned iterate,
+    unconverged (3 steps) or not iterated at all."""
+    a = kernel_matrix(1, 2, 6, lam=8.0).requires_grad_()
+    assert torch.autograd.gradcheck(lambda a: newton_schulz_pinv_naive(a, iters, EPS), (a,),
+                                    eps=1e-6, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize('dtype', ['fp16', 'bf16'])
+def test_reference_low_precision(dtype: str) -> None:
+    check_against_reference(Case(1, 2, 13, 6, dtype), backend='reference', device='cpu')
+
+
+def _residual_bounds_hold(a: torch.Tensor, v: torch.Tensor, eps: float,
+                          reported: torch.Tensor) -> None:
+    """The reported residual r is the genuine ``||P V - I||_F / sqrt(M)``: recomputed
+    independently, and consistent with the true error ``E = V - P^{-1}`` through
+    ``||P V - I|| = ||P E|| <= ||P||_2 ||E||_F`` and ``||E||_F <= ||P^{-1}||_2 ||P V - I||_F``
+    (a report that hides non-convergence breaks the first, one that invents it the second)."""
+    p = a.double() + eps * eye_like(a.double())
+    inv = torch.linalg.inv(p)
+    M = a.shape[-1]
+    res_f = (torch.einsum('...ij,...jk->...ik', p, v.double()) - eye_like(p)).pow(2) \
+        .sum((-1, -2)).sqrt()
+    assert torch.allclose(reported * math.sqrt(M), res_f, rtol=1e-9, atol=1e-12)
+    err_f = torch.linalg.matrix_norm(v.double() - inv)
+    assert (res_f <= torch.linalg.matrix_norm(p, 2) * err_f * (1 + 1e-9) + 1e-12).all()
+    assert (err_f <= torch.linalg.matrix_norm(inv, 2) * res_f * (1 + 1e-9) + 1e-12).all()
+
+
+@pytest.mark.parametrize('backend', [pytest.param('triton', marks=needs_triton), 'reference'])
+def test_converges_on_well_conditioned_spd(backend: str) -> None:
+    """A Laplacian kernel matrix of 24 landmarks (condition numbers 68 and 78 with eps): 20
+    fp32 iterations reach the inverse (measured: residual ||P V - I||_F / sqrt(M) 3-6e-6,
+    relative error to torch.linalg.inv ~5e-7, both backends); 10 are not enough and the
+    residual says so (~0.4)."""
+    a = kernel_matrix(1, 2, 24).float().to(DEVICE)
+    p = a.double().cpu() + EPS * eye_like(a.double().cpu())
+    cond = torch.linalg.cond(p)
+    assert (cond > 50).all() and (cond < 150).all()
+    inv = torch.linalg.inv(p)
+    v = newton_schulz_pinv(a, 20, EPS, backend=backend).cpu()
+    res = newton_schulz_residual(a.cpu(), v, EPS)
+    _residual_bounds_hold(a.cpu(), v, EPS, res)
+    assert (res < 3e-5).all(), res
+    rel = torch.linalg.matrix_norm(v.double() - inv) / torch.linalg.matrix_norm(inv)
+    assert (rel < 5e-6).all(), rel
+    v10 = newton_schulz_pinv(a, 10, EPS, backend=backend).cpu()
+    res10 = newton_schulz_residual(a.cpu(), v10, EPS)
+    _residual_bounds_hold(a.cpu(), v10, EPS, res10)
+    assert (res10 > 0.1).all(), res10
+
+
+def ill_conditioned(M: int = 16) -> torch.Tensor:
+    """``[1, 1, M, M]`` fp64, SPD with positive entries, condition number ~7.6e5: ones / M
+    plus a diagonal spread over 1e-6 .. 1."""
+    d = torch.logspace(-6, 0, M, dtype=torch.float64)
+    return (torch.ones(M, M, dtype=torch.float64) / M + torch.diag(d))[None, None]
+
+
+def test_ill_conditioned_reference_reports_convergence_truthfully() -> None:
+    """Condition number ~7.6e5 (eps = 0): the smallest eigenvalue's component starts ~1e-12
+    below 1 and only doubles per step, so 20 steps leave the residual at ~0.65 (relative error
+    ~1, not converged, reported as such); 60 steps in float64 converge (measured residual
+    ~6e-8, relative error ~1e-12)."""
+    a = ill_conditioned()
+    cond = torch.linalg.cond(a).item()
+    assert 5e5 < cond < 1e6
+    inv = torch.linalg.inv(a)
+    v20 = newton_schulz_pinv(a, 20, 0.0, backend='reference')
+    r20 = newton_schulz_residual(a, v20, 0.0)
+    _residual_bounds_hold(a, v20, 0.0, r20)
+    assert r20.item() > 0.5
+    assert (torch.linalg.matrix_norm(v20 - inv) / torch.linalg.matrix_norm(inv)).item() > 0.5
+    v60 = newton_schulz_pinv(a, 60, 0.0, backend='reference')
+    r60 = newton_schulz_residual(a, v60, 0.0)
+    _residual_bounds_hold(a, v60, 0.0, r60)
+    assert r60.item() < 1e-6
+    assert (torch.linalg.matrix_norm(v60 - inv) / torch.linalg.matrix_norm(inv)).item() < 1e-9
+
+
+@needs_triton
+def test_ill_conditioned_triton_fp32_reports_non_convergence() -> None:
+    """The same matrix in fp32 through the kernels: after 20 steps the residual matches the
+    float64 reference's (~0.65); after 60 the fp32 iteration stalls at a residual ~22 (its
+    relative error ~7e-4; the exact inverse rounded to fp32 has residual ~7e-4), so the report
+    says "not converged" and the bounds confirm it is the true residual."""
+    a = ill_conditioned().float()
+    v20 = newton_schulz_pinv(a.to(DEVICE), 20, 0.0, backend='triton').cpu()
+    r20 = newton_schulz_residual(a, v20, 0.0)
+    _residual_bounds_hold(a, v20, 0.0, r20)
+    r20_ref = newton_schulz_residual(a, newton_schulz_pinv_naive(a.double(), 20, 0.0), 0.0)
+    assert abs(r20.item() - r20_ref.item()) < 1e-3 * r20_ref.item()
+    v60 = newton_schulz_pinv(a.to(DEVICE), 60, 0.0, backend='triton').cpu()
+    r60 = newton_schulz_residual(a, v60, 0.0)
+    _residual_bounds_hold(a, v60, 0.0, r60)
+    assert r60.item() > 1.0
+
+
+# ------------------------------------------------------------------------------------------
+# dispatch
+# ------------------------------------------------------------------------------------------
+@pytest.fixture
+def spies(monkeypatch):
+    """Record which implementation ``newton_schulz_pinv`` calls."""
+    return spy_on(monkeypatch, ns_op, 'newton_schulz_pinv_naive', 'newton_schulz_pinv_triton')
+
+
+def small(dtype=torch.float32, device='cpu'):
+    return kernel_matrix(1, 2, 5).to(device, dtype)
+
+
+def test_env_var_forces_reference(monkeypatch, spies) -> None:
+    monkeypatch.setenv(_backend.ENV_VAR, 'reference')
+    newton_schulz_pinv(small(), 3, EPS)
+    assert spies == ['reference']
+    if TRITON_RUNNABLE:  # an explicit argument wins over the environment
+        newton_schulz_pinv(small(device=DEVICE), 3, EPS, backend='triton')
+        assert spies == ['reference', 'triton']
+    monkeypatch.setenv(_backend.ENV_VAR, 'auto')
+    newton_schulz_pinv(small(torch.float64), 3, EPS)  # auto: fp64 -> reference
+    assert spies[-1] == 'reference'
+
+
+def test_backend_argument_forces_reference(spies) -> None:
+    newton_schulz_pinv(small(device=DEVICE), 3, EPS, backend='reference')
+    assert spies == ['reference']
+
+
+@needs_triton
+def test_auto_picks_triton_when_possible(monkeypatch, spies) -> None:
+    monkeypatch.delenv(_backend.ENV_VAR, raising=False)
+    newton_schulz_pinv(small(device=DEVICE), 3, EPS)
+    assert spies == ['triton']
+
+
+def test_cpu_without_interpreter(monkeypatch, spies) -> None:
+    monkeypatch.delenv(_backend.ENV_VAR, raising=False)
+    monkeypatch.setattr(_backend, 'TRITON_INTERPRET', False)
+    a = small()
+    assert any('interpreter is off' in r for r in ns_op.newton_schulz_triton_reasons(a))
+    newton_schulz_pinv(a, 3, EPS)
+    assert spies == ['reference']
+    with pytest.raises(RuntimeError, match=r'(?s)Triton backend was requested.*interpreter is off'
+                                           r".*backend='reference'"):
+        newton_schulz_pinv(a, 3, EPS, backend='triton')
+
+
+def test_unsupported_dtype_falls_back(monkeypatch, spies) -> None:
+    monkeypatch.delenv(_backend.ENV_VAR, raising=False)
+    a = small(torch.float64)
+    newton_schulz_pinv(a, 3, EPS)
+    assert spies == ['reference']
+    assert any('float64' in r for r in ns_op.newton_schulz_triton_reasons(a, interpret=True))
+    with pytest.raises(RuntimeError, match='float64'):
+        newton_schulz_pinv(a, 3, EPS, backend='triton')
+
+
+def test_import_without_triton() -> None:
+    """Both LaplacianFormer ops import and run their references without Triton; an explicit
+    Triton request says why it cannot."""
+    code = '\n'.join([
+        'import sys; sys.modules["triton"] = None  # makes "import triton" raise ImportError',
+        'import torch',
+        'from mmeffattn.ops import laplacian_kernel, laplacian_kernel_naive',
+        'from mmeffattn.ops import newton_schulz_pinv, newton_schulz_pinv_naive',
+        'x, y, a = torch.randn(1, 2, 5, 8), torch.randn(1, 2, 3, 8), torch.rand(1, 2, 4, 4)',
+        'assert torch.equal(laplacian_kernel(x, y, 2.0), laplacian_kernel_naive(x, y, 2.0))',
+        'assert torch.equal(newton_schulz_pinv(a, 3, 0.01), newton_schulz_pinv_naive(a, 3, 0.01))',
+        'for call in (lambda: laplacian_kernel(x, y, 2.0, backend="triton"),',
+        '             lambda: newton_schulz_pinv(a, 3, 0.01, backend="triton")):',
+        '    try:',
+        '        call()',
+        '    except RuntimeError as e:',
+        '        assert "triton is not importable" in str(e), e',
+        '    else:',
+        '        raise AssertionError("no error")',
+        'print("ok")',
+    ])
+    env = {k: v for k, v in os.environ.items() if k != _backend.ENV_VAR}
+    res = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert res.returncode == 0 and res.stdout.strip() == 'ok', res.stderr
+
+
+# ------------------------------------------------------------------------------------------
+# input validation
+# ------------------------------------------------------------------------------------------
+def _t(*shape, dtype=torch.float32):
+    return torch.zeros(shape, dtype=dtype)
+
+
+@pytest.mark.parametrize('args, match', [
+    ((_t(2, 4, 4), 3, EPS), r'a must be \[B, heads, M, M\] \(4 dims\).*a\[None\]'),
+    ((_t(1, 2, 4, 5), 3, EPS), r'square matrices.*landmark-landmark'),
+    ((_t(1, 2, 0, 0), 3, EPS), r'at least 1x1'),
+    ((_t(1, 2, 4, 4, dtype=torch.int32), 3, EPS), r'floating point'),
+    ((_t(1, 2, 4, 4), -1, EPS), r'iters must be an int >= 0.*got -1'),
+    ((_t(1, 2, 4, 4), 2.5, EPS), r'iters must be an int >= 0'),
+    ((_t(1, 2, 4, 4), True, EPS), r'iters must be an int >= 0'),
+    ((_t(1, 2, 4, 4), 3, -0.1), r'eps must be a finite float >= 0'),
+    ((_t(1, 2, 4, 4), 3, math.inf), r'eps must be a finite float >= 0'),
+    ((_t(1, 2, 4, 4), 3, None), r'eps must be a finite float >= 0'),
+    (([[1.0]], 3, EPS), r'a must be a torch.Tensor'),
+])
+def test_invalid_inputs(args, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        newton_schulz_pinv(*args)
+
+
+def test_public_api() -> None:
+    import mmeffattn.ops as ops
+    for name in ('newton_schulz_pinv', 'newton_schulz_pinv_naive', 'newton_schulz_residual'):
+        assert name in ops.__all__ and getattr(ops, name) is globals()[name]
