@@ -1,0 +1,369 @@
+"""Launchers and the autograd Function of the Triton core-periphery attention kernels.
+
+Importing this module needs Triton (``op.py`` guards it). The kernels run compiled on CUDA
+tensors and interpreted on CPU tensors when Triton's interpreter is on.
+
+One forward is two launches of ``cp_fwd_kernel`` (patch rows over the C core keys; core rows
+over all keys, optionally split over the keys); one backward is the ``delta`` preprocessing
+(SEMA's kernel, reused) and four launches (dq and dk/dv, each for the patch side and the core
+side). Nothing needs atomics: each output row is owned by one program, except the core rows'
+long loops when they are split, whose fp32 partials are reduced here with PyTorch (C rows only).
+"""
+import math
+from typing import Dict, NamedTuple, Optional, Tuple
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from .._launch import (KernelConfig, Launch, device_guard as _device_guard,  # noqa: F401
+                       launch as _launch, next_pow2 as _next_pow2, record_launches,
+                       unit_last_stride as _unit_last_stride)
+from ..sema import kernels as sema_kernels
+from ..sema.function import (PREPROCESS_BLOCK_N, _check_int32_offsets, _strides,
+                             int32_offsets_fit)  # noqa: F401  (int32_offsets_fit: op.py)
+from . import kernels
+from .naive import rotate_pairs
+
+#: default ``tl.dot`` input precision for fp32: exact fp32 ('ieee'), not TF32.
+DEFAULT_INPUT_PRECISION = 'ieee'
+#: a split of a long loop gets at least this many blocks (fewer: the partials' reduction and
+#: the repeated q tile load outweigh the extra parallelism)
+MIN_BLOCKS_PER_SPLIT = 4
+
+
+class Tiles(NamedTuple):
+    core_block: int  # rows per block on the core side (C padded, at most ``long_block``)
+    long_block: int  # rows per block on the token side (patch queries / keys)
+    warps: int
+    stages: int
+
+
+#: ``(block, warps, stages)`` by (fp32 or not, padded head dim BD, D == BD, rope): the first
+#: candidate in (64, 4, 2), (64, 8, 2), (64, 8, 1), (32, 4, 2), (32, 4, 1), (32, 8, 1),
+#: (16, 4, 1) (fp32: (32, 4, 2), (32, 8, 2), (16, 4, 2), (16, 4, 1)) whose three attention
+#: kernels compile for sm_80 and sm_90 (ptxas of Triton 3.8) without a register spill, for fp16
+#: and bf16, 8, 20 and 64 cores, per-sample and shared tables, with and without a split: every
+#: specialisation of ``tests/ops/test_core_periphery_aot.py``'s full matrix. Rotating q/k tiles
+#: on load holds the tile, its pair partner and both tables at once, and a head dim below BD
+#: adds masks: both need more warps or smaller tiles.
+TILE_TABLE = {
+    # fp16 / bf16
+    (False, 16, True, False): (64, 8, 2), (False, 16, True, True): (64, 4, 2),
+    (False, 32, True, False): (64, 4, 2), (False, 32, True, True): (64, 8, 2),
+    (False, 32, False, False): (32, 4, 2), (False, 32, False, True): (32, 4, 2),
+    (False, 64, True, False): (64, 4, 2), (False, 64, True, True): (64, 8, 1),
+    (False, 64, False, False): (32, 4, 2), (False, 64, False, True): (32, 4, 2),
+    (False, 128, True, False): (32, 4, 2), (False, 128, True, True): (32, 8, 1),
+    (False, 128, False, False): (32, 4, 1), (False, 128, False, True): (32, 8, 1),
+    # fp32
+    (True, 16, True, False): (32, 4, 2), (True, 16, True, True): (32, 4, 2),
+    (True, 32, True, False): (32, 4, 2), (True, 32, True, True): (32, 8, 2),
+    (True, 32, False, False): (32, 4, 2), (True, 32, False, True): (16, 4, 2),
+    (True, 64, True, False): (32, 8, 2), (True, 64, True, True): (32, 8, 2),
+    (True, 64, False, False): (16, 4, 2), (True, 64, False, True): (16, 4, 1),
+    (True, 128, True, False): (16, 4, 1), (True, 128, True, True): (16, 4, 1),
+    (True, 128, False, False): (16, 4, 2), (True, 128, False, True): (16, 4, 1),
+}
+
+
+def cp_tiles(bd: int, even_d: bool, num_cores: int, dtype: torch.dtype, rope: bool) -> Tiles:
+    """Blocks, warps and pipelining stages for padded head dim ``bd`` (``even_d``: D == BD),
+    C cores and rope or not.
+
+    The core side is one block of ``next_pow2(C)`` rows (>= 16 for ``tl.dot``) up to the block
+    size of the table (64 for fp16/bf16 at VECA's head dim 64: its largest budget of 64 cores is
+    one block, so a patch tile sees all cores at once); more cores loop over several blocks.
+    fp32 ``tl.dot`` with 'ieee' precision is an FMA loop holding its operands in registers, so
+    fp32 uses 32-row or 16-row blocks; fp16/bf16 run on tensor cores.
+    """
+    block, warps, stages = TILE_TABLE[(dtype == torch.float32, bd, even_d, rope)]
+    return Tiles(min(block, max(16, _next_pow2(num_cores))), block, warps, stages)
+
+
+def cp_kernel_configs(head_dim: int, num_cores: int, dtype: torch.dtype, rope: bool,
+                      input_precision: str = DEFAULT_INPUT_PRECISION) -> Dict[str, KernelConfig]:
+    """The configurations the launchers use, by role: ``fwd_patches``, ``fwd_cores``,
+    ``bwd_preprocess``, ``bwd_dq_patches``, ``bwd_dq_cores``, ``bwd_dkdv_patches``,
+    ``bwd_dkdv_cores``. ``*_patches`` have the patch tokens on the program's rows,
+    ``*_cores`` the core tokens (and the long loop)."""
+    bd = max(16, _next_pow2(head_dim))
+    t = cp_tiles(bd, head_dim == bd, num_cores, dtype, rope)
+    common = dict(BD=bd, EVEN_D=head_dim == bd, ROPE=rope, INPUT_PRECISION=input_precision)
+
+    def cfg(kernel, block_m: int, block_n: int) -> KernelConfig:
+        return KernelConfig(kernel, dict(common, BLOCK_M=block_m, BLOCK_N=block_n), t.warps,
+                            t.stages)
+
+    return {
+        # BLOCK_M: query rows, BLOCK_N: key rows
+        'fwd_patches': cfg(kernels.cp_fwd_kernel, t.long_block, t.core_block),
+        'fwd_cores': cfg(kernels.cp_fwd_kernel, t.core_block, t.long_block),
+        'bwd_preprocess': KernelConfig(
+            sema_kernels.sema_bwd_preprocess_kernel,
+            dict(BD=bd, EVEN_D=head_dim == bd, BLOCK_N=PREPROCESS_BLOCK_N[bd], WITH_MEAN=False),
+            4, 1),
+        'bwd_dq_patches': cfg(kernels.cp_bwd_dq_kernel, t.long_block, t.core_block),
+        'bwd_dq_cores': cfg(kernels.cp_bwd_dq_kernel, t.core_block, t.long_block),
+        'bwd_dkdv_patches': cfg(kernels.cp_bwd_dkdv_kernel, t.core_block, t.long_block),
+        'bwd_dkdv_cores': cfg(kernels.cp_bwd_dkdv_kernel, t.long_block, t.core_block)}
+
+
+def num_splits(n_programs: int, n_loop_blocks: int, device: torch.device,
+               splits: Optional[int] = None) -> Tuple[int, int]:
+    """``(n_splits, blocks_per_split)`` for a long loop of ``n_loop_blocks`` blocks run by
+    ``n_programs`` programs before splitting.
+
+    The core rows are few (C <= 64 is one block per batch*head), so with a small batch the
+    launch would occupy a handful of SMs while each program walks all C + N keys. Splitting the
+    loop over programs (flash-decoding) brings the launch to about two programs per SM, with at
+    least ``MIN_BLOCKS_PER_SPLIT`` blocks per split. ``splits`` forces a count (tests); on the
+    CPU (interpreter) the default is no split.
+    """
+    if splits is None:
+        if device.type != 'cuda':
+            splits = 1
+        else:
+            target = 2 * torch.cuda.get_device_properties(device).multi_processor_count
+            splits = (1 if n_programs >= target else
+                      min(-(-target // n_programs), n_loop_blocks // MIN_BLOCKS_PER_SPLIT))
+    splits = max(1, min(splits, n_loop_blocks))
+    per_split = -(-n_loop_blocks // splits)
+    return -(-n_loop_blocks // per_split), per_split  # every split gets at least one block
+
+
+def _table_strides(t: torch.Tensor) -> Tuple[int, int]:
+    """``(stride_rb, stride_rn)`` of a ``[B or 1, L, D]`` rope table; a ``[1, L, D]`` table
+    broadcasts over the batch with a zero batch stride."""
+    return (t.stride(0) if t.shape[0] > 1 else 0), t.stride(1)
+
+
+def _rope_args(q: torch.Tensor, cos: Optional[torch.Tensor], sin: Optional[torch.Tensor]
+               ) -> Tuple[torch.Tensor, torch.Tensor, int, int]:
+    """``(cos, sin, stride_rb, stride_rn)`` kernel arguments (q stands in when rope is off)."""
+    if cos is None:
+        return q, q, 0, 0
+    strides = _table_strides(cos)
+    assert strides == _table_strides(sin), 'cos and sin share the kernels\' stride arguments'
+    return (cos, sin, *strides)
+
+
+# ---------------------------------------------------------------------------------------------
+# launchers
+# ---------------------------------------------------------------------------------------------
+def cp_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: Optional[torch.Tensor],
+           sin: Optional[torch.Tensor], num_cores: int, scale: float,
+           input_precision: str = DEFAULT_INPUT_PRECISION, splits: Optional[int] = None
+           ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Forward launcher.
+
+    Args:
+        q, k, v: ``[B, heads, C + N, D]``, unit stride on D.
+        cos, sin: None or ``[B or 1, C + N, D]`` in q's dtype, unit stride on D.
+        splits: force the number of splits of the core rows' key loop (None: :func:`num_splits`).
+    Returns:
+        o ``[B, heads, C + N, D]`` (contiguous, q's dtype); lse ``[B*heads, C + N]`` fp32
+        log2-sum-exp.
+    """
+    B, nh, L, D = q.shape
+    C, N, BH = num_cores, L - num_cores, B * q.shape[1]
+    cfgs = cp_kernel_configs(D, C, q.dtype, cos is not None, input_precision)
+    o = torch.empty((B, nh, L, D), dtype=q.dtype, device=q.device)
+    lse = torch.empty((BH, L), dtype=torch.float32, device=q.device)
+    _check_int32_offsets(q, k, v, o)
+    cos, sin, stride_rb, stride_rn = _rope_args(q, cos, sin)
+    inputs = (q, k, v, cos, sin)
+    strides = (*_strides(q), *_strides(k), *_strides(v), stride_rb, stride_rn)
+    with _device_guard(q):
+        # patch rows [C, L) over the core keys [0, C): a short loop, written in place
+        cfg = cfgs['fwd_patches']
+        bm, bn = cfg.constexprs['BLOCK_M'], cfg.constexprs['BLOCK_N']
+        n_blocks = -(-N // bm)
+        _launch('fwd_patches', cfg, (n_blocks * BH,), *inputs, o, lse, *strides,
+                0, L * D, D, 0, L, nh, C, N, C, n_blocks, 1, -(-C // bn), C, scale, D)
+        # core rows [0, C) over all keys [0, L)
+        cfg = cfgs['fwd_cores']
+        bm, bn = cfg.constexprs['BLOCK_M'], cfg.constexprs['BLOCK_N']
+        n_blocks = -(-C // bm)
+        n_splits, per_split = num_splits(n_blocks * BH, -(-L // bn), q.device, splits)
+        grid = (n_blocks * n_splits * BH,)
+        sizes = (nh, 0, C, L, n_blocks, n_splits, per_split, 0, scale, D)
+        if n_splits == 1:
+            _launch('fwd_cores', cfg, grid, *inputs, o, lse, *strides, 0, L * D, D, 0, L, *sizes)
+        else:
+            o_part = torch.empty((n_splits, BH, C, D), dtype=torch.float32, device=q.device)
+            lse_part = torch.empty((n_splits, BH, C), dtype=torch.float32, device=q.device)
+            _launch('fwd_cores', cfg, grid, *inputs, o_part, lse_part, *strides,
+                    BH * C * D, C * D, D, BH * C, C, *sizes)
+            # merge the splits' softmaxes: weight each normalised part by its share of the mass
+            lse_c = torch.logsumexp(lse_part * math.log(2), dim=0) / math.log(2)  # [BH, C]
+            weight = torch.exp2(lse_part - lse_c)  # [S, BH, C]
+            o.view(BH, L, D)[:, :C] = torch.einsum('sbc,sbcd->bcd', weight, o_part).to(q.dtype)
+            lse[:, :C] = lse_c
+    return o, lse
+
+
+def cp_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+           cos: Optional[torch.Tensor], sin: Optional[torch.Tensor], o: torch.Tensor,
+           lse: torch.Tensor, num_cores: int, scale: float,
+           input_precision: str = DEFAULT_INPUT_PRECISION, splits: Optional[int] = None
+           ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Backward launcher: ``(dq, dk, dv)``, each ``[B, heads, C + N, D]`` contiguous.
+
+    With rope (``cos`` given) dq and dk are the gradients with respect to the *rotated* q and k,
+    in fp32 (the caller maps them back); otherwise they are in q's dtype. dv is in q's dtype.
+    ``o`` and ``lse`` are the forward's outputs.
+    """
+    B, nh, L, D = q.shape
+    C, N, BH = num_cores, L - num_cores, B * q.shape[1]
+    rope = cos is not None
+    cfgs = cp_kernel_configs(D, C, q.dtype, rope, input_precision)
+    do = _unit_last_stride(do)
+    g_dtype = torch.float32 if rope else q.dtype
+    dq = torch.empty((B, nh, L, D), dtype=g_dtype, device=q.device)
+    dk = torch.empty_like(dq)
+    dv = torch.empty((B, nh, L, D), dtype=q.dtype, device=q.device)
+    _check_int32_offsets(q, k, v, do, dq)
+    cos, sin, stride_rb, stride_rn = _rope_args(q, cos, sin)
+    inputs = (q, k, v, cos, sin, do, lse)
+    strides = (*_strides(q), *_strides(k), *_strides(v), stride_rb, stride_rn, *_strides(do))
+    out_strides = (0, L * D, D)
+    with _device_guard(q):
+        pre = cfgs['bwd_preprocess']
+        delta = torch.empty((BH, L), dtype=torch.float32, device=q.device)
+        _launch('bwd_preprocess', pre, (-(-L // pre.constexprs['BLOCK_N']), BH),
+                o, do, o, delta, *_strides(o), *_strides(do), nh, L, D)
+
+        # dq of the patch rows [C, L): keys [0, C)
+        cfg = cfgs['bwd_dq_patches']
+        bm, bn = cfg.constexprs['BLOCK_M'], cfg.constexprs['BLOCK_N']
+        n_blocks = -(-N // bm)
+        _launch('bwd_dq_patches', cfg, (n_blocks * BH,), *inputs, delta, dq, *strides,
+                *out_strides, nh, C, N, C, n_blocks, 1, -(-C // bn), C, L, scale, D)
+        # dk, dv of the patch keys [C, L): only the core queries [0, C) attend them
+        cfg = cfgs['bwd_dkdv_patches']
+        bm, bn = cfg.constexprs['BLOCK_M'], cfg.constexprs['BLOCK_N']
+        n_blocks = -(-N // bn)
+        _launch('bwd_dkdv_patches', cfg, (n_blocks * BH,), *inputs, delta, dk, dv, *strides,
+                *out_strides, nh, C, N, C, n_blocks, 1, -(-C // bm), C, L, scale, D)
+
+        # dq of the core rows [0, C): all keys [0, L), optionally split
+        cfg = cfgs['bwd_dq_cores']
+        bm, bn = cfg.constexprs['BLOCK_M'], cfg.constexprs['BLOCK_N']
+        n_blocks = -(-C // bm)
+        n_splits, per_split = num_splits(n_blocks * BH, -(-L // bn), q.device, splits)
+        grid = (n_blocks * n_splits * BH,)
+        sizes = (nh, 0, C, L, n_blocks, n_splits, per_split, 0, L, scale, D)
+        if n_splits == 1:
+            _launch('bwd_dq_cores', cfg, grid, *inputs, delta, dq, *strides, *out_strides, *sizes)
+        else:
+            dq_part = torch.empty((n_splits, BH, C, D), dtype=torch.float32, device=q.device)
+            _launch('bwd_dq_cores', cfg, grid, *inputs, delta, dq_part, *strides,
+                    BH * C * D, C * D, D, *sizes)
+            dq.view(BH, L, D)[:, :C] = dq_part.sum(0)
+
+        # dk, dv of the core keys [0, C): every query [0, L) attends them, optionally split
+        cfg = cfgs['bwd_dkdv_cores']
+        bm, bn = cfg.constexprs['BLOCK_M'], cfg.constexprs['BLOCK_N']
+        n_blocks = -(-C // bn)
+        n_splits, per_split = num_splits(n_blocks * BH, -(-L // bm), q.device, splits)
+        grid = (n_blocks * n_splits * BH,)
+        sizes = (nh, 0, C, L, n_blocks, n_splits, per_split, 0, L, scale, D)
+        if n_splits == 1:
+            _launch('bwd_dkdv_cores', cfg, grid, *inputs, delta, dk, dv, *strides,
+                    *out_strides, *sizes)
+        else:
+            dkv_part = torch.empty((2, n_splits, BH, C, D), dtype=torch.float32,
+                                   device=q.device)
+            _launch('bwd_dkdv_cores', cfg, grid, *inputs, delta, dkv_part[0], dkv_part[1],
+                    *strides, BH * C * D, C * D, D, *sizes)
+            dk.view(BH, L, D)[:, :C] = dkv_part[0].sum(0)
+            dv.view(BH, L, D)[:, :C] = dkv_part[1].sum(0)
+    return dq, dk, dv
+
+
+def rope_backward(g_q: torch.Tensor, g_k: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                  cos: torch.Tensor, sin: torch.Tensor, needs_q: bool, needs_k: bool,
+                  needs_rope: bool
+                  ) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor],
+                             Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """Map the gradients of the rotated q, k (``g_q``, ``g_k``: fp32 ``[B, heads, L, D]``) back
+    to q, k (their dtype) and to the rope tables (``[B or 1, L, D]``, cos's dtype).
+
+    x_rot = x * cos + R x * sin with R = rotate_pairs, and R^T = -R, so
+    dx = g * cos - R(g * sin), dcos = sum_heads(g * x), dsin = sum_heads(g * R x). These are a
+    few elementwise passes in PyTorch rather than kernel epilogues: the gradients of cos and sin
+    need a sum over heads (and over the batch for a broadcast table) that no single program of
+    the attention kernels owns, and the rotation back needs the pair partner of an
+    accumulator's channel, which lives in another register of another thread.
+    """
+    cos_f, sin_f = cos.float().unsqueeze(1), sin.float().unsqueeze(1)  # [B or 1, 1, L, D]
+    dq = (g_q * cos_f - rotate_pairs(g_q * sin_f)).to(q.dtype) if needs_q else None
+    dk = (g_k * cos_f - rotate_pairs(g_k * sin_f)).to(k.dtype) if needs_k else None
+    dcos = dsin = None
+    if needs_rope:
+        q_f, k_f = q.float(), k.float()
+        dcos = (g_q * q_f + g_k * k_f).sum(1)  # [B, L, D]
+        dsin = (g_q * rotate_pairs(q_f) + g_k * rotate_pairs(k_f)).sum(1)
+        if cos.shape[0] == 1 and dcos.shape[0] > 1:  # a table broadcast over the batch
+            dcos, dsin = dcos.sum(0, keepdim=True), dsin.sum(0, keepdim=True)
+        dcos, dsin = dcos.to(cos.dtype), dsin.to(sin.dtype)
+    return dq, dk, dcos, dsin
+
+
+class CorePeripheryAttentionFunction(torch.autograd.Function):
+    """Autograd wrapper of the Triton kernels (first-order gradients for q, k, v, cos, sin)."""
+
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                cos: Optional[torch.Tensor], sin: Optional[torch.Tensor], num_cores: int,
+                scale: float, input_precision: str, splits: Optional[int]) -> torch.Tensor:
+        q, k, v = _unit_last_stride(q), _unit_last_stride(k), _unit_last_stride(v)
+        if cos is not None:
+            cos, sin = _unit_last_stride(cos), _unit_last_stride(sin)
+            if _table_strides(cos) != _table_strides(sin):  # the kernels take one set
+                cos, sin = cos.contiguous(), sin.contiguous()
+        o, lse = cp_fwd(q, k, v, cos, sin, num_cores, scale, input_precision, splits)
+        if any(ctx.needs_input_grad[:5]):
+            ctx.save_for_backward(q, k, v, cos, sin, o, lse)
+        ctx.num_cores, ctx.scale, ctx.input_precision, ctx.splits = (num_cores, scale,
+                                                                     input_precision, splits)
+        return o
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, do: torch.Tensor):
+        q, k, v, cos, sin, o, lse = ctx.saved_tensors
+        dq, dk, dv = cp_bwd(do, q, k, v, cos, sin, o, lse, ctx.num_cores, ctx.scale,
+                            ctx.input_precision, ctx.splits)
+        needs = ctx.needs_input_grad
+        dcos = dsin = None
+        if cos is not None:
+            dq, dk, dcos, dsin = rope_backward(dq, dk, q, k, cos, sin, needs[0], needs[1],
+                                               needs[3] or needs[4])
+        return (dq if needs[0] else None, dk if needs[1] else None, dv if needs[2] else None,
+                dcos if needs[3] else None, dsin if needs[4] else None,
+                None, None, None, None)
+
+
+def core_periphery_attention_triton(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_cores: int, *,
+        rope: Optional[Tuple[torch.Tensor, torch.Tensor]] = None, scale: Optional[float] = None,
+        input_precision: str = DEFAULT_INPUT_PRECISION,
+        splits: Optional[int] = None) -> torch.Tensor:
+    """Core-periphery attention with the Triton kernels, no input validation (see
+    ``op.core_periphery_attention``).
+
+    Args:
+        q, k, v: ``[B, heads, C + N, D]``.
+        rope: None or ``(cos, sin)``, each ``[B or 1, C + N, D]``; cast to q's dtype here, with
+            autograd, so their gradients come back in their own dtype.
+        splits: force the number of splits of the core rows' long loops (tests).
+    Returns:
+        ``[B, heads, C + N, D]`` contiguous.
+    """
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    cos = sin = None
+    if rope is not None:
+        cos, sin = rope[0].to(q.dtype), rope[1].to(q.dtype)
+    return CorePeripheryAttentionFunction.apply(q, k, v, cos, sin, num_cores, scale,
+                                                input_precision, splits)

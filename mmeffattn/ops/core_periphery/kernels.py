@@ -1,0 +1,268 @@
+"""Triton kernels of core-periphery attention (VECA).
+
+Only ``@triton.jit`` functions live here; launchers and the autograd Function are in
+``function.py``. The attention pattern is two rectangles of one softmax-attention problem, so
+every kernel works on a *range* of query rows against a *range* of key rows:
+
+* core queries ``[0, C)`` against all keys ``[0, C + N)`` (few rows, a long key loop);
+* patch queries ``[C, C + N)`` against the core keys ``[0, C)`` (many rows, a short key loop:
+  one block when C fits it).
+
+Both ranges always start at row 0 on one side (the cores come first), so a forward / dq launch
+is described by ``(q_start, n_q, n_k)`` (queries ``[q_start, q_start + n_q)``, keys
+``[0, n_k)``) and a dk/dv launch by ``(k_start, n_k, n_q)`` (keys ``[k_start, k_start + n_k)``,
+queries ``[0, n_q)``).
+
+Conventions shared by every kernel:
+
+* q, k, v, do are ``[B, heads, C + N, D]`` with arbitrary batch/head/token strides and unit
+  stride on the head dim. The rope tables cos, sin are ``[B or 1, C + N, D]`` in q's dtype with
+  unit stride on D (batch stride 0 when broadcast).
+* With ``ROPE`` the q and k tiles are rotated as they are loaded
+  (``x * cos + rotate_pairs(x) * sin``; the partner channel ``d ^ 1`` is a second load of the
+  same cache lines), so no rotated copy of q and k is ever written to memory. The rotation is
+  computed in fp32 and rounded once to the storage dtype (the reference, like the official
+  code, rounds after each product in the storage dtype: within fp16/bf16 rounding). The backward
+  kernels produce gradients with respect to the *rotated* q and k; ``function.py`` maps them
+  back (and to cos / sin) with elementwise PyTorch ops.
+* The long loop can be split over ``n_splits`` programs (``blocks_per_split`` key or query
+  blocks each) so that few rows still fill the GPU. Every program writes normalised results for
+  its part to an output addressed by ``(split, batch*head, row)`` strides; the launcher either
+  points that at the final tensor (one split) or at fp32 partial buffers it then reduces.
+* One program per (row block, split, batch*head) on a 1-D grid, row block fastest.
+* The head dim ``D`` is padded to ``BD`` (a power of two >= 16) with masks.
+* Logits are kept in the log2 domain (``qk_scale = scale * log2(e)``, ``exp2``); the
+  log-sum-exp ``lse`` and the backward's ``delta`` are ``[B*heads, C + N]`` fp32.
+* Accumulation is fp32; ``tl.dot`` inputs are the storage dtype (fp32 with ``INPUT_PRECISION``).
+"""
+import triton
+import triton.language as tl
+
+from ..sema.kernels import _head_dim_mask
+
+#: runtime ints that change with the input size: not specialised, so one compiled kernel
+#: serves every number of cores and tokens of a tile class
+_SIZES = ['n_heads', 'n_q', 'n_k', 'n_blocks', 'n_splits', 'blocks_per_split', 'o_row0']
+
+
+@triton.jit
+def _load_rows(x, o_t, m_t, stride_xn, cos, sin, stride_rn, o_d, m_d, ROPE: tl.constexpr):
+    """Load the ``[len(o_t), BD]`` tile of rows ``o_t`` of x (zero where masked), rotated by the
+    rope tables when ``ROPE``; returned in x's dtype."""
+    m_x = m_t[:, None] & m_d[None, :]  # [BT, BD]
+    b_x = tl.load(x + o_t[:, None] * stride_xn + o_d[None, :], mask=m_x, other=0.)
+    if ROPE:
+        # rotate_pairs(x)[2i] = -x[2i+1], rotate_pairs(x)[2i+1] = x[2i]: the partner channel is
+        # d ^ 1 and the sign is folded into sin (D is even, so a partner of a real channel is real)
+        b_xp = tl.load(x + o_t[:, None] * stride_xn + (o_d ^ 1)[None, :], mask=m_x, other=0.)
+        o_r = o_t[:, None] * stride_rn + o_d[None, :]
+        b_cos = tl.load(cos + o_r, mask=m_x, other=0.).to(tl.float32)
+        b_sin = tl.load(sin + o_r, mask=m_x, other=0.).to(tl.float32)
+        b_sin = tl.where((o_d % 2 == 0)[None, :], -b_sin, b_sin)
+        b_x = (b_x.to(tl.float32) * b_cos + b_xp.to(tl.float32) * b_sin).to(x.dtype.element_ty)
+    return b_x
+
+
+@triton.jit
+def _split_range(i_s, blocks_per_split, n_rows, BLOCK: tl.constexpr):
+    """Blocks ``[start, end)`` of the long loop handled by split ``i_s``."""
+    start = i_s * blocks_per_split
+    return start, tl.minimum(start + blocks_per_split, tl.cdiv(n_rows, BLOCK))
+
+
+@triton.jit
+def _program(n_blocks, n_splits, n_heads):
+    """``(i_blk, i_s, i_bh, i_b, i_h)`` of this program: row block (fastest), split,
+    batch*head, and the batch and head (int64, for the base offsets)."""
+    i_prog = tl.program_id(0)
+    i_bh = i_prog // (n_blocks * n_splits)
+    return (i_prog % n_blocks, (i_prog // n_blocks) % n_splits, i_bh,
+            (i_bh // n_heads).to(tl.int64), (i_bh % n_heads).to(tl.int64))
+
+
+@triton.jit(do_not_specialize=_SIZES + ['q_start'])
+def cp_fwd_kernel(
+    q, k, v, cos, sin, o, lse,
+    stride_qb, stride_qh, stride_qn,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_rb, stride_rn,
+    stride_os, stride_obh, stride_on,
+    stride_ls, stride_lbh,
+    n_heads, q_start, n_q, n_k, n_blocks, n_splits, blocks_per_split, o_row0, scale, D,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BD: tl.constexpr, EVEN_D: tl.constexpr,
+    ROPE: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+):
+    """Softmax attention of queries ``[q_start, q_start + n_q)`` over keys ``[0, n_k)``.
+
+    Program ``(i_m, i_s, bh)``: ``BLOCK_M`` query rows against the key blocks of split ``i_s``
+    (online softmax). Writes the split's normalised output to ``o`` and its log2-sum-exp to
+    ``lse`` at row ``o_row0 + (row - q_start)``; ``n_blocks`` = query blocks.
+    """
+    i_m, i_s, i_bh, i_b, i_h = _program(n_blocks, n_splits, n_heads)
+    q += i_b * stride_qb + i_h * stride_qh
+    k += i_b * stride_kb + i_h * stride_kh
+    v += i_b * stride_vb + i_h * stride_vh
+    cos += i_b * stride_rb
+    sin += i_b * stride_rb
+    o += i_s.to(tl.int64) * stride_os + i_bh.to(tl.int64) * stride_obh
+    lse += i_s.to(tl.int64) * stride_ls + i_bh.to(tl.int64) * stride_lbh
+    qk_scale = scale * 1.4426950408889634
+
+    o_d, m_d = _head_dim_mask(D, BD, EVEN_D)  # [BD]
+    o_i = i_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] query index inside the range
+    m_i = o_i < n_q
+    b_q = _load_rows(q, q_start + o_i, m_i, stride_qn, cos, sin, stride_rn, o_d, m_d, ROPE)
+
+    b_acc = tl.zeros([BLOCK_M, BD], dtype=tl.float32)
+    b_m = tl.full([BLOCK_M], float('-inf'), dtype=tl.float32)  # running max (log2 domain)
+    b_l = tl.zeros([BLOCK_M], dtype=tl.float32)  # running sum of exp2
+    kb_start, kb_end = _split_range(i_s, blocks_per_split, n_k, BLOCK_N)
+    for i_kb in range(kb_start, kb_end):
+        o_j = i_kb * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] key index
+        m_j = o_j < n_k
+        b_k = _load_rows(k, o_j, m_j, stride_kn, cos, sin, stride_rn, o_d, m_d, ROPE)
+        b_v = tl.load(v + o_j[:, None] * stride_vn + o_d[None, :],
+                      mask=m_j[:, None] & m_d[None, :], other=0.)  # [BLOCK_N, BD]
+        b_s = tl.dot(b_q, tl.trans(b_k), input_precision=INPUT_PRECISION) * qk_scale
+        b_s = tl.where(m_j[None, :], b_s, float('-inf'))  # [BLOCK_M, BLOCK_N]
+        # every split holds at least one real key, so b_m_new is finite from the first block on
+        b_m_new = tl.maximum(b_m, tl.max(b_s, 1))
+        b_alpha = tl.exp2(b_m - b_m_new)
+        b_p = tl.exp2(b_s - b_m_new[:, None])
+        b_l = b_l * b_alpha + tl.sum(b_p, 1)
+        b_acc = b_acc * b_alpha[:, None] + tl.dot(b_p.to(b_v.dtype), b_v,
+                                                  input_precision=INPUT_PRECISION)
+        b_m = b_m_new
+    b_acc = b_acc / b_l[:, None]
+    o_r = o_row0 + o_i  # [BLOCK_M] output rows
+    tl.store(o + o_r[:, None] * stride_on + o_d[None, :], b_acc.to(o.dtype.element_ty),
+             mask=m_i[:, None] & m_d[None, :])
+    tl.store(lse + o_r, b_m + tl.log2(b_l), mask=m_i)
+
+
+@triton.jit(do_not_specialize=_SIZES + ['q_start', 'L'])
+def cp_bwd_dq_kernel(
+    q, k, v, cos, sin, do, lse, delta, dq,
+    stride_qb, stride_qh, stride_qn,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_rb, stride_rn,
+    stride_dob, stride_doh, stride_don,
+    stride_gs, stride_gbh, stride_gn,
+    n_heads, q_start, n_q, n_k, n_blocks, n_splits, blocks_per_split, o_row0, L, scale, D,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BD: tl.constexpr, EVEN_D: tl.constexpr,
+    ROPE: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+):
+    """dq (of the rotated q) for queries ``[q_start, q_start + n_q)`` over keys ``[0, n_k)``.
+
+    Program ``(i_m, i_s, bh)`` sums the key blocks of split ``i_s``: dq = scale * dS K with
+    P = exp2(S - lse) recomputed and dS = P * (dO V^T - delta). ``lse`` and ``delta`` are
+    ``[B*heads, L]`` fp32; the result goes to row ``o_row0 + (row - q_start)`` of ``dq``.
+    """
+    i_m, i_s, i_bh, i_b, i_h = _program(n_blocks, n_splits, n_heads)
+    q += i_b * stride_qb + i_h * stride_qh
+    k += i_b * stride_kb + i_h * stride_kh
+    v += i_b * stride_vb + i_h * stride_vh
+    do += i_b * stride_dob + i_h * stride_doh
+    cos += i_b * stride_rb
+    sin += i_b * stride_rb
+    lse += i_bh.to(tl.int64) * L
+    delta += i_bh.to(tl.int64) * L
+    dq += i_s.to(tl.int64) * stride_gs + i_bh.to(tl.int64) * stride_gbh
+    qk_scale = scale * 1.4426950408889634
+
+    o_d, m_d = _head_dim_mask(D, BD, EVEN_D)  # [BD]
+    o_i = i_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] query index inside the range
+    m_i = o_i < n_q
+    o_t = q_start + o_i  # [BLOCK_M] token rows
+    m_id = m_i[:, None] & m_d[None, :]
+    b_q = _load_rows(q, o_t, m_i, stride_qn, cos, sin, stride_rn, o_d, m_d, ROPE)
+    b_do = tl.load(do + o_t[:, None] * stride_don + o_d[None, :], mask=m_id, other=0.)
+    b_lse = tl.load(lse + o_t, mask=m_i, other=0.)  # [BLOCK_M]
+    b_delta = tl.load(delta + o_t, mask=m_i, other=0.)  # [BLOCK_M]
+
+    b_dq = tl.zeros([BLOCK_M, BD], dtype=tl.float32)
+    kb_start, kb_end = _split_range(i_s, blocks_per_split, n_k, BLOCK_N)
+    for i_kb in range(kb_start, kb_end):
+        o_j = i_kb * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] key index
+        m_j = o_j < n_k
+        b_k = _load_rows(k, o_j, m_j, stride_kn, cos, sin, stride_rn, o_d, m_d, ROPE)
+        b_v = tl.load(v + o_j[:, None] * stride_vn + o_d[None, :],
+                      mask=m_j[:, None] & m_d[None, :], other=0.)  # [BLOCK_N, BD]
+        b_s = tl.dot(b_q, tl.trans(b_k), input_precision=INPUT_PRECISION) * qk_scale
+        # padded keys: P = 0 (their logit 0 - lse could overflow exp2)
+        b_p = tl.where(m_j[None, :], tl.exp2(b_s - b_lse[:, None]), 0.)  # [BLOCK_M, BLOCK_N]
+        b_dp = tl.dot(b_do, tl.trans(b_v), input_precision=INPUT_PRECISION)
+        b_ds = b_p * (b_dp - b_delta[:, None])  # [BLOCK_M, BLOCK_N]
+        b_dq += tl.dot(b_ds.to(b_k.dtype), b_k, input_precision=INPUT_PRECISION)
+    o_r = o_row0 + o_i
+    tl.store(dq + o_r[:, None] * stride_gn + o_d[None, :], (b_dq * scale).to(dq.dtype.element_ty),
+             mask=m_id)
+
+
+@triton.jit(do_not_specialize=_SIZES + ['k_start', 'L'])
+def cp_bwd_dkdv_kernel(
+    q, k, v, cos, sin, do, lse, delta, dk, dv,
+    stride_qb, stride_qh, stride_qn,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_rb, stride_rn,
+    stride_dob, stride_doh, stride_don,
+    stride_gs, stride_gbh, stride_gn,
+    n_heads, k_start, n_k, n_q, n_blocks, n_splits, blocks_per_split, o_row0, L, scale, D,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BD: tl.constexpr, EVEN_D: tl.constexpr,
+    ROPE: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+):
+    """dk (of the rotated k) and dv for keys ``[k_start, k_start + n_k)`` from queries
+    ``[0, n_q)``, which must be exactly the queries that attend these keys.
+
+    Program ``(i_n, i_s, bh)``: ``BLOCK_N`` keys (rows of S^T) against the query blocks of split
+    ``i_s``: dv = P^T dO, dk = scale * dS^T Q. dk and dv share the output strides; the result
+    goes to row ``o_row0 + (key - k_start)``; ``n_blocks`` = key blocks.
+    """
+    i_n, i_s, i_bh, i_b, i_h = _program(n_blocks, n_splits, n_heads)
+    q += i_b * stride_qb + i_h * stride_qh
+    k += i_b * stride_kb + i_h * stride_kh
+    v += i_b * stride_vb + i_h * stride_vh
+    do += i_b * stride_dob + i_h * stride_doh
+    cos += i_b * stride_rb
+    sin += i_b * stride_rb
+    lse += i_bh.to(tl.int64) * L
+    delta += i_bh.to(tl.int64) * L
+    g_off = i_s.to(tl.int64) * stride_gs + i_bh.to(tl.int64) * stride_gbh
+    dk += g_off
+    dv += g_off
+    qk_scale = scale * 1.4426950408889634
+
+    o_d, m_d = _head_dim_mask(D, BD, EVEN_D)  # [BD]
+    o_j = i_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] key index inside the range
+    m_j = o_j < n_k
+    o_t = k_start + o_j  # [BLOCK_N] token rows
+    m_jd = m_j[:, None] & m_d[None, :]
+    b_k = _load_rows(k, o_t, m_j, stride_kn, cos, sin, stride_rn, o_d, m_d, ROPE)
+    b_v = tl.load(v + o_t[:, None] * stride_vn + o_d[None, :], mask=m_jd, other=0.)
+
+    b_dk = tl.zeros([BLOCK_N, BD], dtype=tl.float32)
+    b_dv = tl.zeros([BLOCK_N, BD], dtype=tl.float32)
+    qb_start, qb_end = _split_range(i_s, blocks_per_split, n_q, BLOCK_M)
+    for i_qb in range(qb_start, qb_end):
+        o_i = i_qb * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] query index
+        m_i = o_i < n_q
+        m_id = m_i[:, None] & m_d[None, :]
+        b_q = _load_rows(q, o_i, m_i, stride_qn, cos, sin, stride_rn, o_d, m_d, ROPE)
+        b_do = tl.load(do + o_i[:, None] * stride_don + o_d[None, :], mask=m_id, other=0.)
+        b_lse = tl.load(lse + o_i, mask=m_i, other=0.)  # [BLOCK_M]
+        b_delta = tl.load(delta + o_i, mask=m_i, other=0.)  # [BLOCK_M]
+        b_st = tl.dot(b_k, tl.trans(b_q), input_precision=INPUT_PRECISION) * qk_scale
+        # P^T = 0 for padded keys and for queries past the range (other rows of the op, which
+        # may not attend these keys at all)
+        b_pt = tl.where(m_j[:, None] & m_i[None, :], tl.exp2(b_st - b_lse[None, :]), 0.)
+        b_dv += tl.dot(b_pt.to(b_do.dtype), b_do, input_precision=INPUT_PRECISION)
+        b_dpt = tl.dot(b_v, tl.trans(b_do), input_precision=INPUT_PRECISION)  # [BLOCK_N, BLOCK_M]
+        b_dst = b_pt * (b_dpt - b_delta[None, :])
+        b_dk += tl.dot(b_dst.to(b_q.dtype), b_q, input_precision=INPUT_PRECISION)
+    o_r = o_row0 + o_j
+    o_g = o_r[:, None] * stride_gn + o_d[None, :]
+    tl.store(dk + o_g, (b_dk * scale).to(dk.dtype.element_ty), mask=m_jd)
+    tl.store(dv + o_g, b_dv.to(dv.dtype.element_ty), mask=m_jd)

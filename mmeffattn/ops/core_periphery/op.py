@@ -1,0 +1,150 @@
+"""Public core-periphery attention op: validates its inputs and dispatches to Triton or the
+reference."""
+import operator
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+
+from .._backend import (HAS_TRITON, can_run_device, can_run_dtype, can_run_triton,
+                        select_backend)
+from .naive import core_periphery_attention_naive
+
+SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # of the Triton kernels
+#: the kernels pad the head dim to a power of two >= 16 with masks, up to this
+MAX_TRITON_HEAD_DIM = 128
+int32_offsets_fit = core_periphery_attention_triton = None
+_KERNELS_IMPORT_ERROR = ''
+if HAS_TRITON:
+    try:
+        from .function import core_periphery_attention_triton, int32_offsets_fit
+    except Exception as e:  # pragma: no cover - e.g. a Triton release without an API we use
+        _KERNELS_IMPORT_ERROR = f'{type(e).__name__}: {e}'
+
+_NAME = 'core_periphery_attention'
+Rope = Tuple[torch.Tensor, torch.Tensor]
+
+
+def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_cores: int,
+                  rope: Optional[Sequence[torch.Tensor]]) -> Optional[Rope]:
+    """Raise ValueError naming the problem and the fix; return rope as a ``(cos, sin)`` tuple."""
+    for name, x in (('q', q), ('k', k), ('v', v)):
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f'{_NAME}: {name} must be a torch.Tensor, got {type(x).__name__}')
+        if x.dim() != 4:
+            raise ValueError(f'{_NAME}: {name} must be [B, heads, C + N, D] (4 dims), got shape '
+                             f'{tuple(x.shape)}; reshape tokens [B, C + N, heads*D] with '
+                             f'.reshape(B, C + N, heads, D).transpose(1, 2)')
+    if not (q.shape == k.shape == v.shape):
+        raise ValueError(f'{_NAME}: q, k, v must have the same shape [B, heads, C + N, D], got '
+                         f'q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}')
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f'{_NAME}: q, k, v must have the same dtype, got q {q.dtype}, '
+                         f'k {k.dtype}, v {v.dtype}; cast them to one dtype')
+    if not q.is_floating_point():
+        raise ValueError(f'{_NAME}: q, k, v must be floating point, got {q.dtype}')
+    if not (q.device == k.device == v.device):
+        raise ValueError(f'{_NAME}: q, k, v must be on one device, got q {q.device}, '
+                         f'k {k.device}, v {v.device}')
+    B, _, L, D = q.shape
+    if B == 0 or q.shape[1] == 0 or D == 0:
+        raise ValueError(f'{_NAME}: q has an empty batch, head or channel dim: {tuple(q.shape)}')
+    try:
+        if isinstance(num_cores, bool):
+            raise TypeError
+        C = operator.index(num_cores)
+    except TypeError:
+        raise ValueError(f'{_NAME}: num_cores must be an int, got {num_cores!r}') from None
+    if not 1 <= C < L:
+        raise ValueError(f'{_NAME}: num_cores={C} is out of range for C + N = {L} tokens; it '
+                         f'must satisfy 1 <= num_cores < C + N (the cores come first, followed by '
+                         f'at least one patch token)')
+    if rope is None:
+        return None
+    if not (isinstance(rope, (tuple, list)) and len(rope) == 2
+            and all(isinstance(t, torch.Tensor) for t in rope)):
+        raise ValueError(f'{_NAME}: rope must be None or a pair of tensors (cos, sin), got '
+                         f'{type(rope).__name__}'
+                         f'{f" of length {len(rope)}" if isinstance(rope, (tuple, list)) else ""}')
+    cos, sin = rope
+    if D % 2:
+        raise ValueError(f'{_NAME}: rope rotates pairs of channels, so the head dim must be even, '
+                         f'got D={D}; choose num_heads so that channels / num_heads is even, or '
+                         f'pass rope=None')
+    for name, t in (('cos', cos), ('sin', sin)):
+        if t.dim() != 3 or t.shape[0] not in (1, B) or tuple(t.shape[1:]) != (L, D):
+            raise ValueError(f'{_NAME}: rope {name} must be [B or 1, C + N, D] = [{B} or 1, {L}, '
+                             f'{D}] (shared by the heads), got {tuple(t.shape)}; drop a heads dim '
+                             f'with .squeeze(1) or broadcast a [C + N, D] table with .unsqueeze(0)')
+        if not t.is_floating_point():
+            raise ValueError(f'{_NAME}: rope {name} must be floating point, got {t.dtype}')
+        if t.device != q.device:
+            raise ValueError(f'{_NAME}: rope {name} is on {t.device} but q is on {q.device}; '
+                             f'move it with .to(q.device)')
+    if cos.shape != sin.shape:
+        raise ValueError(f'{_NAME}: rope cos and sin must have one shape, got cos '
+                         f'{tuple(cos.shape)} and sin {tuple(sin.shape)}')
+    return cos, sin
+
+
+def core_periphery_triton_reasons(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                  rope: Optional[Rope] = None,
+                                  interpret: Optional[bool] = None) -> List[str]:
+    """Reasons the Triton kernels cannot run these (validated) inputs; empty if they can.
+
+    Args:
+        interpret: whether Triton's interpreter is on (default: the mode recorded at import,
+            ``mmeffattn.ops._backend.TRITON_INTERPRET``).
+    """
+    reasons = can_run_triton()
+    if _KERNELS_IMPORT_ERROR:  # pragma: no cover
+        reasons.append(f'the core-periphery Triton kernels failed to import '
+                       f'({_KERNELS_IMPORT_ERROR})')
+    tensors = (q, k, v)
+    # cos and sin are cast to q's dtype before the kernels, so only q, k, v dtypes matter
+    reasons += can_run_device(tensors + tuple(rope or ()), interpret=interpret)
+    reasons += can_run_dtype(tensors, SUPPORTED_DTYPES, interpret=interpret)
+    if q.shape[-1] > MAX_TRITON_HEAD_DIM:
+        reasons.append(f'head dim {q.shape[-1]} > {MAX_TRITON_HEAD_DIM} (the kernels hold a '
+                       f'whole head in one tile)')
+    if int32_offsets_fit is not None and not int32_offsets_fit(*tensors):
+        reasons.append('C + N * token stride of an input reaches 2**31 (the kernels\' token '
+                       'offsets are int32)')
+    return reasons
+
+
+def core_periphery_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_cores: int,
+                             *, rope: Optional[Sequence[torch.Tensor]] = None,
+                             scale: Optional[float] = None,
+                             backend: Optional[str] = None) -> torch.Tensor:
+    """VECA's core-periphery attention (block-sparse softmax attention).
+
+    The first ``C = num_cores`` tokens are cores: each core query attends over all ``C + N``
+    keys. Every other token is a patch: its query attends over the C core keys only. Optional
+    2D RoPE (VECA's ``Rotary2D.apply``: ``x * cos + rotate_pairs(x) * sin`` with interleaved
+    channel pairs) is applied to q and k, not v. Gradients flow to q, k, v, cos and sin.
+
+    Args:
+        q, k, v: ``[B, heads, C + N, D]``, one dtype and device, any strides.
+        num_cores: C, ``1 <= C < C + N``.
+        rope: None or ``(cos, sin)``, each ``[B or 1, C + N, D]`` (D even), any float dtype:
+            cast to q's dtype before use.
+        scale: logit scale, ``D ** -0.5`` by default.
+        backend: ``None`` (automatic), ``'triton'`` or ``'reference'``; see
+            :mod:`mmeffattn.ops._backend` (``$MMEFFATTN_OPS_BACKEND`` applies when None).
+
+    Returns:
+        ``[B, heads, C + N, D]`` in q's dtype (contiguous from the Triton backend).
+
+    Raises:
+        ValueError: malformed inputs (the message says what to change).
+        RuntimeError: ``backend='triton'`` on inputs the kernels cannot run (lists the reasons).
+    """
+    rope = _check_inputs(q, k, v, num_cores, rope)
+    num_cores = operator.index(num_cores)
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    chosen = select_backend(_NAME, backend,
+                            lambda: core_periphery_triton_reasons(q, k, v, rope),
+                            (q, k, v))
+    if chosen == 'triton':
+        return core_periphery_attention_triton(q, k, v, num_cores, rope=rope, scale=scale)
+    return core_periphery_attention_naive(q, k, v, num_cores, rope=rope, scale=scale)
