@@ -32,7 +32,7 @@ from mmengine.model import BaseModule
 from mmeffattn.ops import sema_attention
 from mmeffattn.registry import MODELS
 from ..utils import (FreezeStagesMixin, StrictPretrainedMixin, init_linear_and_norm,
-                     parse_out_indices, unwrap_state_dict)
+                     parse_out_indices, resolve_arch, unwrap_state_dict)
 from ..layers import ConvNormAct, DropPath, Mlp
 
 __all__ = ['SEMA', 'MILA', 'checkpoint_filter_mlla', 'apply_rope_2d']
@@ -525,18 +525,7 @@ class SEMA(StrictPretrainedMixin, FreezeStagesMixin, BaseModule):
     # ---------------------------------------------------------------- construction helpers
     @classmethod
     def _parse_arch(cls, arch: Union[str, dict]) -> dict:
-        essential = {'embed_dims', 'depths', 'num_heads'}
-        if isinstance(arch, str):
-            key = arch.lower()
-            if key not in cls.arch_zoo:
-                raise KeyError(f'Unknown arch {arch!r} for {cls.__name__}; choose one of '
-                               f'{sorted(cls.arch_zoo)} or pass a dict with keys '
-                               f'{sorted(essential)}')
-            return dict(cls.arch_zoo[key])
-        if not isinstance(arch, dict) or not essential <= set(arch):
-            raise ValueError(f'A custom arch must be a dict with keys {sorted(essential)}, '
-                             f'got {arch!r}')
-        arch = dict(arch)
+        arch = resolve_arch(cls.__name__, arch, cls.arch_zoo, ('embed_dims', 'depths', 'num_heads'))
         if len(arch['depths']) != len(arch['num_heads']):
             raise ValueError(f"arch 'depths' {arch['depths']} and 'num_heads' "
                              f"{arch['num_heads']} differ in length")

@@ -44,7 +44,7 @@ from mmengine.model import BaseModule
 from mmeffattn.ops import dynamic_dwconv, dynamic_weight
 from mmeffattn.registry import MODELS
 from ..utils import (FreezeStagesMixin, StrictPretrainedMixin, clip_keys, init_linear_and_norm,
-                     parse_out_indices, unwrap_state_dict)
+                     parse_out_indices, resolve_arch, unwrap_state_dict)
 from ..layers import DropPath, Mlp
 from ..layers.vit_pyramid import ViTPyramid
 
@@ -427,19 +427,8 @@ class WeightFormer(StrictPretrainedMixin, FreezeStagesMixin, BaseModule):
     # ---------------------------------------------------------------- construction helpers
     @classmethod
     def _parse_arch(cls, arch: Union[str, dict]) -> dict:
-        essential = {'embed_dims', 'depth'}
-        if isinstance(arch, str):
-            key = arch.lower()
-            if key not in cls.arch_zoo:
-                raise KeyError(f'Unknown arch {arch!r} for {cls.__name__}; choose one of '
-                               f'{sorted(cls.arch_zoo)} or pass a dict with keys '
-                               f'{sorted(essential)}')
-            return dict(cls.arch_zoo[key])
-        if not isinstance(arch, dict) or not essential <= set(arch):
-            raise ValueError(f'A custom arch must be a dict with keys {sorted(essential)} '
-                             f"(and optionally 'mlp_ratio'), got {arch!r}")
-        arch = dict(arch)
-        arch.setdefault('mlp_ratio', 4.)
+        arch = resolve_arch(cls.__name__, arch, cls.arch_zoo, ('embed_dims', 'depth'),
+                            defaults=dict(mlp_ratio=4.))
         if arch['depth'] < 1:
             raise ValueError(f"arch 'depth' must be >= 1, got {arch['depth']}")
         return arch

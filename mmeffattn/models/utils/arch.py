@@ -1,0 +1,33 @@
+"""``arch`` resolution shared by the backbones: a name from the class's ``arch_zoo`` or a dict."""
+import copy
+from typing import Iterable, Mapping, Optional, Union
+
+
+def resolve_arch(owner: str, arch: Union[str, dict], arch_zoo: Mapping[str, dict],
+                 essential: Iterable[str], defaults: Optional[Mapping] = None) -> dict:
+    """Return a fresh copy of the settings ``arch`` names (or gives), with ``defaults`` filled in.
+
+    Args:
+        owner: the class name, for the error messages.
+        arch: a key of ``arch_zoo`` (case-insensitive) or a dict of settings.
+        arch_zoo: the class's table of variants.
+        essential: keys a custom dict must have.
+        defaults: values for the optional keys a custom dict may leave out.
+
+    Raises:
+        KeyError: an unknown name (the message lists the known ones).
+        ValueError: a custom dict without the essential keys.
+    """
+    essential = sorted(essential)
+    optional = f' (optional: {sorted(defaults)})' if defaults else ''
+    if isinstance(arch, str):
+        key = arch.lower()
+        if key not in arch_zoo:
+            raise KeyError(f'Unknown arch {arch!r} for {owner}; choose one of {sorted(arch_zoo)} '
+                           f'or pass a dict with keys {essential}{optional}')
+        return copy.deepcopy(dict(arch_zoo[key]))
+    if not isinstance(arch, Mapping) or not set(essential) <= set(arch):
+        raise ValueError(f'A custom arch for {owner} must be a dict with keys {essential}'
+                         f'{optional}, got {arch!r}')
+    # deep copies: a backbone must never mutate the zoo or the caller's config
+    return copy.deepcopy({**(defaults or {}), **arch})
