@@ -1,4 +1,6 @@
+from .laplacianformer import LaplacianFormer
 from .sema import MILA, SEMA, checkpoint_filter_mlla
-from .weightformer import WeightFormer, convert_weightformer  # noqa: F401
+from .weightformer import WeightFormer, convert_weightformer
 
-__all__ = ['SEMA', 'MILA', 'checkpoint_filter_mlla']
+__all__ = ['SEMA', 'MILA', 'checkpoint_filter_mlla', 'WeightFormer', 'convert_weightformer',
+           'LaplacianFormer']
