@@ -19,14 +19,16 @@ and give the official logits. The key mapping is
 """
 import argparse
 import os.path as osp
-import pickle
 import sys
 from collections import OrderedDict
 from typing import Optional, Sequence
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
+sys.path.insert(0, osp.dirname(osp.abspath(__file__)))  # converter_cli
 
-import torch  # noqa: E402
+
+from converter_cli import load_official as _load  # noqa: E402
+from converter_cli import parse_converter_args, save_converted  # noqa: E402
 
 from mmeffattn.models.backbones.weightformer import convert_weightformer  # noqa: E402
 
@@ -47,20 +49,7 @@ _STAND_INS = [(_TrainingConfig, 'yacs.config.CfgNode')]
 
 def load_official(path: str, unsafe: bool = False) -> dict:
     """Read an official checkpoint on the CPU (safe loading unless ``unsafe``)."""
-    if not osp.isfile(path):
-        raise FileNotFoundError(f'no checkpoint at {path!r}')
-    if path.endswith('.safetensors'):
-        from safetensors.torch import load_file
-        return load_file(path, device='cpu')
-    if unsafe:
-        return torch.load(path, map_location='cpu', weights_only=False)
-    try:
-        with torch.serialization.safe_globals(_STAND_INS):
-            return torch.load(path, map_location='cpu', weights_only=True)
-    except pickle.UnpicklingError as e:  # an object the safe loader refuses
-        raise RuntimeError(
-            f'{path!r} holds objects that torch.load(weights_only=True) refuses ({e}). If you '
-            f'trust the file, rerun with --unsafe-load.') from e
+    return _load(path, unsafe, stand_ins=_STAND_INS)
 
 
 def weightformer_arch(state_dict: dict) -> str:
@@ -70,16 +59,10 @@ def weightformer_arch(state_dict: dict) -> str:
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description='Convert an official WeightFormer checkpoint to an mmpretrain '
-                    'ImageClassifier checkpoint (WeightFormer backbone, out_type="avgpool", '
-                    'neck=None, LinearClsHead).')
-    parser.add_argument('src', help='official checkpoint (.pth, or .safetensors)')
-    parser.add_argument('dst', help='output checkpoint')
-    parser.add_argument('--unsafe-load', action='store_true',
-                        help='read SRC with torch.load(weights_only=False): only for files you '
-                             'trust, when the safe loader refuses one')
-    return parser.parse_args(argv)
+    return parse_converter_args(
+        'Convert an official WeightFormer checkpoint to an mmpretrain ImageClassifier checkpoint '
+        '(WeightFormer backbone, out_type="avgpool", neck=None, LinearClsHead).',
+        'official checkpoint (.pth, or .safetensors)', argv)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict:
@@ -90,10 +73,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                 arch=weightformer_arch(state_dict))
     if isinstance(ckpt, dict) and isinstance(ckpt.get('epoch'), int):
         meta['epoch'] = ckpt['epoch']
-    dst_dir = osp.dirname(osp.abspath(args.dst))
-    if not osp.isdir(dst_dir):
-        raise FileNotFoundError(f'output folder {dst_dir!r} does not exist')
-    torch.save({'state_dict': state_dict, 'meta': meta}, args.dst)
+    save_converted(state_dict, meta, args.dst)
     print(f'{args.src} -> {args.dst}: {len(state_dict)} tensors, arch {meta["arch"]}')
     return meta
 

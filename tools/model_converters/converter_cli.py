@@ -1,0 +1,52 @@
+"""What every official-checkpoint converter here shares: safe loading, the CLI, the save."""
+import argparse
+import os.path as osp
+import pickle
+from typing import Iterable, Optional, Sequence, Tuple
+
+import torch
+
+
+def load_official(path: str, unsafe: bool = False,
+                  stand_ins: Iterable[Tuple[type, str]] = ()) -> dict:
+    """Read an official checkpoint on the CPU.
+
+    Safe loading (``weights_only=True``) unless ``unsafe``; ``stand_ins`` are (class, pickled
+    name) pairs the safe loader may build in place of the originals (e.g. a training config
+    class whose package is not installed). ``.safetensors`` files need the safetensors package.
+    """
+    if not osp.isfile(path):
+        raise FileNotFoundError(f'no checkpoint at {path!r}')
+    if path.endswith('.safetensors'):
+        from safetensors.torch import load_file
+        return load_file(path, device='cpu')
+    if unsafe:
+        return torch.load(path, map_location='cpu', weights_only=False)
+    try:
+        with torch.serialization.safe_globals(list(stand_ins)):
+            return torch.load(path, map_location='cpu', weights_only=True)
+    except pickle.UnpicklingError as e:  # an object the safe loader refuses
+        raise RuntimeError(
+            f'{path!r} holds objects that torch.load(weights_only=True) refuses ({e}). If you '
+            f'trust the file, rerun with --unsafe-load.') from e
+
+
+def parse_converter_args(description: str, src_help: str,
+                         argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    """The OpenMMLab converter CLI: ``SRC DST [--unsafe-load]``."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument('src', help=src_help)
+    parser.add_argument('dst', help='output checkpoint')
+    parser.add_argument('--unsafe-load', action='store_true',
+                        help='read SRC with torch.load(weights_only=False): only for files you '
+                             'trust, when the safe loader refuses one')
+    return parser.parse_args(argv)
+
+
+def save_converted(state_dict: dict, meta: dict, dst: str) -> None:
+    """Write ``{'state_dict', 'meta'}`` to ``dst`` (its folder must exist: no silent mkdir of a
+    mistyped path)."""
+    dst_dir = osp.dirname(osp.abspath(dst))
+    if not osp.isdir(dst_dir):
+        raise FileNotFoundError(f'output folder {dst_dir!r} does not exist')
+    torch.save({'state_dict': state_dict, 'meta': meta}, dst)
