@@ -1,0 +1,37 @@
+# RetinaNet + VECA-S, 1x schedule: the stride 4/8/16/32 pyramid of the isotropic trunk (blocks
+# 2, 5, 8, 11), FPN from stride 8 with extra levels on its input (as RetinaNet R-50). AdamW lr
+# 1e-4, wd 0.05. Cores as in mask-rcnn_veca-s_fpn_1x_coco.py (nested dropout in training,
+# model.backbone.num_cores in evaluation).
+_base_ = 'mmdet::swin/retinanet_swin-t-p4-w7_fpn_1x_coco.py'
+
+custom_imports = dict(imports=['mmeffattn'], allow_failed_imports=False)
+
+pretrained = None  # see mask-rcnn_veca-s_fpn_1x_coco.py
+embed_dims = 384
+
+model = dict(
+    backbone=dict(
+        _delete_=True,
+        type='mmeffattn.VECA',
+        arch='small',
+        num_cores=64,
+        nested_dropout=True,
+        out_type='pyramid',
+        out_indices=(2, 5, 8, 11),
+        drop_path_rate=0.1,
+        with_cp=False,
+        init_cfg=dict(type='Pretrained', checkpoint=pretrained, prefix='backbone.')),
+    neck=dict(in_channels=[embed_dims] * 4, start_level=1, add_extra_convs='on_input',
+              num_outs=5))
+
+find_unused_parameters = True  # nested core dropout: unused bank chunks have no gradient
+
+optim_wrapper = dict(
+    type='OptimWrapper',
+    paramwise_cfg=dict(
+        custom_keys={'norm': dict(decay_mult=0.), 'core_tokens': dict(decay_mult=0.),
+                     'core_coords': dict(decay_mult=0.), 'coord_head.alpha': dict(decay_mult=0.)},
+        _delete_=True),
+    optimizer=dict(_delete_=True, type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=0.05))
+
+auto_scale_lr = dict(enable=False, base_batch_size=16)

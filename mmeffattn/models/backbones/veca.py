@@ -1,0 +1,793 @@
+"""VECA: Visual Elastic Core Attention, an isotropic ViT whose patches talk only through cores.
+
+Paper: Elastic Attention Cores for Scalable Vision Transformers (Song et al.), arXiv 2605.12491,
+https://arxiv.org/abs/2605.12491; official code https://github.com/alansong1322/VECA
+(``veca/model.py``, ``veca/config.py``).
+
+Dense self-attention over ``N`` patches costs ``N^2``. VECA prepends ``C`` learned *core* tokens
+(``C <= 64``, a prefix of an ordered bank) and uses a block-sparse pattern in every block: cores
+attend to cores and patches, patches attend to the cores only, for ``2NC + C^2`` interactions.
+
+The trunk (as the official ``VECA`` module):
+
+- a 16x16 patch embedding (its LayerNorm is off by default, as ``patch_embed_use_ln``), no class
+  token and no absolute position embedding;
+- ``depth`` pre-LN blocks ``x = x + Attn(LN(x))``, ``x = x + SwiGLU(LN(x))`` with separate q/k/v
+  projections and a SwiGLU feed-forward (``fc1`` to twice the hidden width, ``silu(u) * v``,
+  ``fc2``);
+- 2D axial RoPE (base 100, the lowest 1/8 of the frequencies zeroed) on q and k. Patches sit at
+  their pixel centres in ``[-1, 1]`` (shifted by up to +-0.08 and rescaled by up to 2x in
+  training); core ``j`` sits at ``tanh(raw_j)``, ``raw`` initialised by farthest-point sampling
+  and moved before every block after the first by ``raw += alpha_l * Linear(D, 2)(core tokens)``
+  (``alpha_l`` initialised to 0.01);
+- a final LayerNorm. Core 0 is the global representation, the patch tokens the dense features.
+
+Nested dropout: the bank is stored in chunks of 8 cores. In training each forward draws the
+number of active cores from {8, 16, ..., 64} with weights 1, 1, 2, 2, 3, 3, 4, 4 (the official
+schedule; the same draw on every rank under DDP), so the cores are ordered by importance and any
+prefix works at test time; unused chunks get no gradient (DDP needs
+``find_unused_parameters=True``). In eval (or with ``nested_dropout=False``) ``num_cores`` cores
+are used; it is a plain attribute of a built model.
+
+Beyond the official code: any image size (zero padded on the bottom/right to a multiple of 16;
+the official convolution would drop the remainder), outputs of any blocks (``out_indices``) as
+global vectors, token maps or a stride 4/8/16/32 pyramid
+(:class:`~mmeffattn.models.layers.ViTPyramid`), stochastic depth and the OpenMMLab training
+switches. The attention itself runs in :func:`mmeffattn.ops.core_periphery_attention`.
+
+Parameter names (``patch_embed.proj``, ``core_tokens.{c}``, ``core_coords.{c}``,
+``blocks.{i}.norm1/attn.{q,k,v,proj}/norm2/ffn.{fc1,fc2}``, ``blocks.{i}.coord_head.{fc,alpha}``,
+``norm{i}``) differ from the official ones; :func:`convert_veca` at the end of this file maps
+official checkpoints and ``tools/model_converters/veca_official.py`` is its command line.
+"""
+import math
+import re
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+import torch.utils.checkpoint as cp
+from mmengine.model import BaseModule
+
+from mmeffattn.ops import core_periphery_attention
+from mmeffattn.registry import MODELS
+from ..layers import DropPath
+from ..layers.vit_pyramid import ViTPyramid
+from ..utils import (FreezeStagesMixin, StrictPretrainedMixin, clip_keys, init_linear_and_norm,
+                     parse_out_indices, resolve_arch, unwrap_state_dict)
+
+__all__ = ['VECA', 'RoPE2D', 'CorePeripheryAttention', 'VECABlock', 'fps_core_coords',
+           'convert_veca', 'checkpoint_filter_veca']
+
+HWShape = Tuple[int, int]
+# official nested-dropout budget weights for 8, 16, ..., 64 active cores (veca/config.py)
+OFFICIAL_BUDGET_WEIGHTS = (1., 1., 2., 2., 3., 3., 4., 4.)
+
+
+# --------------------------------------------------------------------------------------------
+# helpers: core coordinates, patch coordinates, rotary embedding
+# --------------------------------------------------------------------------------------------
+def farthest_point_sampling(points: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of ``k`` of the ``[M, 2]`` ``points`` chosen greedily far apart.
+
+    Starts at the point nearest the origin, then repeatedly takes the point farthest from
+    those chosen (ties: the lowest index, as ``argmax``). ``k >= M`` returns every index.
+    """
+    M = points.shape[0]
+    if k >= M:
+        return torch.arange(M)
+    chosen = [int(points.square().sum(1).argmin())]
+    dist2 = (points - points[chosen[0]]).square().sum(1)  # [M] to the nearest chosen point
+    for _ in range(1, k):
+        nxt = int(dist2.argmax())
+        chosen.append(nxt)
+        dist2 = torch.minimum(dist2, (points - points[nxt]).square().sum(1))
+    return torch.tensor(chosen)
+
+
+@torch.no_grad()
+def fps_core_coords(num_cores: int, pool_size: int = 1000, coord_range: float = .95,
+                    seed: Optional[int] = 0) -> torch.Tensor:
+    """Initial raw core coordinates ``[num_cores, 2]`` (``tanh`` of them is the position).
+
+    As the official init: a pool of ``pool_size`` points uniform in ``[-r, r]^2``, thinned by
+    farthest-point sampling, mapped through ``atanh`` (clamped to +-0.999). The pool is drawn
+    from its own generator seeded with ``seed`` so the bank is the same on every build and rank
+    (the official code draws it from the global generator seeded per run); ``seed=None`` uses the
+    global generator.
+    """
+    gen = torch.Generator().manual_seed(seed) if seed is not None else None
+    pool = torch.rand(pool_size, 2, generator=gen, dtype=torch.float32, device='cpu')
+    pool = pool * (2 * coord_range) - coord_range  # [pool, 2] in [-r, r]
+    picked = pool[farthest_point_sampling(pool, num_cores)]
+    return torch.atanh(picked.clamp(-.999, .999))
+
+
+def patch_centres(hw: HWShape, device: torch.device) -> torch.Tensor:
+    """``[H*W, 2]`` (x, y) pixel centres of an ``H x W`` patch grid in ``[-1, 1]``, row-major."""
+    H, W = hw
+    # fp32 and this order of operations, as the official grid (see RoPE2D.forward)
+    ys = (torch.arange(H, device=device, dtype=torch.float32) + .5) / H * 2. - 1.
+    xs = (torch.arange(W, device=device, dtype=torch.float32) + .5) / W * 2. - 1.
+    gy, gx = torch.meshgrid(ys, xs, indexing='ij')
+    return torch.stack((gx, gy), dim=-1).reshape(-1, 2)
+
+
+class RoPE2D(nn.Module):
+    """2D axial rotary position tables for VECA (the official ``Rotary2D``).
+
+    For head dim ``Dh``: ``Dh / 4`` periods ``base ** (2 j / (Dh / 2))``; the first half of the
+    channels rotates with x, the second half with y, each period covering one interleaved pair.
+    A fraction ``p_zero_freqs`` of the periods (the longest, i.e. the lowest frequencies, with
+    ``zero_from='low'``) is set to infinity: those channels carry no position.
+
+    Args:
+        head_dim: channels per head, a multiple of 4.
+        base: period base.
+        shift: training-time shift of the patch coordinates, uniform in ``[-shift, shift]`` per
+            axis (one draw per forward), or None.
+        jitter: training-time per-axis scale, log-uniform in ``[1/jitter, jitter]``, or None.
+        rescale: training-time common scale, log-uniform in ``[1/rescale, rescale]``, or None.
+        p_zero_freqs: fraction of periods set to infinity.
+        zero_from: ``'low'`` (longest periods) or ``'high'`` (shortest).
+    """
+
+    def __init__(self, head_dim: int, base: float = 100., shift: Optional[float] = .08,
+                 jitter: Optional[float] = None, rescale: Optional[float] = 2.,
+                 p_zero_freqs: float = .125, zero_from: str = 'low') -> None:
+        super().__init__()
+        if head_dim % 4:
+            raise ValueError(f'2D RoPE needs a head dim divisible by 4, got {head_dim}: choose '
+                             f'embed_dims / num_heads accordingly')
+        if zero_from not in ('low', 'high'):
+            raise ValueError(f"rope zero_from must be 'low' or 'high', got {zero_from!r}")
+        self.head_dim, self.base = head_dim, base
+        self.shift, self.jitter, self.rescale = shift, jitter, rescale
+        self.p_zero_freqs, self.zero_from = float(p_zero_freqs), zero_from
+        n = head_dim // 4
+        periods = base ** (torch.arange(n, dtype=torch.float32, device='cpu') * 2 / (head_dim // 2))
+        n_zero = int(round(self.p_zero_freqs * n))
+        if n_zero:
+            if zero_from == 'low':
+                periods[n - n_zero:] = float('inf')
+            else:
+                periods[:n_zero] = float('inf')
+        # derived from the arguments, so not saved (the official buffer is not persistent)
+        self.register_buffer('periods', periods, persistent=False)
+
+    def augment(self, coords: torch.Tensor) -> torch.Tensor:
+        """Random shift / jitter / rescale of ``[B, N, 2]`` patch coordinates in training."""
+        if not self.training:
+            return coords
+        if self.shift is not None:
+            coords = coords + coords.new_empty(2).uniform_(-self.shift, self.shift)
+        if self.jitter is not None:
+            m = math.log(self.jitter)
+            coords = coords * coords.new_empty(2).uniform_(-m, m).exp()
+        if self.rescale is not None:
+            m = math.log(self.rescale)
+            coords = coords * coords.new_empty(1).uniform_(-m, m).exp()
+        return coords
+
+    def forward(self, coords: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``coords [B, L, 2]`` (x, y) -> ``(cos, sin)``, each ``[B, L, head_dim]`` in fp32."""
+        # fp32 whatever the autocast dtype: the angles reach ~2 pi / 1 * coordinate and bf16
+        # would lose the position detail that RoPE encodes
+        # (2 pi c) / period in this order, as the official code: the angles feed back into the
+        # learned core coordinates, so even last-bit differences grow over the blocks
+        coords = coords.float()
+        periods = self.periods.float().to(coords.device)  # [Dh/4]; inf -> angle 0
+        ang = (2 * math.pi) * coords.unsqueeze(-1) / periods  # [B, L, 2, Dh/4]
+        ang = ang.repeat_interleave(2, dim=-1).flatten(-2)  # [B, L, Dh]: x pairs, then y pairs
+        return ang.cos(), ang.sin()
+
+    def extra_repr(self) -> str:
+        return (f'head_dim={self.head_dim}, base={self.base}, shift={self.shift}, '
+                f'jitter={self.jitter}, rescale={self.rescale}, p_zero_freqs={self.p_zero_freqs}')
+
+
+# --------------------------------------------------------------------------------------------
+# attention, feed-forward, block
+# --------------------------------------------------------------------------------------------
+class CorePeripheryAttention(nn.Module):
+    """Multi-head core-periphery attention with RoPE (the official ``MaskedBiDirAttentionSDPA``
+    without its dropout: every official family trains with 0).
+
+    Args:
+        dim: channels.
+        num_heads: heads.
+        backend: backend of :func:`mmeffattn.ops.core_periphery_attention` (None: automatic).
+    """
+
+    def __init__(self, dim: int, num_heads: int, backend: Optional[str] = None) -> None:
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f'embed_dims ({dim}) must be divisible by num_heads ({num_heads})')
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.backend = backend
+        self.q = nn.Linear(dim, dim)
+        self.k = nn.Linear(dim, dim)
+        self.v = nn.Linear(dim, dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                num_cores: int) -> torch.Tensor:
+        # x: [B, C + N, dim], cores first; cos/sin: [B or 1, C + N, head_dim]
+        B, L, dim = x.shape
+
+        def heads(t: torch.Tensor) -> torch.Tensor:
+            return t.view(B, L, self.num_heads, self.head_dim).transpose(1, 2)  # [B, h, L, Dh]
+
+        out = core_periphery_attention(heads(self.q(x)), heads(self.k(x)), heads(self.v(x)),
+                                       num_cores, rope=(cos, sin), backend=self.backend)
+        return self.proj(out.transpose(1, 2).reshape(B, L, dim))  # [B, L, dim]
+
+
+class SwiGLUFFN(nn.Module):
+    """``fc2(silu(u) * v)`` with ``(u, v) = fc1(x)`` split in halves (the official FFN).
+
+    Args:
+        dim: channels.
+        hidden: width of each half (``int(dim * mlp_ratio)``).
+    """
+
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, 2 * hidden)
+        self.fc2 = nn.Linear(hidden, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        u, v = self.fc1(x).chunk(2, dim=-1)  # [..., hidden] each
+        return self.fc2(F.silu(u) * v)
+
+
+class CoreCoordUpdate(nn.Module):
+    """``raw += alpha * fc(cores)``: the step that moves the core coordinates before a block.
+
+    Args:
+        dim: channels of the core tokens.
+        alpha: initial step size (0.01 in the official code).
+    """
+
+    def __init__(self, dim: int, alpha: float = .01) -> None:
+        super().__init__()
+        self.fc = nn.Linear(dim, 2)
+        self.alpha = nn.Parameter(torch.tensor(float(alpha)))
+
+    def forward(self, raw: torch.Tensor, cores: torch.Tensor) -> torch.Tensor:
+        # raw: [B, C, 2] (fp32); cores: [B, C, dim] (the residual stream, before the norm)
+        delta = self.fc(cores)
+        return raw + self.alpha.to(delta.dtype) * delta
+
+
+class VECABlock(nn.Module):
+    """A pre-LN VECA block; blocks after the first also hold the core-coordinate update that
+    runs before them (so that freezing a block freezes the step that feeds it).
+
+    Args:
+        dim: channels.
+        num_heads: attention heads.
+        mlp_ratio: hidden width of the SwiGLU halves / ``dim``.
+        drop_path: stochastic depth of both residual branches.
+        coord_update: whether the block has a :class:`CoreCoordUpdate`.
+        alpha: its initial step size.
+        backend: backend of the attention op.
+    """
+
+    def __init__(self, dim: int, num_heads: int, mlp_ratio: float, drop_path: float = 0.,
+                 coord_update: bool = False, alpha: float = .01,
+                 backend: Optional[str] = None) -> None:
+        super().__init__()
+        self.coord_head = CoreCoordUpdate(dim, alpha) if coord_update else None
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = CorePeripheryAttention(dim, num_heads, backend)
+        self.norm2 = nn.LayerNorm(dim)
+        self.ffn = SwiGLUFFN(dim, int(dim * mlp_ratio))
+        self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                num_cores: int) -> torch.Tensor:
+        # x: [B, C + N, dim]
+        x = x + self.drop_path(self.attn(self.norm1(x), cos, sin, num_cores))
+        return x + self.drop_path(self.ffn(self.norm2(x)))
+
+
+class PatchEmbed(nn.Module):
+    """Non-overlapping patches -> tokens, optionally LayerNorm'ed; the image is zero padded on the
+    bottom/right to a multiple of ``patch_size`` first.
+
+    Args:
+        in_channels: image channels.
+        embed_dims: token channels.
+        patch_size: patch side.
+        norm: apply a LayerNorm to the tokens (the official ``patch_embed_use_ln``).
+    """
+
+    def __init__(self, in_channels: int, embed_dims: int, patch_size: int, norm: bool) -> None:
+        super().__init__()
+        self.patch_size = patch_size
+        self.proj = nn.Conv2d(in_channels, embed_dims, patch_size, stride=patch_size)
+        self.norm = nn.LayerNorm(embed_dims) if norm else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, HWShape]:
+        p = self.patch_size
+        H, W = x.shape[-2:]
+        if H % p or W % p:
+            x = F.pad(x, (0, (-W) % p, 0, (-H) % p))
+        x = self.proj(x)  # [B, D, ceil(H/p), ceil(W/p)]
+        hw = (x.shape[2], x.shape[3])
+        return self.norm(x.flatten(2).transpose(1, 2)), hw  # [B, N, D]
+
+
+# --------------------------------------------------------------------------------------------
+# the model
+# --------------------------------------------------------------------------------------------
+@MODELS.register_module()
+class VECA(FreezeStagesMixin, StrictPretrainedMixin, BaseModule):
+    """VECA backbone (see the module docstring).
+
+    Outputs (a tuple, per ``out_type``):
+
+    - ``'raw'``: ``(global [B, D'], patches [B, Hp*Wp, D'])``, the official model's output: core
+      0 and the patch tokens after the final norm (and ``output_proj`` when ``out_proj_dims``
+      is set, ``D' = out_proj_dims``); ``Hp, Wp = ceil(H/16), ceil(W/16)``. Last block only.
+    - ``'global'``: core 0 after the output norm of each ``out_indices`` block, ``[B, D]``
+      (for mmpretrain heads; default: the last block).
+    - ``'featmap'``: the patch tokens of each ``out_indices`` block as ``[B, D, Hp, Wp]``.
+    - ``'pyramid'``: those maps (1 or 4 blocks, default 2, 5, 8, 11 for depth 12) resampled to
+      strides 4, 8, 16, 32 by :class:`~mmeffattn.models.layers.ViTPyramid`.
+
+    Args:
+        arch: ``'small'``/``'s'``, ``'splus'``, ``'base'``/``'b'``, ``'large'``/``'l'``, or a
+            dict with ``embed_dims``, ``depth``, ``num_heads`` (and optionally ``mlp_ratio``,
+            default 2.66667).
+        num_cores: active cores in eval (and in training without nested dropout): a multiple of
+            ``core_chunk`` in ``[core_chunk, max_cores]``. May be changed on a built model.
+        out_type: ``'raw'``, ``'global'``, ``'featmap'`` or ``'pyramid'``.
+        in_channels: image channels.
+        patch_size: patch side (the trunk's stride).
+        max_cores: size of the core bank (64 in every official family).
+        core_chunk: cores per bank chunk; budgets are multiples of it.
+        nested_dropout: draw the number of active cores per forward in training.
+        budget_weights: weights of the budgets ``core_chunk, 2 core_chunk, ..., max_cores``;
+            None gives the official 1, 1, 2, 2, 3, 3, 4, 4 (truncated to the bank).
+        patch_norm: LayerNorm after the patch embedding (off in the official config).
+        out_proj_dims: the official ``distill_output_dim``: a final ``Linear(D, out_proj_dims)``
+            applied to the ``'raw'`` outputs (what a distilled checkpoint carries when its
+            teacher is wider, e.g. 768 for VECA-S distilled from DINOv3 ViT-B); None or ``D``:
+            none. Only with ``out_type='raw'``.
+        rope_base, rope_shift, rope_jitter, rope_rescale, rope_p_zero_freqs, rope_zero_from:
+            :class:`RoPE2D` options (official defaults).
+        fps_pool_size, fps_coord_range, fps_seed: :func:`fps_core_coords` options.
+        coord_alpha: initial step size of the core-coordinate updates.
+        out_indices: blocks whose outputs are returned (negative counts from the end), or None
+            for the default of ``out_type``.
+        drop_path_rate: stochastic depth of both branches, rising linearly from 0 at the first
+            block to this at the last (not in the official code, which trains without it).
+        frozen_stages: -1 freezes nothing; 0 freezes the patch embedding and the core bank;
+            ``i >= 1`` also freezes blocks ``0 .. i-1`` (with their coordinate updates) and their
+            output norms; ``depth`` also turns off the RoPE coordinate augmentation. The pyramid
+            and ``output_proj`` are never frozen.
+        norm_eval: keep BatchNorm layers (only the pyramid may have them) in eval mode.
+        with_cp: gradient checkpointing per block (only when gradients are needed).
+        pyramid_cfg: keyword arguments of :class:`~mmeffattn.models.layers.ViTPyramid`, for
+            ``out_type='pyramid'``.
+        attn_backend: backend of :func:`mmeffattn.ops.core_periphery_attention`.
+        init_cfg: mmengine init config; ``dict(type='Pretrained', checkpoint=..., prefix=...)``
+            loads an official or converted checkpoint strictly (see :meth:`init_weights`).
+    """
+
+    arch_zoo = {
+        **dict.fromkeys(['s', 'small'], dict(embed_dims=384, depth=12, num_heads=6,
+                                             mlp_ratio=2.66667)),
+        **dict.fromkeys(['splus', 's+'], dict(embed_dims=384, depth=12, num_heads=6,
+                                              mlp_ratio=4.0)),
+        **dict.fromkeys(['b', 'base'], dict(embed_dims=768, depth=12, num_heads=12,
+                                            mlp_ratio=2.66667)),
+        **dict.fromkeys(['l', 'large'], dict(embed_dims=1024, depth=24, num_heads=16,
+                                             mlp_ratio=2.66667)),
+    }
+    out_types = ('raw', 'global', 'featmap', 'pyramid')
+
+    def __init__(self,
+                 arch: Union[str, dict] = 'small',
+                 num_cores: int = 64,
+                 out_type: str = 'raw',
+                 in_channels: int = 3,
+                 patch_size: int = 16,
+                 max_cores: int = 64,
+                 core_chunk: int = 8,
+                 nested_dropout: bool = True,
+                 budget_weights: Optional[Sequence[float]] = None,
+                 patch_norm: bool = False,
+                 out_proj_dims: Optional[int] = None,
+                 rope_base: float = 100.,
+                 rope_shift: Optional[float] = .08,
+                 rope_jitter: Optional[float] = None,
+                 rope_rescale: Optional[float] = 2.,
+                 rope_p_zero_freqs: float = .125,
+                 rope_zero_from: str = 'low',
+                 fps_pool_size: int = 1000,
+                 fps_coord_range: float = .95,
+                 fps_seed: Optional[int] = 0,
+                 coord_alpha: float = .01,
+                 out_indices: Optional[Union[int, Sequence[int]]] = None,
+                 drop_path_rate: float = 0.,
+                 frozen_stages: int = -1,
+                 norm_eval: bool = False,
+                 with_cp: bool = False,
+                 pyramid_cfg: Optional[dict] = None,
+                 attn_backend: Optional[str] = None,
+                 init_cfg: Optional[Union[dict, List[dict]]] = None) -> None:
+        super().__init__(init_cfg=init_cfg)
+        self.arch_settings = self._parse_arch(arch)
+        if out_type not in self.out_types:
+            raise ValueError(f'out_type must be one of {self.out_types}, got {out_type!r}')
+        self.embed_dims = D = self.arch_settings['embed_dims']
+        self.depth = depth = self.arch_settings['depth']
+        num_heads = self.arch_settings['num_heads']
+        if D % num_heads:
+            raise ValueError(f'embed_dims ({D}) must be divisible by num_heads ({num_heads})')
+        if core_chunk < 1 or max_cores < core_chunk or max_cores % core_chunk:
+            raise ValueError(f'max_cores ({max_cores}) must be a positive multiple of core_chunk '
+                             f'({core_chunk})')
+        self.in_channels = in_channels
+        self.patch_size = patch_size
+        self.out_type = out_type
+        self.max_cores = max_cores
+        self.core_chunk = core_chunk
+        self.budgets = tuple(range(core_chunk, max_cores + 1, core_chunk))
+        self.budget_weights = self._parse_budget_weights(budget_weights)
+        self.num_cores = num_cores  # validated by the setter
+        self.nested_dropout = nested_dropout
+        self.out_indices = self._parse_out_indices(out_indices)
+        if not -1 <= frozen_stages <= depth:
+            raise ValueError(f'frozen_stages must be in [-1, {depth}], got {frozen_stages}')
+        self.frozen_stages = frozen_stages
+        self.norm_eval = norm_eval
+        self.with_cp = with_cp
+
+        self.patch_embed = PatchEmbed(in_channels, D, patch_size, patch_norm)
+        # the bank in chunks: a forward with C cores touches only the first C / chunk of them,
+        # so the others get no gradient at all (not a zero one)
+        n_chunks = max_cores // core_chunk
+        self.core_tokens = nn.ParameterList([
+            nn.Parameter(torch.randn(1, core_chunk, D, device='cpu') / math.sqrt(D))
+            for _ in range(n_chunks)])
+        raw = fps_core_coords(max_cores, fps_pool_size, fps_coord_range, fps_seed)
+        self.core_coords = nn.ParameterList([
+            nn.Parameter(raw[c * core_chunk:(c + 1) * core_chunk].unsqueeze(0).clone())
+            for c in range(n_chunks)])  # each [1, chunk, 2]
+        self.rope = RoPE2D(D // num_heads, rope_base, rope_shift, rope_jitter, rope_rescale,
+                           rope_p_zero_freqs, rope_zero_from)
+        # stochastic depth decay rule (on the CPU, so a meta-device build works too)
+        dpr = torch.linspace(0, drop_path_rate, depth, device='cpu').tolist()
+        self.blocks = nn.ModuleList([
+            VECABlock(D, num_heads, self.arch_settings['mlp_ratio'], drop_path=dpr[i],
+                      coord_update=i > 0, alpha=coord_alpha, backend=attn_backend)
+            for i in range(depth)])
+        for i in self.out_indices:
+            self.add_module(f'norm{i}', nn.LayerNorm(D))
+
+        self.output_proj: Optional[nn.Linear] = None
+        if out_proj_dims is not None and out_proj_dims != D:
+            if out_type != 'raw':
+                raise ValueError(f"out_proj_dims (the distillation output projection) is only "
+                                 f"used with out_type='raw', not {out_type!r}; leave it None "
+                                 f'(its checkpoint keys are then ignored)')
+            self.output_proj = nn.Linear(D, out_proj_dims)
+        self.pyramid: Optional[ViTPyramid] = None
+        if out_type == 'pyramid':
+            self.pyramid = ViTPyramid(D, **(pyramid_cfg or {}))
+            if len(self.out_indices) not in (1, self.pyramid.num_levels):
+                raise ValueError(
+                    f"out_type='pyramid' needs 1 or {self.pyramid.num_levels} out_indices (one "
+                    f'per pyramid level), got {self.out_indices}')
+        elif pyramid_cfg is not None:
+            raise ValueError(f"pyramid_cfg is only used with out_type='pyramid', not "
+                             f'{out_type!r}')
+
+        self._init_official()
+        self._freeze_stages()
+
+    # ---------------------------------------------------------------- construction helpers
+    @classmethod
+    def _parse_arch(cls, arch: Union[str, dict]) -> dict:
+        arch = resolve_arch(cls.__name__, arch, cls.arch_zoo, ('embed_dims', 'depth', 'num_heads'),
+                            defaults=dict(mlp_ratio=2.66667))
+        if arch['depth'] < 1:
+            raise ValueError(f"arch 'depth' must be >= 1, got {arch['depth']}")
+        return arch
+
+    def _parse_budget_weights(self, weights: Optional[Sequence[float]]) -> Tuple[float, ...]:
+        n = len(self.budgets)
+        if weights is None:
+            if n > len(OFFICIAL_BUDGET_WEIGHTS):
+                raise ValueError(f'{n} budgets ({self.budgets}) but the official weights cover '
+                                 f'{len(OFFICIAL_BUDGET_WEIGHTS)}: pass budget_weights')
+            return OFFICIAL_BUDGET_WEIGHTS[:n]
+        weights = tuple(float(w) for w in weights)
+        if len(weights) != n or any(w < 0 for w in weights) or not any(weights):
+            raise ValueError(f'budget_weights must give one non-negative weight per budget '
+                             f'{self.budgets} (not all zero), got {weights}')
+        return weights
+
+    def _parse_out_indices(self,
+                           out_indices: Optional[Union[int, Sequence[int]]]) -> Tuple[int, ...]:
+        depth = self.depth
+        if out_indices is None:
+            evenly = tuple(sorted({max((k + 1) * depth // 4 - 1, 0) for k in range(4)}))
+            if self.out_type in ('raw', 'global') or (self.out_type == 'pyramid'
+                                                      and len(evenly) < 4):
+                return (depth - 1, )  # (a pyramid from the last block for trunks under 4 deep)
+            return evenly
+        parsed = parse_out_indices(out_indices, depth, 'blocks')
+        if self.out_type == 'raw' and parsed != (depth - 1, ):
+            raise ValueError(f"out_type='raw' returns the last block only (out_indices=None or "
+                             f'({depth - 1},)), got {parsed}; use out_type=\'global\' or '
+                             f"'featmap' for other blocks")
+        return parsed
+
+    def _init_official(self) -> None:
+        """The official init: trunc normal (std .02) for every Linear and the patch projection,
+        zero biases, unit LayerNorms; core tokens ``N(0, 1/D)`` and FPS coordinates are set at
+        construction, ``alpha`` by :class:`CoreCoordUpdate`."""
+        self.apply(init_linear_and_norm)
+        nn.init.trunc_normal_(self.patch_embed.proj.weight, std=.02)
+        nn.init.zeros_(self.patch_embed.proj.bias)
+
+    # ---------------------------------------------------------------- active cores
+    @property
+    def num_cores(self) -> int:
+        """Active cores in eval mode (and in training without nested dropout)."""
+        return self._num_cores
+
+    @num_cores.setter
+    def num_cores(self, value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value not in self.budgets:
+            raise ValueError(f'num_cores must be a multiple of {self.core_chunk} between '
+                             f'{self.core_chunk} and the bank size {self.max_cores} (one of '
+                             f'{self.budgets}), got {value!r}')
+        self._num_cores = value
+
+    def sample_num_cores(self) -> int:
+        """Draw a budget with :attr:`budget_weights` (the same on every rank under DDP)."""
+        weights = torch.tensor(self.budget_weights, dtype=torch.float32)
+        idx = torch.multinomial(weights, 1)
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            # rank 0 decides, as the official training: every replica must skip the same chunks
+            dev = self.core_tokens[0].device
+            idx = idx.to(dev if dist.get_backend() != 'gloo' else 'cpu')
+            dist.broadcast(idx, src=0)
+        return self.budgets[int(idx)]
+
+    def active_num_cores(self) -> int:
+        """The number of cores the next forward uses."""
+        if self.training and self.nested_dropout:
+            return self.sample_num_cores()
+        return self.num_cores
+
+    # ---------------------------------------------------------------- train mode, freezing
+    def frozen_modules(self) -> List[nn.Module]:
+        """Patch embedding and core bank; blocks ``0 .. frozen_stages-1`` and their norms."""
+        frozen: List[nn.Module] = [self.patch_embed, self.core_tokens, self.core_coords]
+        for i in range(self.frozen_stages):
+            frozen.append(self.blocks[i])
+            if i in self.out_indices:
+                frozen.append(getattr(self, f'norm{i}'))
+        if self.frozen_stages == self.depth:
+            # a wholly frozen trunk (linear probing) sees the eval-time patch positions
+            frozen.append(self.rope)
+        return frozen
+
+    # ---------------------------------------------------------------- forward
+    def _use_cp(self, x: torch.Tensor, blk: nn.Module) -> bool:
+        return self.with_cp and torch.is_grad_enabled() and (
+            x.requires_grad or any(p.requires_grad for p in blk.parameters()))
+
+    def forward_tokens(self, x: torch.Tensor, num_cores: Optional[int] = None
+                       ) -> Tuple[List[torch.Tensor], HWShape, int]:
+        """Run the trunk.
+
+        Args:
+            x: ``[B, in_channels, H, W]``.
+            num_cores: active cores; None: :meth:`active_num_cores`.
+
+        Returns:
+            ``(outs, (Hp, Wp), C)``: one ``[B, C + Hp*Wp, D]`` sequence (cores first) per
+            ``out_indices`` block, after that block's output norm.
+        """
+        if x.dim() != 4 or x.shape[1] != self.in_channels:
+            raise ValueError(f'{self.__class__.__name__} expects an input of shape '
+                             f'[B, {self.in_channels}, H, W], got {tuple(x.shape)}')
+        C = self.active_num_cores() if num_cores is None else num_cores
+        if C not in self.budgets:
+            raise ValueError(f'num_cores must be one of {self.budgets}, got {C!r}')
+        B = x.shape[0]
+        patches, hw = self.patch_embed(x)  # [B, N, D]
+        n = C // self.core_chunk
+        cores = torch.cat(list(self.core_tokens[:n]), dim=1).expand(B, -1, -1)  # [B, C, D]
+        raw = torch.cat(list(self.core_coords[:n]), dim=1).expand(B, -1, -1)  # [B, C, 2]
+        patch_xy = self.rope.augment(patch_centres(hw, x.device).expand(B, -1, -1))  # [B, N, 2]
+        x = torch.cat((cores.to(patches.dtype), patches), dim=1)  # [B, C + N, D]
+        outs = []
+        for i, blk in enumerate(self.blocks[:self.out_indices[-1] + 1]):
+            if blk.coord_head is not None:
+                raw = blk.coord_head(raw, x[:, :C])
+            cos, sin = self.rope(torch.cat((torch.tanh(raw), patch_xy.to(raw.dtype)), dim=1))
+            if self._use_cp(x, blk):
+                x = cp.checkpoint(blk, x, cos, sin, C, use_reentrant=False)
+            else:
+                x = blk(x, cos, sin, C)
+            if i in self.out_indices:
+                outs.append(getattr(self, f'norm{i}')(x))
+        return outs, hw, C
+
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        """Args: x: ``[B, in_channels, H, W]``, any ``H, W >= 1``.
+
+        Returns:
+            A tuple, per ``out_type`` (see the class docstring).
+        """
+        outs, hw, C = self.forward_tokens(x)
+        if self.out_type == 'raw':
+            out = outs[-1]
+            if self.output_proj is not None:
+                out = self.output_proj(out)
+            return out[:, 0], out[:, C:]
+        if self.out_type == 'global':
+            return tuple(o[:, 0] for o in outs)
+        maps = [o[:, C:].transpose(1, 2).reshape(o.shape[0], o.shape[2], *hw).contiguous()
+                for o in outs]  # [B, D, Hp, Wp] each
+        if self.pyramid is not None:
+            return self.pyramid(maps)
+        return tuple(maps)
+
+    def get_layer_depth(self, param_name: str, prefix: str = '') -> Tuple[int, int]:
+        """``(layer depth, number of layers)`` of a parameter, for mmpretrain's layer-wise lr
+        decay (``LearningRateDecayOptimWrapperConstructor``), as its ViT counts them: the patch
+        embedding and the core bank 0, block ``i`` ``i + 1`` (with the coordinate update that
+        feeds it), everything after the trunk (norms, pyramid, heads) ``depth + 1``."""
+        num_layers = self.depth + 2
+        if not param_name.startswith(prefix):
+            return num_layers - 1, num_layers
+        name = param_name[len(prefix):]
+        if name.startswith(('patch_embed.', 'core_tokens.', 'core_coords.')):
+            return 0, num_layers
+        if name.startswith('blocks.'):
+            return int(name.split('.')[1]) + 1, num_layers
+        return num_layers - 1, num_layers
+
+    # ---------------------------------------------------------------- weights
+    # strict Pretrained loading comes from StrictPretrainedMixin; these tailor it to the family
+    optional_keys = r'(norm\d+|pyramid)\.'  # an official checkpoint has only the final norm
+    prefix_probe = 'patch_embed.proj.weight'
+    official_name = 'official VECA'
+
+    def checkpoint_filter(self, state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        return checkpoint_filter_veca(state_dict)
+
+    def describe(self) -> str:
+        proj = None if self.output_proj is None else self.output_proj.out_features
+        patch_norm = not isinstance(self.patch_embed.norm, nn.Identity)
+        return (f'{self.__class__.__name__}(arch={self.arch_settings}, max_cores='
+                f'{self.max_cores}, patch_norm={patch_norm}, out_proj_dims={proj})')
+
+    def extra_repr(self) -> str:
+        return (f'num_cores={self.num_cores}, max_cores={self.max_cores}, nested_dropout='
+                f'{self.nested_dropout}, out_type={self.out_type!r}')
+
+
+# --------------------------------------------------------------------------------------------
+# checkpoint filter
+# --------------------------------------------------------------------------------------------
+# official name inside a block -> ours
+_OFFICIAL_BLOCK = {'norm_attn': 'norm1', 'norm_ffn': 'norm2', 'attn.q_proj': 'attn.q',
+                   'attn.k_proj': 'attn.k', 'attn.v_proj': 'attn.v', 'attn.out_proj': 'attn.proj',
+                   'fc1': 'ffn.fc1', 'fc2': 'ffn.fc2'}
+
+
+def _strip(key: str) -> str:
+    for p in ('module.', 'student.'):
+        if key.startswith(p):
+            key = key[len(p):]
+    return key
+
+
+def is_official_state_dict(state_dict: Dict[str, torch.Tensor]) -> bool:
+    """Whether a state dict uses the official ``veca/model.py`` key names."""
+    return any(_strip(k).startswith(('query_token_chunks.', 'qcoord_chunks.', 'pos_alpha'))
+               for k in state_dict)
+
+
+def unwrap_official(ckpt: dict) -> Dict[str, torch.Tensor]:
+    """The state dict inside an official training checkpoint (under ``student``) or any other."""
+    if isinstance(ckpt, dict) and isinstance(ckpt.get('student'), dict):
+        return ckpt['student']
+    return unwrap_state_dict(ckpt)
+
+
+def convert_veca(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """Map an official VECA checkpoint to ``backbone.*`` keys of :class:`VECA`.
+
+    Stripped of ``backbone.``, the result loads strictly into ``VECA(arch, out_type='raw',
+    max_cores=M, patch_norm=..., out_proj_dims=...)`` of the same family (``patch_norm`` if the
+    checkpoint has ``patch_embed.norm.*``, ``out_proj_dims`` the rows of ``output_proj.weight``)
+    and gives the official outputs for every number of cores. Mapping (official ->
+    ``backbone.`` + ours):
+
+    ================================  ==========================================
+    ``patch_embed.proj/norm.*``       ``patch_embed.proj/norm.*``
+    ``query_token_chunks.c``          ``core_tokens.c``
+    ``qcoord_chunks.c``               ``core_coords.c``
+    ``pos_linears.l.*``               ``blocks.{l+1}.coord_head.fc.*``
+    ``pos_alpha[l]``                  ``blocks.{l+1}.coord_head.alpha`` (a scalar)
+    ``blocks.i.norm_attn/norm_ffn.*``   ``blocks.i.norm1/norm2.*``
+    ``blocks.i.attn.{q,k,v}_proj.*``  ``blocks.i.attn.{q,k,v}.*``
+    ``blocks.i.attn.out_proj.*``      ``blocks.i.attn.proj.*``
+    ``blocks.i.fc1/fc2.*``            ``blocks.i.ffn.fc1/fc2.*``
+    ``final_norm.*``                  ``norm{depth-1}.*``
+    ``output_proj.*``                 ``output_proj.*``
+    ================================  ==========================================
+
+    The input may be a whole training checkpoint (``student``), be wrapped (``model``,
+    ``state_dict``) and carry ``module.``/``student.`` prefixes. Keys outside this table raise a
+    ``ValueError`` (nothing is dropped silently). Pure: the input is not modified.
+    """
+    sd = {_strip(k): v for k, v in unwrap_official(state_dict).items()}
+    block_ids = {int(m.group(1)) for m in (re.match(r'blocks\.(\d+)\.', k) for k in sd) if m}
+    if not block_ids or not is_official_state_dict(sd):
+        raise ValueError('Not an official VECA state dict: expected blocks.{i}.*, '
+                         'query_token_chunks.* and pos_alpha keys')
+    depth = max(block_ids) + 1
+    pos_ids = {int(m.group(1)) for m in (re.match(r'pos_linears\.(\d+)\.', k) for k in sd) if m}
+    if pos_ids != set(range(depth - 1)):
+        raise ValueError(f'pos_linears.{{l}} must exist for l = 0 .. {depth - 2} ({depth} blocks), '
+                         f'got {sorted(pos_ids)}: the checkpoint is truncated or mixed')
+    out, unknown = {}, []
+    for k, v in sd.items():
+        m = re.match(r'blocks\.(\d+)\.(norm_attn|norm_ffn|attn\.\w+_proj|fc1|fc2)\.(\w+)$', k)
+        if m:
+            out[f'backbone.blocks.{m.group(1)}.{_OFFICIAL_BLOCK[m.group(2)]}.{m.group(3)}'] = v
+            continue
+        m = re.match(r'(query_token_chunks|qcoord_chunks)\.(\d+)$', k)
+        if m:
+            name = 'core_tokens' if m.group(1) == 'query_token_chunks' else 'core_coords'
+            out[f'backbone.{name}.{m.group(2)}'] = v
+            continue
+        m = re.match(r'pos_linears\.(\d+)\.(weight|bias)$', k)
+        if m:
+            out[f'backbone.blocks.{int(m.group(1)) + 1}.coord_head.fc.{m.group(2)}'] = v
+        elif k == 'pos_alpha':
+            if v.numel() != depth - 1:
+                raise ValueError(f'pos_alpha has {v.numel()} entries for {depth} blocks '
+                                 f'(expected {depth - 1})')
+            for i in range(depth - 1):
+                out[f'backbone.blocks.{i + 1}.coord_head.alpha'] = v[i].clone()
+        elif k.startswith(('patch_embed.proj.', 'patch_embed.norm.', 'output_proj.')):
+            out['backbone.' + k] = v
+        elif k.startswith('final_norm.'):
+            out[f'backbone.norm{depth - 1}.' + k[len('final_norm.'):]] = v
+        else:
+            unknown.append(k)
+    if unknown:
+        raise ValueError(f'convert_veca: {len(unknown)} keys of no official VECA module: '
+                         f'{clip_keys(unknown)}')
+    return out
+
+
+def checkpoint_filter_veca(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """Keys of a checkpoint for the :class:`VECA` backbone.
+
+    An official checkpoint (``veca/model.py`` names, possibly a whole training checkpoint with
+    the weights under ``student``) goes through :func:`convert_veca`. Any other state dict is
+    unwrapped and loses a DDP ``module.`` prefix. Pure: the input is not modified.
+    """
+    state_dict = unwrap_official(state_dict)
+    if is_official_state_dict(state_dict):
+        return {k[len('backbone.'):]: v for k, v in convert_veca(state_dict).items()}
+    return {(k[len('module.'):] if k.startswith('module.') else k): v
+            for k, v in state_dict.items()}
