@@ -1,0 +1,403 @@
+"""VECA pretraining by feature distillation from a frozen ViT teacher.
+
+Paper/code: VECA (https://github.com/alansong1322/VECA; ``veca/teacher.py``, ``veca/losses.py``,
+``veca/train_pretrain.py``). A student backbone (VECA, ``out_type='raw'``: the global core token
+``[B, Ds]`` and the patch tokens ``[B, N, Ds]`` after its final norm) learns to reproduce, on
+unlabeled images, the last-layer features of a frozen teacher (DINOv3 ViT-B/16 in the paper):
+
+- the student's outputs are first mapped to the teacher width ``Dt`` by one linear projection
+  shared by the global and the patch tokens, the official ``output_proj``: VECA's own
+  ``out_proj_dims=Dt`` (so a distilled checkpoint converts as the official one does); none when
+  the widths already match;
+- ``loss_global_cos = w_g * mean_b(1 - cos(s_global, t_cls))``;
+- ``loss_patch_cos = w_pc * mean_{b,n}(1 - cos(s_patch, t_patch))``;
+- ``loss_patch_mse = w_pm * mean_{b,n,d}((s_patch - t_patch)^2)``;
+
+in fp32, with cosine eps 1e-6, on the teacher's raw final-norm features (no further
+normalisation), patch token ``n`` of the student against patch token ``n`` of the teacher: both
+cut the (same) image into 16x16 patches, so the grids must be equal (the official code asserts it;
+here a mismatch raises an error that says how to fix it). The official weights are
+``1, weight_dense, weight_dense * dense_mse_weight`` = ``1, 1, 1``.
+
+The nested core budget (8..64 active cores, sampled per step with weights 1,1,2,2,3,3,4,4, the
+same on every rank) is the student's own train-mode behaviour (VECA's ``nested_dropout=True``).
+As the official run, the student's patch projection may start from the teacher's
+(``init_student_patch_embed``) when their shapes match (VECA-B from a ViT-B/16).
+
+The teacher is held outside the module tree: it is not a child module, so its parameters are not
+in ``parameters()`` (hence never in the optimizer nor in DDP's reducer), ``model.train()`` never
+switches it out of eval mode and ``init_weights()`` never re-initialises it; ``to()``/``cuda()``
+still move it (see :meth:`VECADistiller._apply`). Checkpoints carry only the student: the
+teacher is rebuilt from ``teacher_ckpt``, which keeps a ViT-B's 86M frozen weights out of every
+checkpoint; ``save_teacher=True`` adds it under ``teacher.`` and resuming restores it.
+"""
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from mmengine.dist import broadcast
+from mmengine.logging import MMLogger
+from mmengine.model import BaseModel
+from mmengine.structures import BaseDataElement
+
+from mmeffattn.registry import MODELS
+from ..utils import clip_keys, unwrap_state_dict
+from ..utils.pretrained import guess_prefix
+
+__all__ = ['VECADistiller', 'split_teacher_tokens', 'global_cosine_loss', 'patch_losses',
+           'load_teacher_checkpoint']
+
+Tokens = Tuple[torch.Tensor, torch.Tensor]  # (global/class [B, D], patches [B, N, D])
+DEFAULT_PREPROCESSOR = dict(
+    type='mmpretrain.SelfSupDataPreprocessor',
+    # the official normalisation (veca/data.py: ImageNet mean/std on [0, 1] RGB) on 0..255 BGR
+    mean=[123.675, 116.28, 103.53],
+    std=[58.395, 57.12, 57.375],
+    to_rgb=True)
+
+
+# --------------------------------------------------------------------------------------------
+# losses (pure functions: the unit tests check them against their own formula)
+# --------------------------------------------------------------------------------------------
+def global_cosine_loss(student: torch.Tensor, teacher: torch.Tensor,
+                       eps: float = 1e-6) -> torch.Tensor:
+    """``mean_b(1 - <s/|s|, t/|t|>)`` in fp32 for ``student``/``teacher`` of shape ``[B, D]``."""
+    s = F.normalize(student.float(), dim=-1, eps=eps)
+    t = F.normalize(teacher.float(), dim=-1, eps=eps)
+    return (1.0 - (s * t).sum(-1)).mean()
+
+
+def patch_losses(student: torch.Tensor, teacher: torch.Tensor,
+                 eps: float = 1e-6) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Per-token cosine distance and MSE, each averaged, in fp32. Shapes ``[B, N, D]``."""
+    s, t = student.float(), teacher.float()
+    cos = (1.0 - F.cosine_similarity(s, t, dim=-1, eps=eps)).mean()
+    return cos, F.mse_loss(s, t)
+
+
+# --------------------------------------------------------------------------------------------
+# teacher helpers
+# --------------------------------------------------------------------------------------------
+def split_teacher_tokens(outs: Union[torch.Tensor, Sequence[torch.Tensor]],
+                         num_extra_tokens: int = 1,
+                         num_register_tokens: int = 0) -> Tokens:
+    """(class token ``[B, D]``, patch tokens ``[B, N, D]``) from a teacher backbone's output.
+
+    Accepted outputs:
+        - a token sequence ``[B, T, D]`` (alone or last in a tuple), e.g. mmpretrain's
+          ``VisionTransformer(out_type='raw')``: the class token is token 0, then
+          ``num_register_tokens`` registers (skipped), then the patches;
+        - a pair ``([B, D], [B, N, D])`` (class, patches), e.g. a VECA teacher (``'raw'``).
+    ``num_extra_tokens`` is the number of tokens before the patches other than the registers
+    (mmpretrain's ``VisionTransformer.num_extra_tokens``): 1 with a class token, 0 without.
+    """
+    if isinstance(outs, (tuple, list)):
+        if len(outs) == 2 and outs[0].dim() == 2 and outs[1].dim() == 3:
+            return outs[0], outs[1]
+        if len(outs) == 0:
+            raise ValueError('the teacher returned an empty tuple; give it out_indices=-1')
+        outs = outs[-1]
+    if not torch.is_tensor(outs) or outs.dim() != 3:
+        shape = tuple(outs.shape) if torch.is_tensor(outs) else type(outs).__name__
+        raise ValueError(
+            f'cannot read class and patch tokens from a teacher output of shape {shape}: build '
+            f"the teacher to return all tokens [B, T, D] (mmpretrain VisionTransformer: "
+            f"out_type='raw') or a pair (class [B, D], patches [B, N, D])")
+    if num_extra_tokens < 1:
+        raise ValueError('the teacher has no class token (num_extra_tokens=0), but the global '
+                         'core is distilled from it: build it with with_cls_token=True')
+    start = num_extra_tokens + num_register_tokens
+    if outs.shape[1] <= start:
+        raise ValueError(f'teacher output has {outs.shape[1]} tokens, not more than the '
+                         f'{num_extra_tokens} extra + {num_register_tokens} register tokens')
+    return outs[:, 0], outs[:, start:]
+
+
+def load_teacher_checkpoint(teacher: nn.Module, checkpoint: str, prefix: Optional[str] = None,
+                            map_location: str = 'cpu') -> None:
+    """Load ``checkpoint`` into ``teacher`` strictly: every teacher key, no unknown key, equal
+    shapes (position embeddings may be resized by the teacher's own load hooks, as mmpretrain's
+    ViT does). ``prefix`` (e.g. ``'backbone.'``) selects the teacher inside a larger checkpoint.
+    Raises ``RuntimeError`` naming the keys that do not match and the likely fix."""
+    from mmengine.runner.checkpoint import CheckpointLoader
+
+    ckpt = CheckpointLoader.load_checkpoint(checkpoint, map_location=map_location)
+    state_dict = unwrap_state_dict(ckpt)
+    if prefix:
+        prefix = prefix if prefix.endswith('.') else prefix + '.'
+        state_dict = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
+        if not state_dict:
+            heads = sorted({k.split('.', 1)[0] + '.' for k in unwrap_state_dict(ckpt)})
+            raise RuntimeError(f'no key of teacher checkpoint {checkpoint!r} starts with '
+                               f'{prefix!r}; its keys start with {heads[:20]}: set '
+                               f'teacher_ckpt_prefix to one of them, or None')
+    own = teacher.state_dict()
+    missing = [k for k in own if k not in state_dict]
+    unexpected = [k for k in state_dict if k not in own]
+    if missing or unexpected:
+        found = guess_prefix(next(iter(own), None), list(state_dict))
+        hint = (f'the teacher weights seem to lie under {found!r}: set '
+                f'teacher_ckpt_prefix={found!r}' if found else
+                'check that the teacher config (arch, patch size, class/register tokens, '
+                'layer scale, final norm) matches the checkpoint, and convert a checkpoint in '
+                "another library's layout to the teacher's first")
+        raise RuntimeError(
+            f'teacher checkpoint {checkpoint!r} does not match the teacher '
+            f'{type(teacher).__name__}: {len(missing)} missing keys {clip_keys(missing)}; '
+            f'{len(unexpected)} unexpected keys {clip_keys(unexpected)}. Hint: {hint}.')
+    try:
+        teacher.load_state_dict(state_dict, strict=True)
+    except RuntimeError as e:  # shape mismatches
+        raise RuntimeError(f'teacher checkpoint {checkpoint!r} does not fit the teacher '
+                           f'{type(teacher).__name__} (check its arch and patch size): {e}') from e
+
+
+def _feature_dims(module: nn.Module, role: str) -> int:
+    proj = getattr(module, 'output_proj', None)
+    if isinstance(proj, nn.Linear):  # VECA with out_proj_dims
+        return proj.out_features
+    for name in ('embed_dims', 'embed_dim', 'hidden_size', 'num_features'):
+        dims = getattr(module, name, None)
+        if isinstance(dims, int):
+            return dims
+    raise ValueError(f'cannot tell the feature width of the {role} {type(module).__name__} (no '
+                     f'embed_dims attribute)')
+
+
+# --------------------------------------------------------------------------------------------
+# the model
+# --------------------------------------------------------------------------------------------
+@MODELS.register_module()
+class VECADistiller(BaseModel):
+    """Distils a frozen teacher's class and patch features into a VECA student.
+
+    Args:
+        student: backbone config with ``out_type='raw'`` returning ``(global [B, Dt], patches
+            [B, N, Dt])`` at the teacher width, e.g. ``dict(type='mmeffattn.VECA',
+            arch='small', out_proj_dims=768)`` for a ViT-B teacher.
+        teacher: backbone config of the frozen teacher, e.g. mmpretrain's ``VisionTransformer``
+            with ``out_type='raw'``; see :func:`split_teacher_tokens` for the outputs it may give.
+        teacher_ckpt: teacher checkpoint (path or URL), loaded strictly at build time.
+        teacher_ckpt_prefix: key prefix of the teacher inside that checkpoint (``None``: bare).
+        allow_random_teacher: train even without ``teacher_ckpt`` (tests, smoke runs); otherwise
+            training stops at ``init_weights`` with an error saying where the checkpoint goes.
+        teacher_num_register_tokens: register tokens after the class token to skip (DINOv3: 4;
+            an mmpretrain ViT has none).
+        init_student_patch_embed: ``(teacher_module, student_module)`` names, e.g.
+            ``('patch_embed.projection', 'patch_embed.proj')``: copy the teacher's patch
+            projection into the student at ``init_weights`` when the shapes match (the official
+            ``init_patch_from_dinov3``); skipped with a log line otherwise. ``None``: no copy.
+        loss_weights: ``dict(global_cos=, patch_cos=, patch_mse=)``.
+        norm_eps: eps of the cosine similarities.
+        save_teacher: also write the teacher into checkpoints (``teacher.*`` keys).
+        data_preprocessor: defaults to mmpretrain's ``SelfSupDataPreprocessor`` with the official
+            ImageNet mean/std, BGR -> RGB.
+        init_cfg: init config of the distiller (the student has its own ``init_cfg``).
+    """
+
+    LOSS_KEYS = ('global_cos', 'patch_cos', 'patch_mse')
+
+    def __init__(self,
+                 student: dict,
+                 teacher: dict,
+                 teacher_ckpt: Optional[str] = None,
+                 teacher_ckpt_prefix: Optional[str] = None,
+                 allow_random_teacher: bool = False,
+                 teacher_num_register_tokens: int = 0,
+                 init_student_patch_embed: Optional[Sequence[str]] = None,
+                 loss_weights: Optional[Dict[str, float]] = None,
+                 norm_eps: float = 1e-6,
+                 save_teacher: bool = False,
+                 data_preprocessor: Optional[dict] = None,
+                 init_cfg: Optional[dict] = None) -> None:
+        super().__init__(data_preprocessor=data_preprocessor or dict(DEFAULT_PREPROCESSOR),
+                         init_cfg=init_cfg)
+        student = dict(student)
+        if student.setdefault('out_type', 'raw') != 'raw':
+            raise ValueError(f"the student must return its raw tokens: set out_type='raw' in "
+                             f"the student config (got {student['out_type']!r})")
+        weights = dict(global_cos=1.0, patch_cos=1.0, patch_mse=1.0)
+        weights.update(loss_weights or {})
+        unknown = sorted(set(weights) - set(self.LOSS_KEYS))
+        if unknown:
+            raise ValueError(f'unknown loss_weights keys {unknown}; use {list(self.LOSS_KEYS)}')
+        if teacher_num_register_tokens < 0:
+            raise ValueError('teacher_num_register_tokens must be >= 0')
+        self.loss_weights = weights
+        self.norm_eps = float(norm_eps)
+        self.teacher_ckpt = teacher_ckpt
+        self.allow_random_teacher = allow_random_teacher
+        self.teacher_num_register_tokens = int(teacher_num_register_tokens)
+        self.save_teacher = save_teacher
+        if init_student_patch_embed is not None and len(init_student_patch_embed) != 2:
+            raise ValueError('init_student_patch_embed must be (teacher_module, student_module) '
+                             f'names, got {init_student_patch_embed!r}')
+        self.init_student_patch_embed = init_student_patch_embed
+
+        self.student = MODELS.build(student)
+        teacher_module = MODELS.build(teacher)
+        if teacher_ckpt is not None:
+            load_teacher_checkpoint(teacher_module, teacher_ckpt, prefix=teacher_ckpt_prefix)
+            MMLogger.get_current_instance().info(f'VECADistiller: teacher loaded from '
+                                                 f'{teacher_ckpt!r}')
+        elif hasattr(teacher_module, 'init_weights'):
+            # not a child, so the runner's init_weights() never reaches it: initialise it here
+            teacher_module.init_weights()
+        teacher_module.eval()
+        teacher_module.requires_grad_(False)
+        # a tuple hides it from nn.Module's registration (see the module docstring)
+        self._teacher = (teacher_module, )
+
+        s_dims = _feature_dims(self.student, 'student')
+        t_dims = _feature_dims(teacher_module, 'teacher')
+        if s_dims != t_dims:
+            raise ValueError(
+                f'the student outputs {s_dims} channels but the teacher {t_dims}: add '
+                f'out_proj_dims={t_dims} to the student config (the official output projection)')
+        self._register_state_dict_hook(VECADistiller._add_teacher_state)
+        self._register_load_state_dict_pre_hook(self._take_teacher_state)
+
+    # --- the hidden teacher ------------------------------------------------------------------
+    @property
+    def teacher(self) -> nn.Module:
+        return self._teacher[0]
+
+    def _apply(self, fn, *args, **kwargs):
+        # to(), cuda(), float(), ... reach the teacher too
+        super()._apply(fn, *args, **kwargs)
+        self.teacher._apply(fn, *args, **kwargs)
+        return self
+
+    @staticmethod
+    def _add_teacher_state(module: 'VECADistiller', state_dict: dict, prefix: str,
+                           local_metadata: dict) -> None:
+        if module.save_teacher:
+            for k, v in module.teacher.state_dict().items():
+                state_dict[f'{prefix}teacher.{k}'] = v
+
+    def _take_teacher_state(self, state_dict: dict, prefix: str, *args) -> None:
+        # teacher.* keys (save_teacher=True checkpoints) go to the teacher, strictly, and never
+        # reach the student's loading, which would report them as unexpected
+        head = f'{prefix}teacher.'
+        keys = [k for k in state_dict if k.startswith(head)]
+        if keys:
+            self.teacher.load_state_dict({k[len(head):]: state_dict.pop(k) for k in keys},
+                                         strict=True)
+
+    # --- set-up --------------------------------------------------------------------------------
+    def init_weights(self) -> None:
+        """Initialise the student (and copy the teacher's patch projection when asked);
+        refuses to start training from a random teacher unless allowed."""
+        if self.teacher_ckpt is None and not self.allow_random_teacher:
+            raise RuntimeError(
+                'VECADistiller: model.teacher_ckpt is None, so the teacher is random and the '
+                'student would learn nothing. Set model.teacher_ckpt=PATH to the teacher '
+                "weights in the teacher config's layout (see the config's comment), or "
+                'model.allow_random_teacher=True for a smoke test.')
+        if self.teacher_ckpt is None:
+            # a random teacher differs per rank under diff_rank_seed: give every rank rank 0's
+            # (a no-op outside distributed training)
+            for tensor in self.teacher.state_dict().values():
+                broadcast(tensor, src=0)
+        super().init_weights()
+        if self.init_student_patch_embed is not None:
+            self._copy_patch_embed(*self.init_student_patch_embed)
+
+    @torch.no_grad()
+    def _copy_patch_embed(self, teacher_name: str, student_name: str) -> None:
+        src = dict(self.teacher.named_modules()).get(teacher_name)
+        dst = dict(self.student.named_modules()).get(student_name)
+        if src is None or dst is None:
+            missing = teacher_name if src is None else student_name
+            raise ValueError(f'init_student_patch_embed: no module {missing!r} in the '
+                             f'{"teacher" if src is None else "student"}')
+        logger = MMLogger.get_current_instance()
+        if src.weight.shape != dst.weight.shape:
+            logger.info(f'VECADistiller: patch projection not copied from the teacher: shapes '
+                        f'{tuple(src.weight.shape)} vs {tuple(dst.weight.shape)}')
+            return
+        dst.weight.copy_(src.weight)
+        if dst.bias is not None:
+            if src.bias is None:
+                dst.bias.zero_()
+            else:
+                dst.bias.copy_(src.bias)
+        logger.info(f'VECADistiller: student {student_name} starts from the teacher\'s '
+                    f'{teacher_name}')
+
+    # --- forward -------------------------------------------------------------------------------
+    def extract_student(self, inputs: torch.Tensor) -> Tokens:
+        """Student tokens at the teacher width: ``[B, Dt]``, ``[B, N, Dt]``."""
+        outs = self.student(inputs)
+        if not (isinstance(outs, (tuple, list)) and len(outs) == 2):
+            raise ValueError(f"the student must return (global, patches) (out_type='raw'), got "
+                             f'{type(outs).__name__}')
+        return outs[0], outs[1]
+
+    @torch.no_grad()
+    def extract_teacher(self, inputs: torch.Tensor) -> Tokens:
+        """Teacher class and patch tokens ``[B, Dt]``, ``[B, N, Dt]``, without gradients."""
+        teacher = self.teacher
+        if teacher.training:  # someone called teacher.train(): it must stay deterministic
+            teacher.eval()
+        cls_tok, patches = split_teacher_tokens(
+            teacher(inputs), getattr(teacher, 'num_extra_tokens', 1),
+            self.teacher_num_register_tokens)
+        return cls_tok.detach(), patches.detach()
+
+    def _pair(self, inputs: torch.Tensor) -> Tuple[Tokens, Tokens]:
+        if inputs.dim() != 4:
+            raise ValueError(f'VECADistiller expects images [B, 3, H, W], got '
+                             f'{tuple(inputs.shape)}')
+        t_cls, t_patch = self.extract_teacher(inputs)
+        s_glob, s_patch = self.extract_student(inputs)
+        if s_patch.shape[1] != t_patch.shape[1]:
+            raise ValueError(
+                f'the student gives {s_patch.shape[1]} patch tokens but the teacher '
+                f'{t_patch.shape[1]} for images of size {tuple(inputs.shape[-2:])}: give both the '
+                f'same patch size (16) and check teacher_num_register_tokens '
+                f'({self.teacher_num_register_tokens})')
+        if s_glob.shape[-1] != t_cls.shape[-1]:
+            raise ValueError(f'student width {s_glob.shape[-1]} != teacher width '
+                             f'{t_cls.shape[-1]}: set the student out_proj_dims to the latter')
+        return (s_glob, s_patch), (t_cls, t_patch)
+
+    def loss(self, inputs: torch.Tensor) -> Dict[str, torch.Tensor]:
+        (s_glob, s_patch), (t_cls, t_patch) = self._pair(inputs)
+        w = self.loss_weights
+        patch_cos, patch_mse = patch_losses(s_patch, t_patch, self.norm_eps)
+        losses = dict(
+            loss_global_cos=w['global_cos'] * global_cosine_loss(s_glob, t_cls, self.norm_eps),
+            loss_patch_cos=w['patch_cos'] * patch_cos,
+            loss_patch_mse=w['patch_mse'] * patch_mse)
+        return losses
+
+    def predict(self, inputs: torch.Tensor,
+                data_samples: Optional[List[BaseDataElement]] = None) -> List[BaseDataElement]:
+        """Per image: student features and their cosine similarity to the teacher's
+        (``global_cos`` a scalar, ``patch_cos`` the mean over patches), e.g. for validation."""
+        (s_glob, s_patch), (t_cls, t_patch) = self._pair(inputs)
+        g_cos = F.cosine_similarity(s_glob.float(), t_cls.float(), dim=-1, eps=self.norm_eps)
+        p_cos = F.cosine_similarity(s_patch.float(), t_patch.float(), dim=-1,
+                                    eps=self.norm_eps).mean(1)
+        if data_samples is None:
+            data_samples = [BaseDataElement() for _ in range(inputs.shape[0])]
+        for i, sample in enumerate(data_samples):
+            sample.set_field(s_glob[i], 'global_feat')
+            sample.set_field(s_patch[i], 'patch_feat')
+            sample.set_field(g_cos[i], 'global_cos')
+            sample.set_field(p_cos[i], 'patch_cos')
+        return data_samples
+
+    def forward(self, inputs: torch.Tensor, data_samples: Optional[list] = None,
+                mode: str = 'tensor'):
+        """``mode='loss'``: the loss dict; ``'tensor'``: the student ``(global
+        [B, Dt], patches [B, N, Dt])``; ``'predict'``: see :meth:`predict`."""
+        if mode == 'loss':
+            return self.loss(inputs)
+        if mode == 'tensor':
+            return self.extract_student(inputs)
+        if mode == 'predict':
+            return self.predict(inputs, data_samples)
+        raise RuntimeError(f'invalid mode {mode!r}: use "loss", "tensor" or "predict"')
