@@ -29,8 +29,9 @@ def _free_port() -> int:
 
 
 @pytest.mark.parametrize('config', ['configs/sema/sema-t_8xb128_in1k.py',
-                                    'configs/weightformer/weightformer-t_8xb128_in1k.py'],
-                         ids=['sema-t', 'weightformer-t'])
+                                    'configs/weightformer/weightformer-t_8xb128_in1k.py',
+                                    'configs/veca/veca-s_8xb128_in1k.py'],
+                         ids=['sema-t', 'weightformer-t', 'veca-s'])
 def test_imagenet_config_reports_accuracy(tmp_path, shared_data, config):
     root = shared_data('imagenet_sample') + '/'
     cfg = write_config(tmp_path / 'cfg.py', config, SMALL_IN1K.format(root=root))

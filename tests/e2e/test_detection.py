@@ -49,9 +49,17 @@ KEEP_ALL = {
 @pytest.mark.parametrize('config', ['configs/mask_rcnn_sema_t_3x.py',
                                     'configs/sema/retinanet_sema-t_fpn_1x_coco.py',
                                     'configs/weightformer/mask-rcnn_weightformer-t_fpn_1x_coco.py',
-                                    'configs/weightformer/retinanet_weightformer-t_fpn_1x_coco.py'],
+                                    'configs/weightformer/retinanet_weightformer-t_fpn_1x_coco.py',
+                                    'configs/laplacianformer/'
+                                    'mask-rcnn_laplacianformer-t_fpn_1x_coco.py',
+                                    'configs/laplacianformer/'
+                                    'retinanet_laplacianformer-t_fpn_1x_coco.py',
+                                    'configs/veca/mask-rcnn_veca-s_fpn_1x_coco.py',
+                                    'configs/veca/retinanet_veca-s_fpn_1x_coco.py'],
                          ids=['mask-rcnn-sema-t-3x', 'retinanet-sema-t-1x',
-                              'mask-rcnn-weightformer-t-1x', 'retinanet-weightformer-t-1x'])
+                              'mask-rcnn-weightformer-t-1x', 'retinanet-weightformer-t-1x',
+                              'mask-rcnn-laplacianformer-t-1x', 'retinanet-laplacianformer-t-1x',
+                              'mask-rcnn-veca-s-1x', 'retinanet-veca-s-1x'])
 def test_train_test_resume_on_coco_tiny(tmp_path, config, shared_data):
     root = shared_data('coco_tiny') + '/'
     extra = KEEP_ALL['mask' if 'mask' in config else 'retinanet']

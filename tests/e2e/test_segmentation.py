@@ -41,8 +41,11 @@ default_hooks = dict(logger=dict(interval=1), checkpoint=dict(interval=2))
 
 @pytest.mark.parametrize(
     'config', ['configs/sema/sema-t_upernet_8xb2-160k_ade20k-512x512.py',
-               'configs/weightformer/weightformer-t_upernet_8xb2-160k_ade20k-512x512.py'],
-    ids=['upernet-sema-t', 'upernet-weightformer-t'])
+               'configs/weightformer/weightformer-t_upernet_8xb2-160k_ade20k-512x512.py',
+               'configs/laplacianformer/laplacianformer-t_upernet_8xb2-160k_ade20k-512x512.py',
+               'configs/veca/veca-s_upernet_8xb2-160k_ade20k-512x512.py'],
+    ids=['upernet-sema-t', 'upernet-weightformer-t', 'upernet-laplacianformer-t',
+         'upernet-veca-s'])
 def test_upernet_on_ade20k_sample(tmp_path, config, shared_data):
     root = shared_data('ade20k_sample') + '/'
     cfg = write_config(tmp_path / 'cfg.py', config, SMALL_ADE.format(root=root))
