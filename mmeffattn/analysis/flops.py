@@ -1,0 +1,321 @@
+"""FLOP counting that understands mmeffattn's attention ops.
+
+mmengine's :class:`~mmengine.analysis.FlopAnalyzer` traces a model with ``torch.jit`` and counts
+the aten ops it knows (convolutions, matmuls, norms). Two things escape it:
+
+* ``scaled_dot_product_attention`` (used by the peers and by our references): handled by
+  :func:`sdpa_flop_jit`.
+* our public ops (``mmeffattn.ops.*``): a Triton kernel is opaque to a trace, and counting a
+  reference op by op charges its implementation (padding, masks), not the op. While
+  :func:`count_flops` runs, every public op that has an analytic counter here (see
+  :data:`OP_COUNTERS`) is swapped, in the modules that imported it, for a wrapper that runs the
+  reference inside a ``torch.autograd.Function`` (so the trace sees one ``prim::PythonOp.<op>``
+  node, not the reference's aten ops) and records the op's analytic count; a handle for that
+  node hands the count back to the analyzer in trace order.
+
+Counts are multiply-accumulates (MACs), the convention of the papers and of mmengine ("FLOPs").
+Element-wise work (softmax, exp, the mean) is not counted, as mmengine does not count it either.
+"""
+import contextlib
+import math
+import os
+import sys
+from collections import Counter, defaultdict, deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Deque, Dict, Iterator, List, Sequence, Tuple
+
+import torch
+import torch.nn as nn
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+__all__ = ['OP_COUNTERS', 'register_op_counter', 'op_macs', 'sdpa_macs', 'sdpa_flop_jit',
+           'count_flops', 'FlopCount', 'CountedForward', 'count_parameters',
+           'reference_backend']
+
+OpCounter = Callable[..., int]
+#: public op name (an attribute of :mod:`mmeffattn.ops`) -> analytic MACs from the op's arguments
+OP_COUNTERS: Dict[str, OpCounter] = {}
+
+
+def register_op_counter(name: str) -> Callable[[OpCounter], OpCounter]:
+    """Register ``fn(*args, **kwargs) -> MACs`` for the public op ``mmeffattn.ops.<name>``; it
+    receives exactly the arguments the op is called with."""
+
+    def wrap(fn: OpCounter) -> OpCounter:
+        OP_COUNTERS[name] = fn
+        return fn
+
+    return wrap
+
+
+def op_macs(name: str, *args: Any, **kwargs: Any) -> int:
+    """Analytic MACs of one call of the public op ``name`` (``KeyError`` if it has no counter)."""
+    if name not in OP_COUNTERS:
+        raise KeyError(f'no FLOP counter for op {name!r}; registered: {sorted(OP_COUNTERS)} '
+                       f'(add one with mmeffattn.analysis.flops.register_op_counter)')
+    return int(OP_COUNTERS[name](*args, **kwargs))
+
+
+# --------------------------------------------------------------------------------------------
+# analytic counts, one per public op (arguments as the op takes them)
+# --------------------------------------------------------------------------------------------
+def sdpa_macs(batch: int, n_q: int, n_k: int, d_qk: int, d_v: int) -> int:
+    """MACs of ``softmax(q k^T) v``: ``q k^T`` plus ``weights @ v`` for every query/key pair."""
+    return batch * n_q * n_k * (d_qk + d_v)
+
+
+def _window_sizes(n: int, window: int) -> List[int]:
+    """Sides of the windows tiled from the start of a grid side ``n`` (the last may be short);
+    a side smaller than the window is one window of that side."""
+    w = min(window, n)
+    return [w] * (n // w) + ([n % w] if n % w else [])
+
+
+@register_op_counter('sema_attention')
+def sema_attention_macs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: Sequence[int],
+                        window_size: int, **kwargs: Any) -> int:
+    """Softmax attention among the real tokens of each window (padded keys are no work of the
+    op; the reference computes them, the kernels mask them) plus the mean of the values."""
+    B, nh, N, D = q.shape
+    H, W = hw
+    pairs = sum((a * b) ** 2 for a in _window_sizes(H, window_size)
+                for b in _window_sizes(W, window_size))  # sum over windows of L_w^2
+    return B * nh * pairs * 2 * D + B * nh * N * D * int(kwargs.get('with_mean', True))
+
+
+@register_op_counter('dynamic_weight')
+def dynamic_weight_macs(u: torch.Tensor, v: torch.Tensor, *args: Any, **kwargs: Any) -> int:
+    """``v^T u`` over the M pooled tokens, plus the row norms (one MAC per weight entry)."""
+    B, M, c_in = u.shape
+    c_out = v.shape[2]
+    return B * c_out * c_in * (M + 1)
+
+
+@register_op_counter('dynamic_dwconv')
+def dynamic_dwconv_macs(x: torch.Tensor, kernel: torch.Tensor, *args: Any, **kwargs: Any) -> int:
+    """A ``K x K`` depthwise convolution per sample and channel (stride 1, same size)."""
+    B, C, H, W = x.shape
+    return B * C * H * W * kernel.shape[-1] * kernel.shape[-2]
+
+
+@register_op_counter('laplacian_kernel')
+def laplacian_kernel_macs(x: torch.Tensor, y: torch.Tensor, *args: Any, **kwargs: Any) -> int:
+    """An L1 distance (D differences and sums) for every (x_i, y_j) pair."""
+    B, nh, N, D = x.shape
+    return B * nh * N * y.shape[2] * D
+
+
+@register_op_counter('newton_schulz_pinv')
+def newton_schulz_pinv_macs(a: torch.Tensor, iters: int, *args: Any, **kwargs: Any) -> int:
+    """``V <- 2V - V P V``: two ``M x M`` matmuls per iteration."""
+    M = a.shape[-1]
+    return math.prod(a.shape[:-2]) * int(iters) * 2 * M ** 3
+
+
+@register_op_counter('core_periphery_attention')
+def core_periphery_attention_macs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                  num_cores: int, **kwargs: Any) -> int:
+    """The C cores attend over all ``C + N`` keys, the N patches over the C cores only."""
+    B, nh, T, D = q.shape
+    C = int(num_cores)
+    return sdpa_macs(B * nh, C, T, D, v.shape[-1]) + sdpa_macs(B * nh, T - C, C, D, v.shape[-1])
+
+
+# --------------------------------------------------------------------------------------------
+# jit handles
+# --------------------------------------------------------------------------------------------
+def sdpa_flop_jit(inputs: List[Any], outputs: List[Any]) -> int:
+    """mmengine handle of ``aten::scaled_dot_product_attention`` (q ``[..., L, D]``,
+    k ``[..., S, D]``, v ``[..., S, Dv]``); mmengine's analyzer skips the op otherwise."""
+    from mmengine.analysis.jit_handles import get_shape
+    q, k, v = (get_shape(x) for x in inputs[:3])
+    return sdpa_macs(math.prod(q[:-2]), q[-2], k[-2], q[-1], v[-1])
+
+
+class _OpRecorder:
+    """Holds the analytic counts recorded while tracing, per op, in call order; the jit handle of
+    each op's node pops them in graph order (which is the trace's call order)."""
+
+    def __init__(self) -> None:
+        self.queues: Dict[str, Deque[Tuple[Tuple[int, ...], int]]] = defaultdict(deque)
+        self.calls: Counter = Counter()
+        self.macs: Counter = Counter()
+
+    def record(self, name: str, first_shape: Tuple[int, ...], macs: int) -> None:
+        self.queues[name].append((first_shape, macs))
+        self.calls[name] += 1
+        self.macs[name] += macs
+
+    def handle(self, name: str) -> Callable[[List[Any], List[Any]], int]:
+        def jit_handle(inputs: List[Any], outputs: List[Any]) -> int:
+            from mmengine.analysis.jit_handles import get_shape
+            if not self.queues[name]:
+                raise RuntimeError(f'FLOP count: the trace has more {name} nodes than calls '
+                                   'were recorded')
+            shape, macs = self.queues[name].popleft()
+            got = tuple(get_shape(inputs[0]) or ())
+            if got != shape:  # a mismatch would attribute one call's count to another
+                raise RuntimeError(f'FLOP count: {name} node with input {got} met the record '
+                                   f'of a call with input {shape}')
+            return macs
+
+        return jit_handle
+
+
+def _counted_op_class(name: str) -> type:
+    """An autograd Function named after the op, so the trace shows ``prim::PythonOp.<name>``."""
+
+    def forward(ctx, run, *tensors):
+        return run(*tensors)
+
+    def backward(ctx, *grads):  # pragma: no cover - counting runs without gradients
+        raise RuntimeError(f'{name}: the FLOP-counting wrapper is forward-only')
+
+    return type(name, (torch.autograd.Function, ),
+                dict(forward=staticmethod(forward), backward=staticmethod(backward)))
+
+
+def _wrap_op(name: str, op: Callable, recorder: _OpRecorder) -> Callable:
+    function = _counted_op_class(name)
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        kwargs = dict(kwargs, backend='reference')  # the trace cannot enter a Triton kernel
+        leaves, spec = tree_flatten((args, kwargs))
+        # Under tracing, sizes read from ``x.shape`` arrive as 0-dim tensors: give the op (and
+        # its counter) the plain numbers it validates for (constants of this trace anyway).
+        leaves = [leaf.item() if isinstance(leaf, torch.Tensor) and leaf.dim() == 0 and
+                  not leaf.is_floating_point() else leaf for leaf in leaves]
+        plain_args, plain_kwargs = tree_unflatten(leaves, spec)
+        plain_kwargs.pop('backend')
+        macs = op_macs(name, *plain_args, **plain_kwargs)
+        where = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+        recorder.record(name, tuple(leaves[where[0]].shape), macs)
+
+        def run(*tensors: torch.Tensor) -> Any:
+            filled = list(leaves)
+            for i, t in zip(where, tensors):
+                filled[i] = t
+            call_args, call_kwargs = tree_unflatten(filled, spec)
+            return op(*call_args, **call_kwargs)
+
+        return function.apply(run, *(leaves[i] for i in where))
+
+    counted.__wrapped__ = op
+    return counted
+
+
+@contextlib.contextmanager
+def _ops_counted_as_nodes(recorder: _OpRecorder) -> Iterator[Dict[str, int]]:
+    """Swap each counted public op for its wrapper in every loaded ``mmeffattn`` module that
+    holds it (models import the function by name), and put everything back afterwards."""
+    import mmeffattn.ops as ops
+    swapped: List[Tuple[Any, str, Any]] = []
+    found: Dict[str, int] = {}
+    try:
+        for name in OP_COUNTERS:
+            op = getattr(ops, name, None)
+            if op is None:  # an op of a family that is not installed in this version
+                continue
+            wrapper = _wrap_op(name, op, recorder)
+            for mod_name, module in list(sys.modules.items()):
+                if module is None or not mod_name.startswith('mmeffattn'):
+                    continue
+                if getattr(module, name, None) is op:
+                    swapped.append((module, name, op))
+                    setattr(module, name, wrapper)
+                    found[name] = found.get(name, 0) + 1
+        yield found
+    finally:
+        for module, name, op in reversed(swapped):
+            setattr(module, name, op)
+
+
+@contextlib.contextmanager
+def reference_backend() -> Iterator[None]:
+    """Within the block, every mmeffattn op runs its PyTorch reference (``$MMEFFATTN_OPS_BACKEND``
+    set, then restored): a trace cannot see into a kernel, and on a CPU the Triton interpreter
+    is a test tool, not something to measure."""
+    saved = os.environ.get('MMEFFATTN_OPS_BACKEND')
+    os.environ['MMEFFATTN_OPS_BACKEND'] = 'reference'
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop('MMEFFATTN_OPS_BACKEND', None)
+        else:
+            os.environ['MMEFFATTN_OPS_BACKEND'] = saved
+
+
+# --------------------------------------------------------------------------------------------
+# counting a model
+# --------------------------------------------------------------------------------------------
+@dataclass
+class FlopCount:
+    """Result of :func:`count_flops`. ``total`` and ``by_operator`` are MACs; ``ops`` holds
+    the part of ``total`` spent in mmeffattn's ops; ``unsupported`` counts the traced ops that
+    were not counted (element-wise ones, mostly)."""
+    total: int
+    by_operator: Dict[str, int]
+    ops: Dict[str, int] = field(default_factory=dict)
+    op_calls: Dict[str, int] = field(default_factory=dict)
+    unsupported: Dict[str, int] = field(default_factory=dict)
+    device: str = 'cpu'
+
+
+def count_flops(model: nn.Module, inputs: Tuple[Any, ...]) -> FlopCount:
+    """Count the MACs of ``model(*inputs)`` (one traced forward, without gradients).
+
+    The forward really runs (a meta-device trace is not possible: convolutions' shape checks
+    fail on traced sizes), so its cost is that of one inference at the given size.
+
+    Args:
+        model: any module; mmeffattn's ops inside it are counted analytically.
+        inputs: the positional inputs of its forward (tensors).
+    """
+    device = next((str(x.device) for x in inputs if isinstance(x, torch.Tensor)), 'cpu')
+    return _count(model, inputs, device)
+
+
+def _count(model: nn.Module, inputs: Tuple[Any, ...], device: str) -> FlopCount:
+    from mmengine.analysis import FlopAnalyzer
+    recorder = _OpRecorder()
+    with reference_backend(), _ops_counted_as_nodes(recorder), torch.no_grad():
+        analyzer = FlopAnalyzer(model, inputs)
+        analyzer.set_op_handle('aten::scaled_dot_product_attention', sdpa_flop_jit)
+        for name in OP_COUNTERS:
+            analyzer.set_op_handle(f'prim::PythonOp.{name}', recorder.handle(name))
+        analyzer.unsupported_ops_warnings(False).uncalled_modules_warnings(False)
+        analyzer.tracer_warnings('none')
+        total = analyzer.total()
+        by_operator = dict(analyzer.by_operator())
+        unsupported = dict(analyzer.unsupported_ops())
+    left = {name: len(q) for name, q in recorder.queues.items() if q}
+    if left:
+        raise RuntimeError(f'FLOP count: recorded op calls never met in the trace: {left}')
+    return FlopCount(total=int(total), by_operator=by_operator, ops=dict(recorder.macs),
+                     op_calls=dict(recorder.calls), unsupported=unsupported, device=device)
+
+
+class CountedForward(nn.Module):
+    """What is counted for a built model: an mmpretrain classifier's logits (``mode='tensor'``),
+    a detector's/segmentor's backbone, or a bare backbone."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        self.what = ('classifier' if type(model).__name__ == 'ImageClassifier' else
+                     'backbone' if hasattr(model, 'backbone') else 'module')
+
+    @property
+    def counted(self) -> nn.Module:
+        """The module whose parameters and cost are reported."""
+        return self.model.backbone if self.what == 'backbone' else self.model
+
+    def forward(self, x: torch.Tensor) -> Any:
+        if self.what == 'classifier':
+            return self.model(x, mode='tensor')
+        return self.counted(x)
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

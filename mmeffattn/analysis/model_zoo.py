@@ -1,0 +1,205 @@
+"""The models the benchmarks compare: ours and the peers the installed OpenMMLab packages provide.
+
+Each entry builds a *backbone* with task-neutral outputs (the multi-scale maps a detector would
+take, or the last feature map of an isotropic model) from its package's registry, and, where a
+published ImageNet figure exists, the ImageNet *classifier* whose FLOPs at 224x224 the papers
+report. Models of a family that is not registered in this installation (LaplacianFormer and VECA
+while they are being written) are listed but report why they are not available.
+"""
+import importlib
+import os.path as osp
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+import torch.nn as nn
+
+__all__ = ['ZooModel', 'MODEL_ZOO', 'OURS', 'PEERS', 'unavailable_reason', 'build_backbone',
+           'build_classifier', 'select_models', 'resolve_config', 'PROJECT_ROOT']
+
+PROJECT_ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+
+
+@dataclass(frozen=True)
+class ZooModel:
+    """One benchmarked model.
+
+    Attributes:
+        name: display name (``'SEMA-T'``).
+        scope: the package whose registry builds it (``'mmeffattn'``, ``'mmpretrain'``,
+            ``'mmdet'``).
+        backbone: registry config of the backbone (task-neutral outputs).
+        classifier: an ImageNet classifier config file (``'mmpretrain::...'`` or a path under
+            the project), for the FLOPs at 224.
+        published_gflops: the paper's GFLOPs (MACs) of that classifier at 224x224.
+        attention: the token mixer, for reports (``'window softmax'``, ``'global softmax'``...).
+        ours: one of this project's models.
+        attrs: attributes set on the built backbone (VECA's ``num_cores``).
+    """
+    name: str
+    scope: str
+    backbone: dict
+    classifier: Optional[str] = None
+    published_gflops: Optional[float] = None
+    attention: str = ''
+    ours: bool = False
+    attrs: Tuple[Tuple[str, object], ...] = field(default_factory=tuple)
+
+
+_HIER = (0, 1, 2, 3)
+
+
+def _veca(cores: int) -> ZooModel:
+    return ZooModel(f'VECA-S-C{cores}', 'mmeffattn',
+                    dict(type='VECA', arch='small', num_cores=cores, out_type='featmap'),
+                    classifier='configs/veca/veca-s_8xb128_in1k.py',
+                    attention='core-periphery', ours=True, attrs=(('num_cores', cores), ))
+
+
+MODEL_ZOO: Dict[str, ZooModel] = {m.name: m for m in [
+    # ours
+    ZooModel('SEMA-T', 'mmeffattn', dict(type='SEMA', arch='tiny', out_indices=_HIER),
+             classifier='configs/sema/sema-t_8xb128_in1k.py', attention='SEMA', ours=True),
+    ZooModel('MILA-T', 'mmeffattn', dict(type='MILA', arch='tiny', out_indices=_HIER),
+             classifier='configs/mila/mila-t_8xb128_in1k.py', published_gflops=4.2,
+             attention='linear', ours=True),
+    ZooModel('LaplacianFormer-T', 'mmeffattn',
+             dict(type='LaplacianFormer', arch='tiny', out_indices=_HIER),
+             classifier='configs/laplacianformer/laplacianformer-t_8xb128_in1k.py',
+             published_gflops=2.1, attention='Laplacian-Nystrom', ours=True),
+    ZooModel('LaplacianFormer-S', 'mmeffattn',
+             dict(type='LaplacianFormer', arch='small', out_indices=_HIER),
+             classifier='configs/laplacianformer/laplacianformer-s_8xb128_in1k.py',
+             published_gflops=4.8, attention='Laplacian-Nystrom', ours=True),
+    ZooModel('WeightFormer-T', 'mmeffattn',
+             dict(type='WeightFormer', arch='tiny', out_type='featmap', out_indices=(-1, )),
+             classifier='configs/weightformer/weightformer-t_8xb128_in1k.py',
+             attention='dynamic weight', ours=True),
+    ZooModel('WeightFormer-S', 'mmeffattn',
+             dict(type='WeightFormer', arch='small', out_type='featmap', out_indices=(-1, )),
+             classifier='configs/weightformer/weightformer-s_8xb128_in1k.py',
+             attention='dynamic weight', ours=True),
+    _veca(8), _veca(16), _veca(64),
+    # peers, from the registries of the installed OpenMMLab packages
+    ZooModel('Swin-T', 'mmpretrain', dict(type='SwinTransformer', arch='tiny', out_indices=_HIER,
+                                         pad_small_map=True),
+             classifier='mmpretrain::swin_transformer/swin-tiny_16xb64_in1k.py',
+             published_gflops=4.5, attention='window softmax'),
+    ZooModel('ConvNeXt-T', 'mmpretrain',
+             dict(type='ConvNeXt', arch='tiny', out_indices=_HIER, gap_before_final_norm=False),
+             classifier='mmpretrain::convnext/convnext-tiny_32xb128_in1k.py',
+             published_gflops=4.5, attention='convolution'),
+    ZooModel('PVTv2-b1', 'mmdet', dict(type='PyramidVisionTransformerV2', embed_dims=64,
+                                       num_layers=[2, 2, 2, 2], out_indices=_HIER),
+             attention='spatial-reduction softmax'),
+    ZooModel('PVTv2-b2', 'mmdet', dict(type='PyramidVisionTransformerV2', embed_dims=64,
+                                       num_layers=[3, 4, 6, 3], out_indices=_HIER),
+             attention='spatial-reduction softmax'),
+    ZooModel('DeiT-T', 'mmpretrain',
+             dict(type='VisionTransformer', arch='deit-tiny', out_type='featmap'),
+             classifier='mmpretrain::deit/deit-tiny_4xb256_in1k.py', published_gflops=1.3,
+             attention='global softmax'),
+    ZooModel('DeiT-S', 'mmpretrain',
+             dict(type='VisionTransformer', arch='deit-small', out_type='featmap'),
+             classifier='mmpretrain::deit/deit-small_4xb256_in1k.py', published_gflops=4.6,
+             attention='global softmax'),
+    ZooModel('ResNet-50', 'mmpretrain', dict(type='ResNet', depth=50, out_indices=_HIER),
+             classifier='mmpretrain::resnet/resnet50_8xb32_in1k.py', published_gflops=4.1,
+             attention='convolution'),
+]}
+OURS: List[str] = [n for n, m in MODEL_ZOO.items() if m.ours]
+PEERS: List[str] = [n for n, m in MODEL_ZOO.items() if not m.ours]
+
+
+def _registry(scope: str):
+    """The MODELS registry of ``scope``, with its models imported (registered)."""
+    if scope == 'mmeffattn':
+        import mmeffattn  # noqa: F401  (registers our models)
+    else:
+        importlib.import_module(f'{scope}.models')
+    return importlib.import_module(f'{scope}.registry').MODELS
+
+
+def unavailable_reason(name: str) -> Optional[str]:
+    """Why ``name`` cannot be built here (None if it can): unknown name, a package that does not
+    import, or a model type its registry does not (yet) hold."""
+    if name not in MODEL_ZOO:
+        return f'unknown model {name!r}; choose from {", ".join(MODEL_ZOO)}'
+    model = MODEL_ZOO[name]
+    try:
+        registry = _registry(model.scope)
+    except Exception as e:
+        return f'{model.scope} is not importable ({type(e).__name__}: {e})'
+    if registry.get(model.backbone['type']) is None:
+        return (f'not available: {model.scope} has no registered {model.backbone["type"]!r} '
+                f'in this version')
+    return None
+
+
+def _build(scope: str, cfg: dict) -> nn.Module:
+    from mmengine.registry import DefaultScope
+    with DefaultScope.overwrite_default_scope(scope):
+        return _registry(scope).build(cfg)
+
+
+def build_backbone(name: str) -> nn.Module:
+    """The backbone of ``name`` in eval mode, randomly initialised (costs do not depend on the
+    weights). Raises ``RuntimeError`` with the reason if it is not available."""
+    reason = unavailable_reason(name)
+    if reason:
+        raise RuntimeError(f'{name}: {reason}')
+    model = MODEL_ZOO[name]
+    backbone = _build(model.scope, dict(model.backbone))
+    for attr, value in model.attrs:
+        setattr(backbone, attr, value)
+    backbone.eval()  # (some OpenMMLab backbones' train() returns None: no chaining)
+    return backbone
+
+
+def build_classifier(name: str) -> nn.Module:
+    """The ImageNet classifier of ``name`` (from its config file), in eval mode."""
+    from mmengine.config import Config
+    model = MODEL_ZOO[name]
+    if model.classifier is None:
+        raise RuntimeError(f'{name}: no ImageNet classifier config is listed')
+    reason = unavailable_reason(name)
+    if reason:
+        raise RuntimeError(f'{name}: {reason}')
+    cfg = Config.fromfile(resolve_config(model.classifier))
+    cfg.model.pop('data_preprocessor', None)
+    cfg.model.pop('train_cfg', None)  # mixup/cutmix batch augments: training only
+    scope = cfg.get('default_scope') or model.scope
+    classifier = _build(scope if scope != 'mmeffattn' else 'mmpretrain', cfg.model)
+    for attr, value in model.attrs:
+        setattr(classifier.backbone, attr, value)
+    classifier.eval()
+    return classifier
+
+
+def resolve_config(path: str) -> str:
+    """A config file path: ``'pkg::rel/path.py'`` (shipped in an installed package's
+    ``.mim/configs``), a project-relative path, or any existing path."""
+    if '::' in path:
+        from mmengine.utils import get_installed_path
+        package, rel = path.split('::', 1)
+        return osp.join(get_installed_path(package), '.mim', 'configs', rel)
+    if osp.exists(path):
+        return path
+    return osp.join(PROJECT_ROOT, path)
+
+
+def select_models(names: Optional[List[str]]) -> List[str]:
+    """Expand ``'ours'``/``'peers'``/``'all'`` and check the names (ValueError names the bad
+    one and the choices)."""
+    if not names:
+        return list(MODEL_ZOO)
+    out: List[str] = []
+    for name in names:
+        group = {'all': list(MODEL_ZOO), 'ours': OURS, 'peers': PEERS}.get(name.lower())
+        if group is not None:
+            out += group
+        elif name in MODEL_ZOO:
+            out.append(name)
+        else:
+            raise ValueError(f'unknown model {name!r}; choose from {", ".join(MODEL_ZOO)} '
+                             f"or the groups 'ours', 'peers', 'all'")
+    return list(dict.fromkeys(out))

@@ -1,0 +1,118 @@
+"""tools/benchmark.py on tiny sizes, and the measurement helpers it relies on."""
+import json
+import os
+import os.path as osp
+import sys
+
+import pytest
+import torch
+
+from mmeffattn.analysis import benchmarking as bm
+from mmeffattn.analysis import model_zoo
+
+ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+sys.path.insert(0, osp.join(ROOT, 'tools'))
+import benchmark  # noqa: E402
+
+TINY = ['--preset', 'smoke', '--warmup', '0', '--repeats', '1']
+
+
+def test_smoke_run_writes_every_output(tmp_path):
+    before = os.environ.get('MMEFFATTN_OPS_BACKEND')
+    report = benchmark.main(TINY + ['--models', 'ResNet-50', 'SEMA-T', '--sizes', '32',
+                                    '32x48', '--reference', 'ResNet-50',
+                                    '--out-dir', str(tmp_path)])
+    assert os.environ.get('MMEFFATTN_OPS_BACKEND') == before  # not leaked to the caller
+    saved = json.loads((tmp_path / 'benchmark.json').read_text())
+    assert saved['results'] == report['results']
+    assert saved['environment']['threads'] == torch.get_num_threads()
+    assert 'dispatch mode' in saved['environment']['memory_method']
+    assert saved['settings']['ops_backend'] == 'reference'  # never the interpreter on a CPU
+    rows = {(r['model'], tuple(r['size'])): r for r in report['results']}
+    assert len(rows) == 4
+    for name in ('ResNet-50', 'SEMA-T'):
+        small, wide = rows[name, (32, 32)], rows[name, (32, 48)]
+        for r in (small, wide):
+            assert r['status'] == 'ok', r
+            assert r['fwd_ms'] > 0 and r['images_per_s'] == pytest.approx(1e3 / r['fwd_ms'])
+            assert r['fwd_bwd_ms'] > 0  # all sides <= the smoke preset's backward limit
+            # peak memory includes the parameters, and training holds more than inference
+            assert r['peak_mem_mb'] * 2**20 > r['params_m'] * 1e6 * 4
+            assert r['fwd_bwd_peak_mem_mb'] > r['peak_mem_mb']
+        assert 0 < small['gmacs'] < wide['gmacs']
+        assert small['tokens'] == 4 and wide['tokens'] == 6
+    md = (tmp_path / 'benchmark.md').read_text()
+    assert '| ResNet-50 |' in md and '1.00x' in md and 'Scaling exponents' in md
+    for png in ('latency_vs_tokens.png', 'memory_vs_tokens.png'):
+        assert (tmp_path / png).stat().st_size > 1000
+
+
+def test_sizes_past_the_time_limit_are_reported_not_run(tmp_path):
+    report = benchmark.main(TINY + ['--models', 'ResNet-50', '--sizes', '32', '48', '64',
+                                    '--max-call-s', '1e-9', '--no-plots', '--no-flops',
+                                    '--out-dir', str(tmp_path)])
+    status = [r['status'] for r in report['results']]
+    # the first size has no history to predict from; the next ones are predicted too slow
+    assert status == ['ok', 'skipped (time limit)', 'skipped (time limit)']
+    assert 'skipped (time limit)' in (tmp_path / 'benchmark.md').read_text()
+
+
+def test_out_of_memory_and_unavailable_models_are_reported(tmp_path, monkeypatch):
+    monkeypatch.setitem(model_zoo.MODEL_ZOO, 'Missing-T', model_zoo.ZooModel(
+        'Missing-T', 'mmeffattn', dict(type='NoSuchBackbone')))
+
+    def oom(self):
+        raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 1 TiB')
+
+    monkeypatch.setattr(benchmark.Runner, 'forward', oom)
+    report = benchmark.main(TINY + ['--models', 'ResNet-50', 'Missing-T', '--sizes', '32',
+                                    '--no-plots', '--out-dir', str(tmp_path)])
+    status = {r['model']: r['status'] for r in report['results']}
+    assert status['ResNet-50'] == 'out of memory'
+    assert status['Missing-T'].startswith('not available') and 'NoSuchBackbone' in \
+        status['Missing-T']
+
+
+def test_every_zoo_model_builds_or_says_why():
+    assert {'SEMA-T', 'MILA-T', 'LaplacianFormer-T', 'LaplacianFormer-S', 'WeightFormer-T',
+            'WeightFormer-S', 'VECA-S-C8', 'VECA-S-C16', 'VECA-S-C64'} == set(model_zoo.OURS)
+    assert {'Swin-T', 'ConvNeXt-T', 'PVTv2-b1', 'PVTv2-b2', 'DeiT-T', 'DeiT-S',
+            'ResNet-50'} == set(model_zoo.PEERS)
+    for name in model_zoo.MODEL_ZOO:
+        reason = model_zoo.unavailable_reason(name)
+        assert reason is None or reason.startswith('not available'), (name, reason)
+    veca = model_zoo.unavailable_reason('VECA-S-C16')
+    if veca is None:
+        assert model_zoo.build_backbone('VECA-S-C16').num_cores == 16
+    with pytest.raises(ValueError, match="unknown model 'Nope'"):
+        model_zoo.select_models(['Nope'])
+    assert model_zoo.select_models(['peers', 'Swin-T']) == model_zoo.PEERS
+
+
+def test_peak_tensor_memory_follows_allocations_and_releases():
+    x = torch.randn(1000, 1000)  # 4 MB, resident
+
+    def work():
+        a = x @ x  # +4 MB
+        b = a @ a  # +4 MB
+        del a  # -4 MB
+        c = torch.empty(3000, 1000)  # +12 MB: peak b + c = 16 MB
+        return (b.sum() + c.sum()).item()
+
+    # resident x, then b and c alive with the two 4-byte sums and their 4-byte total
+    assert bm.peak_memory(work, [x], torch.device('cpu')) == 4_000_000 + 16_000_000 + 12
+    # views of resident memory are not new memory
+    assert bm.peak_memory(lambda: x.t()[:10].unsqueeze(0)[0, 2:], [x], torch.device('cpu')) == \
+        4_000_000
+
+
+def test_fit_and_prediction_of_power_laws():
+    xs = [196, 784, 3136]
+    assert bm.fit_exponent(xs, [3 * x ** 1.5 for x in xs]) == pytest.approx(1.5)
+    assert bm.fit_exponent([196], [1.0]) is None
+    assert bm.predict_power_law([(100, 1.0), (400, 4.0)], 1600) == pytest.approx(16.0)
+    # a flat (noisy) start still predicts at least linear growth
+    assert bm.predict_power_law([(100, 1.0), (400, 1.0)], 1600) == pytest.approx(4.0)
+    assert bm.parse_size('512x768') == (512, 768) and bm.parse_size('64') == (64, 64)
+    with pytest.raises(ValueError, match='512x'):
+        bm.parse_size('512x')

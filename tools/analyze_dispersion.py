@@ -1,0 +1,219 @@
+#!/usr/bin/env python
+"""Attention dispersion against token count: SEMA's argument, measured on a backbone's own q/k.
+
+    python tools/analyze_dispersion.py --model SEMA-T --sizes 224 512 1024 \
+        [--checkpoint ckpt.pth] --out-dir work_dirs/dispersion
+
+The backbone (random weights, or ``--checkpoint``) runs once per input size; a hook takes the
+tokens entering one attention layer (``--layer``, default: the first module with a q/k
+projection) and projects them with that layer's own q/k weights. The same queries and keys are
+then weighed by every attention kind of :mod:`mmeffattn.analysis.dispersion` (global softmax,
+linear, window, SEMA, Laplacian-Nystrom, core-periphery), on up to ``--max-queries`` sampled
+queries, and the per-query entropy, largest weight and effective number of keys are averaged.
+Outputs: ``dispersion.json``, ``dispersion.md`` and ``dispersion.png``.
+"""
+import argparse
+import json
+import math
+import os
+import os.path as osp
+import sys
+from typing import Any, Dict, List, Optional, Tuple
+
+sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
+
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument('--model', default='SEMA-T', help='a name of mmeffattn.analysis.model_zoo')
+    p.add_argument('--checkpoint', help='weights for the backbone (a classifier or detector '
+                   "checkpoint works: a 'backbone.' prefix is stripped); default: random")
+    p.add_argument('--sizes', nargs='+', default=['224', '512', '1024'])
+    p.add_argument('--layer', help='dotted name of the attention module (default: the first '
+                   'module with num_heads and a q/k projection)')
+    p.add_argument('--kinds', nargs='+', help='attention kinds (default: every available one)')
+    p.add_argument('--max-queries', type=int, default=256)
+    p.add_argument('--window', type=int, default=7)
+    p.add_argument('--num-cores', type=int, default=16,
+                   help='pooled cores for core_periphery when the model is not VECA')
+    p.add_argument('--seed', type=int, default=0)
+    p.add_argument('--out-dir', default='work_dirs/dispersion')
+    p.add_argument('--no-plot', action='store_true')
+    return p.parse_args(argv)
+
+
+def find_attention(model: nn.Module, name: Optional[str]) -> Tuple[str, nn.Module]:
+    """The attention module to probe: ``name``, or the first with ``num_heads`` and q/k."""
+    modules = dict(model.named_modules())
+    if name is not None:
+        if name not in modules:
+            raise ValueError(f'--layer {name!r} is not a module of the model; attention-like '
+                             f'modules: {[n for n, m in modules.items() if _has_qk(m)][:10]}')
+        return name, modules[name]
+    for n, m in modules.items():
+        if _has_qk(m):
+            return n, m
+    raise ValueError('no module with num_heads and a q/k projection (qk, qkv, or q [and k]) '
+                     'was found; name one with --layer')
+
+
+def _has_qk(m: nn.Module) -> bool:
+    return hasattr(m, 'num_heads') and any(isinstance(getattr(m, a, None), nn.Linear)
+                                           for a in ('qk', 'qkv', 'q'))
+
+
+def project_qk(attn: nn.Module, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The layer's own queries and keys ``[B, h, L, D]`` for its input tokens ``x [B, L, C]``
+    (before any RoPE or feature map: every kind then weighs the same q and k)."""
+    B, L, C = x.shape
+    if isinstance(getattr(attn, 'qk', None), nn.Linear):
+        q, k = attn.qk(x).chunk(2, dim=-1)
+    elif isinstance(getattr(attn, 'qkv', None), nn.Linear):
+        q, k, _ = attn.qkv(x).chunk(3, dim=-1)
+    elif isinstance(getattr(attn, 'k', None), nn.Linear):
+        q, k = attn.q(x), attn.k(x)
+    else:  # LaplacianFormer: the queries are also the keys
+        q = k = attn.q(x)
+    nh = attn.num_heads
+    return tuple(t.reshape(B, L, nh, -1).transpose(1, 2) for t in (q, k))  # type: ignore
+
+
+def capture(model: nn.Module, attn: nn.Module, x: torch.Tensor) -> Dict[str, Any]:
+    """Run ``model(x)`` and return the probed layer's first input and its grid / core count."""
+    got: Dict[str, Any] = {}
+
+    def hook(module, args, kwargs):
+        if 'x' not in got:
+            got['x'] = args[0].detach()
+            got['args'] = args[1:]
+            got['kwargs'] = dict(kwargs)
+
+    from mmeffattn.analysis.flops import reference_backend
+    handle = attn.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        with torch.no_grad(), reference_backend():  # (not the Triton interpreter on a CPU)
+            model(x)
+    finally:
+        handle.remove()
+    if 'x' not in got:
+        raise RuntimeError('the probed attention layer was not called by the forward')
+    return got
+
+
+def layer_grid(got: Dict[str, Any], image_hw: Tuple[int, int],
+               patch: int) -> Tuple[Tuple[int, int], int]:
+    """``(hw, num_cores)`` of the probed call: the ``hw`` argument our blocks pass, VECA's core
+    count (its last argument), or a square grid."""
+    n = got['x'].shape[1]
+    args = got['args']
+    if args and isinstance(args[0], (tuple, list)) and len(args[0]) == 2:
+        return (int(args[0][0]), int(args[0][1])), 0
+    if len(args) >= 3 and isinstance(args[-1], int):  # VECA: (cos, sin, num_cores)
+        hw = (math.ceil(image_hw[0] / patch), math.ceil(image_hw[1] / patch))
+        return hw, args[-1]
+    side = int(round(math.sqrt(n)))
+    if side * side != n:
+        raise ValueError(f'cannot tell the token grid of {n} tokens; probe a layer that gets '
+                         f'(x, hw)')
+    return (side, side), 0
+
+
+def run(args: argparse.Namespace) -> Dict[str, Any]:
+    from mmeffattn.analysis import dispersion as dsp
+    from mmeffattn.analysis.benchmarking import parse_size
+    from mmeffattn.analysis.model_zoo import build_backbone
+    torch.manual_seed(args.seed)
+    model = build_backbone(args.model)
+    if args.checkpoint:
+        from mmengine.runner import load_checkpoint
+        load_checkpoint(model, args.checkpoint, map_location='cpu',
+                        revise_keys=[(r'^module\.', ''), (r'^backbone\.', '')])
+    kinds = args.kinds or list(dsp.kinds_available())
+    bad = set(kinds) - set(dsp.KINDS)
+    if bad:
+        raise SystemExit(f'unknown --kinds {sorted(bad)}; choose from {dsp.KINDS}')
+    layer, attn = find_attention(model, args.layer)
+    patch = getattr(model, 'patch_size', 16)
+    rows: List[Dict[str, Any]] = []
+    for size in args.sizes:
+        hw_img = parse_size(size)
+        got = capture(model, attn, torch.randn(1, 3, *hw_img))
+        hw, cores = layer_grid(got, hw_img, patch)
+        q, k = project_qk(attn, got['x'])
+        core_qk = None
+        if cores:  # VECA: its own cores, and the patches alone as the grid
+            core_qk = (q[:, :, :cores], k[:, :, :cores])
+            q, k = q[:, :, cores:], k[:, :, cores:]
+        N = q.shape[2]
+        sample = dsp.sample_queries(N, args.max_queries, args.seed)
+        for kind in kinds:
+            w = dsp.implied_weights(kind, q.float(), k.float(), hw, sample, window=args.window,
+                                    num_cores=args.num_cores, cores=core_qk)
+            stats = dsp.dispersion_stats(w)
+            rows.append(dict(size=list(hw_img), grid=list(hw), kind=kind, queries=len(sample),
+                             **stats))
+            print(f'{hw_img[0]}x{hw_img[1]} N={N:>6} {kind:>17}: entropy/logN '
+                  f'{stats["normalized_entropy"]:.3f}, max weight {stats["max_weight"]:.4f}, '
+                  f'effective keys {stats["effective_keys"]:.1f}', flush=True)
+    return dict(model=args.model, checkpoint=args.checkpoint or 'random init', layer=layer,
+                max_queries=args.max_queries, seed=args.seed, window=args.window,
+                results=rows)
+
+
+def markdown(report: Dict[str, Any]) -> str:
+    lines = [f'{report["model"]} ({report["checkpoint"]}), layer `{report["layer"]}`, up to '
+             f'{report["max_queries"]} sampled queries per size.', '',
+             '| input | tokens | kind | entropy / log N | max weight | effective keys | '
+             'effective / N |', '|---|---:|---|---:|---:|---:|---:|']
+    for r in report['results']:
+        lines.append(f'| {r["size"][0]}x{r["size"][1]} | {r["tokens"]} | {r["kind"]} | '
+                     f'{r["normalized_entropy"]:.3f} | {r["max_weight"]:.4f} | '
+                     f'{r["effective_keys"]:.1f} | {r["effective_fraction"]:.4f} |')
+    return '\n'.join(lines) + '\n'
+
+
+def plot(report: Dict[str, Any], path: str) -> None:
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4))
+    kinds = list(dict.fromkeys(r['kind'] for r in report['results']))
+    for ax, key, label in zip(axes, ('effective_keys', 'max_weight', 'normalized_entropy'),
+                              ('effective keys exp(H)', 'max weight', 'entropy / log N')):
+        for kind in kinds:
+            rs = [r for r in report['results'] if r['kind'] == kind]
+            ax.plot([r['tokens'] for r in rs], [r[key] for r in rs], '-o', markersize=3,
+                    label=kind)
+        ax.set_xscale('log')
+        if key != 'normalized_entropy':
+            ax.set_yscale('log')
+        ax.set_xlabel('tokens N at the probed layer')
+        ax.set_ylabel(label)
+        ax.grid(True, which='both', alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f'{report["model"]} ({report["checkpoint"]}), {report["layer"]}', fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> Dict[str, Any]:
+    args = parse_args(argv)
+    os.makedirs(args.out_dir, exist_ok=True)
+    report = run(args)
+    with open(osp.join(args.out_dir, 'dispersion.json'), 'w') as f:
+        json.dump(report, f, indent=1)
+    with open(osp.join(args.out_dir, 'dispersion.md'), 'w') as f:
+        f.write(markdown(report))
+    if not args.no_plot:
+        plot(report, osp.join(args.out_dir, 'dispersion.png'))
+    print(f'wrote {args.out_dir}/dispersion.json, dispersion.md'
+          + ('' if args.no_plot else ', dispersion.png'))
+    return report
+
+
+if __name__ == '__main__':
+    main()

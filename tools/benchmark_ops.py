@@ -1,0 +1,294 @@
+#!/usr/bin/env python
+"""Benchmark the attention ops alone against full softmax attention and plain linear attention.
+
+    python tools/benchmark_ops.py --preset readme --out-dir work_dirs/benchmark_ops
+
+For each token count N (a square grid), each attention kind runs on ``[B, heads, N, D]`` inputs
+(WeightFormer's dynamic linear layer and dynamic depthwise convolution, its token mixers, on
+``heads * D`` channels):
+time (median after warm-up), peak memory, MACs (analytic, :mod:`mmeffattn.analysis.flops`) and
+the achieved FLOP/s (2 per MAC) against the machine's own measured matmul FLOP/s; the arithmetic
+intensity against the measured copy bandwidth gives the roofline bound of each point. On a CUDA
+GPU each of our ops runs twice, with its Triton kernels and with its PyTorch reference; on a CPU
+only the reference runs (Triton's interpreter is a test tool, not a CPU backend).
+"""
+import argparse
+import json
+import math
+import os
+import os.path as osp
+import sys
+import time
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+PRESETS: Dict[str, Dict[str, Any]] = {
+    'smoke': dict(tokens=[196, 784], batch=1, heads=2, head_dim=32, warmup=1, repeats=2,
+                  budget_s=60., max_call_s=10.),
+    'readme': dict(tokens=[196, 784, 3136, 12544, 65536], batch=1, heads=4, head_dim=32,
+                   warmup=1, repeats=3, budget_s=40., max_call_s=5.),
+    'full': dict(tokens=[196, 784, 3136, 12544, 16384, 50176, 65536], batch=1, heads=4,
+                 head_dim=32, warmup=2, repeats=10, budget_s=600., max_call_s=60.),
+    # inside the GPU script's 100 s: 12 variants (5 ops x Triton/reference, SDPA, linear)
+    'gpu': dict(tokens=[196, 784, 3136, 12544, 16384, 50176, 65536], batch=4, heads=8,
+                head_dim=64, warmup=3, repeats=10, budget_s=4., max_call_s=0.2),
+}
+KINDS = ('softmax', 'linear', 'sema', 'core_periphery', 'laplacian_nystrom', 'dynamic_linear',
+         'dynamic_dwconv')
+BASELINES = ('softmax', 'linear')  # plain PyTorch, no backend choice
+#: the settings of our ops, as the backbones use them
+WINDOW = 7  # SEMA
+NUM_CORES = 64  # VECA's largest budget
+LANDMARK_CELL, LAMBDA, NS_ITERS, NS_EPS = 8, 4., 20, 0.01  # LaplacianFormer, first stage
+POOL, KERNEL = 2, 3  # WeightFormer: tokens pooled 2x2 for the dynamic weight; 3x3 dynamic conv
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument('--preset', choices=sorted(PRESETS), default='readme')
+    p.add_argument('--tokens', type=int, nargs='+', help='N values (rounded to a square grid)')
+    p.add_argument('--kinds', nargs='+', choices=KINDS, default=list(KINDS))
+    for key in ('batch', 'heads', 'head_dim', 'warmup', 'repeats'):
+        p.add_argument(f'--{key.replace("_", "-")}', type=int)
+    p.add_argument('--budget-s', type=float, help='measurement seconds per kind, all N')
+    p.add_argument('--max-call-s', type=float, help='skip an N predicted to take longer')
+    p.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
+    p.add_argument('--dtype', choices=['fp32', 'bf16', 'fp16'], default='fp32')
+    p.add_argument('--threads', type=int)
+    p.add_argument('--out-dir', default='work_dirs/benchmark_ops')
+    args = p.parse_args(argv)
+    for key, value in PRESETS[args.preset].items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    return args
+
+
+# --------------------------------------------------------------------------------------------
+# the attention kinds: (run(backend) closure, MACs, minimum bytes moved)
+# --------------------------------------------------------------------------------------------
+def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Plain linear attention with the ELU+1 feature map: ``phi(q) (phi(k)^T v)`` normalized
+    by ``phi(q) sum_j phi(k_j)``; ``[B, h, N, D]`` in and out."""
+    q, k = F.elu(q) + 1, F.elu(k) + 1
+    kv = k.transpose(-2, -1) @ v  # [B, h, D, D]
+    z = q @ k.sum(dim=-2, keepdim=True).transpose(-2, -1)  # [B, h, N, 1]
+    return (q @ kv) / (z + 1e-6)
+
+
+def laplacian_nystrom(q: torch.Tensor, v: torch.Tensor, hw: Tuple[int, int],
+                      backend: Optional[str]) -> torch.Tensor:
+    """LaplacianFormer's attention: ``K(q, L) pinv(K(L, L)) K(L, q) v / N`` with landmarks
+    ``L`` pooled over ``LANDMARK_CELL`` cells, right to left (nothing ``N x N``)."""
+    from mmeffattn.ops import laplacian_kernel, newton_schulz_pinv
+    B, h, N, D = q.shape
+    grid = q.transpose(-2, -1).reshape(B * h, D, *hw)
+    lm = F.avg_pool2d(grid, LANDMARK_CELL, ceil_mode=True).flatten(2).transpose(-2, -1)
+    lm = lm.reshape(B, h, -1, D)  # [B, h, M, D]
+    k_ql = laplacian_kernel(q, lm, LAMBDA, backend=backend)  # [B, h, N, M]
+    k_ll = laplacian_kernel(lm, lm, LAMBDA, backend=backend)  # [B, h, M, M]
+    pinv = newton_schulz_pinv(k_ll, NS_ITERS, NS_EPS, backend=backend)
+    return k_ql @ (pinv @ (k_ql.transpose(-2, -1) @ v)) / N
+
+
+def _landmarks(hw: Tuple[int, int]) -> int:
+    return math.ceil(hw[0] / LANDMARK_CELL) * math.ceil(hw[1] / LANDMARK_CELL)
+
+
+def make_kind(kind: str, n: int, args: argparse.Namespace, device: torch.device,
+              dtype: torch.dtype) -> Tuple[Callable[[Optional[str]], Any], int, int, Dict]:
+    """Inputs for ``kind`` at about ``n`` tokens: ``(run(backend), MACs, bytes, shape info)``."""
+    from mmeffattn.analysis.flops import op_macs, sdpa_macs
+    from mmeffattn.ops import core_periphery_attention, sema_attention
+    side = max(1, round(math.sqrt(n)))
+    hw = (side, side)
+    N = side * side
+    B, h, D = args.batch, args.heads, args.head_dim
+    T = N + NUM_CORES if kind == 'core_periphery' else N
+    q, k, v = (torch.randn(B, h, T, D, device=device, dtype=dtype) for _ in range(3))
+    elem = q.element_size()
+    io_bytes = 4 * q.numel() * elem  # q, k, v in, one output
+    info = dict(N=N, grid=list(hw), tokens=T)
+    if kind == 'softmax':
+        return (lambda b: F.scaled_dot_product_attention(q, k, v),
+                sdpa_macs(B * h, N, N, D, D), io_bytes, info)
+    if kind == 'linear':
+        return lambda b: linear_attention(q, k, v), B * h * N * D * (2 * D + 1), io_bytes, info
+    if kind == 'sema':
+        return (lambda b: sema_attention(q, k, v, hw, WINDOW, backend=b),
+                op_macs('sema_attention', q, k, v, hw, WINDOW), io_bytes, info)
+    if kind == 'core_periphery':
+        info['num_cores'] = NUM_CORES
+        return (lambda b: core_periphery_attention(q, k, v, NUM_CORES, backend=b),
+                op_macs('core_periphery_attention', q, k, v, NUM_CORES), io_bytes, info)
+    if kind == 'laplacian_nystrom':
+        M = _landmarks(hw)
+        lm = torch.empty(B, h, M, D)
+        macs = (op_macs('laplacian_kernel', q, lm, LAMBDA) +
+                op_macs('laplacian_kernel', lm, lm, LAMBDA) +
+                op_macs('newton_schulz_pinv', torch.empty(B, h, M, M), NS_ITERS, NS_EPS) +
+                B * h * (2 * N * M * D + M * M * D))  # K^T v, pinv @ (.), K @ (.)
+        info['landmarks'] = M
+        return (lambda b: laplacian_nystrom(q, v, hw, b), macs,
+                3 * q.numel() * elem, info)  # q, v in, one output
+    C = h * D  # WeightFormer mixes all channels at once (no heads)
+    if kind == 'dynamic_linear':  # DynamicLinear: x (W + dW(x)), dW from 2x2-pooled tokens
+        from mmeffattn.ops import dynamic_weight
+        M = math.ceil(side / POOL) ** 2
+        x = torch.randn(B, N, C, device=device, dtype=dtype)
+        u, vv = (torch.randn(B, M, C, device=device, dtype=dtype) for _ in range(2))
+        w = torch.randn(C, C, device=device, dtype=dtype) * C ** -0.5
+
+        def run(b):
+            return x @ dynamic_weight(u, vv, N, weight=w, backend=b).transpose(1, 2)
+
+        info.update(channels=C, pooled=M)
+        return (run, op_macs('dynamic_weight', u, vv, N, weight=w) + B * N * C * C,
+                (2 * x.numel() + 2 * u.numel() + w.numel()) * elem, info)
+    if kind == 'dynamic_dwconv':  # DynamicDWConv: a 3x3 kernel per sample and channel
+        from mmeffattn.ops import dynamic_dwconv
+        x = torch.randn(B, C, side, side, device=device, dtype=dtype)
+        kern = torch.randn(B, C, KERNEL, KERNEL, device=device, dtype=dtype)
+        bias = torch.zeros(C, device=device, dtype=dtype)
+        static = torch.randn(C, 1, KERNEL, KERNEL, device=device, dtype=dtype)
+        info.update(channels=C)
+        return (lambda b: dynamic_dwconv(x, kern, bias, static, normalize=True, backend=b),
+                op_macs('dynamic_dwconv', x, kern), 2 * x.numel() * elem, info)
+    raise ValueError(f'unknown kind {kind!r}; choose from {KINDS}')
+
+
+# --------------------------------------------------------------------------------------------
+# the run
+# --------------------------------------------------------------------------------------------
+def run(args: argparse.Namespace) -> Dict[str, Any]:
+    from mmeffattn.analysis import benchmarking as bm
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    if device.type == 'cuda' and not torch.cuda.is_available():
+        raise SystemExit('--device cuda: no CUDA device is visible to torch')
+    dtype = dict(fp32=torch.float32, bf16=torch.bfloat16, fp16=torch.float16)[args.dtype]
+    t_start = time.time()
+    machine = dict(matmul=bm.matmul_flops_per_s(device, dtype),
+                   copy=bm.copy_bandwidth(device))
+    peak_flops = machine['matmul']['flops_per_s']
+    bandwidth = machine['copy']['bytes_per_s']
+    # our ops: Triton and reference on a GPU; the reference alone on a CPU
+    ours_backends = ['triton', 'reference'] if device.type == 'cuda' else ['reference']
+    variants = [(kind, b) for kind in args.kinds
+                for b in ([None] if kind in BASELINES else ours_backends)]
+    state = {v: dict(spent=0., hist=[], stopped='') for v in variants}
+    results: List[Dict[str, Any]] = []
+    for n in sorted(args.tokens):
+        for variant in variants:
+            kind, backend = variant
+            st = state[variant]
+            rec = dict(kind=kind, backend=backend or 'torch', N_requested=n, status='ok',
+                       ms=None, peak_mem_mb=None)
+            results.append(rec)
+            pred = bm.predict_power_law(st['hist'], n)
+            calls = args.warmup + args.repeats
+            if st['stopped']:
+                rec['status'] = st['stopped']
+                continue
+            if pred > args.max_call_s or st['spent'] + calls * pred > args.budget_s:
+                rec['status'] = st['stopped'] = 'skipped (time limit)'
+                continue
+            t0 = time.time()
+            try:
+                fn, macs, nbytes, info = make_kind(kind, n, args, device, dtype)
+                rec.update(info, macs=macs, bytes=nbytes)
+                with torch.no_grad():
+                    for _ in range(args.warmup):
+                        bm.time_once(lambda: fn(backend), device)
+                    ts = [bm.time_once(lambda: fn(backend), device) for _ in range(args.repeats)]
+                    mem = bm.peak_memory(lambda: fn(backend), [], device)
+            except Exception as e:
+                if bm.is_oom(e):
+                    rec['status'] = st['stopped'] = 'out of memory'
+                else:
+                    rec['status'] = f'error: {type(e).__name__}: {str(e)[:300]}'
+                if device.type == 'cuda':
+                    torch.cuda.empty_cache()
+                continue
+            finally:
+                st['spent'] += time.time() - t0
+            secs = bm.median(ts)
+            st['hist'].append((n, secs))
+            intensity = 2 * macs / nbytes
+            bound = min(peak_flops, intensity * bandwidth)
+            rec.update(ms=secs * 1e3, peak_mem_mb=mem / 2**20, flops_per_s=2 * macs / secs,
+                       of_matmul_peak=2 * macs / secs / peak_flops,
+                       arithmetic_intensity=intensity, roofline_flops_per_s=bound,
+                       of_roofline=2 * macs / secs / bound)
+            print(f'N={rec["N"]:>6} {kind:>17} [{rec["backend"]}]: {rec["ms"]:9.2f} ms, '
+                  f'{rec["flops_per_s"] / 1e9:8.2f} GFLOP/s '
+                  f'({100 * rec["of_matmul_peak"]:.1f}% of matmul)', flush=True)
+        if device.type == 'cuda':
+            torch.cuda.empty_cache()
+        if getattr(args, 'out_dir', None):  # a run stopped from outside keeps what it measured
+            with open(osp.join(args.out_dir, 'benchmark_ops.partial.json'), 'w') as f:
+                json.dump(dict(machine=machine, results=results), f)
+    from mmeffattn.analysis.benchmarking import fit_exponent
+    exps = {}
+    for kind, backend in variants:
+        rows = [r for r in results if r['kind'] == kind and r['backend'] == (backend or 'torch')
+                and r['ms'] is not None]
+        exps[f'{kind}[{backend or "torch"}]'] = dict(
+            time=fit_exponent([r['N'] for r in rows], [r['ms'] for r in rows]),
+            memory=fit_exponent([r['N'] for r in rows], [r['peak_mem_mb'] for r in rows]))
+    settings = {k: getattr(args, k) for k in ('preset', 'batch', 'heads', 'head_dim', 'warmup',
+                                              'repeats', 'budget_s', 'max_call_s')}
+    settings.update(window=WINDOW, num_cores=NUM_CORES, landmark_cell=LANDMARK_CELL,
+                    ns_iters=NS_ITERS, weightformer_pool=POOL, weightformer_kernel=KERNEL)
+    env = bm.environment(device, dtype)
+    if device.type != 'cuda':  # no resident tensors here: the op's own allocations only
+        env['memory_method'] = ('peak of the tensors the call creates (its inputs excluded), '
+                                'tracked per storage by a torch dispatch mode')
+    return dict(environment=env, machine=machine, settings=settings,
+                results=results, exponents=exps, elapsed_s=time.time() - t_start)
+
+
+def markdown(report: Dict[str, Any]) -> str:
+    env, s, m = report['environment'], report['settings'], report['machine']
+    lines = [f'Device: {env["device"]} ({env.get("gpu", env["processor"])}), {env["threads"]} '
+             f'threads, {env["dtype"]}; B={s["batch"]}, heads={s["heads"]}, D={s["head_dim"]}; '
+             f'median of {s["repeats"]} after {s["warmup"]} warm-up. Measured limits: matmul '
+             f'{m["matmul"]["flops_per_s"] / 1e9:.1f} GFLOP/s (n={m["matmul"]["n"]}), copy '
+             f'{m["copy"]["bytes_per_s"] / 1e9:.1f} GB/s. FLOP/s count 2 per MAC. Memory: '
+             f'{env["memory_method"]}.', '',
+             '| N | kind | backend | ms | peak mem (MB) | GFLOP/s | of matmul | of roofline |',
+             '|---:|---|---|---:|---:|---:|---:|---:|']
+    for r in report['results']:
+        if r['ms'] is None:
+            lines.append(f'| {r.get("N", r["N_requested"])} | {r["kind"]} | {r["backend"]} | '
+                         f'{r["status"]} | | | | |')
+            continue
+        lines.append(f'| {r["N"]} | {r["kind"]} | {r["backend"]} | {r["ms"]:.2f} | '
+                     f'{r["peak_mem_mb"]:.2f} | {r["flops_per_s"] / 1e9:.2f} | '
+                     f'{100 * r["of_matmul_peak"]:.1f}% | {100 * r["of_roofline"]:.1f}% |')
+    lines += ['', '| kind [backend] | time ~ N^k | memory ~ N^k |', '|---|---:|---:|']
+    for name, k in report['exponents'].items():
+        fmt = lambda x: '-' if x is None else f'{x:.2f}'  # noqa: E731
+        lines.append(f'| {name} | {fmt(k["time"])} | {fmt(k["memory"])} |')
+    return '\n'.join(lines) + '\n'
+
+
+def main(argv=None) -> Dict[str, Any]:
+    args = parse_args(argv)
+    os.makedirs(args.out_dir, exist_ok=True)
+    report = run(args)
+    with open(osp.join(args.out_dir, 'benchmark_ops.json'), 'w') as f:
+        json.dump(report, f, indent=1)
+    with open(osp.join(args.out_dir, 'benchmark_ops.md'), 'w') as f:
+        f.write(markdown(report))
+    print(f'wrote {args.out_dir}/benchmark_ops.json, benchmark_ops.md '
+          f'({report["elapsed_s"]:.0f} s)')
+    return report
+
+
+if __name__ == '__main__':
+    main()
