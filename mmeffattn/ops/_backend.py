@@ -107,6 +107,24 @@ def can_run_dtype(tensors: Sequence[torch.Tensor], dtypes: Iterable[torch.dtype]
     return reasons
 
 
+def triton_reasons(kernels: str, import_error: str, tensors: Sequence[torch.Tensor],
+                   dtype_tensors: Sequence[torch.Tensor], dtypes: Iterable[torch.dtype],
+                   interpret: Optional[bool] = None, uses_dot: bool = True) -> List[str]:
+    """What every op checks before its kernels: Triton usable, the op's kernels imported, the
+    tensors' device (``tensors``) and dtype (``dtype_tensors``; see :func:`can_run_dtype`).
+
+    Args:
+        kernels: the kernels' name for the messages, e.g. ``'SEMA'``.
+        import_error: why the op's ``function`` module failed to import ('' if it did not).
+    """
+    reasons = can_run_triton()
+    if import_error:  # pragma: no cover - e.g. a Triton release without an API we use
+        reasons.append(f'the {kernels} Triton kernels failed to import ({import_error})')
+    reasons += can_run_device(tensors, interpret=interpret)
+    reasons += can_run_dtype(dtype_tensors, dtypes, interpret=interpret, uses_dot=uses_dot)
+    return reasons
+
+
 def requested_backend(backend: Optional[str]) -> Optional[str]:
     """The explicit backend: the argument if given, else ``$MMEFFATTN_OPS_BACKEND``; None = auto."""
     source = 'backend'

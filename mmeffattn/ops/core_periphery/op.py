@@ -5,8 +5,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from .._backend import (HAS_TRITON, can_run_device, can_run_dtype, can_run_triton,
-                        select_backend)
+from .._backend import HAS_TRITON, select_backend, triton_reasons
 from .naive import core_periphery_attention_naive
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # of the Triton kernels
@@ -95,14 +94,10 @@ def core_periphery_triton_reasons(q: torch.Tensor, k: torch.Tensor, v: torch.Ten
         interpret: whether Triton's interpreter is on (default: the mode recorded at import,
             ``mmeffattn.ops._backend.TRITON_INTERPRET``).
     """
-    reasons = can_run_triton()
-    if _KERNELS_IMPORT_ERROR:  # pragma: no cover
-        reasons.append(f'the core-periphery Triton kernels failed to import '
-                       f'({_KERNELS_IMPORT_ERROR})')
     tensors = (q, k, v)
     # cos and sin are cast to q's dtype before the kernels, so only q, k, v dtypes matter
-    reasons += can_run_device(tensors + tuple(rope or ()), interpret=interpret)
-    reasons += can_run_dtype(tensors, SUPPORTED_DTYPES, interpret=interpret)
+    reasons = triton_reasons('core-periphery', _KERNELS_IMPORT_ERROR, tensors + tuple(rope or ()),
+                             tensors, SUPPORTED_DTYPES, interpret=interpret)
     if q.shape[-1] > MAX_TRITON_HEAD_DIM:
         reasons.append(f'head dim {q.shape[-1]} > {MAX_TRITON_HEAD_DIM} (the kernels hold a '
                        f'whole head in one tile)')

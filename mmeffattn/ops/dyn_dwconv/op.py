@@ -4,8 +4,7 @@ from typing import List, Optional
 
 import torch
 
-from .._backend import (HAS_TRITON, can_run_device, can_run_dtype, can_run_triton,
-                        select_backend)
+from .._backend import HAS_TRITON, select_backend, triton_reasons
 from .naive import dynamic_dwconv_naive
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # of the Triton kernels
@@ -76,13 +75,9 @@ def dynamic_dwconv_triton_reasons(x: torch.Tensor, kernel: torch.Tensor,
         interpret: whether Triton's interpreter is on (default: the mode recorded at import,
             ``mmeffattn.ops._backend.TRITON_INTERPRET``).
     """
-    reasons = can_run_triton()
-    if _KERNELS_IMPORT_ERROR:  # pragma: no cover
-        reasons.append(f'the dynamic depthwise-convolution Triton kernels failed to import '
-                       f'({_KERNELS_IMPORT_ERROR})')
     tensors = [t for t in (x, kernel, bias, weight) if t is not None]
-    reasons += can_run_device(tensors, interpret=interpret)
-    reasons += can_run_dtype(tensors, SUPPORTED_DTYPES, interpret=interpret, uses_dot=False)
+    reasons = triton_reasons('dynamic depthwise-convolution', _KERNELS_IMPORT_ERROR, tensors,
+                             tensors, SUPPORTED_DTYPES, interpret=interpret, uses_dot=False)
     K = kernel.shape[-1]
     if K > MAX_KERNEL_SIZE:
         reasons.append(f'kernel size {K} > {MAX_KERNEL_SIZE} (the largest the kernels were '

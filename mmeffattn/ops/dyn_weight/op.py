@@ -4,8 +4,7 @@ from typing import List, Optional
 
 import torch
 
-from .._backend import (HAS_TRITON, can_run_device, can_run_dtype, can_run_triton,
-                        select_backend)
+from .._backend import HAS_TRITON, can_run_dtype, select_backend, triton_reasons
 from .naive import dynamic_weight_naive
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # of the Triton kernels
@@ -74,13 +73,9 @@ def dynamic_weight_triton_reasons(u: torch.Tensor, v: torch.Tensor,
         interpret: whether Triton's interpreter is on (default: the mode recorded at import,
             ``mmeffattn.ops._backend.TRITON_INTERPRET``).
     """
-    reasons = can_run_triton()
-    if _KERNELS_IMPORT_ERROR:  # pragma: no cover
-        reasons.append(f'the dynamic-weight Triton kernels failed to import '
-                       f'({_KERNELS_IMPORT_ERROR})')
     tensors = (u, v) if weight is None else (u, v, weight)
-    reasons += can_run_device(tensors, interpret=interpret)
-    reasons += can_run_dtype((u, v), SUPPORTED_DTYPES, interpret=interpret)
+    reasons = triton_reasons('dynamic-weight', _KERNELS_IMPORT_ERROR, tensors, (u, v),
+                             SUPPORTED_DTYPES, interpret=interpret)
     if weight is not None:
         reasons += [r.replace('dtype', 'weight dtype', 1) for r in
                     can_run_dtype((weight,), SUPPORTED_DTYPES, interpret=interpret,

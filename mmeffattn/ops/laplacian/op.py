@@ -5,8 +5,7 @@ from typing import List, Optional
 
 import torch
 
-from .._backend import (HAS_TRITON, can_run_device, can_run_dtype, can_run_triton,
-                        select_backend)
+from .._backend import HAS_TRITON, select_backend, triton_reasons
 from .naive import laplacian_kernel_naive
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # of the Triton kernels
@@ -59,13 +58,9 @@ def laplacian_triton_reasons(x: torch.Tensor, y: torch.Tensor,
         interpret: whether Triton's interpreter is on (default: the mode recorded at import,
             ``mmeffattn.ops._backend.TRITON_INTERPRET``).
     """
-    reasons = can_run_triton()
-    if _KERNELS_IMPORT_ERROR:
-        reasons.append(f'the Laplacian-kernel Triton kernels failed to import '
-                       f'({_KERNELS_IMPORT_ERROR})')
-    reasons += can_run_device((x, y), interpret=interpret)
     # elementwise arithmetic only (no tl.dot): bf16 is fine under the interpreter too
-    reasons += can_run_dtype((x, y), SUPPORTED_DTYPES, interpret=interpret, uses_dot=False)
+    reasons = triton_reasons('Laplacian-kernel', _KERNELS_IMPORT_ERROR, (x, y), (x, y),
+                             SUPPORTED_DTYPES, interpret=interpret, uses_dot=False)
     if int32_offsets_fit is not None and not int32_offsets_fit(x, y):
         reasons.append('one (sample, head) of x or y, or of the [N, M] output, spans 2**31 '
                        'elements or more (the kernels\' in-matrix offsets are int32)')

@@ -7,8 +7,7 @@ from typing import List, Optional
 
 import torch
 
-from .._backend import (HAS_TRITON, can_run_device, can_run_dtype, can_run_triton,
-                        select_backend)
+from .._backend import HAS_TRITON, select_backend, triton_reasons
 from .naive import newton_schulz_pinv_naive
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # of the Triton kernels
@@ -61,14 +60,9 @@ def newton_schulz_triton_reasons(a: torch.Tensor, interpret: Optional[bool] = No
         interpret: whether Triton's interpreter is on (default: the mode recorded at import,
             ``mmeffattn.ops._backend.TRITON_INTERPRET``).
     """
-    reasons = can_run_triton()
-    if _KERNELS_IMPORT_ERROR:
-        reasons.append(f'the Newton-Schulz Triton kernels failed to import '
-                       f'({_KERNELS_IMPORT_ERROR})')
-    reasons += can_run_device((a,), interpret=interpret)
     # the kernels convert to fp32 before every tl.dot, so bf16 is fine under the interpreter
-    reasons += can_run_dtype((a,), SUPPORTED_DTYPES, interpret=interpret, uses_dot=False)
-    return reasons
+    return triton_reasons('Newton-Schulz', _KERNELS_IMPORT_ERROR, (a,), (a,), SUPPORTED_DTYPES,
+                          interpret=interpret, uses_dot=False)
 
 
 def newton_schulz_pinv(a: torch.Tensor, iters: int, eps: float, *,

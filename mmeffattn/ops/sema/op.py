@@ -4,8 +4,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from .._backend import (HAS_TRITON, can_run_device, can_run_dtype, can_run_triton,
-                        select_backend)
+from .._backend import HAS_TRITON, select_backend, triton_reasons
 from .naive import sema_attention_naive
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # of the Triton kernels
@@ -71,12 +70,9 @@ def sema_triton_reasons(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         interpret: whether Triton's interpreter is on (default: the mode recorded at import,
             ``mmeffattn.ops._backend.TRITON_INTERPRET``).
     """
-    reasons = can_run_triton()
-    if _KERNELS_IMPORT_ERROR:  # pragma: no cover
-        reasons.append(f'the SEMA Triton kernels failed to import ({_KERNELS_IMPORT_ERROR})')
     tensors = (q, k, v)
-    reasons += can_run_device(tensors, interpret=interpret)
-    reasons += can_run_dtype(tensors, SUPPORTED_DTYPES, interpret=interpret)
+    reasons = triton_reasons('SEMA', _KERNELS_IMPORT_ERROR, tensors, tensors, SUPPORTED_DTYPES,
+                             interpret=interpret)
     if int32_offsets_fit is not None and not int32_offsets_fit(*tensors):
         reasons.append('N * token stride of an input reaches 2**31 (the kernels\' token offsets '
                        'are int32)')
