@@ -44,6 +44,7 @@ BASELINES = ('softmax', 'linear')  # plain PyTorch, no backend choice
 WINDOW = 7  # SEMA
 NUM_CORES = 64  # VECA's largest budget
 LANDMARK_CELL, LAMBDA, NS_ITERS, NS_EPS = 8, 4., 20, 0.01  # LaplacianFormer, first stage
+MAX_LANDMARKS = 128  # LaplacianFormer's default cap (larger grids pool larger cells)
 POOL, KERNEL = 2, 3  # WeightFormer: tokens pooled 2x2 for the dynamic weight; 3x3 dynamic conv
 
 
@@ -82,20 +83,25 @@ def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
 def laplacian_nystrom(q: torch.Tensor, v: torch.Tensor, hw: Tuple[int, int],
                       backend: Optional[str]) -> torch.Tensor:
     """LaplacianFormer's attention: ``K(q, L) pinv(K(L, L)) K(L, q) v / N`` with landmarks
-    ``L`` pooled over ``LANDMARK_CELL`` cells, right to left (nothing ``N x N``)."""
+    ``L`` pooled as the backbone pools them (``LANDMARK_CELL`` cells, larger ones beyond
+    ``MAX_LANDMARKS``), right to left (nothing ``N x N``)."""
+    from mmeffattn.models.backbones.laplacianformer import pool_landmarks
     from mmeffattn.ops import laplacian_kernel, newton_schulz_pinv
-    B, h, N, D = q.shape
-    grid = q.transpose(-2, -1).reshape(B * h, D, *hw)
-    lm = F.avg_pool2d(grid, LANDMARK_CELL, ceil_mode=True).flatten(2).transpose(-2, -1)
-    lm = lm.reshape(B, h, -1, D)  # [B, h, M, D]
+    N = q.shape[-2]
+    lm = pool_landmarks(q, hw, _cell(hw))  # [B, h, M, D]
     k_ql = laplacian_kernel(q, lm, LAMBDA, backend=backend)  # [B, h, N, M]
     k_ll = laplacian_kernel(lm, lm, LAMBDA, backend=backend)  # [B, h, M, M]
     pinv = newton_schulz_pinv(k_ll, NS_ITERS, NS_EPS, backend=backend)
     return k_ql @ (pinv @ (k_ql.transpose(-2, -1) @ v)) / N
 
 
+def _cell(hw: Tuple[int, int]) -> int:
+    from mmeffattn.models.backbones.laplacianformer import landmark_cell
+    return landmark_cell(hw, LANDMARK_CELL, MAX_LANDMARKS)
+
+
 def _landmarks(hw: Tuple[int, int]) -> int:
-    return math.ceil(hw[0] / LANDMARK_CELL) * math.ceil(hw[1] / LANDMARK_CELL)
+    return math.ceil(hw[0] / _cell(hw)) * math.ceil(hw[1] / _cell(hw))
 
 
 def make_kind(kind: str, n: int, args: argparse.Namespace, device: torch.device,
@@ -243,6 +249,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     settings = {k: getattr(args, k) for k in ('preset', 'batch', 'heads', 'head_dim', 'warmup',
                                               'repeats', 'budget_s', 'max_call_s')}
     settings.update(window=WINDOW, num_cores=NUM_CORES, landmark_cell=LANDMARK_CELL,
+                    max_landmarks=MAX_LANDMARKS,
                     ns_iters=NS_ITERS, weightformer_pool=POOL, weightformer_kernel=KERNEL)
     env = bm.environment(device, dtype)
     if device.type != 'cuda':  # no resident tensors here: the op's own allocations only
