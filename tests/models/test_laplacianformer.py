@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn as nn
 
+from backbone_checks import assert_with_cp_equivalent
 import mmeffattn  # noqa: F401  (registers the models)
 from mmeffattn.models.backbones import laplacianformer as lf_mod
 from mmeffattn.models.backbones.laplacianformer import (DiagonalWhitening, LaplacianAttention,
@@ -467,31 +468,9 @@ def test_with_cp_same_outputs_and_grads(monkeypatch):
     ref = LaplacianFormer(arch=MINI, drop_path_rate=0.).train()
     cp_model = LaplacianFormer(arch=MINI, drop_path_rate=0., with_cp=True).train()
     cp_model.load_state_dict(ref.state_dict())
-    n_cp = []
-    real_checkpoint = lf_mod.cp.checkpoint
-
-    def counting_checkpoint(*args, **kwargs):
-        n_cp.append(1)
-        return real_checkpoint(*args, **kwargs)
-
-    monkeypatch.setattr(lf_mod.cp, 'checkpoint', counting_checkpoint)
-    x = torch.randn(2, 3, 64, 48)
-    outs_ref, outs_cp = ref(x), cp_model(x)
-    assert len(n_cp) == sum(MINI['depths'])
-    for a, b in zip(outs_ref, outs_cp):
-        torch.testing.assert_close(a, b)
-    sum(o.square().mean() for o in outs_ref).backward()
-    sum(o.square().mean() for o in outs_cp).backward()
-    grads_cp = dict(cp_model.named_parameters())
-    for name, p in ref.named_parameters():
-        torch.testing.assert_close(p.grad, grads_cp[name].grad, rtol=1e-4, atol=1e-6, msg=name)
-    # the recomputation in backward must not count the batch twice in the running statistics
-    for (name, a), b in zip(ref.named_buffers(), cp_model.buffers()):
-        torch.testing.assert_close(a, b, msg=name)
-    n_cp.clear()
-    with torch.no_grad():
-        cp_model(x)
-    assert not n_cp
+    # (the buffer check covers the whitening's running statistics)
+    assert_with_cp_equivalent(ref, cp_model, lf_mod, torch.randn(2, 3, 64, 48),
+                              sum(MINI['depths']), monkeypatch)
 
 
 def test_triton_backend_matches_reference(monkeypatch):

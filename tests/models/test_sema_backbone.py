@@ -6,6 +6,7 @@ import torch
 import torch.nn as nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from backbone_checks import assert_with_cp_equivalent
 import mmeffattn  # noqa: F401  (registers the models)
 from mmeffattn.models.backbones import sema as sema_mod
 from mmeffattn.models.backbones.sema import (MILA, SEMA, apply_rope_2d,
@@ -291,30 +292,8 @@ def test_with_cp_same_outputs_and_grads(attn_type, monkeypatch):
     ref = SEMA(arch='tiny', attn_type=attn_type, drop_path_rate=0.).train()
     cp_model = SEMA(arch='tiny', attn_type=attn_type, drop_path_rate=0., with_cp=True).train()
     cp_model.load_state_dict(ref.state_dict())
-
-    n_cp = []
-    real_checkpoint = sema_mod.cp.checkpoint
-
-    def counting_checkpoint(*args, **kwargs):
-        n_cp.append(1)
-        return real_checkpoint(*args, **kwargs)
-
-    monkeypatch.setattr(sema_mod.cp, 'checkpoint', counting_checkpoint)
-    x = torch.randn(2, 3, 64, 48)
-    outs_ref, outs_cp = ref(x), cp_model(x)
-    assert len(n_cp) == sum(ref.arch_settings['depths'])
-    for a, b in zip(outs_ref, outs_cp):
-        torch.testing.assert_close(a, b)
-    sum(o.square().mean() for o in outs_ref).backward()
-    sum(o.square().mean() for o in outs_cp).backward()
-    grads_cp = dict(cp_model.named_parameters())
-    for name, p in ref.named_parameters():
-        torch.testing.assert_close(p.grad, grads_cp[name].grad, rtol=1e-4, atol=1e-6, msg=name)
-
-    n_cp.clear()
-    with torch.no_grad():  # no gradients needed: no checkpointing
-        cp_model(x)
-    assert not n_cp
+    assert_with_cp_equivalent(ref, cp_model, sema_mod, torch.randn(2, 3, 64, 48),
+                              sum(ref.arch_settings['depths']), monkeypatch)
 
 
 # ------------------------------------------------------------------------------- weights

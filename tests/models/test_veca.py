@@ -16,6 +16,7 @@ import torch
 import torch.nn as nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from backbone_checks import assert_with_cp_equivalent
 import mmeffattn  # noqa: F401  (registers the models)
 from mmeffattn.models.backbones import veca as veca_mod
 from mmeffattn.models.backbones.veca import (VECA, RoPE2D, farthest_point_sampling,
@@ -514,28 +515,8 @@ def test_with_cp_same_outputs_and_grads(monkeypatch):
     ref = VECA(**kw).train()
     cp_model = VECA(**kw, with_cp=True).train()
     cp_model.load_state_dict(ref.state_dict())
-    calls = []
-    real = veca_mod.cp.checkpoint
-    monkeypatch.setattr(veca_mod.cp, 'checkpoint',
-                        lambda *a, **k: calls.append(1) or real(*a, **k))
-    x = torch.randn(2, 3, 48, 32)
-    outs_ref, outs_cp = ref(x), cp_model(x)
-    assert len(calls) == 3
-    for a, b in zip(outs_ref, outs_cp):
-        torch.testing.assert_close(a, b)
-    sum(o.square().mean() for o in outs_ref).backward()
-    sum(o.square().mean() for o in outs_cp).backward()
-    grads_cp = dict(cp_model.named_parameters())
-    for name, p in ref.named_parameters():
-        if p.grad is None:
-            assert grads_cp[name].grad is None, name
-        else:
-            torch.testing.assert_close(p.grad, grads_cp[name].grad, rtol=1e-4, atol=1e-6,
-                                       msg=name)
-    calls.clear()
-    with torch.no_grad():
-        cp_model(x)
-    assert not calls
+    assert_with_cp_equivalent(ref, cp_model, veca_mod, torch.randn(2, 3, 48, 32), 3,
+                              monkeypatch)
 
 
 def test_triton_backend_matches_reference(monkeypatch):

@@ -19,6 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from backbone_checks import assert_with_cp_equivalent
 import mmeffattn  # noqa: F401  (registers the models)
 from mmeffattn.models.backbones import weightformer as wf_mod
 from mmeffattn.models.backbones.weightformer import (DynamicDWConv, DynamicLinear, WeightFormer,
@@ -511,24 +512,7 @@ def test_with_cp_same_outputs_and_grads(monkeypatch):
     cp_model = WeightFormer(arch='tiny', out_type='featmap', out_indices=(4, 16),
                             with_cp=True).train()
     cp_model.load_state_dict(ref.state_dict())
-    calls = []
-    real = wf_mod.cp.checkpoint
-    monkeypatch.setattr(wf_mod.cp, 'checkpoint',
-                        lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    x = torch.randn(2, 3, 48, 32)
-    outs_ref, outs_cp = ref(x), cp_model(x)
-    assert len(calls) == 17
-    for a, b in zip(outs_ref, outs_cp):
-        torch.testing.assert_close(a, b)
-    sum(o.square().mean() for o in outs_ref).backward()
-    sum(o.square().mean() for o in outs_cp).backward()
-    grads_cp = dict(cp_model.named_parameters())
-    for name, p in ref.named_parameters():
-        torch.testing.assert_close(p.grad, grads_cp[name].grad, rtol=1e-4, atol=1e-6, msg=name)
-    calls.clear()
-    with torch.no_grad():
-        cp_model(x)
-    assert not calls
+    assert_with_cp_equivalent(ref, cp_model, wf_mod, torch.randn(2, 3, 48, 32), 17, monkeypatch)
 
 
 # ------------------------------------------------------------------------------- converter

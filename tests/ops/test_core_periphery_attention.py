@@ -11,6 +11,7 @@ import torch.nn.functional as F
 import mmeffattn.ops as ops
 from mmeffattn.ops import _backend, core_periphery_attention, core_periphery_attention_naive
 from mmeffattn.ops.core_periphery import op as cp_op
+from dispatch_spy import spy_on
 from tolerances import assert_close, rms
 
 HAS_CUDA = torch.cuda.is_available()
@@ -389,20 +390,8 @@ def test_reference_gradcheck_fp64(rope) -> None:
 @pytest.fixture
 def spies(monkeypatch):
     """Record which implementation ``core_periphery_attention`` calls."""
-    calls = []
-    naive, triton_fn = cp_op.core_periphery_attention_naive, cp_op.core_periphery_attention_triton
-
-    def spy_naive(*a, **kw):
-        calls.append('reference')
-        return naive(*a, **kw)
-
-    def spy_triton(*a, **kw):
-        calls.append('triton')
-        return triton_fn(*a, **kw)
-
-    monkeypatch.setattr(cp_op, 'core_periphery_attention_naive', spy_naive)
-    monkeypatch.setattr(cp_op, 'core_periphery_attention_triton', spy_triton)
-    return calls
+    return spy_on(monkeypatch, cp_op, 'core_periphery_attention_naive',
+                  'core_periphery_attention_triton')
 
 
 def small_inputs(dtype=torch.float32, device='cpu', D=16):

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from mmeffattn.ops import _backend
 from mmeffattn.ops.dyn_dwconv import dynamic_dwconv, dynamic_dwconv_naive
 from mmeffattn.ops.dyn_dwconv import op as dc_op
+from dispatch_spy import spy_on
 from tolerances import assert_close
 
 HAS_CUDA = torch.cuda.is_available()
@@ -227,20 +228,7 @@ def test_reference_mixed_dtypes_cast_to_x() -> None:
 @pytest.fixture
 def spies(monkeypatch):
     """Record which implementation ``dynamic_dwconv`` calls."""
-    calls = []
-    naive, triton_fn = dc_op.dynamic_dwconv_naive, dc_op.dynamic_dwconv_triton
-
-    def spy_naive(*a, **kw):
-        calls.append('reference')
-        return naive(*a, **kw)
-
-    def spy_triton(*a, **kw):
-        calls.append('triton')
-        return triton_fn(*a, **kw)
-
-    monkeypatch.setattr(dc_op, 'dynamic_dwconv_naive', spy_naive)
-    monkeypatch.setattr(dc_op, 'dynamic_dwconv_triton', spy_triton)
-    return calls
+    return spy_on(monkeypatch, dc_op, 'dynamic_dwconv_naive', 'dynamic_dwconv_triton')
 
 
 def small(dtype: str = 'fp32', device: str = 'cpu', K: int = 3):

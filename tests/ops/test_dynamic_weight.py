@@ -14,6 +14,7 @@ import torch
 from mmeffattn.ops import _backend
 from mmeffattn.ops.dyn_weight import dynamic_weight, dynamic_weight_naive
 from mmeffattn.ops.dyn_weight import op as dw_op
+from dispatch_spy import spy_on
 from tolerances import assert_close
 
 HAS_CUDA = torch.cuda.is_available()
@@ -229,20 +230,7 @@ def test_reference_low_precision(dtype: str) -> None:
 @pytest.fixture
 def spies(monkeypatch):
     """Record which implementation ``dynamic_weight`` calls."""
-    calls = []
-    naive, triton_fn = dw_op.dynamic_weight_naive, dw_op.dynamic_weight_triton
-
-    def spy_naive(*a, **kw):
-        calls.append('reference')
-        return naive(*a, **kw)
-
-    def spy_triton(*a, **kw):
-        calls.append('triton')
-        return triton_fn(*a, **kw)
-
-    monkeypatch.setattr(dw_op, 'dynamic_weight_naive', spy_naive)
-    monkeypatch.setattr(dw_op, 'dynamic_weight_triton', spy_triton)
-    return calls
+    return spy_on(monkeypatch, dw_op, 'dynamic_weight_naive', 'dynamic_weight_triton')
 
 
 def small(dtype=torch.float32, device='cpu'):

@@ -9,6 +9,7 @@ import torch
 
 from mmeffattn.ops import _backend, laplacian_kernel, laplacian_kernel_naive
 from mmeffattn.ops.laplacian import op as lap_op
+from dispatch_spy import spy_on
 from tolerances import assert_close
 
 HAS_CUDA = torch.cuda.is_available()
@@ -181,18 +182,6 @@ def test_reference_low_precision(dtype: str) -> None:
 # ------------------------------------------------------------------------------------------
 # dispatch
 # ------------------------------------------------------------------------------------------
-def spy_on(monkeypatch, module, naive: str, triton: str) -> list:
-    """Replace the op module's reference and Triton entry points (by name) with wrappers that
-    record which one runs ('reference' / 'triton'); returns the record."""
-    calls = []
-    for name, label in ((naive, 'reference'), (triton, 'triton')):
-        def spy(*a, _fn=getattr(module, name), _label=label, **kw):
-            calls.append(_label)
-            return _fn(*a, **kw)
-        monkeypatch.setattr(module, name, spy)
-    return calls
-
-
 @pytest.fixture
 def spies(monkeypatch):
     """Record which implementation ``laplacian_kernel`` calls."""

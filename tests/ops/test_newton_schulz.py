@@ -14,7 +14,7 @@ import torch
 from mmeffattn.ops import (_backend, laplacian_kernel_naive, newton_schulz_pinv,
                            newton_schulz_pinv_naive, newton_schulz_residual)
 from mmeffattn.ops.newton_schulz import op as ns_op
-from test_laplacian_kernel import spy_on
+from dispatch_spy import spy_on
 from tolerances import assert_close
 
 HAS_CUDA = torch.cuda.is_available()

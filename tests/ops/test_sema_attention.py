@@ -12,6 +12,7 @@ import torch.nn.functional as F
 import mmeffattn.ops as ops
 from mmeffattn.ops import _backend, sema_attention, sema_attention_naive
 from mmeffattn.ops.sema import op as sema_op
+from dispatch_spy import spy_on
 from tolerances import assert_close, rms
 
 HAS_CUDA = torch.cuda.is_available()
@@ -293,20 +294,7 @@ def test_reference_gradcheck_fp64(with_mean: bool) -> None:
 @pytest.fixture
 def spies(monkeypatch):
     """Record which implementation ``sema_attention`` calls."""
-    calls = []
-    naive, triton_fn = sema_op.sema_attention_naive, sema_op.sema_attention_triton
-
-    def spy_naive(*a, **kw):
-        calls.append('reference')
-        return naive(*a, **kw)
-
-    def spy_triton(*a, **kw):
-        calls.append('triton')
-        return triton_fn(*a, **kw)
-
-    monkeypatch.setattr(sema_op, 'sema_attention_naive', spy_naive)
-    monkeypatch.setattr(sema_op, 'sema_attention_triton', spy_triton)
-    return calls
+    return spy_on(monkeypatch, sema_op, 'sema_attention_naive', 'sema_attention_triton')
 
 
 def small_qkv(dtype=torch.float32, device='cpu'):
