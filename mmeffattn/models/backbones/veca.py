@@ -54,7 +54,7 @@ from mmengine.model import BaseModule
 from mmeffattn.ops import core_periphery_attention
 from mmeffattn.registry import MODELS
 from ..layers import DropPath
-from ..layers.vit_pyramid import ViTPyramid
+from ..layers.vit_pyramid import build_vit_pyramid
 from ..utils import (FreezeStagesMixin, StrictPretrainedMixin, clip_keys, init_linear_and_norm,
                      parse_out_indices, resolve_arch, unwrap_state_dict)
 
@@ -479,16 +479,7 @@ class VECA(FreezeStagesMixin, StrictPretrainedMixin, BaseModule):
                                  f"used with out_type='raw', not {out_type!r}; leave it None "
                                  f'(its checkpoint keys are then ignored)')
             self.output_proj = nn.Linear(D, out_proj_dims)
-        self.pyramid: Optional[ViTPyramid] = None
-        if out_type == 'pyramid':
-            self.pyramid = ViTPyramid(D, **(pyramid_cfg or {}))
-            if len(self.out_indices) not in (1, self.pyramid.num_levels):
-                raise ValueError(
-                    f"out_type='pyramid' needs 1 or {self.pyramid.num_levels} out_indices (one "
-                    f'per pyramid level), got {self.out_indices}')
-        elif pyramid_cfg is not None:
-            raise ValueError(f"pyramid_cfg is only used with out_type='pyramid', not "
-                             f'{out_type!r}')
+        self.pyramid = build_vit_pyramid(out_type, D, self.out_indices, pyramid_cfg)
 
         self._init_official()
         self._freeze_stages()

@@ -46,7 +46,7 @@ from mmeffattn.registry import MODELS
 from ..utils import (FreezeStagesMixin, StrictPretrainedMixin, clip_keys, init_linear_and_norm,
                      parse_out_indices, resolve_arch, unwrap_state_dict)
 from ..layers import DropPath, Mlp
-from ..layers.vit_pyramid import ViTPyramid
+from ..layers.vit_pyramid import build_vit_pyramid
 
 __all__ = ['WeightFormer', 'DynamicLinear', 'DynamicDWConv', 'convert_weightformer',
            'checkpoint_filter_weightformer', 'is_dynamic_block']
@@ -410,16 +410,7 @@ class WeightFormer(StrictPretrainedMixin, FreezeStagesMixin, BaseModule):
                               reduction=self.reduction) for i in range(depth)])
         for i in self.out_indices:
             self.add_module(f'norm{i}', nn.LayerNorm(embed_dims, eps=LN_EPS))
-        self.pyramid: Optional[ViTPyramid] = None
-        if out_type == 'pyramid':
-            self.pyramid = ViTPyramid(embed_dims, **(pyramid_cfg or {}))
-            if len(self.out_indices) not in (1, self.pyramid.num_levels):
-                raise ValueError(
-                    f"out_type='pyramid' needs 1 or {self.pyramid.num_levels} out_indices (one "
-                    f'per pyramid level), got {self.out_indices}')
-        elif pyramid_cfg is not None:
-            raise ValueError(f"pyramid_cfg is only used with out_type='pyramid', not "
-                             f'{out_type!r}')
+        self.pyramid = build_vit_pyramid(out_type, embed_dims, self.out_indices, pyramid_cfg)
 
         self.apply(init_linear_and_norm)  # official init (the dynamic layers set their own)
         self._freeze_stages()

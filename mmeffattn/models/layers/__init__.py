@@ -2,6 +2,6 @@
 from .conv_norm_act import ConvNormAct
 from .drop import DropPath, drop_path
 from .mlp import Mlp
-from .vit_pyramid import LayerNorm2d, ViTPyramid  # noqa: F401
+from .vit_pyramid import LayerNorm2d, ViTPyramid, build_vit_pyramid  # noqa: F401
 
 __all__ = ['ConvNormAct', 'DropPath', 'drop_path', 'Mlp']

@@ -27,7 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from mmcv.cnn import build_activation_layer, build_norm_layer
 
-__all__ = ['LayerNorm2d', 'build_norm2d', 'ViTPyramid']
+__all__ = ['LayerNorm2d', 'build_norm2d', 'ViTPyramid', 'build_vit_pyramid']
 
 
 class LayerNorm2d(nn.LayerNorm):
@@ -127,3 +127,20 @@ class ViTPyramid(nn.Module):
 
     def extra_repr(self) -> str:
         return f'embed_dims={self.embed_dims}, scales={self.scales}'
+
+
+def build_vit_pyramid(out_type: str, embed_dims: int, out_indices: Sequence[int],
+                      pyramid_cfg: Optional[dict]) -> Optional[ViTPyramid]:
+    """The :class:`ViTPyramid` of an isotropic backbone when ``out_type == 'pyramid'`` (else
+    None), after checking that ``out_indices`` gives it 1 map or one per level and that
+    ``pyramid_cfg`` is not set for another ``out_type``."""
+    if out_type != 'pyramid':
+        if pyramid_cfg is not None:
+            raise ValueError(f"pyramid_cfg is only used with out_type='pyramid', not "
+                             f'{out_type!r}')
+        return None
+    pyramid = ViTPyramid(embed_dims, **(pyramid_cfg or {}))
+    if len(out_indices) not in (1, pyramid.num_levels):
+        raise ValueError(f"out_type='pyramid' needs 1 or {pyramid.num_levels} out_indices (one "
+                         f'per pyramid level), got {tuple(out_indices)}')
+    return pyramid
