@@ -1,5 +1,7 @@
 """Checks every backbone's tests share (imported by the tests/models files)."""
+import copy
 from types import ModuleType
+from typing import Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -38,3 +40,32 @@ def assert_with_cp_equivalent(ref: nn.Module, cp_model: nn.Module, cp_module: Mo
     with torch.no_grad():  # no gradients needed: no checkpointing
         cp_model(x)
     assert not calls
+
+
+def freeze_and_train(model: nn.Module, frozen: Sequence[nn.Module],
+                     trainable: Sequence[nn.Module], x: torch.Tensor) -> Tuple[dict, dict]:
+    """Check a ``frozen_stages`` split of a model in train mode, then take two SGD steps with
+    momentum and weight decay (a frozen weight must survive both) on ``x``.
+
+    ``frozen`` modules (and all their submodules) must be in eval mode without trainable
+    parameters; ``trainable`` ones in train mode with all parameters trainable. Returns the
+    state dict before and after the steps (with no trainable parameter, after a forward).
+    """
+    for m in frozen:
+        assert not m.training and all(not s.training for s in m.modules()), m
+        assert all(not p.requires_grad for p in m.parameters()), m
+    for m in trainable:
+        assert m.training, m
+        assert all(p.requires_grad for p in m.parameters()), m
+    before = copy.deepcopy(model.state_dict())
+    params = [p for p in model.parameters() if p.requires_grad]
+    if params:
+        opt = torch.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=1e-2)
+        for _ in range(2):
+            opt.zero_grad()
+            sum(o.square().mean() for o in model(x)).backward()
+            opt.step()
+    else:
+        with torch.no_grad():
+            model(x)
+    return before, model.state_dict()

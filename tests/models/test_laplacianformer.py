@@ -1,12 +1,11 @@
 """Tests of the LaplacianFormer backbone (mmeffattn/models/backbones/laplacianformer.py)."""
-import copy
 import math
 
 import pytest
 import torch
 import torch.nn as nn
 
-from backbone_checks import assert_with_cp_equivalent
+from backbone_checks import assert_with_cp_equivalent, freeze_and_train
 import mmeffattn  # noqa: F401  (registers the models)
 from mmeffattn.models.backbones import laplacianformer as lf_mod
 from mmeffattn.models.backbones.laplacianformer import (DiagonalWhitening, LaplacianAttention,
@@ -420,25 +419,8 @@ def test_frozen_stages(frozen_stages):
     model = LaplacianFormer(arch=MINI, frozen_stages=frozen_stages, drop_path_rate=0.)
     model.train()
     frozen = [model.layers[0].patch_embed] + [model.layers[i] for i in range(frozen_stages)]
-    for m in frozen:
-        assert not m.training and all(not s.training for s in m.modules())
-        assert all(not p.requires_grad for p in m.parameters())
-    for i in range(max(frozen_stages, 1), 4):
-        assert model.layers[i].training
-        assert all(p.requires_grad for p in model.layers[i].parameters())
-
-    before = copy.deepcopy(model.state_dict())
-    params = [p for p in model.parameters() if p.requires_grad]
-    if params:
-        opt = torch.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=1e-2)
-        for _ in range(2):
-            opt.zero_grad()
-            sum(o.square().mean() for o in model(torch.randn(2, 3, 64, 64))).backward()
-            opt.step()
-    else:
-        with torch.no_grad():
-            model(torch.randn(2, 3, 64, 64))
-    after = model.state_dict()
+    trainable = [model.layers[i] for i in range(max(frozen_stages, 1), 4)]
+    before, after = freeze_and_train(model, frozen, trainable, torch.randn(2, 3, 64, 64))
     prefixes = ('layers.0.patch_embed.', ) + tuple(f'layers.{i}.' for i in range(frozen_stages))
     for k, v in before.items():
         if k.startswith(prefixes):  # weights and whitening running statistics

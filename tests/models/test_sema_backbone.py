@@ -1,12 +1,11 @@
 """Tests of the SEMA / MILA backbone (mmeffattn/models/backbones/sema.py)."""
-import copy
 
 import pytest
 import torch
 import torch.nn as nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from backbone_checks import assert_with_cp_equivalent
+from backbone_checks import assert_with_cp_equivalent, freeze_and_train
 import mmeffattn  # noqa: F401  (registers the models)
 from mmeffattn.models.backbones import sema as sema_mod
 from mmeffattn.models.backbones.sema import (MILA, SEMA, apply_rope_2d,
@@ -246,22 +245,7 @@ def test_frozen_stages(arch, frozen_stages):
         [getattr(model, f'norm{i}') for i in range(frozen_stages)]
     trainable = [model.layers[i] for i in range(frozen_stages, 4)] + \
         [getattr(model, f'norm{i}') for i in range(frozen_stages, 4)]
-    for m in frozen:
-        assert not m.training
-        assert all(not p.requires_grad for p in m.parameters())
-        assert check_norm_state(m.modules(), False)
-    for m in trainable:
-        assert m.training
-        assert all(p.requires_grad for p in m.parameters())
-
-    before = copy.deepcopy(model.state_dict())
-    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1,
-                          momentum=0.9, weight_decay=1e-2)
-    for _ in range(2):
-        opt.zero_grad()
-        sum(o.square().mean() for o in model(torch.randn(2, 3, 64, 64))).backward()
-        opt.step()
-    after = model.state_dict()
+    before, after = freeze_and_train(model, frozen, trainable, torch.randn(2, 3, 64, 64))
     frozen_prefixes = ('patch_embed.', ) + tuple(f'layers.{i}.' for i in range(frozen_stages)) + \
         tuple(f'norm{i}.' for i in range(frozen_stages))
     for k, v in before.items():

@@ -4,7 +4,6 @@ The official architecture (alansong1322/VECA, veca/model.py + veca/config.py) en
 through the test-only oracle of tests/tools/test_veca_converter.py (its state-dict keys and shapes
 per family, and its forward pass); nothing official is imported or copied.
 """
-import copy
 import json
 import math
 import os.path as osp
@@ -16,7 +15,7 @@ import torch
 import torch.nn as nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from backbone_checks import assert_with_cp_equivalent
+from backbone_checks import assert_with_cp_equivalent, freeze_and_train
 import mmeffattn  # noqa: F401  (registers the models)
 from mmeffattn.models.backbones import veca as veca_mod
 from mmeffattn.models.backbones.veca import (VECA, RoPE2D, farthest_point_sampling,
@@ -476,19 +475,7 @@ def test_frozen_stages(frozen_stages):
         [getattr(model, f'norm{i}') for i in range(frozen_stages)]
     trainable = [model.blocks[i] for i in range(frozen_stages, 3)] + \
         [getattr(model, f'norm{i}') for i in range(frozen_stages, 3)]
-    for m in frozen:
-        assert not m.training and all(not p.requires_grad for p in m.parameters())
-    for m in trainable:
-        assert m.training and all(p.requires_grad for p in m.parameters())
-    before = copy.deepcopy(model.state_dict())
-    params = [p for p in model.parameters() if p.requires_grad]
-    if params:
-        opt = torch.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=1e-2)
-        for _ in range(2):
-            opt.zero_grad()
-            sum(o.square().mean() for o in model(torch.randn(2, 3, 48, 32))).backward()
-            opt.step()
-    after = model.state_dict()
+    before, after = freeze_and_train(model, frozen, trainable, torch.randn(2, 3, 48, 32))
     prefixes = ('patch_embed.', 'core_tokens.', 'core_coords.') + \
         tuple(f'blocks.{i}.' for i in range(frozen_stages)) + \
         tuple(f'norm{i}.' for i in range(frozen_stages))

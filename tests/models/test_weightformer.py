@@ -19,7 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from backbone_checks import assert_with_cp_equivalent
+from backbone_checks import assert_with_cp_equivalent, freeze_and_train
 import mmeffattn  # noqa: F401  (registers the models)
 from mmeffattn.models.backbones import weightformer as wf_mod
 from mmeffattn.models.backbones.weightformer import (DynamicDWConv, DynamicLinear, WeightFormer,
@@ -476,19 +476,7 @@ def test_frozen_stages(frozen_stages):
         [getattr(model, f'norm{i}') for i in model.out_indices if i < frozen_stages]
     trainable = [model.blocks[i] for i in range(frozen_stages, 5)] + \
         [getattr(model, f'norm{i}') for i in model.out_indices if i >= frozen_stages]
-    for m in frozen:
-        assert not m.training and all(not p.requires_grad for p in m.parameters())
-    for m in trainable:
-        assert m.training and all(p.requires_grad for p in m.parameters())
-    before = copy.deepcopy(model.state_dict())
-    params = [p for p in model.parameters() if p.requires_grad]
-    if params:
-        opt = torch.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=1e-2)
-        for _ in range(2):
-            opt.zero_grad()
-            sum(o.square().mean() for o in model(torch.randn(2, 3, 48, 32))).backward()
-            opt.step()
-    after = model.state_dict()
+    before, after = freeze_and_train(model, frozen, trainable, torch.randn(2, 3, 48, 32))
     prefixes = ('patch_embed.', ) + tuple(f'blocks.{i}.' for i in range(frozen_stages)) + \
         tuple(f'norm{i}.' for i in range(frozen_stages))
     for k, v in before.items():
