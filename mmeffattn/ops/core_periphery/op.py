@@ -6,6 +6,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 
 from .._backend import HAS_TRITON, select_backend, triton_reasons
+from .._validate import check_qkv
 from .naive import core_periphery_attention_naive
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # of the Triton kernels
@@ -26,24 +27,7 @@ Rope = Tuple[torch.Tensor, torch.Tensor]
 def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_cores: int,
                   rope: Optional[Sequence[torch.Tensor]]) -> Optional[Rope]:
     """Raise ValueError naming the problem and the fix; return rope as a ``(cos, sin)`` tuple."""
-    for name, x in (('q', q), ('k', k), ('v', v)):
-        if not isinstance(x, torch.Tensor):
-            raise ValueError(f'{_NAME}: {name} must be a torch.Tensor, got {type(x).__name__}')
-        if x.dim() != 4:
-            raise ValueError(f'{_NAME}: {name} must be [B, heads, C + N, D] (4 dims), got shape '
-                             f'{tuple(x.shape)}; reshape tokens [B, C + N, heads*D] with '
-                             f'.reshape(B, C + N, heads, D).transpose(1, 2)')
-    if not (q.shape == k.shape == v.shape):
-        raise ValueError(f'{_NAME}: q, k, v must have the same shape [B, heads, C + N, D], got '
-                         f'q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}')
-    if not (q.dtype == k.dtype == v.dtype):
-        raise ValueError(f'{_NAME}: q, k, v must have the same dtype, got q {q.dtype}, '
-                         f'k {k.dtype}, v {v.dtype}; cast them to one dtype')
-    if not q.is_floating_point():
-        raise ValueError(f'{_NAME}: q, k, v must be floating point, got {q.dtype}')
-    if not (q.device == k.device == v.device):
-        raise ValueError(f'{_NAME}: q, k, v must be on one device, got q {q.device}, '
-                         f'k {k.device}, v {v.device}')
+    check_qkv(_NAME, q, k, v, tokens='C + N')
     B, _, L, D = q.shape
     if B == 0 or q.shape[1] == 0 or D == 0:
         raise ValueError(f'{_NAME}: q has an empty batch, head or channel dim: {tuple(q.shape)}')

@@ -5,6 +5,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 
 from .._backend import HAS_TRITON, select_backend, triton_reasons
+from .._validate import check_qkv
 from .naive import sema_attention_naive
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # of the Triton kernels
@@ -23,25 +24,7 @@ MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 128
 def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: Sequence[int],
                   window_size: int) -> Tuple[int, int]:
     """Raise ValueError naming the problem and the fix; return ``(H, W)``."""
-    for name, x in (('q', q), ('k', k), ('v', v)):
-        if not isinstance(x, torch.Tensor):
-            raise ValueError(f'sema_attention: {name} must be a torch.Tensor, got '
-                             f'{type(x).__name__}')
-        if x.dim() != 4:
-            raise ValueError(f'sema_attention: {name} must be [B, heads, N, D] (4 dims), got shape '
-                             f'{tuple(x.shape)}; reshape tokens [B, N, heads*D] with '
-                             f'.reshape(B, N, heads, D).transpose(1, 2)')
-    if not (q.shape == k.shape == v.shape):
-        raise ValueError(f'sema_attention: q, k, v must have the same shape [B, heads, N, D], got '
-                         f'q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}')
-    if not (q.dtype == k.dtype == v.dtype):
-        raise ValueError(f'sema_attention: q, k, v must have the same dtype, got q {q.dtype}, '
-                         f'k {k.dtype}, v {v.dtype}; cast them to one dtype')
-    if not q.is_floating_point():
-        raise ValueError(f'sema_attention: q, k, v must be floating point, got {q.dtype}')
-    if not (q.device == k.device == v.device):
-        raise ValueError(f'sema_attention: q, k, v must be on one device, got q {q.device}, '
-                         f'k {k.device}, v {v.device}')
+    check_qkv('sema_attention', q, k, v)
     try:
         H, W = (operator.index(s) for s in hw)
     except (TypeError, ValueError):
