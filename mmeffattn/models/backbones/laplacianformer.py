@@ -66,6 +66,7 @@ from mmengine.model import BaseModule
 from mmeffattn.ops import laplacian_kernel, newton_schulz_pinv
 from mmeffattn.registry import MODELS
 from ..layers import DropPath, Mlp
+from ..layers.tokens import map_to_tokens, tokens_to_map
 from ..utils import (FreezeStagesMixin, StrictPretrainedMixin, init_linear_and_norm,
                      parse_out_indices, resolve_arch)
 
@@ -82,16 +83,6 @@ KERNELS = ('laplacian', 'gaussian')
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """float32 for 16-bit floats (the Nystrom core and the whitening statistics), else ``dtype``."""
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
-
-
-def tokens_to_map(x: torch.Tensor, hw: HWShape) -> torch.Tensor:
-    """``[B, H*W, C]`` tokens (row-major) -> ``[B, C, H, W]`` map."""
-    return x.transpose(1, 2).reshape(x.shape[0], x.shape[2], hw[0], hw[1])
-
-
-def map_to_tokens(x: torch.Tensor) -> torch.Tensor:
-    """``[B, C, H, W]`` map -> ``[B, H*W, C]`` tokens (row-major)."""
-    return x.flatten(2).transpose(1, 2)
 
 
 def pool_landmarks(x: torch.Tensor, hw: HWShape, sr: int) -> torch.Tensor:

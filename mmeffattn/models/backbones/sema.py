@@ -34,6 +34,7 @@ from mmeffattn.registry import MODELS
 from ..utils import (FreezeStagesMixin, StrictPretrainedMixin, init_linear_and_norm,
                      parse_out_indices, resolve_arch, unwrap_state_dict)
 from ..layers import ConvNormAct, DropPath, Mlp
+from ..layers.tokens import map_to_tokens, tokens_to_map
 
 __all__ = ['SEMA', 'MILA', 'checkpoint_filter_mlla', 'apply_rope_2d']
 
@@ -43,20 +44,9 @@ HWShape = Tuple[int, int]
 # --------------------------------------------------------------------------------------------
 # helpers
 # --------------------------------------------------------------------------------------------
-def tokens_to_map(x: torch.Tensor, hw: HWShape) -> torch.Tensor:
-    """``[B, H*W, C]`` tokens (row-major) -> ``[B, C, H, W]`` map."""
-    B, N, C = x.shape
-    return x.transpose(1, 2).reshape(B, C, hw[0], hw[1])
-
-
-def map_to_tokens(x: torch.Tensor) -> torch.Tensor:
-    """``[B, C, H, W]`` map -> ``[B, H*W, C]`` tokens (row-major)."""
-    return x.flatten(2).transpose(1, 2)
-
-
-def _rope_angles(h: int, w: int, dim: int, base: float,
-                 device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Cosines and sines of the 2-D RoPE angles for an ``h x w`` grid, each ``[h*w, dim // 2]``.
+def _rope_angles(h: int, w: int, dim: int, base: float, device: torch.device) -> torch.Tensor:
+    """The 2-D RoPE rotations ``exp(i * angle)`` for an ``h x w`` grid, ``[h*w, dim // 2]``
+    complex64.
 
     Channel pair ``j`` (channels ``2j, 2j+1``) turns by ``row * theta_j`` for ``j < dim/4`` and by
     ``col * theta_{j - dim/4}`` for the rest, ``theta_k = base ** (-k / (dim/4))``: the official
@@ -69,20 +59,19 @@ def _rope_angles(h: int, w: int, dim: int, base: float,
     ang_h = (rows[:, None] * theta).unsqueeze(1).expand(h, w, k_max)  # [h, w, k_max]
     ang_w = (cols[:, None] * theta).unsqueeze(0).expand(h, w, k_max)  # [h, w, k_max]
     angles = torch.cat([ang_h, ang_w], dim=-1).reshape(h * w, 2 * k_max)  # [N, dim/2]
-    return angles.cos(), angles.sin()
+    return torch.polar(torch.ones_like(angles), angles)
 
 
 @functools.lru_cache(maxsize=64)
 def _rope_angles_cached(h: int, w: int, dim: int, base: float,
-                        device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
+                        device: torch.device) -> torch.Tensor:
     # Built outside inference mode, so that a table first made under torch.inference_mode()
     # can serve training later (inference tensors cannot be saved for backward).
     with torch.inference_mode(False), torch.no_grad():
         return _rope_angles(h, w, dim, base, device)
 
 
-def rope_cos_sin(h: int, w: int, dim: int, base: float,
-                 device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
+def rope_rotation(h: int, w: int, dim: int, base: float, device: torch.device) -> torch.Tensor:
     """The RoPE table for an ``h x w`` grid, cached per ``(h, w, dim, base, device)``.
 
     Under ``torch.jit.trace`` or ``torch.compile`` it is computed inline instead (sizes may be
@@ -117,11 +106,11 @@ def apply_rope_2d(x: torch.Tensor, hw: HWShape, base: float = 10000.) -> torch.T
         raise ValueError(f'RoPE got {N} tokens for a {H}x{W} grid')
     if C % 4 != 0:
         raise ValueError(f'2-D RoPE needs channels divisible by 4, got {C}')
-    cos, sin = rope_cos_sin(H, W, C, base, x.device)  # [N, C/2] each
-    xf = x.float().unflatten(-1, (C // 2, 2))  # [..., N, C/2, 2]
-    x_re, x_im = xf.unbind(-1)
-    out = torch.stack([x_re * cos - x_im * sin, x_im * cos + x_re * sin], dim=-1)
-    return out.flatten(-2).to(x.dtype)  # [..., N, C]
+    rot = rope_rotation(H, W, C, base, x.device)  # [N, C/2] complex64
+    # adjacent channels as complex numbers, one complex multiply (as the official code): measured
+    # faster on the CPU than the four real products of cos/sin
+    xc = torch.view_as_complex(x.float().contiguous().unflatten(-1, (C // 2, 2)))
+    return torch.view_as_real(xc * rot).flatten(-2).to(x.dtype)  # [..., N, C]
 
 
 # --------------------------------------------------------------------------------------------

@@ -46,6 +46,7 @@ from mmeffattn.registry import MODELS
 from ..utils import (FreezeStagesMixin, StrictPretrainedMixin, clip_keys, init_linear_and_norm,
                      parse_out_indices, resolve_arch, unwrap_state_dict)
 from ..layers import DropPath, Mlp
+from ..layers.tokens import map_to_tokens, tokens_to_map
 from ..layers.vit_pyramid import build_vit_pyramid
 
 __all__ = ['WeightFormer', 'DynamicLinear', 'DynamicDWConv', 'convert_weightformer',
@@ -58,16 +59,6 @@ LN_EPS = 1e-6
 # --------------------------------------------------------------------------------------------
 # helpers
 # --------------------------------------------------------------------------------------------
-def tokens_to_map(x: torch.Tensor, hw: HWShape) -> torch.Tensor:
-    """``[B, H*W, C]`` tokens (row-major) -> ``[B, C, H, W]`` map."""
-    return x.transpose(1, 2).reshape(x.shape[0], x.shape[2], hw[0], hw[1])
-
-
-def map_to_tokens(x: torch.Tensor) -> torch.Tensor:
-    """``[B, C, H, W]`` map -> ``[B, H*W, C]`` tokens (row-major)."""
-    return x.flatten(2).transpose(1, 2)
-
-
 def is_dynamic_block(i: int) -> bool:
     """Whether block ``i`` (0-based) of the trunk is dynamic: ``(i + 2) % 3 == 0``."""
     return (i + 2) % 3 == 0
