@@ -63,13 +63,6 @@ def window_attention(q_w: torch.Tensor, k_w: torch.Tensor, v_w: torch.Tensor,
         if mask is not None:
             logits = logits.masked_fill(~mask, float('-inf'))
         return torch.softmax(logits, dim=-1, dtype=torch.float32).to(v_w.dtype) @ v_w
-    if mask is not None:
-        # an additive mask expanded to [nW, L, L]: with it torch's CPU kernel stays on its fused
-        # path, while a bool mask (or a [nW, 1, L] one) falls back to matmul + softmax,
-        # measured 7x slower for 361 windows of 49 tokens (torch 2.14, 2 cores)
-        L = q_w.shape[-2]
-        mask = torch.zeros(mask.shape, dtype=q_w.dtype, device=q_w.device).masked_fill(
-            ~mask, float('-inf')).expand(mask.shape[0], L, mask.shape[-1])
     return F.scaled_dot_product_attention(q_w, k_w, v_w, attn_mask=mask, scale=scale)
 
 
