@@ -101,7 +101,9 @@ def main(argv=None) -> dict:
     cfg_opts = [f'{k}={v}' for k, v in options.items()]
 
     def log_dirs() -> set:
-        return {d for d in os.listdir(work_dir) if d[:8].isdigit()} if osp.isdir(work_dir) else set()
+        if not osp.isdir(work_dir):
+            return set()
+        return {d for d in os.listdir(work_dir) if d[:8].isdigit()}
 
     # 2. train (resumes from the last checkpoint if a previous run was interrupted)
     before = log_dirs()

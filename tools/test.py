@@ -23,7 +23,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('config', help='test config file path')
     parser.add_argument('checkpoint', help='checkpoint file')
     parser.add_argument('--work-dir', help='where logs (and by default the metrics JSON) go')
-    parser.add_argument('--out-json', help='metrics JSON path (default: WORK_DIR/test_metrics.json)')
+    parser.add_argument('--out-json',
+                        help='metrics JSON path (default: WORK_DIR/test_metrics.json)')
     parser.add_argument('--show-dir', help='draw predictions on the test images into this folder')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction,
                         help='override config entries, e.g. model.backbone.window_size=8')

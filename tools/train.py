@@ -47,7 +47,8 @@ def build_cfg(args: argparse.Namespace):
         if cfg.get('auto_scale_lr') and 'base_batch_size' in cfg.auto_scale_lr:
             cfg.auto_scale_lr.enable = True
         else:
-            raise RuntimeError('--auto-scale-lr needs "auto_scale_lr.base_batch_size" in the config')
+            raise RuntimeError(
+                '--auto-scale-lr needs "auto_scale_lr.base_batch_size" in the config')
     if args.resume == 'auto':
         cfg.resume = True
         cfg.load_from = None

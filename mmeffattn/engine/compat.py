@@ -52,7 +52,8 @@ def init_cpu_distributed(timeout_s: int = 1800) -> None:
     """Start a gloo process group from the torchrun environment (RANK, WORLD_SIZE, ...)."""
     if dist.is_available() and dist.is_initialized():
         return
-    missing = [k for k in ('RANK', 'WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT') if k not in os.environ]
+    missing = [k for k in ('RANK', 'WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT')
+               if k not in os.environ]
     if missing:
         raise RuntimeError(
             f'--launcher pytorch needs the torchrun environment, but {missing} are not set: start '

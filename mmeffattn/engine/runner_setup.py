@@ -47,7 +47,8 @@ def enable_amp(cfg: Config) -> None:
         return
     if optim_wrapper != 'OptimWrapper':
         raise ValueError(f'--amp works with the plain OptimWrapper, but the config uses '
-                         f'{optim_wrapper!r}; set the mixed-precision wrapper in the config instead')
+                         f'{optim_wrapper!r}; set the mixed-precision wrapper in the config '
+                         f'instead')
     if torch.cuda.is_available():
         cfg.optim_wrapper.type = 'AmpOptimWrapper'
         cfg.optim_wrapper.setdefault('loss_scale', 'dynamic')

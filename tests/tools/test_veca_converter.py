@@ -63,9 +63,9 @@ def official_shapes(family: str, patch_ln: bool = False, out_dim: Optional[int] 
         s[f'query_token_chunks.{c}'] = (1, chunk, D)
     for c in range(queries // chunk):
         s[f'qcoord_chunks.{c}'] = (1, chunk, 2)
-    for l in range(L - 1):
-        s[f'pos_linears.{l}.weight'] = (2, D)
-        s[f'pos_linears.{l}.bias'] = (2, )
+    for j in range(L - 1):
+        s[f'pos_linears.{j}.weight'] = (2, D)
+        s[f'pos_linears.{j}.bias'] = (2, )
     s['pos_alpha'] = (L - 1, )
     for i in range(L):
         p = f'blocks.{i}.'
