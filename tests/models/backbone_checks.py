@@ -69,3 +69,16 @@ def freeze_and_train(model: nn.Module, frozen: Sequence[nn.Module],
         with torch.no_grad():
             model(x)
     return before, model.state_dict()
+
+
+def assert_pretrained_none_keeps_init(cls: type, **kwargs) -> None:
+    """``init_cfg=dict(type='Pretrained', checkpoint=None)`` (what the configs carry to train from
+    scratch) initializes exactly as no ``init_cfg`` does, with the same seed."""
+    torch.manual_seed(0)
+    plain = cls(**kwargs)
+    plain.init_weights()
+    torch.manual_seed(0)
+    model = cls(**kwargs, init_cfg=dict(type='Pretrained', checkpoint=None, prefix='backbone.'))
+    model.init_weights()
+    for (name, a), b in zip(plain.state_dict().items(), model.state_dict().values()):
+        assert torch.equal(a, b), name

@@ -5,7 +5,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from backbone_checks import assert_with_cp_equivalent, freeze_and_train
+from backbone_checks import (assert_pretrained_none_keeps_init, assert_with_cp_equivalent,
+                             freeze_and_train)
 import mmeffattn  # noqa: F401  (registers the models)
 from mmeffattn.models.backbones import laplacianformer as lf_mod
 from mmeffattn.models.backbones.laplacianformer import (DiagonalWhitening, LaplacianAttention,
@@ -551,15 +552,8 @@ def test_pretrained_detector_checkpoint_without_prefix_suggests_prefix(tmp_path)
 
 
 def test_pretrained_without_checkpoint_keeps_init():
-    torch.manual_seed(0)
-    plain = LaplacianFormer(arch=MINI)
-    plain.init_weights()
-    torch.manual_seed(0)
-    model = LaplacianFormer(arch=MINI, init_cfg=dict(type='Pretrained', checkpoint=None,
-                                                     prefix='backbone.'))
-    model.init_weights()
-    for (name, a), b in zip(plain.state_dict().items(), model.state_dict().values()):
-        assert torch.equal(a, b), name
+    """Configs carry dict(type='Pretrained', checkpoint=None): it trains from scratch."""
+    assert_pretrained_none_keeps_init(LaplacianFormer, arch=MINI)
 
 
 def test_default_init():

@@ -5,7 +5,8 @@ import torch
 import torch.nn as nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from backbone_checks import assert_with_cp_equivalent, freeze_and_train
+from backbone_checks import (assert_pretrained_none_keeps_init, assert_with_cp_equivalent,
+                             freeze_and_train)
 import mmeffattn  # noqa: F401  (registers the models)
 from mmeffattn.models.backbones import sema as sema_mod
 from mmeffattn.models.backbones.sema import (MILA, SEMA, apply_rope_2d,
@@ -396,11 +397,4 @@ def test_build_from_registries():
 
 def test_pretrained_without_checkpoint_keeps_init():
     """Configs carry dict(type='Pretrained', checkpoint=None): it trains from scratch."""
-    torch.manual_seed(0)
-    plain = SEMA(arch=MINI)
-    plain.init_weights()
-    torch.manual_seed(0)
-    model = SEMA(arch=MINI, init_cfg=dict(type='Pretrained', checkpoint=None, prefix='backbone.'))
-    model.init_weights()
-    for (name, a), b in zip(plain.state_dict().items(), model.state_dict().values()):
-        assert torch.equal(a, b), name
+    assert_pretrained_none_keeps_init(SEMA, arch=MINI)

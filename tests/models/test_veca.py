@@ -15,7 +15,8 @@ import torch
 import torch.nn as nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from backbone_checks import assert_with_cp_equivalent, freeze_and_train
+from backbone_checks import (assert_pretrained_none_keeps_init, assert_with_cp_equivalent,
+                             freeze_and_train)
 import mmeffattn  # noqa: F401  (registers the models)
 from mmeffattn.models.backbones import veca as veca_mod
 from mmeffattn.models.backbones.veca import (VECA, RoPE2D, farthest_point_sampling,
@@ -578,14 +579,8 @@ def test_pretrained_mismatch_names_keys(tmp_path):
 
 
 def test_pretrained_without_checkpoint_keeps_init():
-    torch.manual_seed(0)
-    plain = VECA(arch=MINI)
-    plain.init_weights()
-    torch.manual_seed(0)
-    model = VECA(arch=MINI, init_cfg=dict(type='Pretrained', checkpoint=None))
-    model.init_weights()
-    for (name, a), b in zip(plain.state_dict().items(), model.state_dict().values()):
-        assert torch.equal(a, b), name
+    """Configs carry dict(type='Pretrained', checkpoint=None): it trains from scratch."""
+    assert_pretrained_none_keeps_init(VECA, arch=MINI)
 
 
 # ------------------------------------------------------------------------------- registries

@@ -19,7 +19,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from backbone_checks import assert_with_cp_equivalent, freeze_and_train
+from backbone_checks import (assert_pretrained_none_keeps_init, assert_with_cp_equivalent,
+                             freeze_and_train)
 import mmeffattn  # noqa: F401  (registers the models)
 from mmeffattn.models.backbones import weightformer as wf_mod
 from mmeffattn.models.backbones.weightformer import (DynamicDWConv, DynamicLinear, WeightFormer,
@@ -634,14 +635,8 @@ def test_checkpoint_filter_passes_our_keys_through():
 
 
 def test_pretrained_without_checkpoint_keeps_init():
-    torch.manual_seed(0)
-    plain = WeightFormer(arch=MINI)
-    plain.init_weights()
-    torch.manual_seed(0)
-    model = WeightFormer(arch=MINI, init_cfg=dict(type='Pretrained', checkpoint=None))
-    model.init_weights()
-    for (name, a), b in zip(plain.state_dict().items(), model.state_dict().values()):
-        assert torch.equal(a, b), name
+    """Configs carry dict(type='Pretrained', checkpoint=None): it trains from scratch."""
+    assert_pretrained_none_keeps_init(WeightFormer, arch=MINI)
 
 
 def test_default_init():
