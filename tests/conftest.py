@@ -51,6 +51,18 @@ def shared_data_dir(name: str) -> str:
     return path
 
 
+@pytest.fixture(scope='module')
+def one_thread():
+    """Run a test module with one intra-op thread, restored after. Small inputs gain nothing from
+    threads, and on a shared 2-core machine OpenMP spin-waiting under contention made small CPU
+    ops 10-50x slower. Opt in with ``pytestmark = pytest.mark.usefixtures('one_thread')``."""
+    import torch
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture
 def shared_data():
     """``shared_data('coco_tiny')`` -> its path, or the test is skipped with a clear message."""
