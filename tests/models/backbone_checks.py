@@ -1,17 +1,27 @@
 """Checks every backbone's tests share (imported by the tests/models files)."""
 import copy
 from types import ModuleType
-from typing import Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from mmeffattn.models.backbones import base as backbone_base
 
 
-def assert_with_cp_equivalent(ref: nn.Module, cp_model: nn.Module, cp_module: ModuleType,
-                              x: torch.Tensor, expected_calls: int, monkeypatch) -> None:
+def check_norm_state(modules, train_state: bool) -> bool:
+    """True if every BatchNorm in ``modules`` is in the given training state."""
+    return all(m.training == train_state for m in modules if isinstance(m, _BatchNorm))
+
+
+def assert_with_cp_equivalent(ref: nn.Module, cp_model: nn.Module, x: torch.Tensor,
+                              expected_calls: Optional[int], monkeypatch,
+                              cp_module: ModuleType = backbone_base) -> None:
     """``with_cp=True`` changes nothing but memory: same outputs, gradients and buffers as
-    ``ref`` (same weights), ``expected_calls`` checkpointed segments per forward (counted by
-    patching ``cp_module.cp.checkpoint``), and none under ``torch.no_grad()``.
+    ``ref`` (same weights, same RNG seed before each forward), ``expected_calls`` checkpointed
+    segments per forward (None: at least one; counted by patching ``cp_module.cp.checkpoint``),
+    and none under ``torch.no_grad()``.
 
     A parameter without a gradient in ``ref`` (e.g. VECA's unused core chunks) must have none
     in ``cp_model`` either.
@@ -20,8 +30,11 @@ def assert_with_cp_equivalent(ref: nn.Module, cp_model: nn.Module, cp_module: Mo
     real = cp_module.cp.checkpoint
     monkeypatch.setattr(cp_module.cp, 'checkpoint',
                         lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    outs_ref, outs_cp = ref(x), cp_model(x)
-    assert len(calls) == expected_calls
+    torch.manual_seed(0)
+    outs_ref = ref(x)
+    torch.manual_seed(0)
+    outs_cp = cp_model(x)
+    assert len(calls) == expected_calls if expected_calls is not None else calls
     for a, b in zip(outs_ref, outs_cp):
         torch.testing.assert_close(a, b)
     sum(o.square().mean() for o in outs_ref).backward()

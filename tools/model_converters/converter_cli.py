@@ -43,6 +43,15 @@ def parse_converter_args(description: str, src_help: str,
     return parser.parse_args(argv)
 
 
+def check_loads(model: torch.nn.Module, state_dict: dict, prefix: str = 'backbone.') -> None:
+    """Check that the ``prefix`` part of a converted ``state_dict`` loads strictly into
+    ``model`` (built on the meta device: nothing is copied), with the loader every backbone
+    uses; raises ``RuntimeError`` naming the keys otherwise."""
+    from mmeffattn.models.utils import load_state_dict_strict
+    part = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
+    load_state_dict_strict(model, part, 'the converted checkpoint', dry_run=True)
+
+
 def save_converted(state_dict: dict, meta: dict, dst: str) -> None:
     """Write ``{'state_dict', 'meta'}`` to ``dst`` (its folder must exist: no silent mkdir of a
     mistyped path)."""

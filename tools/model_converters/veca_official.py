@@ -14,7 +14,7 @@ load strictly (prefix ``backbone.``) into
 every number of active cores. The downstream configs of ``configs/veca`` load DST with
 ``init_cfg=dict(type='Pretrained', checkpoint=DST, prefix='backbone.')`` (the distillation
 projection ``output_proj`` is then ignored, with a warning). The key mapping is
-:func:`mmeffattn.models.backbones.veca.convert_veca`.
+:func:`mmeffattn.models.backbones.veca.checkpoint_filter_veca_official`.
 """
 import argparse
 import os.path as osp
@@ -25,9 +25,11 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))  # converter_cli
 
 
-from converter_cli import load_official, parse_converter_args, save_converted  # noqa: E402
+from converter_cli import check_loads, load_official, parse_converter_args, save_converted  # noqa: E402,E501
 
-from mmeffattn.models.backbones.veca import VECA, convert_veca  # noqa: E402
+import torch  # noqa: E402
+
+from mmeffattn.models.backbones.veca import VECA, checkpoint_filter_veca_official  # noqa: E402
 
 # official families (veca/config.py FAMILY_PRESETS) by (embed dims, depth, SwiGLU half width)
 _FAMILIES = {(384, 12, 1024): 'small', (384, 12, 1536): 'splus', (768, 12, 2048): 'base',
@@ -72,9 +74,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 def main(argv: Optional[Sequence[str]] = None) -> dict:
     args = parse_args(argv)
     ckpt = load_official(args.src, unsafe=args.unsafe_load)
-    state_dict = convert_veca(ckpt)
+    state_dict = checkpoint_filter_veca_official(ckpt)
     official_cfg = ckpt.get('config') if isinstance(ckpt, dict) else None
     kwargs = backbone_kwargs(state_dict, official_cfg if isinstance(official_cfg, dict) else None)
+    with torch.device('meta'):  # strict check of the result, without building weights
+        check_loads(VECA(**kwargs), state_dict)
     meta = dict(source=osp.basename(args.src), converted_from='alansong1322/VECA',
                 backbone=dict(type='mmeffattn.VECA', **kwargs))
     for key in ('epoch', 'step', 'global_step'):

@@ -15,7 +15,7 @@ the mmpretrain classifier::
                  head=dict(type='LinearClsHead', num_classes=1000, in_channels=192))
 
 and give the official logits. The key mapping is
-:func:`mmeffattn.models.backbones.weightformer.convert_weightformer`.
+:func:`mmeffattn.models.backbones.weightformer.checkpoint_filter_weightformer_official`.
 """
 import argparse
 import os.path as osp
@@ -28,9 +28,12 @@ sys.path.insert(0, osp.dirname(osp.abspath(__file__)))  # converter_cli
 
 
 from converter_cli import load_official as _load  # noqa: E402
-from converter_cli import parse_converter_args, save_converted  # noqa: E402
+from converter_cli import check_loads, parse_converter_args, save_converted  # noqa: E402
 
-from mmeffattn.models.backbones.weightformer import convert_weightformer  # noqa: E402
+import torch  # noqa: E402
+
+from mmeffattn.models.backbones.weightformer import (  # noqa: E402
+    WeightFormer, checkpoint_filter_weightformer_official)
 
 
 class _TrainingConfig:
@@ -68,7 +71,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 def main(argv: Optional[Sequence[str]] = None) -> dict:
     args = parse_args(argv)
     ckpt = load_official(args.src, unsafe=args.unsafe_load)
-    state_dict = convert_weightformer(ckpt)
+    state_dict = checkpoint_filter_weightformer_official(ckpt)
+    dims = state_dict['backbone.patch_embed.proj.weight'].shape[0]
+    depth = 1 + max(int(k.split('.')[2]) for k in state_dict if k.startswith('backbone.blocks.'))
+    hidden = state_dict['backbone.blocks.0.mlp.fc1.weight'].shape[0]
+    with torch.device('meta'):  # strict check of the backbone part, without building weights
+        check_loads(WeightFormer(arch=dict(embed_dims=dims, depth=depth, mlp_ratio=hidden / dims),
+                                 out_type='avgpool'), state_dict)
     meta = dict(source=osp.basename(args.src), converted_from='LeapLabTHU/WeightFormer',
                 arch=weightformer_arch(state_dict))
     if isinstance(ckpt, dict) and isinstance(ckpt.get('epoch'), int):

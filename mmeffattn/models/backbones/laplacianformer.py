@@ -60,20 +60,17 @@ from typing import Iterator, List, Optional, Sequence, Tuple, Union
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-import torch.utils.checkpoint as cp
-from mmengine.model import BaseModule
 
 from mmeffattn.ops import laplacian_kernel, newton_schulz_pinv
 from mmeffattn.registry import MODELS
 from ..layers import DropPath, Mlp
 from ..layers.tokens import map_to_tokens, tokens_to_map
-from ..utils import (FreezeStagesMixin, StrictPretrainedMixin, init_linear_and_norm,
-                     parse_out_indices, resolve_arch)
+from ..utils import init_linear_and_norm
+from .base import BaseBackbone, HWShape, drop_path_rates, run_block
 
 __all__ = ['LaplacianFormer', 'LaplacianAttention', 'SoftmaxAttention', 'DiagonalWhitening',
            'gaussian_kernel', 'pool_landmarks', 'landmark_cell']
 
-HWShape = Tuple[int, int]
 KERNELS = ('laplacian', 'gaussian')
 
 
@@ -187,12 +184,19 @@ class DiagonalWhitening(nn.Module):
                              f'training to estimate a variance, got {flat.shape[0]}; use a '
                              f'larger input or batch, or eval mode (running statistics)')
         mean, var = self.running_mean, self.running_var
-        if self.training and getattr(_STATE, 'recomputing', False):
+        recomputing = self.training and getattr(_STATE, 'recomputing', False)
+        if recomputing or mean.dtype != flat.dtype:
             # a checkpointed block runs twice per step: count its batch once in the running
-            # statistics (throw-away copies keep the recomputed graph identical to the first)
-            mean, var = mean.clone(), var.clone()
+            # statistics (throw-away copies keep the recomputed graph identical to the first);
+            # a half-precision model (model.half()) keeps 16-bit running estimates, but the
+            # statistics are computed in float32: update float32 copies, then store them back
+            mean, var = mean.to(flat.dtype, copy=True), var.to(flat.dtype, copy=True)
         z = F.batch_norm(flat, mean, var, None, self.bias.to(flat.dtype), self.training,
                          self.momentum, self.eps)
+        if self.training and not recomputing and mean.data_ptr() != self.running_mean.data_ptr():
+            with torch.no_grad():
+                self.running_mean.copy_(mean)
+                self.running_var.copy_(var)
         return z.reshape(x.shape)
 
     def extra_repr(self) -> str:
@@ -418,19 +422,11 @@ class LaplacianStage(nn.Module):
             [LaplacianBlock(dim, drop_path=drop_path[i], **block_kwargs) for i in range(depth)])
         self.norm = nn.LayerNorm(dim, eps=1e-6)
 
-    def _use_cp(self, x: torch.Tensor, blk: nn.Module) -> bool:
-        return self.with_cp and torch.is_grad_enabled() and (
-            x.requires_grad or any(p.requires_grad for p in blk.parameters()))
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[B, C_in, H, W]`` -> ``[B, C, ceil(H / s), ceil(W / s)]``."""
         x, hw = self.patch_embed(x)  # [B, N, C]
         for blk in self.blocks:
-            if self._use_cp(x, blk):
-                x = cp.checkpoint(blk, x, hw, use_reentrant=False,
-                                  context_fn=_checkpoint_contexts)
-            else:
-                x = blk(x, hw)
+            x = run_block(blk, x, hw, with_cp=self.with_cp, context_fn=_checkpoint_contexts)
         return tokens_to_map(self.norm(x), hw).contiguous()
 
 
@@ -438,7 +434,7 @@ class LaplacianStage(nn.Module):
 # model
 # --------------------------------------------------------------------------------------------
 @MODELS.register_module()
-class LaplacianFormer(StrictPretrainedMixin, FreezeStagesMixin, BaseModule):
+class LaplacianFormer(BaseBackbone):
     """LaplacianFormer backbone: a PVTv2 pyramid with Laplacian-kernel Nystrom attention.
 
     Stage ``i`` runs at stride ``4 * 2**i`` with ``embed_dims[i]`` channels; its closing LayerNorm
@@ -488,6 +484,10 @@ class LaplacianFormer(StrictPretrainedMixin, FreezeStagesMixin, BaseModule):
             'embed_dims': [64, 128, 320, 512], 'depths': [3, 4, 8, 4],
             'num_heads': [1, 2, 5, 8], 'mlp_ratios': [6, 8, 4, 4], 'sr_ratios': [8, 4, 2, 1]}),
     }
+    arch_keys = ('embed_dims', 'depths', 'num_heads')
+    arch_defaults = dict(mlp_ratios=[6, 8, 4, 4], sr_ratios=[8, 4, 2, 1])  # tiny's
+    mini_arch = dict(embed_dims=[16, 32, 48, 64], depths=[1, 1, 1, 1], num_heads=[1, 2, 2, 2],
+                     mlp_ratios=[2, 2, 2, 2], sr_ratios=[8, 4, 2, 1])
 
     def __init__(self,
                  arch: Union[str, dict] = 'tiny',
@@ -509,8 +509,7 @@ class LaplacianFormer(StrictPretrainedMixin, FreezeStagesMixin, BaseModule):
                  with_cp: bool = False,
                  attn_backend: Optional[str] = None,
                  init_cfg: Optional[Union[dict, List[dict]]] = None) -> None:
-        super().__init__(init_cfg=init_cfg)
-        self.arch_settings = self._parse_arch(arch)
+        super().__init__(arch, in_channels, init_cfg)
         if kernel not in KERNELS:
             raise ValueError(f'kernel must be one of {KERNELS}, got {kernel!r}')
         if isinstance(lam, bool) or not isinstance(lam, (int, float)) or lam <= 0:
@@ -529,21 +528,14 @@ class LaplacianFormer(StrictPretrainedMixin, FreezeStagesMixin, BaseModule):
         if len(dwc_kernel_sizes) < self.num_layers:
             raise ValueError(f'dwc_kernel_sizes {tuple(dwc_kernel_sizes)} needs one entry per '
                              f'stage ({self.num_layers})')
-        self.in_channels = in_channels
         self.kernel = kernel
         self.lam, self.ns_iters, self.eps = float(lam), ns_iters, float(eps)
         self.whitening = whitening
         self.num_features = list(embed_dims)
-        self.out_indices = parse_out_indices(out_indices, self.num_layers, 'stages')
-        if not -1 <= frozen_stages <= self.num_layers:
-            raise ValueError(f'frozen_stages must be in [-1, {self.num_layers}], '
-                             f'got {frozen_stages}')
-        self.frozen_stages = frozen_stages
-        self.norm_eval = norm_eval
-        self.with_cp = with_cp
+        self._init_training_switches(out_indices, self.num_layers, 'stages', frozen_stages,
+                                     norm_eval, with_cp)
 
-        # stochastic depth decay rule (on the CPU, so a meta-device build works too)
-        dpr = torch.linspace(0, drop_path_rate, sum(depths), device='cpu').tolist()
+        dpr = drop_path_rates(drop_path_rate, sum(depths))
         self.layers = nn.ModuleList()
         for i in range(self.num_layers):
             start = sum(depths[:i])
@@ -566,10 +558,7 @@ class LaplacianFormer(StrictPretrainedMixin, FreezeStagesMixin, BaseModule):
 
     # ---------------------------------------------------------------- construction helpers
     @classmethod
-    def _parse_arch(cls, arch: Union[str, dict]) -> dict:
-        tiny = cls.arch_zoo['tiny']
-        arch = resolve_arch(cls.__name__, arch, cls.arch_zoo, ('embed_dims', 'depths', 'num_heads'),
-                            defaults={k: tiny[k] for k in ('mlp_ratios', 'sr_ratios')})
+    def _check_arch(cls, arch: dict) -> dict:
         arch = {k: list(v) for k, v in arch.items()}
         lengths = {k: len(v) for k, v in arch.items()}
         if len(set(lengths.values())) != 1:
@@ -602,9 +591,7 @@ class LaplacianFormer(StrictPretrainedMixin, FreezeStagesMixin, BaseModule):
             One ``[B, embed_dims[i], ceil(H / 2**(i+2)), ceil(W / 2**(i+2))]`` map per ``i`` in
             ``out_indices`` (``ceil`` applied at each stride step).
         """
-        if x.dim() != 4 or x.shape[1] != self.in_channels:
-            raise ValueError(f'{self.__class__.__name__} expects an input of shape '
-                             f'[B, {self.in_channels}, H, W], got {tuple(x.shape)}')
+        self.check_input(x)
         outs = []
         for i, layer in enumerate(self.layers[:self.out_indices[-1] + 1]):  # none unused after
             x = layer(x)  # [B, C_i, H_i, W_i]
@@ -614,6 +601,7 @@ class LaplacianFormer(StrictPretrainedMixin, FreezeStagesMixin, BaseModule):
 
     # ---------------------------------------------------------------- weights
     prefix_probe = 'layers.0.patch_embed.proj.weight'
+    checkpoint_signature = r'(^|\.)layers\.\d+\.blocks\.\d+\.attn\.(whiten\.bias|kv\.weight)$'
     official_name = 'LaplacianFormer classification'
 
     def describe(self) -> str:

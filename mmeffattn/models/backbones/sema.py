@@ -26,19 +26,15 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-import torch.utils.checkpoint as cp
-from mmengine.model import BaseModule
 
 from mmeffattn.ops import sema_attention
 from mmeffattn.registry import MODELS
-from ..utils import (FreezeStagesMixin, StrictPretrainedMixin, init_linear_and_norm,
-                     parse_out_indices, resolve_arch, unwrap_state_dict)
 from ..layers import ConvNormAct, DropPath, Mlp
 from ..layers.tokens import map_to_tokens, tokens_to_map
+from ..utils import init_linear_and_norm, strip_module_prefix, unwrap_state_dict
+from .base import BaseBackbone, HWShape, drop_path_rates, run_block
 
 __all__ = ['SEMA', 'MILA', 'checkpoint_filter_mlla', 'apply_rope_2d']
-
-HWShape = Tuple[int, int]
 
 
 # --------------------------------------------------------------------------------------------
@@ -370,19 +366,12 @@ class SEMAStage(nn.Module):
         self.downsample = PatchMerging(dim, norm_cfg=norm_cfg, act_cfg=act_cfg) \
             if downsample else None
 
-    def _use_cp(self, x: torch.Tensor, blk: nn.Module) -> bool:
-        return self.with_cp and torch.is_grad_enabled() and (
-            x.requires_grad or any(p.requires_grad for p in blk.parameters()))
-
     def forward(self, x: torch.Tensor,
                 hw: HWShape) -> Tuple[torch.Tensor, HWShape, torch.Tensor, HWShape]:
         """Returns ``(x_next, hw_next, x_out, hw_out)``: the downsampled tokens for the next stage
         and this stage's output tokens before downsampling."""
         for blk in self.blocks:
-            if self._use_cp(x, blk):
-                x = cp.checkpoint(blk, x, hw, use_reentrant=False)
-            else:
-                x = blk(x, hw)
+            x = run_block(blk, x, hw, with_cp=self.with_cp)
         if self.downsample is None:
             return x, hw, x, hw
         x_down, hw_down = self.downsample(x, hw)
@@ -393,7 +382,7 @@ class SEMAStage(nn.Module):
 # model
 # --------------------------------------------------------------------------------------------
 @MODELS.register_module()
-class SEMA(StrictPretrainedMixin, FreezeStagesMixin, BaseModule):
+class SEMA(BaseBackbone):
     """SEMA / MILA hierarchical backbone (MLLA macro-architecture) for detection and segmentation.
 
     A stride-4 convolutional stem, four stages of Mamba-like blocks (:class:`SEMABlock`) with
@@ -448,6 +437,8 @@ class SEMA(StrictPretrainedMixin, FreezeStagesMixin, BaseModule):
         **dict.fromkeys(['b', 'base'], {
             'embed_dims': 96, 'depths': [3, 6, 21, 6], 'num_heads': [3, 6, 12, 24]}),
     }
+    arch_keys = ('embed_dims', 'depths', 'num_heads')
+    mini_arch = dict(embed_dims=32, depths=[1, 2, 1, 1], num_heads=[1, 2, 4, 8])
     attn_types = ('sema', 'linear')
 
     def __init__(self,
@@ -468,14 +459,12 @@ class SEMA(StrictPretrainedMixin, FreezeStagesMixin, BaseModule):
                  rope_base: float = 10000.,
                  attn_backend: Optional[str] = None,
                  init_cfg: Optional[Union[dict, List[dict]]] = None) -> None:
-        super().__init__(init_cfg=init_cfg)
-        self.arch_settings = self._parse_arch(arch)
+        super().__init__(arch, in_channels, init_cfg)
         if attn_type not in self.attn_types:
             raise ValueError(f'attn_type must be one of {self.attn_types}, got {attn_type!r}')
         if isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 1:
             raise ValueError(f'window_size must be an integer >= 1, got {window_size!r}')
         self.attn_type = attn_type
-        self.in_channels = in_channels
         self.window_size = window_size
         embed_dims = self.arch_settings['embed_dims']
         depths = self.arch_settings['depths']
@@ -483,19 +472,13 @@ class SEMA(StrictPretrainedMixin, FreezeStagesMixin, BaseModule):
         self.embed_dims = embed_dims
         self.num_layers = len(depths)
         self.num_features = [int(embed_dims * 2**i) for i in range(self.num_layers)]
-        self.out_indices = parse_out_indices(out_indices, self.num_layers, 'stages')
-        if not -1 <= frozen_stages <= self.num_layers:
-            raise ValueError(f'frozen_stages must be in [-1, {self.num_layers}], '
-                             f'got {frozen_stages}')
-        self.frozen_stages = frozen_stages
-        self.norm_eval = norm_eval
-        self.with_cp = with_cp
+        self._init_training_switches(out_indices, self.num_layers, 'stages', frozen_stages,
+                                     norm_eval, with_cp)
 
         self.patch_embed = Stem(in_channels, embed_dims, norm_cfg=norm_cfg, act_cfg=act_cfg)
         self.pos_drop = nn.Dropout(p=drop_rate)
 
-        # stochastic depth decay rule (on the CPU, so a meta-device build works too)
-        dpr = torch.linspace(0, drop_path_rate, sum(depths), device='cpu').tolist()
+        dpr = drop_path_rates(drop_path_rate, sum(depths))
         self.layers = nn.ModuleList()
         for i in range(self.num_layers):
             start = sum(depths[:i])
@@ -505,16 +488,14 @@ class SEMA(StrictPretrainedMixin, FreezeStagesMixin, BaseModule):
                 with_cp=with_cp, norm_cfg=norm_cfg, act_cfg=act_cfg, attn_type=attn_type,
                 window_size=window_size, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, drop=drop_rate,
                 rope_base=rope_base, attn_backend=attn_backend))
-        for i in self.out_indices:
-            self.add_module(f'norm{i}', nn.LayerNorm(self.num_features[i]))
+        self._add_out_norms(self.num_features)
 
         self.apply(init_linear_and_norm)
         self._freeze_stages()
 
     # ---------------------------------------------------------------- construction helpers
     @classmethod
-    def _parse_arch(cls, arch: Union[str, dict]) -> dict:
-        arch = resolve_arch(cls.__name__, arch, cls.arch_zoo, ('embed_dims', 'depths', 'num_heads'))
+    def _check_arch(cls, arch: dict) -> dict:
         if len(arch['depths']) != len(arch['num_heads']):
             raise ValueError(f"arch 'depths' {arch['depths']} and 'num_heads' "
                              f"{arch['num_heads']} differ in length")
@@ -523,12 +504,8 @@ class SEMA(StrictPretrainedMixin, FreezeStagesMixin, BaseModule):
     # ---------------------------------------------------------------- train mode, freezing
     def frozen_modules(self) -> List[nn.Module]:
         """The stem and the first ``frozen_stages`` stages with their downsampling and norms."""
-        frozen = [self.patch_embed, self.pos_drop]
-        for i in range(self.frozen_stages):
-            frozen.append(self.layers[i])
-            if i in self.out_indices:
-                frozen.append(getattr(self, f'norm{i}'))
-        return frozen
+        return [self.patch_embed, self.pos_drop, *self.layers[:max(self.frozen_stages, 0)],
+                *self._frozen_out_norms()]
 
     # ---------------------------------------------------------------- forward
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
@@ -538,16 +515,14 @@ class SEMA(StrictPretrainedMixin, FreezeStagesMixin, BaseModule):
             One ``[B, embed_dims * 2**i, ~H / 2**(i+2), ~W / 2**(i+2)]`` map per ``i`` in
             ``out_indices`` (sizes rounded up at each stride-2 step).
         """
-        if x.dim() != 4 or x.shape[1] != self.in_channels:
-            raise ValueError(f'{self.__class__.__name__} expects an input of shape '
-                             f'[B, {self.in_channels}, H, W], got {tuple(x.shape)}')
+        self.check_input(x)
         x, hw = self.patch_embed(x)  # [B, N, C0]
         x = self.pos_drop(x)
         outs = []
         for i, layer in enumerate(self.layers):
             x, hw, out, out_hw = layer(x, hw)
             if i in self.out_indices:
-                out = getattr(self, f'norm{i}')(out)  # [B, N_i, C_i]
+                out = self.out_norm(i)(out)  # [B, N_i, C_i]
                 outs.append(tokens_to_map(out, out_hw).contiguous())  # [B, C_i, H_i, W_i]
         return tuple(outs)
 
@@ -555,6 +530,7 @@ class SEMA(StrictPretrainedMixin, FreezeStagesMixin, BaseModule):
     # strict Pretrained loading comes from StrictPretrainedMixin; these tailor it to the family
     optional_keys = r'norm\d+\.'  # output norms: an ImageNet checkpoint has none
     prefix_probe = 'patch_embed.conv1.conv.weight'
+    checkpoint_signature = r'(^|\.)layers\.\d+\.blocks\.\d+\.attn\.qk\.weight$'
     official_name = 'MLLA/SEMA classification'
 
     def checkpoint_filter(self, state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
@@ -563,6 +539,20 @@ class SEMA(StrictPretrainedMixin, FreezeStagesMixin, BaseModule):
     def describe(self) -> str:
         return (f'{self.__class__.__name__}(arch={self.arch_settings}, '
                 f'attn_type={self.attn_type!r})')
+
+    def mismatch_cause(self, missing: List[str], unexpected: List[str],
+                       mismatched: List[str]) -> Optional[str]:
+        # SEMA and MILA differ by SEMA's value projection attn.v, with all other keys shared
+        if self.attn_type == 'linear' and any('.attn.v.' in k for k in unexpected):
+            return ("This looks like a SEMA checkpoint: MILA (attn_type='linear') has no value "
+                    "projection (attn.v); build mmeffattn.SEMA for it, or pick a MILA/MLLA "
+                    'checkpoint.')
+        if self.attn_type == 'sema' and any('.attn.v.' in k for k in missing) and \
+                not any('.attn.v.' in k for k in unexpected):
+            return ("This looks like a MILA/MLLA checkpoint: it has no value projection "
+                    "(attn.v) that SEMA needs; build mmeffattn.MILA for it, or pick a SEMA "
+                    'checkpoint.')
+        return super().mismatch_cause(missing, unexpected, mismatched)
 
 
 @MODELS.register_module()
@@ -597,11 +587,8 @@ def checkpoint_filter_mlla(state_dict: Dict[str, torch.Tensor],
     Returns:
         A new state dict.
     """
-    state_dict = unwrap_state_dict(state_dict)
     out = {}
-    for k, v in state_dict.items():
-        if k.startswith('module.'):
-            k = k[len('module.'):]
+    for k, v in strip_module_prefix(unwrap_state_dict(state_dict)).items():
         if k.startswith('norm.') and final_norm:
             k = final_norm + k[len('norm'):]
         elif k.startswith(('head.', 'norm.')) or k.endswith('attn.rope.rotations'):

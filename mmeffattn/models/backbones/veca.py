@@ -37,7 +37,7 @@ switches. The attention itself runs in :func:`mmeffattn.ops.core_periphery_atten
 
 Parameter names (``patch_embed.proj``, ``core_tokens.{c}``, ``core_coords.{c}``,
 ``blocks.{i}.norm1/attn.{q,k,v,proj}/norm2/ffn.{fc1,fc2}``, ``blocks.{i}.coord_head.{fc,alpha}``,
-``norm{i}``) differ from the official ones; :func:`convert_veca` at the end of this file maps
+``norm{i}``) differ from the official ones; :func:`checkpoint_filter_veca_official` at the end of this file maps
 official checkpoints and ``tools/model_converters/veca_official.py`` is its command line.
 """
 import math
@@ -48,20 +48,18 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-import torch.utils.checkpoint as cp
-from mmengine.model import BaseModule
 
 from mmeffattn.ops import core_periphery_attention
 from mmeffattn.registry import MODELS
 from ..layers import DropPath
+from ..layers.tokens import map_to_tokens, tokens_to_map
 from ..layers.vit_pyramid import build_vit_pyramid
-from ..utils import (FreezeStagesMixin, StrictPretrainedMixin, clip_keys, init_linear_and_norm,
-                     parse_out_indices, resolve_arch, unwrap_state_dict)
+from ..utils import (clip_keys, deprecated_alias, init_linear_and_norm, parse_out_indices,
+                     strip_key_prefix, strip_module_prefix, unwrap_state_dict)
+from .base import BaseBackbone, HWShape, drop_path_rates, run_block
 
 __all__ = ['VECA', 'RoPE2D', 'CorePeripheryAttention', 'VECABlock', 'fps_core_coords',
-           'convert_veca', 'checkpoint_filter_veca']
-
-HWShape = Tuple[int, int]
+           'checkpoint_filter_veca_official', 'convert_veca', 'checkpoint_filter_veca']
 # official nested-dropout budget weights for 8, 16, ..., 64 active cores (veca/config.py)
 OFFICIAL_BUDGET_WEIGHTS = (1., 1., 2., 2., 3., 3., 4., 4.)
 
@@ -319,14 +317,14 @@ class PatchEmbed(nn.Module):
             x = F.pad(x, (0, (-W) % p, 0, (-H) % p))
         x = self.proj(x)  # [B, D, ceil(H/p), ceil(W/p)]
         hw = (x.shape[2], x.shape[3])
-        return self.norm(x.flatten(2).transpose(1, 2)), hw  # [B, N, D]
+        return self.norm(map_to_tokens(x)), hw  # [B, N, D]
 
 
 # --------------------------------------------------------------------------------------------
 # the model
 # --------------------------------------------------------------------------------------------
 @MODELS.register_module()
-class VECA(FreezeStagesMixin, StrictPretrainedMixin, BaseModule):
+class VECA(BaseBackbone):
     """VECA backbone (see the module docstring).
 
     Outputs (a tuple, per ``out_type``):
@@ -390,6 +388,11 @@ class VECA(FreezeStagesMixin, StrictPretrainedMixin, BaseModule):
         **dict.fromkeys(['l', 'large'], dict(embed_dims=1024, depth=24, num_heads=16,
                                              mlp_ratio=2.66667)),
     }
+    arch_keys = ('embed_dims', 'depth', 'num_heads')
+    arch_defaults = dict(mlp_ratio=2.66667)
+    mini_arch = dict(embed_dims=64, depth=3, num_heads=2)
+    mini_kwargs = dict(out_type='pyramid', out_indices=-1, num_cores=16, nested_dropout=False,
+                       pyramid_cfg=dict(norm_cfg=dict(type='BN')))
     out_types = ('raw', 'global', 'featmap', 'pyramid')
 
     def __init__(self,
@@ -422,8 +425,7 @@ class VECA(FreezeStagesMixin, StrictPretrainedMixin, BaseModule):
                  pyramid_cfg: Optional[dict] = None,
                  attn_backend: Optional[str] = None,
                  init_cfg: Optional[Union[dict, List[dict]]] = None) -> None:
-        super().__init__(init_cfg=init_cfg)
-        self.arch_settings = self._parse_arch(arch)
+        super().__init__(arch, in_channels, init_cfg)
         if out_type not in self.out_types:
             raise ValueError(f'out_type must be one of {self.out_types}, got {out_type!r}')
         self.embed_dims = D = self.arch_settings['embed_dims']
@@ -434,7 +436,6 @@ class VECA(FreezeStagesMixin, StrictPretrainedMixin, BaseModule):
         if core_chunk < 1 or max_cores < core_chunk or max_cores % core_chunk:
             raise ValueError(f'max_cores ({max_cores}) must be a positive multiple of core_chunk '
                              f'({core_chunk})')
-        self.in_channels = in_channels
         self.patch_size = patch_size
         self.out_type = out_type
         self.max_cores = max_cores
@@ -443,12 +444,12 @@ class VECA(FreezeStagesMixin, StrictPretrainedMixin, BaseModule):
         self.budget_weights = self._parse_budget_weights(budget_weights)
         self.num_cores = num_cores  # validated by the setter
         self.nested_dropout = nested_dropout
-        self.out_indices = self._parse_out_indices(out_indices)
-        if not -1 <= frozen_stages <= depth:
-            raise ValueError(f'frozen_stages must be in [-1, {depth}], got {frozen_stages}')
-        self.frozen_stages = frozen_stages
-        self.norm_eval = norm_eval
-        self.with_cp = with_cp
+        self._init_training_switches(self._default_out_indices(out_indices), depth, 'blocks',
+                                     frozen_stages, norm_eval, with_cp)
+        if out_type == 'raw' and self.out_indices != (depth - 1, ):
+            raise ValueError(f"out_type='raw' returns the last block only (out_indices=None or "
+                             f'({depth - 1},)), got {self.out_indices}; use out_type=\'global\' '
+                             f"or 'featmap' for other blocks")
 
         self.patch_embed = PatchEmbed(in_channels, D, patch_size, patch_norm)
         # the bank in chunks: a forward with C cores touches only the first C / chunk of them,
@@ -463,14 +464,12 @@ class VECA(FreezeStagesMixin, StrictPretrainedMixin, BaseModule):
             for c in range(n_chunks)])  # each [1, chunk, 2]
         self.rope = RoPE2D(D // num_heads, rope_base, rope_shift, rope_jitter, rope_rescale,
                            rope_p_zero_freqs, rope_zero_from)
-        # stochastic depth decay rule (on the CPU, so a meta-device build works too)
-        dpr = torch.linspace(0, drop_path_rate, depth, device='cpu').tolist()
+        dpr = drop_path_rates(drop_path_rate, depth)
         self.blocks = nn.ModuleList([
             VECABlock(D, num_heads, self.arch_settings['mlp_ratio'], drop_path=dpr[i],
                       coord_update=i > 0, alpha=coord_alpha, backend=attn_backend)
             for i in range(depth)])
-        for i in self.out_indices:
-            self.add_module(f'norm{i}', nn.LayerNorm(D))
+        self._add_out_norms(D)
 
         self.output_proj: Optional[nn.Linear] = None
         if out_proj_dims is not None and out_proj_dims != D:
@@ -486,9 +485,7 @@ class VECA(FreezeStagesMixin, StrictPretrainedMixin, BaseModule):
 
     # ---------------------------------------------------------------- construction helpers
     @classmethod
-    def _parse_arch(cls, arch: Union[str, dict]) -> dict:
-        arch = resolve_arch(cls.__name__, arch, cls.arch_zoo, ('embed_dims', 'depth', 'num_heads'),
-                            defaults=dict(mlp_ratio=2.66667))
+    def _check_arch(cls, arch: dict) -> dict:
         if arch['depth'] < 1:
             raise ValueError(f"arch 'depth' must be >= 1, got {arch['depth']}")
         return arch
@@ -506,21 +503,15 @@ class VECA(FreezeStagesMixin, StrictPretrainedMixin, BaseModule):
                              f'{self.budgets} (not all zero), got {weights}')
         return weights
 
-    def _parse_out_indices(self,
-                           out_indices: Optional[Union[int, Sequence[int]]]) -> Tuple[int, ...]:
+    def _default_out_indices(
+            self, out_indices: Optional[Union[int, Sequence[int]]]) -> Union[int, Sequence[int]]:
+        if out_indices is not None:
+            return out_indices
         depth = self.depth
-        if out_indices is None:
-            evenly = tuple(sorted({max((k + 1) * depth // 4 - 1, 0) for k in range(4)}))
-            if self.out_type in ('raw', 'global') or (self.out_type == 'pyramid'
-                                                      and len(evenly) < 4):
-                return (depth - 1, )  # (a pyramid from the last block for trunks under 4 deep)
-            return evenly
-        parsed = parse_out_indices(out_indices, depth, 'blocks')
-        if self.out_type == 'raw' and parsed != (depth - 1, ):
-            raise ValueError(f"out_type='raw' returns the last block only (out_indices=None or "
-                             f'({depth - 1},)), got {parsed}; use out_type=\'global\' or '
-                             f"'featmap' for other blocks")
-        return parsed
+        evenly = tuple(sorted({max((k + 1) * depth // 4 - 1, 0) for k in range(4)}))
+        if self.out_type in ('raw', 'global') or (self.out_type == 'pyramid' and len(evenly) < 4):
+            return (depth - 1, )  # (a pyramid from the last block for trunks under 4 deep)
+        return evenly
 
     def _init_official(self) -> None:
         """The official init: trunc normal (std .02) for every Linear and the patch projection,
@@ -564,21 +555,15 @@ class VECA(FreezeStagesMixin, StrictPretrainedMixin, BaseModule):
     # ---------------------------------------------------------------- train mode, freezing
     def frozen_modules(self) -> List[nn.Module]:
         """Patch embedding and core bank; blocks ``0 .. frozen_stages-1`` and their norms."""
-        frozen: List[nn.Module] = [self.patch_embed, self.core_tokens, self.core_coords]
-        for i in range(self.frozen_stages):
-            frozen.append(self.blocks[i])
-            if i in self.out_indices:
-                frozen.append(getattr(self, f'norm{i}'))
+        frozen: List[nn.Module] = [self.patch_embed, self.core_tokens, self.core_coords,
+                                   *self.blocks[:max(self.frozen_stages, 0)],
+                                   *self._frozen_out_norms()]
         if self.frozen_stages == self.depth:
             # a wholly frozen trunk (linear probing) sees the eval-time patch positions
             frozen.append(self.rope)
         return frozen
 
     # ---------------------------------------------------------------- forward
-    def _use_cp(self, x: torch.Tensor, blk: nn.Module) -> bool:
-        return self.with_cp and torch.is_grad_enabled() and (
-            x.requires_grad or any(p.requires_grad for p in blk.parameters()))
-
     def forward_tokens(self, x: torch.Tensor, num_cores: Optional[int] = None
                        ) -> Tuple[List[torch.Tensor], HWShape, int]:
         """Run the trunk.
@@ -591,9 +576,7 @@ class VECA(FreezeStagesMixin, StrictPretrainedMixin, BaseModule):
             ``(outs, (Hp, Wp), C)``: one ``[B, C + Hp*Wp, D]`` sequence (cores first) per
             ``out_indices`` block, after that block's output norm.
         """
-        if x.dim() != 4 or x.shape[1] != self.in_channels:
-            raise ValueError(f'{self.__class__.__name__} expects an input of shape '
-                             f'[B, {self.in_channels}, H, W], got {tuple(x.shape)}')
+        self.check_input(x)
         C = self.active_num_cores() if num_cores is None else num_cores
         if C not in self.budgets:
             raise ValueError(f'num_cores must be one of {self.budgets}, got {C!r}')
@@ -609,12 +592,9 @@ class VECA(FreezeStagesMixin, StrictPretrainedMixin, BaseModule):
             if blk.coord_head is not None:
                 raw = blk.coord_head(raw, x[:, :C])
             cos, sin = self.rope(torch.cat((torch.tanh(raw), patch_xy.to(raw.dtype)), dim=1))
-            if self._use_cp(x, blk):
-                x = cp.checkpoint(blk, x, cos, sin, C, use_reentrant=False)
-            else:
-                x = blk(x, cos, sin, C)
+            x = run_block(blk, x, cos, sin, C, with_cp=self.with_cp)
             if i in self.out_indices:
-                outs.append(getattr(self, f'norm{i}')(x))
+                outs.append(self.out_norm(i)(x))
         return outs, hw, C
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
@@ -631,8 +611,7 @@ class VECA(FreezeStagesMixin, StrictPretrainedMixin, BaseModule):
             return out[:, 0], out[:, C:]
         if self.out_type == 'global':
             return tuple(o[:, 0] for o in outs)
-        maps = [o[:, C:].transpose(1, 2).reshape(o.shape[0], o.shape[2], *hw).contiguous()
-                for o in outs]  # [B, D, Hp, Wp] each
+        maps = [tokens_to_map(o[:, C:], hw).contiguous() for o in outs]  # [B, D, Hp, Wp] each
         if self.pyramid is not None:
             return self.pyramid(maps)
         return tuple(maps)
@@ -655,7 +634,11 @@ class VECA(FreezeStagesMixin, StrictPretrainedMixin, BaseModule):
     # ---------------------------------------------------------------- weights
     # strict Pretrained loading comes from StrictPretrainedMixin; these tailor it to the family
     optional_keys = r'(norm\d+|pyramid)\.'  # an official checkpoint has only the final norm
+    # documented exceptions: without out_proj_dims the distillation projection is not used, and
+    # a smaller core bank takes the first chunks of a larger one (both logged at WARNING)
+    ignorable_keys = r'(output_proj\.|core_(tokens|coords)\.\d+$)'
     prefix_probe = 'patch_embed.proj.weight'
+    checkpoint_signature = r'(^|\.)core_tokens\.0$'
     official_name = 'official VECA'
 
     def checkpoint_filter(self, state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
@@ -682,10 +665,7 @@ _OFFICIAL_BLOCK = {'norm_attn': 'norm1', 'norm_ffn': 'norm2', 'attn.q_proj': 'at
 
 
 def _strip(key: str) -> str:
-    for p in ('module.', 'student.'):
-        if key.startswith(p):
-            key = key[len(p):]
-    return key
+    return strip_key_prefix(key, ('module.', 'student.'))
 
 
 def is_official_state_dict(state_dict: Dict[str, torch.Tensor]) -> bool:
@@ -701,7 +681,8 @@ def unwrap_official(ckpt: dict) -> Dict[str, torch.Tensor]:
     return unwrap_state_dict(ckpt)
 
 
-def convert_veca(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+def checkpoint_filter_veca_official(
+        state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
     """Map an official VECA checkpoint to ``backbone.*`` keys of :class:`VECA`.
 
     Stripped of ``backbone.``, the result loads strictly into ``VECA(arch, out_type='raw',
@@ -765,20 +746,23 @@ def convert_veca(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]
         else:
             unknown.append(k)
     if unknown:
-        raise ValueError(f'convert_veca: {len(unknown)} keys of no official VECA module: '
+        raise ValueError(f'checkpoint_filter_veca_official: {len(unknown)} keys of no official VECA module: '
                          f'{clip_keys(unknown)}')
     return out
+
+
+convert_veca = deprecated_alias(checkpoint_filter_veca_official, 'convert_veca')
 
 
 def checkpoint_filter_veca(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
     """Keys of a checkpoint for the :class:`VECA` backbone.
 
     An official checkpoint (``veca/model.py`` names, possibly a whole training checkpoint with
-    the weights under ``student``) goes through :func:`convert_veca`. Any other state dict is
-    unwrapped and loses a DDP ``module.`` prefix. Pure: the input is not modified.
+    the weights under ``student``) goes through :func:`checkpoint_filter_veca_official`. Any
+    other state dict is unwrapped and loses a DDP ``module.`` prefix. Pure: the input is not modified.
     """
     state_dict = unwrap_official(state_dict)
     if is_official_state_dict(state_dict):
-        return {k[len('backbone.'):]: v for k, v in convert_veca(state_dict).items()}
-    return {(k[len('module.'):] if k.startswith('module.') else k): v
-            for k, v in state_dict.items()}
+        return {k[len('backbone.'):]: v
+                for k, v in checkpoint_filter_veca_official(state_dict).items()}
+    return strip_module_prefix(state_dict)

@@ -29,7 +29,7 @@ any blocks (``out_indices``) as token maps, pooled vectors or a stride 4/8/16/32
 
 Parameter names (``patch_embed.proj``, ``patch_embed.norm``, ``blocks.{i}.norm1/dwc/norm2``,
 ``blocks.{i}.mlp.fc1/fc2``, ``norm{i}``) differ from the official ones; the checkpoint filter
-:func:`convert_weightformer` at the end of this file maps official checkpoints, and
+:func:`checkpoint_filter_weightformer_official` at the end of this file maps official checkpoints, and
 ``tools/model_converters/weightformer_official.py`` is its command line.
 """
 import re
@@ -38,21 +38,20 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-import torch.utils.checkpoint as cp
-from mmengine.model import BaseModule
 
 from mmeffattn.ops import dynamic_dwconv, dynamic_weight
 from mmeffattn.registry import MODELS
-from ..utils import (FreezeStagesMixin, StrictPretrainedMixin, clip_keys, init_linear_and_norm,
-                     parse_out_indices, resolve_arch, unwrap_state_dict)
 from ..layers import DropPath, Mlp
 from ..layers.tokens import map_to_tokens, tokens_to_map
 from ..layers.vit_pyramid import build_vit_pyramid
+from ..utils import (clip_keys, deprecated_alias, init_linear_and_norm, strip_module_prefix,
+                     unwrap_state_dict)
+from .base import BaseBackbone, HWShape, drop_path_rates, run_block
 
-__all__ = ['WeightFormer', 'DynamicLinear', 'DynamicDWConv', 'convert_weightformer',
+__all__ = ['WeightFormer', 'DynamicLinear', 'DynamicDWConv',
+           'checkpoint_filter_weightformer_official', 'convert_weightformer',
            'checkpoint_filter_weightformer', 'is_dynamic_block']
 
-HWShape = Tuple[int, int]
 LN_EPS = 1e-6
 
 
@@ -136,11 +135,6 @@ class DynamicLinear(nn.Module):
         v = F.silu(a_out) @ self.out_basis  # [B, M, C_out]
         return u, v
 
-    def dynamic_weight(self, x: torch.Tensor, hw: HWShape) -> torch.Tensor:
-        """The normalized predicted weight ``dW``, ``[B, C_out, C_in]``, for tokens ``x``."""
-        u, v = self.factors(x, hw)
-        return dynamic_weight(u, v, x.shape[1], self.scale, backend=self.backend)
-
     def forward(self, x: torch.Tensor, hw: HWShape) -> torch.Tensor:
         # x: [B, N, C_in]
         u, v = self.factors(x, hw)
@@ -195,13 +189,6 @@ class DynamicDWConv(nn.Module):
         """The predicted kernels before normalization, ``[B, C, K, K]``, for the map ``x``."""
         return self.kernel_gen(F.adaptive_avg_pool2d(x, self.kernel_size))
 
-    def dynamic_kernel(self, x: torch.Tensor) -> torch.Tensor:
-        """The normalized predicted kernels ``[B * C, 1, K, K]`` for the map ``x``."""
-        B, C = x.shape[:2]
-        k = self.kernel_size
-        dk = self.raw_kernel(x).reshape(B * C, 1, k, k)
-        return dk / (dk.norm(dim=(-2, -1), keepdim=True) + 1.0)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [B, C, H, W]; normalized predicted kernel + static kernel, then the convolution
         return dynamic_dwconv(x, self.raw_kernel(x), self.bias, self.weight, normalize=True,
@@ -216,9 +203,10 @@ class DynamicMlp(Mlp):
 
     def __init__(self, in_features: int, hidden_features: int,
                  act_cfg: dict = dict(type='GELU'), drop: float = 0.,
-                 reduction: int = 4) -> None:
+                 reduction: int = 4, backend: Optional[str] = None) -> None:
         super().__init__(in_features, hidden_features, act_cfg=act_cfg, drop=drop)
-        self.fc1 = DynamicLinear(in_features, hidden_features, reduction=reduction)
+        self.fc1 = DynamicLinear(in_features, hidden_features, reduction=reduction,
+                                 backend=backend)
 
     def forward(self, x: torch.Tensor, hw: HWShape) -> torch.Tensor:
         x = self.drop(self.act(self.fc1(x, hw)))  # [B, N, hidden]
@@ -239,17 +227,19 @@ class WeightFormerBlock(nn.Module):
         drop_path: stochastic depth rate of the MLP branch.
         kernel_size: depthwise convolution kernel side.
         reduction: rank reduction of :class:`DynamicLinear`.
+        backend: backend of the dynamic layers' ops (None: automatic).
     """
 
     def __init__(self, dim: int, mlp_ratio: float = 4., dynamic: bool = False, drop: float = 0.,
-                 drop_path: float = 0., kernel_size: int = 3, reduction: int = 4) -> None:
+                 drop_path: float = 0., kernel_size: int = 3, reduction: int = 4,
+                 backend: Optional[str] = None) -> None:
         super().__init__()
         self.dynamic = dynamic
         hidden = int(dim * mlp_ratio)
         if dynamic:
             self.norm1 = nn.LayerNorm(dim, eps=LN_EPS)
-            self.dwc = DynamicDWConv(dim, kernel_size)
-            self.mlp = DynamicMlp(dim, hidden, drop=drop, reduction=reduction)
+            self.dwc = DynamicDWConv(dim, kernel_size, backend=backend)
+            self.mlp = DynamicMlp(dim, hidden, drop=drop, reduction=reduction, backend=backend)
         else:
             self.dwc = nn.Conv2d(dim, dim, kernel_size, padding=kernel_size // 2, groups=dim)
             self.mlp = Mlp(dim, hidden, act_cfg=dict(type='GELU'), drop=drop)
@@ -297,7 +287,7 @@ class PatchEmbed(nn.Module):
 # model
 # --------------------------------------------------------------------------------------------
 @MODELS.register_module()
-class WeightFormer(StrictPretrainedMixin, FreezeStagesMixin, BaseModule):
+class WeightFormer(BaseBackbone):
     """WeightFormer isotropic backbone for classification, detection and segmentation.
 
     Every block runs at stride ``patch_size`` (16). Outputs are taken after the blocks in
@@ -308,7 +298,7 @@ class WeightFormer(StrictPretrainedMixin, FreezeStagesMixin, BaseModule):
     - ``'avgpool'``: one ``[B, C]`` token mean per index. With ``out_indices=(-1, )`` (the
       default for this type) it is exactly the official head input (final norm, then mean), so an
       mmpretrain ``ImageClassifier`` with ``neck=None`` and ``LinearClsHead(in_channels=C)``
-      reproduces the official classifier (:func:`convert_weightformer` maps its weights).
+      reproduces the official classifier (:func:`checkpoint_filter_weightformer_official` maps its weights).
     - ``'pyramid'`` (default, for mmdet/mmseg): the maps go through a
       :class:`~mmeffattn.models.layers.ViTPyramid` (``pyramid``), giving 4 maps of ``C`` channels
       at strides 4, 8, 16, 32: ``[4h, 4w]``, ``[2h, 2w]``, ``[h, w]``, ``[ceil(h/2), ceil(w/2)]``
@@ -345,6 +335,9 @@ class WeightFormer(StrictPretrainedMixin, FreezeStagesMixin, BaseModule):
         with_cp: gradient checkpointing per block (only when gradients are needed).
         pyramid_cfg: keyword arguments of :class:`~mmeffattn.models.layers.ViTPyramid`
             (``scales``, ``norm_cfg``, ``act_cfg``, ``out_norm``), for ``out_type='pyramid'``.
+        attn_backend: backend of :func:`mmeffattn.ops.dynamic_weight` and
+            :func:`mmeffattn.ops.dynamic_dwconv` in the dynamic blocks (None: automatic;
+            ``$MMEFFATTN_OPS_BACKEND`` applies), ``'triton'`` or ``'reference'``.
         init_cfg: mmengine init config; ``dict(type='Pretrained', checkpoint=..., prefix=...)``
             loads an official or converted checkpoint strictly (see :meth:`init_weights`).
     """
@@ -354,6 +347,12 @@ class WeightFormer(StrictPretrainedMixin, FreezeStagesMixin, BaseModule):
         **dict.fromkeys(['s', 'small'], {'embed_dims': 384, 'depth': 17, 'mlp_ratio': 4.}),
         **dict.fromkeys(['b', 'base'], {'embed_dims': 384, 'depth': 17, 'mlp_ratio': 4.}),
     }
+    arch_keys = ('embed_dims', 'depth')
+    arch_defaults = dict(mlp_ratio=4.)
+    mini_arch = dict(embed_dims=32, depth=5)
+    mini_kwargs = dict(out_type='pyramid', out_indices=(0, 1, 2, 4),
+                       pyramid_cfg=dict(norm_cfg=dict(type='BN')))
+    out_norm_eps = LN_EPS
     out_types = ('featmap', 'avgpool', 'pyramid')
     kernel_size = 3  # depthwise convolutions (static and dynamic)
     reduction = 4  # rank reduction of the dynamic linear layers
@@ -370,9 +369,9 @@ class WeightFormer(StrictPretrainedMixin, FreezeStagesMixin, BaseModule):
                  norm_eval: bool = False,
                  with_cp: bool = False,
                  pyramid_cfg: Optional[dict] = None,
+                 attn_backend: Optional[str] = None,
                  init_cfg: Optional[Union[dict, List[dict]]] = None) -> None:
-        super().__init__(init_cfg=init_cfg)
-        self.arch_settings = self._parse_arch(arch)
+        super().__init__(arch, in_channels, init_cfg)
         if out_type not in self.out_types:
             raise ValueError(f'out_type must be one of {self.out_types}, got {out_type!r}')
         self.embed_dims = embed_dims = self.arch_settings['embed_dims']
@@ -381,26 +380,20 @@ class WeightFormer(StrictPretrainedMixin, FreezeStagesMixin, BaseModule):
         if embed_dims % self.reduction or int(embed_dims * mlp_ratio) % self.reduction:
             raise ValueError(f'embed_dims ({embed_dims}) and the MLP width must be divisible by '
                              f'{self.reduction} (the dynamic linear layers reduce by it)')
-        self.in_channels = in_channels
         self.patch_size = patch_size
         self.out_type = out_type
-        self.out_indices = self._parse_out_indices(out_indices)
-        if not -1 <= frozen_stages <= depth:
-            raise ValueError(f'frozen_stages must be in [-1, {depth}], got {frozen_stages}')
-        self.frozen_stages = frozen_stages
-        self.norm_eval = norm_eval
-        self.with_cp = with_cp
+        self._init_training_switches(self._default_out_indices(out_indices), depth, 'blocks',
+                                     frozen_stages, norm_eval, with_cp)
         self.dynamic_blocks = tuple(i for i in range(depth) if is_dynamic_block(i))
 
         self.patch_embed = PatchEmbed(in_channels, embed_dims, patch_size)
-        # stochastic depth decay rule (on the CPU, so a meta-device build works too)
-        dpr = torch.linspace(0, drop_path_rate, depth, device='cpu').tolist()
+        dpr = drop_path_rates(drop_path_rate, depth)
         self.blocks = nn.ModuleList([
             WeightFormerBlock(embed_dims, mlp_ratio, dynamic=is_dynamic_block(i), drop=drop_rate,
                               drop_path=dpr[i], kernel_size=self.kernel_size,
-                              reduction=self.reduction) for i in range(depth)])
-        for i in self.out_indices:
-            self.add_module(f'norm{i}', nn.LayerNorm(embed_dims, eps=LN_EPS))
+                              reduction=self.reduction, backend=attn_backend)
+            for i in range(depth)])
+        self._add_out_norms(embed_dims)
         self.pyramid = build_vit_pyramid(out_type, embed_dims, self.out_indices, pyramid_cfg)
 
         self.apply(init_linear_and_norm)  # official init (the dynamic layers set their own)
@@ -408,56 +401,41 @@ class WeightFormer(StrictPretrainedMixin, FreezeStagesMixin, BaseModule):
 
     # ---------------------------------------------------------------- construction helpers
     @classmethod
-    def _parse_arch(cls, arch: Union[str, dict]) -> dict:
-        arch = resolve_arch(cls.__name__, arch, cls.arch_zoo, ('embed_dims', 'depth'),
-                            defaults=dict(mlp_ratio=4.))
+    def _check_arch(cls, arch: dict) -> dict:
         if arch['depth'] < 1:
             raise ValueError(f"arch 'depth' must be >= 1, got {arch['depth']}")
         return arch
 
-    def _parse_out_indices(self,
-                           out_indices: Optional[Union[int, Sequence[int]]]) -> Tuple[int, ...]:
+    def _default_out_indices(
+            self, out_indices: Optional[Union[int, Sequence[int]]]) -> Union[int, Sequence[int]]:
         depth = self.depth
-        if out_indices is None:
-            if self.out_type == 'avgpool':
-                return (depth - 1, )
-            return tuple(sorted({max((k + 1) * depth // 4 - 1, 0) for k in range(4)}))
-        return parse_out_indices(out_indices, depth, 'blocks')
+        if out_indices is not None:
+            return out_indices
+        if self.out_type == 'avgpool':
+            return (depth - 1, )
+        return tuple(sorted({max((k + 1) * depth // 4 - 1, 0) for k in range(4)}))
 
     # ---------------------------------------------------------------- train mode, freezing
     def frozen_modules(self) -> List[nn.Module]:
         """The patch embedding and the first ``frozen_stages`` blocks with their output norms."""
-        frozen: List[nn.Module] = [self.patch_embed]
-        for i in range(self.frozen_stages):
-            frozen.append(self.blocks[i])
-            if i in self.out_indices:
-                frozen.append(getattr(self, f'norm{i}'))
-        return frozen
+        return [self.patch_embed, *self.blocks[:max(self.frozen_stages, 0)],
+                *self._frozen_out_norms()]
 
     # ---------------------------------------------------------------- forward
-    def _use_cp(self, x: torch.Tensor, blk: nn.Module) -> bool:
-        return self.with_cp and torch.is_grad_enabled() and (
-            x.requires_grad or any(p.requires_grad for p in blk.parameters()))
-
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         """Args: x: ``[B, in_channels, H, W]``, any ``H, W >= 1``.
 
         Returns:
             A tuple, per ``out_type`` (see the class docstring).
         """
-        if x.dim() != 4 or x.shape[1] != self.in_channels:
-            raise ValueError(f'{self.__class__.__name__} expects an input of shape '
-                             f'[B, {self.in_channels}, H, W], got {tuple(x.shape)}')
+        self.check_input(x)
         x, hw = self.patch_embed(x)  # [B, N, C]
         outs = []
         last = self.out_indices[-1]
         for i, blk in enumerate(self.blocks[:last + 1]):
-            if self._use_cp(x, blk):
-                x = cp.checkpoint(blk, x, hw, use_reentrant=False)
-            else:
-                x = blk(x, hw)
+            x = run_block(blk, x, hw, with_cp=self.with_cp)
             if i in self.out_indices:
-                out = getattr(self, f'norm{i}')(x)  # [B, N, C]
+                out = self.out_norm(i)(x)  # [B, N, C]
                 if self.out_type == 'avgpool':
                     outs.append(out.mean(dim=1))  # [B, C]
                 else:
@@ -470,6 +448,7 @@ class WeightFormer(StrictPretrainedMixin, FreezeStagesMixin, BaseModule):
     # strict Pretrained loading comes from StrictPretrainedMixin; these tailor it to the family
     optional_keys = r'(norm\d+|pyramid)\.'  # an ImageNet checkpoint has only the last norm
     prefix_probe = 'patch_embed.proj.weight'
+    checkpoint_signature = r'(^|\.)blocks\.\d+\.mlp\.fc1\.token_proj\.weight$'
     official_name = 'official WeightFormer'
 
     def checkpoint_filter(self, state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
@@ -492,7 +471,8 @@ def is_official_state_dict(state_dict: Dict[str, torch.Tensor]) -> bool:
                for k in state_dict)
 
 
-def convert_weightformer(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+def checkpoint_filter_weightformer_official(
+        state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
     """Map an official WeightFormer checkpoint to an mmpretrain ``ImageClassifier``'s keys.
 
     The classifier is ``ImageClassifier(backbone=WeightFormer(arch, out_type='avgpool'),
@@ -526,8 +506,7 @@ def convert_weightformer(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch
     Returns:
         A new state dict with ``backbone.*`` and ``head.fc.*`` keys.
     """
-    sd = {(k[len('module.'):] if k.startswith('module.') else k): v
-          for k, v in unwrap_state_dict(state_dict).items()}
+    sd = strip_module_prefix(unwrap_state_dict(state_dict))
     block_ids = {int(m.group(1)) for m in (re.match(r'blocks\.(\d+)\.', k) for k in sd) if m}
     if not block_ids:
         raise ValueError('Not an official WeightFormer state dict: no blocks.{i}.* keys')
@@ -565,23 +544,28 @@ def convert_weightformer(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch
         else:
             unknown.append(k)
     if unknown:
-        raise ValueError(f'convert_weightformer: {len(unknown)} keys of no official WeightFormer '
+        raise ValueError(f'checkpoint_filter_weightformer_official: {len(unknown)} keys of no official WeightFormer '
                          f'module: {clip_keys(unknown)}')
     return out
+
+
+convert_weightformer = deprecated_alias(checkpoint_filter_weightformer_official,
+                                        'convert_weightformer')
 
 
 def checkpoint_filter_weightformer(
         state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
     """Keys of a checkpoint for the :class:`WeightFormer` backbone.
 
-    An official checkpoint (``model/wfm.py`` names) goes through :func:`convert_weightformer`
+    An official checkpoint (``model/wfm.py`` names) goes through
+    :func:`checkpoint_filter_weightformer_official`
     and keeps its backbone part (the classifier head is dropped; the final norm becomes
     ``norm{depth-1}``). Any other state dict is unwrapped and loses a DDP ``module.`` prefix.
     Pure: the input is not modified.
     """
     state_dict = unwrap_state_dict(state_dict)
     if is_official_state_dict(state_dict):
-        return {k[len('backbone.'):]: v for k, v in convert_weightformer(state_dict).items()
+        return {k[len('backbone.'):]: v
+                for k, v in checkpoint_filter_weightformer_official(state_dict).items()
                 if k.startswith('backbone.')}
-    return {(k[len('module.'):] if k.startswith('module.') else k): v
-            for k, v in state_dict.items()}
+    return strip_module_prefix(state_dict)

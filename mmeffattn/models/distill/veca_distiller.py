@@ -42,7 +42,7 @@ from mmengine.model import BaseModel
 from mmengine.structures import BaseDataElement
 
 from mmeffattn.registry import MODELS
-from ..utils import clip_keys, unwrap_state_dict
+from ..utils import load_state_dict_strict, read_checkpoint
 from ..utils.pretrained import guess_prefix
 
 __all__ = ['VECADistiller', 'split_teacher_tokens', 'global_cosine_loss', 'patch_losses',
@@ -119,38 +119,24 @@ def load_teacher_checkpoint(teacher: nn.Module, checkpoint: str, prefix: Optiona
     """Load ``checkpoint`` into ``teacher`` strictly: every teacher key, no unknown key, equal
     shapes (position embeddings may be resized by the teacher's own load hooks, as mmpretrain's
     ViT does). ``prefix`` (e.g. ``'backbone.'``) selects the teacher inside a larger checkpoint.
-    Raises ``RuntimeError`` naming the keys that do not match and the likely fix."""
-    from mmengine.runner.checkpoint import CheckpointLoader
+    Raises ``RuntimeError`` naming the keys that do not match and the likely fix; the checks are
+    :func:`~mmeffattn.models.utils.load_state_dict_strict`, as for every backbone."""
+    state_dict = read_checkpoint(checkpoint, prefix, map_location, what='teacher checkpoint',
+                                 prefix_option='teacher_ckpt_prefix')
 
-    ckpt = CheckpointLoader.load_checkpoint(checkpoint, map_location=map_location)
-    state_dict = unwrap_state_dict(ckpt)
-    if prefix:
-        prefix = prefix if prefix.endswith('.') else prefix + '.'
-        state_dict = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
-        if not state_dict:
-            heads = sorted({k.split('.', 1)[0] + '.' for k in unwrap_state_dict(ckpt)})
-            raise RuntimeError(f'no key of teacher checkpoint {checkpoint!r} starts with '
-                               f'{prefix!r}; its keys start with {heads[:20]}: set '
-                               f'teacher_ckpt_prefix to one of them, or None')
-    own = teacher.state_dict()
-    missing = [k for k in own if k not in state_dict]
-    unexpected = [k for k in state_dict if k not in own]
-    if missing or unexpected:
-        found = guess_prefix(next(iter(own), None), list(state_dict))
-        hint = (f'the teacher weights seem to lie under {found!r}: set '
-                f'teacher_ckpt_prefix={found!r}' if found else
-                'check that the teacher config (arch, patch size, class/register tokens, '
+    def hint(missing: List[str], unexpected: List[str], mismatched: List[str]) -> str:
+        found = guess_prefix(next(iter(teacher.state_dict()), None), unexpected)
+        if found:
+            return (f'Hint: the teacher weights seem to lie under {found!r}: set '
+                    f'teacher_ckpt_prefix={found!r}.')
+        return ('Hint: check that the teacher config (arch, patch size, class/register tokens, '
                 'layer scale, final norm) matches the checkpoint, and convert a checkpoint in '
-                "another library's layout to the teacher's first")
-        raise RuntimeError(
-            f'teacher checkpoint {checkpoint!r} does not match the teacher '
-            f'{type(teacher).__name__}: {len(missing)} missing keys {clip_keys(missing)}; '
-            f'{len(unexpected)} unexpected keys {clip_keys(unexpected)}. Hint: {hint}.')
-    try:
-        teacher.load_state_dict(state_dict, strict=True)
-    except RuntimeError as e:  # shape mismatches
-        raise RuntimeError(f'teacher checkpoint {checkpoint!r} does not fit the teacher '
-                           f'{type(teacher).__name__} (check its arch and patch size): {e}') from e
+                "another library's layout to the teacher's first.")
+
+    # shapes are left to the teacher's load_state_dict: its hooks may resize position embeddings
+    load_state_dict_strict(teacher, state_dict, f'teacher checkpoint {checkpoint!r}',
+                           describe=f'the teacher {type(teacher).__name__}', check_shapes=False,
+                           hint=hint)
 
 
 def _feature_dims(module: nn.Module, role: str) -> int:

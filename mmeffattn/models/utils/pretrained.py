@@ -1,22 +1,44 @@
-"""Strict, helpful loading of backbone checkpoints, shared by every family.
+"""Strict, helpful loading of checkpoints, shared by every family and load path.
 
 mmengine's ``PretrainedInit`` loads non-strictly and only logs what did not match, so a wrong
-prefix or arch silently trains from random weights. Here a missing backbone key or a shape
-mismatch raises an error that names the keys and suggests the fix.
+prefix, arch or family silently trains from partly random weights. Here a missing key, an
+unexpected key or a shape mismatch raises an error that names the keys, the likely cause and the
+fix. Only ``strict=False``, asked for explicitly, loads what fits, and it says at WARNING level how
+many tensors it ignored.
+
+One loader serves every path: the backbones' ``Pretrained`` ``init_cfg``
+(:class:`StrictPretrainedMixin`), the VECA distiller's teacher and the converters' checks.
 """
 import re
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
+import torch.nn as nn
 from mmengine.logging import MMLogger
 
+StateDict = Dict[str, torch.Tensor]
 
-def unwrap_state_dict(ckpt: dict) -> Dict[str, torch.Tensor]:
+
+def unwrap_state_dict(ckpt: dict) -> StateDict:
     """The state dict inside an mmengine (``state_dict``) or official (``model``) checkpoint."""
     for key in ('state_dict', 'model'):
         if isinstance(ckpt, dict) and key in ckpt and isinstance(ckpt[key], dict):
             return ckpt[key]
     return ckpt
+
+
+def strip_key_prefix(key: str, prefixes: Tuple[str, ...] = ('module.', )) -> str:
+    """``key`` without the wrapper prefixes (DDP's ``module.``...), each stripped once, in order."""
+    for p in prefixes:
+        if key.startswith(p):
+            key = key[len(p):]
+    return key
+
+
+def strip_module_prefix(state_dict: StateDict,
+                        prefixes: Tuple[str, ...] = ('module.', )) -> StateDict:
+    """A new state dict whose keys lose a DDP ``module.`` prefix (or the given ``prefixes``)."""
+    return {strip_key_prefix(k, prefixes): v for k, v in state_dict.items()}
 
 
 def clip_keys(keys: List[str], n: int = 12) -> str:
@@ -34,30 +56,172 @@ def guess_prefix(probe: Optional[str], ckpt_keys: List[str]) -> Optional[str]:
     return None
 
 
+def read_checkpoint(checkpoint: str, prefix: Optional[str] = None, map_location: str = 'cpu',
+                    what: str = 'checkpoint', prefix_option: str = 'init_cfg prefix',
+                    bare_name: str = 'bare') -> StateDict:
+    """The state dict of a checkpoint file (mmengine's ``CheckpointLoader``: paths and URLs),
+    unwrapped, restricted to the keys under ``prefix`` (stripped).
+
+    Raises ``RuntimeError`` when no key starts with ``prefix``, naming the prefixes it has and
+    the option (``prefix_option``) to set.
+    """
+    from mmengine.runner.checkpoint import CheckpointLoader
+
+    if not checkpoint:
+        raise ValueError(f'no {what} file given')
+    ckpt = CheckpointLoader.load_checkpoint(checkpoint, map_location=map_location,
+                                            logger=MMLogger.get_current_instance())
+    state_dict = unwrap_state_dict(ckpt)
+    if prefix:
+        prefix = prefix if prefix.endswith('.') else prefix + '.'
+        sub = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
+        if not sub:
+            heads = sorted({k.split('.', 1)[0] + '.' for k in state_dict})
+            raise RuntimeError(
+                f'no key of {what} {checkpoint!r} starts with prefix {prefix!r}; its keys start '
+                f'with {heads[:20]}. Set {prefix_option} to one of them, or to None for a '
+                f'{bare_name} checkpoint.')
+        state_dict = sub
+    return state_dict
+
+
+def load_state_dict_strict(module: nn.Module, state_dict: StateDict, source: str, *,
+                           describe: Optional[str] = None,
+                           optional_keys: Optional[str] = None,
+                           ignorable_keys: Optional[str] = None,
+                           strict: bool = True,
+                           check_shapes: bool = True,
+                           hint: Optional[Callable[[List[str], List[str], List[str]], str]] = None,
+                           logger: Optional[MMLogger] = None, dry_run: bool = False) -> None:
+    """Load ``state_dict`` into ``module`` and raise on any key or shape that does not match.
+
+    Nothing is copied before the checks pass, so a failed load leaves ``module`` unchanged.
+
+    Args:
+        module: the model to load into.
+        state_dict: the (filtered) checkpoint tensors.
+        source: how errors name the checkpoint (``"checkpoint 'x.pth'"``).
+        describe: how errors name the model (default: its class name).
+        optional_keys: regex (``re.match``) of the model's own keys a checkpoint may lack
+            (e.g. the output norms a classification checkpoint has not); they keep their init,
+            logged at INFO.
+        ignorable_keys: regex of checkpoint keys the model may deliberately lack (documented
+            exceptions, e.g. VECA's distillation projection); skipped, logged at WARNING.
+        strict: ``False`` loads what fits and logs at WARNING how many tensors were ignored.
+        check_shapes: compare shapes before loading. ``False`` leaves them to
+            ``module.load_state_dict`` (for modules whose load hooks resize tensors, such as a
+            ViT's position embedding); its size-mismatch error is re-raised naming ``source``.
+        hint: ``(missing, unexpected, mismatched) -> str``, the likely cause and fix.
+        logger: where to log (default: the current ``MMLogger``).
+        dry_run: only check (e.g. a converter checking its output against a model built on the
+            meta device).
+
+    Raises:
+        RuntimeError: missing, unexpected or mismatched keys (with ``strict=True``).
+    """
+    logger = logger or MMLogger.get_current_instance()
+    name = describe or type(module).__name__
+    own = module.state_dict()
+    missing = [k for k in own if k not in state_dict]
+    unexpected = [k for k in state_dict if k not in own]
+    optional = [k for k in missing if optional_keys and re.match(optional_keys, k)]
+    missing = [k for k in missing if k not in optional]
+    ignored = [k for k in unexpected if ignorable_keys and re.match(ignorable_keys, k)]
+    unexpected = [k for k in unexpected if k not in ignored]
+    mismatched = [k for k, v in own.items() if check_shapes and k in state_dict
+                  and state_dict[k].shape != v.shape]
+    if strict and (missing or unexpected or mismatched):
+        shapes = [f'{k}: checkpoint {tuple(state_dict[k].shape)} vs model {tuple(own[k].shape)}'
+                  for k in mismatched]
+        cause = hint(missing, unexpected, mismatched) if hint else ''
+        raise RuntimeError(
+            f'{source} does not match {name}: {len(missing)} missing keys {clip_keys(missing)}; '
+            f'{len(mismatched)} shape mismatches {clip_keys(shapes)}; {len(unexpected)} '
+            f'unexpected keys {clip_keys(unexpected)}.' + (f' {cause}' if cause else ''))
+    if dry_run:
+        return
+    skip = set(ignored) | set(unexpected if not strict else []) | set(mismatched)
+    to_load = {k: v for k, v in state_dict.items() if k not in skip}
+    if ignored:
+        logger.warning(f'{type(module).__name__}: ignoring {len(ignored)} checkpoint tensors the '
+                       f'model does not use (documented): {clip_keys(ignored)}')
+    if not strict and (missing or unexpected or mismatched):
+        logger.warning(
+            f'{type(module).__name__}: strict=False: ignored {len(unexpected) + len(mismatched)} '
+            f'of the {len(state_dict)} tensors of {source} ({len(unexpected)} unexpected '
+            f'{clip_keys(unexpected, 5)}, {len(mismatched)} shape mismatches '
+            f'{clip_keys(mismatched, 5)}); {len(missing)} model tensors keep their init '
+            f'{clip_keys(missing, 5)}')
+    if optional:
+        logger.info(f'{type(module).__name__}: parts not in the checkpoint keep their init: '
+                    f'{clip_keys(optional)}')
+    try:
+        result = module.load_state_dict(to_load, strict=False)
+    except RuntimeError as e:  # shape mismatches left to the module (check_shapes=False)
+        raise RuntimeError(f'{source} does not fit {name}: {e}') from e
+    # load hooks may rename keys: what they report must have been accounted for above
+    left = [k for k in result.missing_keys if k not in missing and k not in optional]
+    if strict and (left or result.unexpected_keys):
+        raise RuntimeError(f'{source} does not match {name} after its load hooks: missing '
+                           f'{clip_keys(left)}, unexpected {clip_keys(result.unexpected_keys)}')
+
+
+def guess_family(keys: List[str], exclude: type) -> Optional[str]:
+    """The registered family whose ``checkpoint_signature`` the checkpoint ``keys`` match (and
+    ``exclude``'s does not), or None."""
+    own = getattr(exclude, 'checkpoint_signature', None)
+    if own and any(re.search(own, k) for k in keys):
+        return None
+    from ..backbones.base import backbone_families  # (the backbones import this module)
+    for name, cls in backbone_families().items():
+        sig = getattr(cls, 'checkpoint_signature', None)
+        if sig and not issubclass(exclude, cls) and any(re.search(sig, k) for k in keys):
+            return name
+    return None
+
+
 class StrictPretrainedMixin:
     """``init_weights`` for an mmengine ``BaseModule`` backbone with a strict ``Pretrained`` load.
 
-    ``init_cfg=dict(type='Pretrained', checkpoint=PATH, prefix=None)`` reads the checkpoint with
-    mmengine's ``CheckpointLoader``, unwraps it, keeps the keys under ``prefix`` (stripped), maps
-    them with :meth:`checkpoint_filter` and loads them. ``checkpoint=None`` (our configs' default)
-    keeps the initialization. Other ``init_cfg`` entries run the mmengine way.
+    ``init_cfg=dict(type='Pretrained', checkpoint=PATH, prefix=None, strict=True)`` reads the
+    checkpoint with mmengine's ``CheckpointLoader``, unwraps it, keeps the keys under ``prefix``
+    (stripped), maps them with :meth:`checkpoint_filter` and loads them with
+    :func:`load_state_dict_strict`. ``checkpoint=None`` (our configs' default) keeps the
+    initialization. ``strict=False`` loads what fits and logs how much it ignored. Other
+    ``init_cfg`` entries run the mmengine way.
 
     Subclasses set:
         optional_keys: regex of own keys a checkpoint may lack (e.g. output norms); logged.
+        ignorable_keys: regex of checkpoint keys the model may deliberately lack; logged.
         prefix_probe: an own key used to detect the prefix of a whole-model checkpoint.
+        checkpoint_signature: regex of a key only this family's checkpoints have (used to say
+            "this looks like a X checkpoint" when another family's checkpoint is loaded).
         official_name: how error messages name a bare checkpoint of the family.
-    and may override :meth:`checkpoint_filter` and :meth:`describe`.
+    and may override :meth:`checkpoint_filter`, :meth:`describe` and :meth:`mismatch_cause`.
     """
 
-    optional_keys: str = r'$^'
+    optional_keys: Optional[str] = None
+    ignorable_keys: Optional[str] = None
     prefix_probe: Optional[str] = None
+    checkpoint_signature: Optional[str] = None
     official_name: str = 'backbone/classification'
 
-    def checkpoint_filter(self, state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
-        return state_dict
+    def checkpoint_filter(self, state_dict: StateDict) -> StateDict:
+        return strip_module_prefix(unwrap_state_dict(state_dict))
 
     def describe(self) -> str:
         return f'{self.__class__.__name__}(arch={getattr(self, "arch_settings", "?")})'
+
+    def mismatch_cause(self, missing: List[str], unexpected: List[str],
+                       mismatched: List[str]) -> Optional[str]:
+        """The likely cause of a mismatch, from the keys (None: unknown). By default: the
+        checkpoint of another registered family."""
+        family = guess_family(unexpected, type(self))
+        if family:
+            return (f'This looks like a {family} checkpoint, not a {type(self).__name__} one: '
+                    f'build mmeffattn.{family} for it, or pick a {type(self).__name__} '
+                    f'checkpoint.')
+        return None
 
     def init_weights(self) -> None:
         cfgs = self.init_cfg if isinstance(self.init_cfg, list) else [self.init_cfg]
@@ -75,71 +239,55 @@ class StrictPretrainedMixin:
             super().init_weights()
         finally:
             self.init_cfg = saved
-        if pretrained[0].get('checkpoint') is None:
+        cfg = pretrained[0]
+        if cfg.get('checkpoint') is None:
             # configs name the entry with checkpoint=None so that one --cfg-options key switches
             # ImageNet weights on; until then the backbone trains from scratch
             MMLogger.get_current_instance().info(
                 f'{self.__class__.__name__}: Pretrained init_cfg has checkpoint=None; training '
                 f'from scratch (set model.backbone.init_cfg.checkpoint=PATH to load weights)')
             return
-        self.load_pretrained(pretrained[0]['checkpoint'], prefix=pretrained[0].get('prefix'),
-                             map_location=pretrained[0].get('map_location', 'cpu'))
+        unknown = sorted(set(cfg) - {'type', 'checkpoint', 'prefix', 'map_location', 'strict'})
+        if unknown:
+            raise ValueError(f'{self.__class__.__name__}: unknown Pretrained init_cfg keys '
+                             f'{unknown}; use checkpoint, prefix, map_location, strict')
+        self.load_pretrained(cfg['checkpoint'], prefix=cfg.get('prefix'),
+                             map_location=cfg.get('map_location', 'cpu'),
+                             strict=cfg.get('strict', True))
 
     def load_pretrained(self, checkpoint: str, prefix: Optional[str] = None,
-                        map_location: str = 'cpu') -> None:
+                        map_location: str = 'cpu', strict: bool = True) -> None:
         """Load a checkpoint file strictly (see the class docstring)."""
-        from mmengine.runner.checkpoint import CheckpointLoader
-
         if not checkpoint:
             raise ValueError("init_cfg=dict(type='Pretrained') needs a 'checkpoint'")
         logger = MMLogger.get_current_instance()
-        ckpt = CheckpointLoader.load_checkpoint(checkpoint, map_location=map_location,
-                                                logger=logger)
-        state_dict = unwrap_state_dict(ckpt)
+        state_dict = read_checkpoint(checkpoint, prefix, map_location,
+                                     prefix_option='init_cfg prefix',
+                                     bare_name=self.official_name)
+        state_dict = self.checkpoint_filter(state_dict)
         if prefix:
             prefix = prefix if prefix.endswith('.') else prefix + '.'
-            sub = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
-            if not sub:
-                heads = sorted({k.split('.', 1)[0] + '.' for k in state_dict})
-                raise RuntimeError(
-                    f'No key of checkpoint {checkpoint!r} starts with prefix {prefix!r}; its keys '
-                    f'start with {heads[:20]}. Set init_cfg prefix to one of them, or to None for '
-                    f'a bare {self.official_name} checkpoint.')
-            state_dict = sub
-        state_dict = self.checkpoint_filter(state_dict)
-        self._load_state_dict_strict(state_dict, checkpoint, prefix, logger)
+        load_state_dict_strict(
+            self, state_dict, f'Checkpoint {checkpoint!r}', describe=self.describe(),
+            optional_keys=self.optional_keys, ignorable_keys=self.ignorable_keys, strict=strict,
+            hint=lambda m, u, s: self._mismatch_hint(m, u, s, prefix), logger=logger)
         logger.info(f'{self.__class__.__name__}: loaded {len(state_dict)} tensors from '
                     f'{checkpoint!r}' + (f' (prefix {prefix!r})' if prefix else ''))
 
-    def _load_state_dict_strict(self, state_dict: Dict[str, torch.Tensor], checkpoint: str,
-                                prefix: Optional[str], logger: MMLogger) -> None:
-        own = self.state_dict()
-        missing = [k for k in own if k not in state_dict]
-        unexpected = [k for k in state_dict if k not in own]
-        optional = [k for k in missing if re.match(self.optional_keys, k)]
-        missing = [k for k in missing if k not in optional]
-        mismatched = [f'{k}: checkpoint {tuple(state_dict[k].shape)} vs model {tuple(v.shape)}'
-                      for k, v in own.items() if k in state_dict and state_dict[k].shape != v.shape]
-        if missing or mismatched:
-            found = guess_prefix(self.prefix_probe, list(state_dict))
-            if found:
-                hint = (f'The backbone weights seem to lie under {found!r}: set '
-                        f"init_cfg=dict(type='Pretrained', checkpoint=..., prefix={found!r})")
-            elif not prefix:
-                hint = ('If the checkpoint holds a whole classifier/detector/segmentor, set '
-                        "init_cfg=dict(type='Pretrained', checkpoint=..., prefix='backbone.')")
-            else:
-                hint = f'Check that prefix {prefix!r} selects the backbone'
-            raise RuntimeError(
-                f'Checkpoint {checkpoint!r} does not match {self.describe()}: '
-                f'{len(missing)} missing keys {clip_keys(missing)}; '
-                f'{len(mismatched)} shape mismatches {clip_keys(mismatched)}; '
-                f'{len(unexpected)} unexpected keys {clip_keys(unexpected)}. {hint}, and that '
-                f'the model options match the checkpoint.')
-        if unexpected:
-            logger.warning(f'{self.__class__.__name__}: ignoring {len(unexpected)} unexpected '
-                           f'checkpoint keys {clip_keys(unexpected)}')
-        if optional:
-            logger.info(f'{self.__class__.__name__}: parts not in the checkpoint keep their '
-                        f'init: {clip_keys(optional)}')
-        self.load_state_dict(state_dict, strict=False)
+    def _mismatch_hint(self, missing: List[str], unexpected: List[str], mismatched: List[str],
+                       prefix: Optional[str]) -> str:
+        cause = self.mismatch_cause(missing, unexpected, mismatched)
+        found = guess_prefix(self.prefix_probe, unexpected) if missing else None
+        if found:
+            fix = (f'The backbone weights seem to lie under {found!r}: set '
+                   f"init_cfg=dict(type='Pretrained', checkpoint=..., prefix={found!r})")
+        elif not prefix and missing:
+            fix = ('If the checkpoint holds a whole classifier/detector/segmentor, set '
+                   "init_cfg=dict(type='Pretrained', checkpoint=..., prefix='backbone.')")
+        elif prefix:
+            fix = f'Check that prefix {prefix!r} selects the backbone'
+        else:
+            fix = 'Check the checkpoint'
+        return ((cause + ' ') if cause else '') + (
+            f'{fix}, and that the model options (arch, ...) match the checkpoint; '
+            f"init_cfg=dict(type='Pretrained', ..., strict=False) loads what fits.")

@@ -1,0 +1,169 @@
+"""What every backbone family does the same way (OpenMMLab's ``BaseBackbone`` role).
+
+A family subclasses :class:`BaseBackbone`, declares its ``arch_zoo`` and the keys a custom arch
+must give, and keeps only its own blocks, stages and forward. The base holds:
+
+- ``arch`` parsing against ``arch_zoo`` (:meth:`BaseBackbone._parse_arch`);
+- ``out_indices`` parsing, the ``frozen_stages`` range check, ``norm_eval`` (with
+  :class:`~mmeffattn.models.utils.FreezeStagesMixin`) and ``with_cp`` (:func:`run_block`);
+- the strict ``Pretrained`` ``init_cfg`` (:class:`~mmeffattn.models.utils.StrictPretrainedMixin`);
+- the drop-path rates (:func:`drop_path_rates`) and the per-output LayerNorms ``norm{i}``;
+- input validation with one clear error (:meth:`BaseBackbone.check_input`).
+
+A family joins the shared contract tests (tests/models/test_backbone_contract.py) by being
+registered in ``mmeffattn.registry.MODELS`` and setting :attr:`BaseBackbone.mini_arch`.
+"""
+import contextlib
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn as nn
+import torch.utils.checkpoint as cp
+from mmengine.model import BaseModule
+
+from ..utils import FreezeStagesMixin, StrictPretrainedMixin, parse_out_indices, resolve_arch
+
+__all__ = ['BaseBackbone', 'HWShape', 'drop_path_rates', 'run_block', 'backbone_families']
+
+HWShape = Tuple[int, int]
+
+
+def drop_path_rates(rate: float, n: int) -> List[float]:
+    """Stochastic depth rising linearly from 0 (first block) to ``rate`` (last of ``n``).
+
+    Computed on the CPU, so that a build under ``torch.device('meta')`` works too.
+    """
+    return torch.linspace(0, rate, n, device='cpu').tolist()
+
+
+def run_block(blk: nn.Module, x: torch.Tensor, *args, with_cp: bool = False,
+              context_fn: Optional[Callable[[], Tuple[contextlib.AbstractContextManager,
+                                                      contextlib.AbstractContextManager]]] = None
+              ) -> torch.Tensor:
+    """``blk(x, *args)``, gradient-checkpointed when ``with_cp`` and gradients are needed (by
+    ``x`` or by the block's parameters): under ``no_grad`` or for a frozen block with a frozen
+    input, checkpointing would only cost time."""
+    if with_cp and torch.is_grad_enabled() and (
+            x.requires_grad or any(p.requires_grad for p in blk.parameters())):
+        kwargs = {} if context_fn is None else dict(context_fn=context_fn)
+        return cp.checkpoint(blk, x, *args, use_reentrant=False, **kwargs)
+    return blk(x, *args)
+
+
+class BaseBackbone(StrictPretrainedMixin, FreezeStagesMixin, BaseModule):
+    """Base of the backbone families: the arguments and checks they all share.
+
+    Subclasses set :attr:`arch_zoo`, :attr:`arch_keys` (and :attr:`arch_defaults`), call
+    ``super().__init__(arch, in_channels, init_cfg)``, then :meth:`_init_training_switches` once
+    they know their number of stages/blocks, build their modules (with :meth:`_add_out_norms`
+    where outputs get their own norm), and end ``__init__`` with ``self._freeze_stages()``.
+    ``forward`` starts with :meth:`check_input`; blocks run through :func:`run_block`.
+
+    Args:
+        arch: a key of :attr:`arch_zoo` (case-insensitive) or a dict with :attr:`arch_keys`.
+        in_channels: image channels.
+        init_cfg: mmengine init config; ``dict(type='Pretrained', checkpoint=..., prefix=...,
+            strict=True)`` loads a checkpoint strictly.
+    """
+
+    #: the variants, ``name -> settings``
+    arch_zoo: Dict[str, dict] = {}
+    #: keys a custom arch dict must give
+    arch_keys: Tuple[str, ...] = ()
+    #: values of the optional keys a custom arch dict may leave out
+    arch_defaults: Optional[Dict[str, object]] = None
+    #: the smallest arch that still runs every code path of the family (a custom dict): the shared
+    #: contract tests build it, with :attr:`mini_kwargs`, so a registered family is covered
+    mini_arch: Optional[dict] = None
+    mini_kwargs: Dict[str, object] = {}
+    #: per-output LayerNorm epsilon
+    out_norm_eps: float = 1e-5
+
+    def __init__(self, arch: Union[str, dict], in_channels: int = 3,
+                 init_cfg: Optional[Union[dict, List[dict]]] = None) -> None:
+        super().__init__(init_cfg=init_cfg)
+        self.arch_settings = self._parse_arch(arch)
+        if isinstance(in_channels, bool) or not isinstance(in_channels, int) or in_channels < 1:
+            raise ValueError(f'in_channels must be an integer >= 1, got {in_channels!r}')
+        self.in_channels = in_channels
+
+    # ---------------------------------------------------------------- construction helpers
+    @classmethod
+    def _parse_arch(cls, arch: Union[str, dict]) -> dict:
+        """A copy of the settings ``arch`` names or gives, checked by :meth:`_check_arch`."""
+        settings = resolve_arch(cls.__name__, arch, cls.arch_zoo, cls.arch_keys,
+                                defaults=cls.arch_defaults)
+        return cls._check_arch(settings)
+
+    @classmethod
+    def _check_arch(cls, arch: dict) -> dict:
+        """Family-specific checks (and normalization) of resolved arch settings."""
+        return arch
+
+    def _init_training_switches(self, out_indices: Union[int, Sequence[int]], num: int,
+                                what: str, frozen_stages: int, norm_eval: bool,
+                                with_cp: bool) -> None:
+        """Set ``out_indices`` (into ``num`` stages/blocks), ``frozen_stages`` (range-checked:
+        -1 .. ``num``), ``norm_eval`` and ``with_cp``."""
+        self.out_indices = parse_out_indices(out_indices, num, what)
+        if isinstance(frozen_stages, bool) or not isinstance(frozen_stages, int) or \
+                not -1 <= frozen_stages <= num:
+            raise ValueError(f'frozen_stages must be an integer in [-1, {num}] ({num} {what}), '
+                             f'got {frozen_stages!r}')
+        self.frozen_stages = frozen_stages
+        self.num_freezable = num  # the largest frozen_stages
+        self.norm_eval = norm_eval
+        self.with_cp = with_cp
+
+    def _add_out_norms(self, channels: Union[int, Sequence[int]]) -> None:
+        """One LayerNorm ``norm{i}`` per output index (``channels``: one width, or one per
+        stage)."""
+        for i in self.out_indices:
+            c = channels if isinstance(channels, int) else channels[i]
+            self.add_module(f'norm{i}', nn.LayerNorm(c, eps=self.out_norm_eps))
+
+    def out_norm(self, i: int) -> nn.Module:
+        """The output norm of output index ``i``."""
+        return getattr(self, f'norm{i}')
+
+    def _frozen_out_norms(self) -> List[nn.Module]:
+        """The output norms of the frozen stages/blocks (for :meth:`frozen_modules`)."""
+        return [self.out_norm(i) for i in range(self.frozen_stages) if i in self.out_indices]
+
+    # ---------------------------------------------------------------- forward helpers
+    def check_input(self, x: torch.Tensor) -> None:
+        """Raise one clear error for an input the backbone cannot take: not ``[B, C, H, W]``
+        with ``C = in_channels``, an empty batch or image (batch 0 is rejected by every family,
+        with this message), a non-float tensor, or a dtype/device other than the weights'
+        (outside autocast)."""
+        name = type(self).__name__
+        shape = tuple(x.shape) if torch.is_tensor(x) else type(x).__name__
+        if not torch.is_tensor(x) or x.dim() != 4 or x.shape[1] != self.in_channels:
+            raise ValueError(f'{name} expects an input of shape [B, {self.in_channels}, H, W], '
+                             f'got {shape}')
+        if x.numel() == 0:
+            raise ValueError(f'{name} got an empty input of shape {shape}: it needs at least one '
+                             f'image (B >= 1) of at least 1x1 pixels; skip empty batches before '
+                             f'the model')
+        if not x.is_floating_point():
+            raise TypeError(f'{name} expects a floating-point image, got {x.dtype}: convert it '
+                            f'(x.float(), normalized as the data preprocessor does)')
+        ref = next((p for p in self.parameters() if p.is_floating_point()), None)
+        if ref is None or ref.device.type == 'meta':
+            return
+        if x.device != ref.device:
+            raise ValueError(f'{name} weights are on {ref.device} but the input is on '
+                             f'{x.device}: move one of them (model.to(x.device))')
+        if x.dtype != ref.dtype and not torch.is_autocast_enabled(x.device.type):
+            raise TypeError(
+                f'{name} has {ref.dtype} weights but got a {x.dtype} input: run it under '
+                f"torch.autocast('{x.device.type}', dtype={x.dtype}), convert the model "
+                f'(model.half() / model.to({x.dtype})), or convert the input (x.to({ref.dtype}))')
+
+
+def backbone_families() -> Dict[str, type]:
+    """Every registered backbone family (``MODELS`` name -> class), for tests and tools."""
+    from mmeffattn.registry import MODELS
+    import mmeffattn.models  # noqa: F401  (registers the families)
+    return {name: cls for name, cls in sorted(MODELS.module_dict.items())
+            if isinstance(cls, type) and issubclass(cls, BaseBackbone)}
