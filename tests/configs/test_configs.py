@@ -47,3 +47,24 @@ def test_config_inherits_from_another_package_via_mim(tmp_path):
     cfg = Config.fromfile(str(cfg_file))
     assert cfg.model.backbone.type == 'mmeffattn.SEMA'
     assert cfg.model.backbone.drop_path_rate == 0.0
+
+
+def test_mila_configs_build_the_registered_mila_class():
+    """configs/mila use type='mmeffattn.MILA'; the model is the one SEMA(attn_type='linear')
+    built before (same parameter names and shapes)."""
+    import torch
+
+    from mmeffattn.models.backbones import MILA, SEMA
+    mila_cfgs = [p for p in CONFIGS if osp.basename(osp.dirname(p)) == 'mila']
+    assert mila_cfgs
+    for path in mila_cfgs:
+        cfg = Config.fromfile(path).model.backbone
+        assert cfg.type == 'mmeffattn.MILA' and cfg.attn_type == 'linear', path
+    kwargs = {k: v for k, v in Config.fromfile(mila_cfgs[0]).model.backbone.items()
+              if k not in ('type', 'init_cfg')}
+    with torch.device('meta'):
+        mila = MILA(**kwargs)
+        sema_linear = SEMA(**kwargs)
+    assert type(mila) is MILA
+    assert {k: v.shape for k, v in mila.state_dict().items()} == \
+        {k: v.shape for k, v in sema_linear.state_dict().items()}

@@ -157,6 +157,18 @@ def test_pretrained_with_prefix_loads_exactly(name, tmp_path):
 
 
 @pytest.mark.parametrize('name', NAMES)
+def test_pretrained_wrong_or_missing_prefix_is_explained(name, tmp_path):
+    path = _save(build(name).state_dict(), tmp_path / 'det.pth', 'backbone.')
+    model = build(name, init_cfg=dict(type='Pretrained', checkpoint=path))
+    with pytest.raises(RuntimeError,
+                       match=r"missing keys.*lie under 'backbone\.'.*prefix='backbone\.'"):
+        model.init_weights()
+    model = build(name, init_cfg=dict(type='Pretrained', checkpoint=path, prefix='model.'))
+    with pytest.raises(RuntimeError, match=r"starts with prefix 'model\.'.*'backbone\.'"):
+        model.init_weights()
+
+
+@pytest.mark.parametrize('name', NAMES)
 def test_pretrained_unexpected_key_raises(name, tmp_path):
     """Strict means strict: an extra tensor is an error, not a warning."""
     state = dict(build(name).state_dict(), **{'blocks.99.extra.weight': torch.zeros(1)})

@@ -171,7 +171,7 @@ def test_teacher_checkpoint_mismatch_errors(tmp_path, model):
     torch.save(wrong, str(tmp_path / 'wrong.pth'))
     with pytest.raises(RuntimeError, match='size mismatch for ln1.weight'):
         build(teacher_ckpt=str(tmp_path / 'wrong.pth'))
-    with pytest.raises(RuntimeError, match="no key .* starts with 'neck.'"):
+    with pytest.raises(RuntimeError, match="no key .* starts with prefix 'neck.'"):
         build(teacher_ckpt=str(tmp_path / 'wrong.pth'), teacher_ckpt_prefix='neck')
 
 

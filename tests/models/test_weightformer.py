@@ -17,14 +17,11 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.nn.modules.batchnorm import _BatchNorm
 
-from backbone_checks import (assert_pretrained_none_keeps_init, assert_with_cp_equivalent,
-                             freeze_and_train)
 import mmeffattn  # noqa: F401  (registers the models)
-from mmeffattn.models.backbones import weightformer as wf_mod
 from mmeffattn.models.backbones.weightformer import (DynamicDWConv, DynamicLinear, WeightFormer,
                                                      checkpoint_filter_weightformer,
+                                                     checkpoint_filter_weightformer_official,
                                                      convert_weightformer)
 from mmeffattn.models.layers import ViTPyramid
 from mmeffattn.registry import MODELS
@@ -33,19 +30,12 @@ ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 sys.path.insert(0, osp.join(ROOT, 'tools', 'model_converters'))
 import weightformer_official as converter_cli  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures('one_thread')
+
 ARCHS = {'tiny': (192, 17), 'small': (384, 17), 'base': (384, 17)}  # cfg/wfm_{t,s,b}.yaml
 # A reduced arch for mechanism tests: dynamic blocks 1 and 4, as the real rule gives.
 MINI = dict(embed_dims=32, depth=5)
 OUT_TYPES = ['featmap', 'avgpool', 'pyramid']
-
-
-@pytest.fixture(scope='module', autouse=True)
-def one_thread():
-    """Small inputs gain nothing from intra-op threads on a shared 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(autouse=True)
@@ -66,10 +56,6 @@ def tiny_models():
 
 def n_params(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
-
-
-def check_norm_state(modules, train_state: bool) -> bool:
-    return all(m.training == train_state for m in modules if isinstance(m, _BatchNorm))
 
 
 # ------------------------------------------------------------------------------- oracles
@@ -349,21 +335,6 @@ def test_pyramid_from_one_block():
     assert [tuple(o.shape[-2:]) for o in outs] == [(16, 20), (8, 10), (4, 5), (2, 3)]
 
 
-def test_bf16_autocast_finite(tiny_models):
-    for out_type, model in tiny_models.items():
-        with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16):
-            outs = model(torch.randn(1, 3, 72, 88))
-        assert all(torch.isfinite(o.float()).all() for o in outs), out_type
-
-
-@pytest.mark.parametrize('shape,msg', [((3, 64, 64), r'\[B, 3, H, W\].*\(3, 64, 64\)'),
-                                       ((1, 1, 64, 64), r'\[B, 3, H, W\].*\(1, 1, 64, 64\)'),
-                                       ((1, 3, 1, 64, 64), r'\[B, 3, H, W\]')])
-def test_bad_input_raises(tiny_models, shape, msg):
-    with pytest.raises(ValueError, match=msg):
-        tiny_models['featmap'](torch.randn(*shape))
-
-
 def test_dynamic_linear_non_square_grid():
     """Row-major pooling of an H x W grid (odd side floored), then the official formula."""
     torch.manual_seed(0)
@@ -468,40 +439,6 @@ def test_vit_pyramid_levels_and_errors():
 
 
 # ------------------------------------------------------------------------------- training modes
-@pytest.mark.parametrize('frozen_stages', [0, 2, 5])
-def test_frozen_stages(frozen_stages):
-    torch.manual_seed(0)
-    model = WeightFormer(arch=MINI, out_type='featmap', frozen_stages=frozen_stages)
-    model.train()
-    frozen = [model.patch_embed] + [model.blocks[i] for i in range(frozen_stages)] + \
-        [getattr(model, f'norm{i}') for i in model.out_indices if i < frozen_stages]
-    trainable = [model.blocks[i] for i in range(frozen_stages, 5)] + \
-        [getattr(model, f'norm{i}') for i in model.out_indices if i >= frozen_stages]
-    before, after = freeze_and_train(model, frozen, trainable, torch.randn(2, 3, 48, 32))
-    prefixes = ('patch_embed.', ) + tuple(f'blocks.{i}.' for i in range(frozen_stages)) + \
-        tuple(f'norm{i}.' for i in range(frozen_stages))
-    for k, v in before.items():
-        assert torch.equal(v, after[k]) == k.startswith(prefixes), k
-
-
-def test_norm_eval_with_bn_pyramid():
-    model = WeightFormer(arch=MINI, pyramid_cfg=dict(norm_cfg=dict(type='BN')), norm_eval=True)
-    model.train()
-    assert any(isinstance(m, _BatchNorm) for m in model.pyramid.modules())
-    assert check_norm_state(model.modules(), False)
-    assert model.blocks[1].norm1.training and model.training  # LayerNorms are untouched
-    model = WeightFormer(arch=MINI, pyramid_cfg=dict(norm_cfg=dict(type='BN')))
-    model.train()
-    assert check_norm_state(model.modules(), True)
-
-
-def test_with_cp_same_outputs_and_grads(monkeypatch):
-    torch.manual_seed(0)
-    ref = WeightFormer(arch='tiny', out_type='featmap', out_indices=(4, 16)).train()
-    cp_model = WeightFormer(arch='tiny', out_type='featmap', out_indices=(4, 16),
-                            with_cp=True).train()
-    cp_model.load_state_dict(ref.state_dict())
-    assert_with_cp_equivalent(ref, cp_model, wf_mod, torch.randn(2, 3, 48, 32), 17, monkeypatch)
 
 
 # ------------------------------------------------------------------------------- converter
@@ -517,7 +454,7 @@ def test_converted_classifier_matches_official_oracle(official_tiny, size):
     32 and 64 give 2x2 and 4x4 grids; 48 a 3x3 grid whose last row/column the 2x2 pooling drops.
     """
     clf = build_classifier('tiny').eval()
-    converted = convert_weightformer({'model': official_tiny, 'epoch': 299})
+    converted = checkpoint_filter_weightformer_official({'model': official_tiny, 'epoch': 299})
     clf.load_state_dict(converted, strict=True)
     torch.manual_seed(size)
     x = torch.randn(2, 3, size, size)
@@ -544,16 +481,16 @@ def test_oracle_sees_the_dynamic_terms(official_tiny):
 def test_convert_is_pure_and_strict(official_tiny):
     sd = {'module.' + k: v for k, v in official_tiny.items()}
     orig = dict(sd)
-    out = convert_weightformer(sd)
+    out = checkpoint_filter_weightformer_official(sd)
     assert sd == orig
     assert out['backbone.norm16.weight'] is orig['module.norm.weight']
     assert torch.equal(out['backbone.blocks.1.mlp.fc1.weight'],
                        orig['module.blocks.1.linear1.w'].t())
     assert set(k.split('.')[0] for k in out) == {'backbone', 'head'}
     with pytest.raises(ValueError, match=r"keys of no official WeightFormer module.*'pos_embed'"):
-        convert_weightformer({**official_tiny, 'pos_embed': torch.zeros(1)})
+        checkpoint_filter_weightformer_official({**official_tiny, 'pos_embed': torch.zeros(1)})
     with pytest.raises(ValueError, match='no blocks'):
-        convert_weightformer({'head.weight': torch.zeros(1)})
+        checkpoint_filter_weightformer_official({'head.weight': torch.zeros(1)})
 
 
 def test_converter_cli_reads_official_training_checkpoint(tmp_path, monkeypatch, official_tiny):
@@ -581,7 +518,7 @@ def test_converter_cli_reads_official_training_checkpoint(tmp_path, monkeypatch,
     assert set(saved) == {'state_dict', 'meta'}
     clf = build_classifier('tiny')
     load_checkpoint(clf, str(dst), map_location='cpu', strict=True)
-    for k, v in convert_weightformer(official_tiny).items():
+    for k, v in checkpoint_filter_weightformer_official(official_tiny).items():
         assert torch.equal(clf.state_dict()[k], v), k
 
 
@@ -603,7 +540,8 @@ def test_backbone_loads_official_checkpoint_for_dense_prediction(tmp_path, offic
 
 def test_backbone_loads_converted_classifier_with_prefix(tmp_path, official_tiny):
     path = tmp_path / 'cls.pth'
-    torch.save({'state_dict': convert_weightformer(official_tiny), 'meta': {}}, path)
+    torch.save({'state_dict': checkpoint_filter_weightformer_official(official_tiny),
+                'meta': {}}, path)
     model = WeightFormer(arch='tiny', out_type='avgpool',
                          init_cfg=dict(type='Pretrained', checkpoint=str(path), prefix='backbone.'))
     model.init_weights()
@@ -634,11 +572,6 @@ def test_checkpoint_filter_passes_our_keys_through():
                                                                         'norm16.bias'}
 
 
-def test_pretrained_without_checkpoint_keeps_init():
-    """Configs carry dict(type='Pretrained', checkpoint=None): it trains from scratch."""
-    assert_pretrained_none_keeps_init(WeightFormer, arch=MINI)
-
-
 def test_default_init():
     model = WeightFormer(arch=MINI)
     fc1 = model.blocks[1].mlp.fc1
@@ -666,3 +599,10 @@ def test_build_from_registries():
     clf = build_classifier(MINI)
     with torch.no_grad():
         assert clf(torch.randn(1, 3, 32, 32), mode='tensor').shape == (1, 1000)
+
+
+def test_convert_weightformer_is_a_deprecated_alias(official_tiny):
+    with pytest.deprecated_call(match='use checkpoint_filter_weightformer_official'):
+        old = convert_weightformer(official_tiny)
+    new = checkpoint_filter_weightformer_official(official_tiny)
+    assert old.keys() == new.keys() and all(torch.equal(old[k], new[k]) for k in new)

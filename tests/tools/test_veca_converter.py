@@ -1,5 +1,5 @@
 """Tests of the official VECA checkpoint converter (tools/model_converters/veca_official.py and
-:func:`mmeffattn.models.backbones.veca.convert_veca`).
+:func:`mmeffattn.models.backbones.veca.checkpoint_filter_veca_official`).
 
 The official model (alansong1322/VECA, veca/model.py) is never imported or copied here. The
 test-only oracles below are written from reading it: the list of its state-dict keys and shapes
@@ -18,23 +18,18 @@ import torch
 import torch.nn.functional as F
 
 import mmeffattn  # noqa: F401  (registers the models)
-from mmeffattn.models.backbones.veca import VECA, checkpoint_filter_veca, convert_veca
+from mmeffattn.models.backbones.veca import (VECA, checkpoint_filter_veca,
+                                             checkpoint_filter_veca_official, convert_veca)
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 sys.path.insert(0, osp.join(ROOT, 'tools', 'model_converters'))
 import veca_official as converter_cli  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures('one_thread')
+
 # veca/config.py FAMILY_PRESETS: (hidden_dim, num_layers, num_heads, mlp_ratio)
 OFFICIAL_FAMILIES = {'small': (384, 12, 6, 2.66667), 'splus': (384, 12, 6, 4.0),
                      'base': (768, 12, 12, 2.66667), 'large': (1024, 24, 16, 2.66667)}
-
-
-@pytest.fixture(scope='module', autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(autouse=True)
@@ -247,7 +242,8 @@ def test_patch_ln_variant_and_splus(tmp_path):
 def test_keys_and_shapes_of_every_family(family):
     """Converted official keys = our keys, shape for shape, for every family (meta build)."""
     official = official_shapes(family, out_dim=768)
-    converted = convert_veca({k: torch.empty(s, device='meta') for k, s in official.items()})
+    converted = checkpoint_filter_veca_official(
+        {k: torch.empty(s, device='meta') for k, s in official.items()})
     with torch.device('meta'):
         model = VECA(arch=family, out_proj_dims=768)
     ours = {k: tuple(v.shape) for k, v in model.state_dict().items()}
@@ -257,7 +253,7 @@ def test_keys_and_shapes_of_every_family(family):
 def test_convert_is_pure_and_strict(official_small):
     sd = {'module.' + k: v for k, v in official_small.items()}
     orig = dict(sd)
-    out = convert_veca(sd)
+    out = checkpoint_filter_veca_official(sd)
     assert sd == orig
     assert out['backbone.norm11.weight'] is orig['module.final_norm.weight']
     assert out['backbone.blocks.3.attn.proj.bias'] is orig['module.blocks.3.attn.out_proj.bias']
@@ -266,12 +262,12 @@ def test_convert_is_pure_and_strict(official_small):
     assert out['backbone.core_coords.7'] is orig['module.qcoord_chunks.7']
     assert all(k.startswith('backbone.') for k in out)
     with pytest.raises(ValueError, match=r"keys of no official VECA module.*'cls_token'"):
-        convert_veca({**official_small, 'cls_token': torch.zeros(1)})
+        checkpoint_filter_veca_official({**official_small, 'cls_token': torch.zeros(1)})
     with pytest.raises(ValueError, match='Not an official VECA state dict'):
-        convert_veca({'blocks.0.fc1.weight': torch.zeros(1)})
+        checkpoint_filter_veca_official({'blocks.0.fc1.weight': torch.zeros(1)})
     bad = dict(official_small, pos_alpha=torch.zeros(5))
     with pytest.raises(ValueError, match='pos_alpha has 5 entries for 12 blocks'):
-        convert_veca(bad)
+        checkpoint_filter_veca_official(bad)
 
 
 def official_training_checkpoint(sd: dict, family: str, out_dim: Optional[int]) -> dict:
@@ -305,7 +301,7 @@ def test_converter_cli_reads_official_training_checkpoint(tmp_path, official_sma
     model = VECA(**{k: v for k, v in meta['backbone'].items() if k != 'type'})
     load_checkpoint(model, str(dst), map_location='cpu', strict=True, revise_keys=[
         (r'^backbone\.', '')])
-    for k, v in convert_veca(official_small).items():
+    for k, v in checkpoint_filter_veca_official(official_small).items():
         assert torch.equal(model.state_dict()[k[len('backbone.'):]], v), k
 
     dense = VECA(arch='small', out_type='featmap',
@@ -342,7 +338,7 @@ def test_cli_custom_family_needs_heads(tmp_path):
                                    'pos_linears.10.'))}
     shrunk['pos_alpha'] = sd['pos_alpha'][:9]
     with pytest.raises(ValueError, match=r'pos_linears.*0 \.\. 8 \(10 blocks\)'):
-        convert_veca({**shrunk, 'pos_linears.9.weight': torch.zeros(2, 384)})
+        checkpoint_filter_veca_official({**shrunk, 'pos_linears.9.weight': torch.zeros(2, 384)})
     torch.save({'student': shrunk}, src)
     with pytest.raises(ValueError, match='no num_heads in the checkpoint config'):
         converter_cli.main([str(src), str(dst)])
@@ -355,3 +351,10 @@ def test_cli_custom_family_needs_heads(tmp_path):
                            for k, v in torch.load(dst)['state_dict'].items()}, strict=True)
     with pytest.raises(FileNotFoundError, match='no checkpoint'):
         converter_cli.main([str(tmp_path / 'absent.pt'), str(dst)])
+
+
+def test_convert_veca_is_a_deprecated_alias(official_small):
+    with pytest.deprecated_call(match='use checkpoint_filter_veca_official'):
+        old = convert_veca(official_small)
+    new = checkpoint_filter_veca_official(official_small)
+    assert old.keys() == new.keys() and all(torch.equal(old[k], new[k]) for k in new)

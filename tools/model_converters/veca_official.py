@@ -25,7 +25,8 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))  # converter_cli
 
 
-from converter_cli import check_loads, load_official, parse_converter_args, save_converted  # noqa: E402,E501
+from converter_cli import (check_loads, load_official, parse_converter_args,  # noqa: E402
+                           save_converted)
 
 import torch  # noqa: E402
 

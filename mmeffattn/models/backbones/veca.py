@@ -37,7 +37,8 @@ switches. The attention itself runs in :func:`mmeffattn.ops.core_periphery_atten
 
 Parameter names (``patch_embed.proj``, ``core_tokens.{c}``, ``core_coords.{c}``,
 ``blocks.{i}.norm1/attn.{q,k,v,proj}/norm2/ffn.{fc1,fc2}``, ``blocks.{i}.coord_head.{fc,alpha}``,
-``norm{i}``) differ from the official ones; :func:`checkpoint_filter_veca_official` at the end of this file maps
+``norm{i}``) differ from the official ones; :func:`checkpoint_filter_veca_official` at the end of
+this file maps
 official checkpoints and ``tools/model_converters/veca_official.py`` is its command line.
 """
 import math
@@ -746,7 +747,8 @@ def checkpoint_filter_veca_official(
         else:
             unknown.append(k)
     if unknown:
-        raise ValueError(f'checkpoint_filter_veca_official: {len(unknown)} keys of no official VECA module: '
+        raise ValueError(f'checkpoint_filter_veca_official: {len(unknown)} keys of no official '
+                         f'VECA module: '
                          f'{clip_keys(unknown)}')
     return out
 
@@ -759,7 +761,8 @@ def checkpoint_filter_veca(state_dict: Dict[str, torch.Tensor]) -> Dict[str, tor
 
     An official checkpoint (``veca/model.py`` names, possibly a whole training checkpoint with
     the weights under ``student``) goes through :func:`checkpoint_filter_veca_official`. Any
-    other state dict is unwrapped and loses a DDP ``module.`` prefix. Pure: the input is not modified.
+    other state dict is unwrapped and loses a DDP ``module.`` prefix. Pure: the input is not
+    modified.
     """
     state_dict = unwrap_official(state_dict)
     if is_official_state_dict(state_dict):

@@ -29,7 +29,8 @@ any blocks (``out_indices``) as token maps, pooled vectors or a stride 4/8/16/32
 
 Parameter names (``patch_embed.proj``, ``patch_embed.norm``, ``blocks.{i}.norm1/dwc/norm2``,
 ``blocks.{i}.mlp.fc1/fc2``, ``norm{i}``) differ from the official ones; the checkpoint filter
-:func:`checkpoint_filter_weightformer_official` at the end of this file maps official checkpoints, and
+:func:`checkpoint_filter_weightformer_official` at the end of this file maps official
+checkpoints, and
 ``tools/model_converters/weightformer_official.py`` is its command line.
 """
 import re
@@ -298,7 +299,8 @@ class WeightFormer(BaseBackbone):
     - ``'avgpool'``: one ``[B, C]`` token mean per index. With ``out_indices=(-1, )`` (the
       default for this type) it is exactly the official head input (final norm, then mean), so an
       mmpretrain ``ImageClassifier`` with ``neck=None`` and ``LinearClsHead(in_channels=C)``
-      reproduces the official classifier (:func:`checkpoint_filter_weightformer_official` maps its weights).
+      reproduces the official classifier (:func:`checkpoint_filter_weightformer_official` maps
+      its weights).
     - ``'pyramid'`` (default, for mmdet/mmseg): the maps go through a
       :class:`~mmeffattn.models.layers.ViTPyramid` (``pyramid``), giving 4 maps of ``C`` channels
       at strides 4, 8, 16, 32: ``[4h, 4w]``, ``[2h, 2w]``, ``[h, w]``, ``[ceil(h/2), ceil(w/2)]``
@@ -544,7 +546,8 @@ def checkpoint_filter_weightformer_official(
         else:
             unknown.append(k)
     if unknown:
-        raise ValueError(f'checkpoint_filter_weightformer_official: {len(unknown)} keys of no official WeightFormer '
+        raise ValueError(f'checkpoint_filter_weightformer_official: {len(unknown)} keys of no '
+                         f'official WeightFormer '
                          f'module: {clip_keys(unknown)}')
     return out
 
