@@ -55,7 +55,7 @@ from mmeffattn.registry import MODELS
 from ..layers import DropPath
 from ..layers.tokens import map_to_tokens, tokens_to_map
 from ..layers.vit_pyramid import build_vit_pyramid
-from ..utils import (clip_keys, deprecated_alias, init_linear_and_norm, parse_out_indices,
+from ..utils import (clip_keys, deprecated_alias, init_linear_and_norm,
                      strip_key_prefix, strip_module_prefix, unwrap_state_dict)
 from .base import BaseBackbone, HWShape, drop_path_rates, run_block
 
