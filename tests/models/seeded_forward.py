@@ -51,7 +51,7 @@ def fill_by_name(model: nn.Module) -> None:
         if not t.is_floating_point():
             continue  # e.g. BatchNorm's num_batches_tracked
         gen = torch.Generator().manual_seed(zlib.crc32(name.encode()))
-        r = torch.randn(t.shape, generator=gen, dtype=torch.float64)
+        r = torch.randn(t.shape, generator=gen)
         if name.endswith('running_var'):
             v = 0.5 + r.abs()
         elif t.dim() <= 1 and name.endswith('weight'):
@@ -60,7 +60,7 @@ def fill_by_name(model: nn.Module) -> None:
             v = 0.02 * r  # biases, means, scalars
         else:
             v = r / math.sqrt(max(t[0].numel(), 1))  # fan-in scaled
-        t.copy_(v.to(t.dtype))
+        t.copy_(v)
 
 
 def seeded_input() -> torch.Tensor:

@@ -128,7 +128,7 @@ def test_drop_path_linear_rule():
 
 
 # ------------------------------------------------------------------------------- forward
-@pytest.mark.parametrize('hw', [(224, 224), (231, 257), (64, 64), (33, 47)],
+@pytest.mark.parametrize('hw', [(224, 224), (33, 47)],
                          ids=lambda s: f'{s[0]}x{s[1]}')
 def test_output_shapes(tiny_eval, hw):
     model = tiny_eval

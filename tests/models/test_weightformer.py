@@ -606,3 +606,11 @@ def test_convert_weightformer_is_a_deprecated_alias(official_tiny):
         old = convert_weightformer(official_tiny)
     new = checkpoint_filter_weightformer_official(official_tiny)
     assert old.keys() == new.keys() and all(torch.equal(old[k], new[k]) for k in new)
+
+
+def test_attn_backend_reaches_the_dynamic_ops():
+    model = WeightFormer(arch=MINI, attn_backend='reference')
+    dynamic = [m for m in model.modules() if isinstance(m, (DynamicLinear, DynamicDWConv))]
+    assert dynamic and all(m.backend == 'reference' for m in dynamic)
+    assert all(m.backend is None for m in WeightFormer(arch=MINI).modules()
+               if isinstance(m, (DynamicLinear, DynamicDWConv)))
