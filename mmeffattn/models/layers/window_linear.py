@@ -11,7 +11,8 @@ PyTorch reference:
 - the kernel of MLLA/MILA's linear attention (``LinearAttention`` in ``backbones/sema.py``):
   ``phi = ELU + 1``, normalized per query, in MLLA's mean form::
 
-      out_i = phi(q_i) [mean_{j in w(i)} phi(k_j)^T v_j] / (phi(q_i) . mean_{j in w(i)} phi(k_j) + eps)
+      out_i = phi(q_i) [mean_{j in w(i)} phi(k_j)^T v_j]
+              / (phi(q_i) . mean_{j in w(i)} phi(k_j) + eps)
 
   with ``w(i)`` the window of token ``i`` and the means over its real tokens. (MLLA's RoPE is not
   applied: SEMA's positional information comes from the block's convolutions, as for the softmax
