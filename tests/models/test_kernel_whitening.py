@@ -113,3 +113,27 @@ def test_bad_inputs_raise_clear_errors():
     # per-head statistics accept any landmark count
     out = KernelWhitening(3, None)(torch.randn(2, 3, 7, 6))
     assert out.shape == (2, 3, 7, 6)
+
+
+def test_whitened_nystrom_product_matches_the_derivation_fp64():
+    """docs/design/laplacian_whitening.md: Out = [(K(Q,L) - 1 mu^T) D + 1 beta^T] W^-1 K(L,K) V / N,
+    here with the CG solve of W X = K(L, K) V."""
+    from mmeffattn.models.layers.linear_solve import conjugate_gradient_solve
+    g = torch.Generator().manual_seed(4)
+    B, H, N, M, D, eps = 2, 2, 30, 6, 4, 0.01
+    q = torch.randn(B, H, N, D, generator=g, dtype=torch.float64)
+    landmarks = q.reshape(B, H, M, N // M, D).mean(3)  # pooled queries, as the backbone's
+    k_ql = laplacian_similarities(q, landmarks, lam=4.)  # [B, H, N, M]; keys = queries
+    k_ll = laplacian_similarities(landmarks, landmarks, lam=4.)
+    v = torch.randn(B, H, N, 3, generator=g, dtype=torch.float64)
+    wh = KernelWhitening(H, M).double().train()
+    with torch.no_grad():
+        wh.bias.copy_(torch.randn(H, M, generator=g, dtype=torch.float64))
+    x = conjugate_gradient_solve(k_ll, k_ql.transpose(-2, -1) @ v, eps, iters=50, tol=1e-13)
+    out = wh(k_ql) @ x / N
+    mu = k_ql.mean(dim=(0, 2), keepdim=True)
+    d = 1 / torch.sqrt(k_ql.var(dim=(0, 2), unbiased=False, keepdim=True) + wh.eps)
+    core = torch.linalg.inv(k_ll + eps * torch.eye(M, dtype=torch.float64))
+    ref = ((k_ql - mu) * d + wh.bias.detach()[None, :, None]) @ core \
+        @ k_ql.transpose(-2, -1) @ v / N
+    torch.testing.assert_close(out, ref, rtol=1e-8, atol=1e-10)

@@ -92,3 +92,22 @@ def test_sweep_end_to_end_on_imagenet_sample(tmp_path, shared_data):
     for size in (64, 96):
         logs = list((work / f'size_{size}').rglob('*.log'))
         assert logs and any(f'crop_size={size}' in p.read_text() for p in logs), logs
+
+
+FAMILY_CONFIGS = [  # one test pipeline per family and downstream library
+    'configs/mila/mila-t_8xb128_in1k.py',
+    'configs/veca/veca-s_8xb128_in1k.py',
+    'configs/laplacianformer/laplacianformer-t_8xb128_in1k.py',
+    'configs/laplacianformer/laplacianformer-t_upernet_8xb2-160k_ade20k-512x512.py',
+    'configs/weightformer/retinanet_weightformer-t_fpn_1x_coco.py',
+    'configs/veca/veca-s_upernet_8xb2-80k_pascal-context-59-480x480.py',
+]
+
+
+@pytest.mark.parametrize('config', FAMILY_CONFIGS, ids=[osp.basename(c) for c in FAMILY_CONFIGS])
+def test_every_family_gets_size_overrides(config):
+    pipeline = _pipeline(config)
+    o = size_overrides(pipeline, 1024)
+    assert o and all(k.startswith(KEY) for k in o)
+    sizes = [min(v) if isinstance(v, list) else v for v in o.values()]
+    assert min(sizes) == 1024  # the crop or the short side is the requested size
