@@ -1,0 +1,126 @@
+"""LaplacianFormer's injective feature map on the kernel-similarity vectors.
+
+Paper: LaplacianFormer: Rethinking Linear Attention with Laplacian Kernel (Feng et al.), ICLR
+2026, arXiv 2604.20368. The map whitens each query's vector of kernel similarities,
+
+    z_i = Sigma^{-1/2} (s_i - mu) + beta,    s_i = [k(q_i, l_m)]_{m=1..M},
+
+with ``mu`` and a *diagonal* ``Sigma`` estimated per dimension from the batch (like BatchNorm
+without a scale), and a learned bias ``beta``. In the Nystrom product ``Z pinv(K(L, L)) K(L, K) V``
+the whitened vectors replace the query-side factor ``K(Q, L)`` only; see
+``docs/design/laplacian_whitening.md`` for the derivation and why the map is injective (an affine
+map with a positive diagonal, hence invertible, linear part).
+
+The dimension ``m`` of ``s_i`` is a landmark slot: the ``m``-th pooled cell of the token grid. Its
+running statistics only mean something while the number of slots ``M`` is the same in training
+and evaluation, so :class:`KernelWhitening` offers two granularities:
+
+- ``num_landmarks=M``: per head and per landmark slot (the paper's per-dimension statistics);
+  every input must have exactly ``M`` slots;
+- ``num_landmarks=None``: per head, pooled over the slots too; any ``M`` works (inputs whose
+  landmark count changes with the image size, e.g. detection).
+"""
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+__all__ = ['KernelWhitening']
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float32 for 16-bit floats (statistics of sums over many tokens), else ``dtype``."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+class KernelWhitening(nn.Module):
+    """Diagonal whitening of kernel-similarity vectors ``s [B, heads, N, M] -> z [B, heads, N, M]``.
+
+    ``z = (s - mean) / sqrt(var + eps) + bias``. In training, ``mean`` and ``var`` (biased, as
+    BatchNorm normalizes) are taken over the batch and the tokens (and the slots when
+    ``num_landmarks`` is None), and the running estimates are updated with ``momentum`` (the
+    unbiased variance, as BatchNorm); in eval, the running estimates are used. Statistics and
+    output are float32 for 16-bit inputs (the Nystrom core runs in float32 anyway).
+
+    A module of its own rather than a ``_BatchNorm`` subclass, so that
+    ``SyncBatchNorm.convert_sync_batchnorm`` and ``norm_eval`` loops keyed on ``_BatchNorm`` do not
+    touch it silently: the backbone decides (as it does for ``DiagonalWhitening``).
+
+    Args:
+        num_heads: attention heads (statistics are never shared across heads).
+        num_landmarks: landmark slots ``M`` for per-slot statistics, or None for per-head ones.
+        momentum: weight of the batch statistics in the running estimates.
+        eps: added to the variance (keeps ``Sigma^{-1/2}`` finite and the map invertible).
+    """
+
+    def __init__(self, num_heads: int, num_landmarks: Optional[int] = None,
+                 momentum: float = 0.1, eps: float = 1e-5) -> None:
+        super().__init__()
+        if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
+            raise ValueError(f'num_heads must be an int >= 1, got {num_heads!r}')
+        if num_landmarks is not None and (isinstance(num_landmarks, bool) or not isinstance(
+                num_landmarks, int) or num_landmarks < 1):
+            raise ValueError(f'num_landmarks must be None (per-head statistics) or an int >= 1 '
+                             f'(per-slot statistics), got {num_landmarks!r}')
+        if not 0. <= momentum <= 1.:
+            raise ValueError(f'momentum must be in [0, 1], got {momentum!r}')
+        if not eps > 0.:
+            raise ValueError(f'eps must be > 0 (it keeps the whitening invertible), got {eps!r}')
+        self.num_heads = num_heads
+        self.num_landmarks = num_landmarks
+        self.momentum = momentum
+        self.eps = eps
+        width = 1 if num_landmarks is None else num_landmarks
+        self.bias = nn.Parameter(torch.zeros(num_heads, width))
+        self.register_buffer('running_mean', torch.zeros(num_heads, width))
+        self.register_buffer('running_var', torch.ones(num_heads, width))
+
+    def _check(self, s: torch.Tensor) -> None:
+        if s.dim() != 4 or s.shape[1] != self.num_heads:
+            raise ValueError(f'{self.__class__.__name__} expects kernel similarities '
+                             f'[B, {self.num_heads}, N, M], got shape {tuple(s.shape)}')
+        if not s.is_floating_point():
+            raise ValueError(f'{self.__class__.__name__} expects a floating point input, got '
+                             f'{s.dtype}')
+        if self.num_landmarks is not None and s.shape[-1] != self.num_landmarks:
+            raise ValueError(
+                f'{self.__class__.__name__} has per-slot statistics for {self.num_landmarks} '
+                f'landmarks but got {s.shape[-1]}; keep the landmark count fixed (e.g. a fixed '
+                f'landmark grid) or build it with num_landmarks=None (per-head statistics)')
+
+    def forward(self, s: torch.Tensor, update_stats: bool = True) -> torch.Tensor:
+        """Args:
+            s: ``[B, heads, N, M]`` kernel similarities of every query to every landmark.
+            update_stats: update the running estimates (training only). A gradient-checkpoint
+                recomputation passes False so that a batch is counted once.
+
+        Returns:
+            ``[B, heads, N, M]``, float32 for 16-bit inputs, else ``s.dtype``.
+        """
+        self._check(s)
+        B, nh, N, M = s.shape
+        x = s.to(_compute_dtype(s.dtype))
+        per_slot = self.num_landmarks is not None
+        # channels of the batch norm: (head, slot) or head; samples: everything else
+        if per_slot:
+            flat = x.permute(0, 2, 1, 3).reshape(B * N, nh * M)  # [B*N, nh*M]
+        else:
+            flat = x.permute(0, 2, 3, 1).reshape(B * N * M, nh)  # [B*N*M, nh]
+        if self.training and flat.shape[0] < 2:
+            raise ValueError(f'{self.__class__.__name__} needs at least 2 samples per statistic '
+                             f'in training to estimate a variance, got {flat.shape[0]}; use a '
+                             f'larger input or batch, or eval mode (running statistics)')
+        mean, var = self.running_mean.view(-1), self.running_var.view(-1)
+        if self.training and not update_stats:
+            # throw-away copies: F.batch_norm updates the buffers it is given in place
+            mean, var = mean.clone(), var.clone()
+        z = F.batch_norm(flat, mean, var, None, self.bias.view(-1).to(flat.dtype), self.training,
+                         self.momentum, self.eps)
+        if per_slot:
+            return z.reshape(B, N, nh, M).permute(0, 2, 1, 3)
+        return z.reshape(B, N, M, nh).permute(0, 3, 1, 2)
+
+    def extra_repr(self) -> str:
+        return (f'num_heads={self.num_heads}, num_landmarks={self.num_landmarks}, '
+                f'momentum={self.momentum}, eps={self.eps}')

@@ -1,0 +1,164 @@
+"""Conjugate-gradient solve of ``(A + eps I) X = B``: LaplacianFormer's solver ablation.
+
+LaplacianFormer (arXiv 2604.20368) inverts the landmark kernel matrix with Newton-Schulz
+iterations (:func:`mmeffattn.ops.newton_schulz_pinv`, ``(A + eps I)^{-1}``) and compares that with
+a conjugate-gradient solve. CG never forms the inverse: in the Nystrom product
+``K(Q, L) (A + eps I)^{-1} [K(L, K) V]`` it solves against the ``M x Dv`` right-hand side
+``R = K(L, K) V`` directly.
+
+What ``A`` is, and why CG applies: ``A = K(L, L)`` is the kernel matrix of the ``M`` landmarks,
+``A_mn = exp(-||l_m - l_n||_1 / lam)``. It is symmetric, and positive definite when the landmarks
+are distinct: the Laplacian kernel's Fourier transform (a product of Cauchy densities) is
+positive everywhere, so by Bochner's theorem every Gram matrix of distinct points is positive
+definite. Coinciding landmarks (e.g. constant regions) make it only semi-definite; ``eps > 0``
+restores strict definiteness, which is also what the Newton-Schulz path regularizes with.
+CG requires a symmetric positive definite system; this module does not check that (it would
+cost a factorization): a non-symmetric or indefinite ``A`` gives a meaningless result.
+
+Reference implementation in PyTorch (no Triton): the landmark systems are small (``M <= 128``).
+"""
+from typing import Tuple
+
+import torch
+
+__all__ = ['conjugate_gradient_solve', 'cg_iterations']
+
+BACKWARDS = ('implicit', 'unrolled')
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float32 for 16-bit floats (CG's recurrences lose orthogonality fast in half precision)."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def _cg(a: torch.Tensor, b: torch.Tensor, eps: float, iters: int, tol: float
+        ) -> Tuple[torch.Tensor, int]:
+    """Batched CG on ``(a + eps I) x = b``, one independent recurrence per right-hand side
+    column; differentiable by autograd (the unrolled iterations).
+
+    Args:
+        a: ``[..., M, M]`` symmetric positive (semi-)definite.
+        b: ``[..., M, K]``.
+
+    Returns:
+        ``x [..., M, K]`` and the number of iterations run (``<= iters``; fewer when every
+        column's residual norm is ``<= tol * ||b||``).
+    """
+    def matvec(p: torch.Tensor) -> torch.Tensor:
+        return a @ p + eps * p
+
+    x = torch.zeros_like(b)
+    r = b.clone()  # residual b - (A + eps I) x for x = 0
+    p = r.clone()
+    rs = (r * r).sum(dim=-2, keepdim=True)  # [..., 1, K]
+    # a zero right-hand side column is solved by x = 0: its threshold 0 is met at once
+    threshold = (tol ** 2) * rs.detach()
+    tiny = torch.finfo(b.dtype).tiny
+    done = 0
+    for done in range(1, iters + 1):
+        ap = matvec(p)
+        pap = (p * ap).sum(dim=-2, keepdim=True)
+        # converged columns have p = 0; keep their step 0 instead of 0 / 0
+        alpha = rs / pap.clamp_min(tiny)
+        x = x + alpha * p
+        r = r - alpha * ap
+        rs_new = (r * r).sum(dim=-2, keepdim=True)
+        if bool((rs_new.detach() <= threshold).all()):
+            break
+        beta = rs_new / rs.clamp_min(tiny)
+        p = r + beta * p
+        rs = rs_new
+    return x, done
+
+
+def _validate(a: torch.Tensor, b: torch.Tensor, eps: float, iters: int, tol: float,
+              backward: str) -> None:
+    """Raise ValueError naming the problem and the fix."""
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        raise ValueError('conjugate_gradient_solve: a and b must be torch.Tensors')
+    if a.dim() < 2 or a.shape[-1] != a.shape[-2]:
+        raise ValueError(f'conjugate_gradient_solve: a must be [..., M, M] (square matrices), '
+                         f'got shape {tuple(a.shape)}')
+    if b.dim() != a.dim() or b.shape[:-2] != a.shape[:-2] or b.shape[-2] != a.shape[-1]:
+        raise ValueError(f'conjugate_gradient_solve: b must be [..., M, K] with the leading dims '
+                         f'and M of a {tuple(a.shape)}, got {tuple(b.shape)}; for one '
+                         f'right-hand side vector use b[..., None]')
+    if not (a.is_floating_point() and b.is_floating_point()):
+        raise ValueError(f'conjugate_gradient_solve: a and b must be floating point, got '
+                         f'{a.dtype} and {b.dtype}')
+    if isinstance(iters, bool) or not isinstance(iters, int) or iters < 1:
+        raise ValueError(f'conjugate_gradient_solve: iters must be an int >= 1, got {iters!r}')
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
+        raise ValueError(f'conjugate_gradient_solve: eps must be a number >= 0, got {eps!r}')
+    if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not tol >= 0:
+        raise ValueError(f'conjugate_gradient_solve: tol must be a number >= 0, got {tol!r}')
+    if backward not in BACKWARDS:
+        raise ValueError(f'conjugate_gradient_solve: backward must be one of {BACKWARDS}, '
+                         f'got {backward!r}')
+
+
+class _ImplicitCG(torch.autograd.Function):
+    """Forward: CG. Backward: the implicit-function gradient of ``X = (A + eps I)^{-1} B`` with one
+    more CG solve (``A`` symmetric): ``dB = (A + eps I)^{-1} dX``, ``dA = -dB X^T``."""
+
+    @staticmethod
+    def forward(ctx, a, b, eps, iters, tol):
+        with torch.no_grad():
+            x, _ = _cg(a, b, eps, iters, tol)
+        ctx.save_for_backward(a, x)
+        ctx.eps, ctx.iters, ctx.tol = eps, iters, tol
+        return x
+
+    @staticmethod
+    def backward(ctx, grad_x):
+        a, x = ctx.saved_tensors
+        with torch.no_grad():
+            grad_b, _ = _cg(a, grad_x, ctx.eps, ctx.iters, ctx.tol)
+        grad_a = -grad_b @ x.transpose(-2, -1) if ctx.needs_input_grad[0] else None
+        return grad_a, grad_b, None, None, None
+
+
+def conjugate_gradient_solve(a: torch.Tensor, b: torch.Tensor, eps: float = 0., *,
+                             iters: int = 20, tol: float = 1e-6,
+                             backward: str = 'implicit') -> torch.Tensor:
+    """Solve ``(a + eps I) x = b`` by conjugate gradients, batched over the leading dims.
+
+    Runs at most ``iters`` iterations from ``x = 0`` and stops early once every right-hand side
+    column's residual ``||b - (a + eps I) x||`` is at most ``tol * ||b||``. In exact arithmetic CG
+    solves an ``M x M`` system in ``M`` iterations; it needs about ``sqrt(cond) * log(2 / tol)``.
+
+    Args:
+        a: ``[..., M, M]``, symmetric positive definite (or semi-definite with ``eps > 0``);
+            for LaplacianFormer the landmark kernel matrix ``K(L, L)``. Not checked.
+        b: ``[..., M, K]`` right-hand sides (leading dims equal to a's); for LaplacianFormer
+            ``K(L, K) V``.
+        eps: ridge added to the diagonal of ``a`` (``>= 0``), as in ``newton_schulz_pinv``.
+        iters: maximum iterations (``>= 1``).
+        tol: relative residual at which to stop early (``>= 0``; 0 runs all ``iters``).
+        backward: ``'implicit'`` (default): the gradient of the exact solution, one more CG
+            solve in backward and no graph through the iterations (memory independent of
+            ``iters``; assumes ``a`` symmetric). ``'unrolled'``: autograd through the iterations,
+            the exact derivative of the returned iterate even when it has not converged.
+
+    Returns:
+        ``x [..., M, K]`` in b's dtype (computed in float32 for 16-bit inputs).
+    """
+    _validate(a, b, eps, iters, tol, backward)
+    dtype = _compute_dtype(torch.promote_types(a.dtype, b.dtype))
+    a_c, b_c = a.to(dtype), b.to(dtype)
+    if backward == 'unrolled':
+        x, _ = _cg(a_c, b_c, float(eps), iters, float(tol))
+    else:
+        x = _ImplicitCG.apply(a_c, b_c, float(eps), iters, float(tol))
+    return x.to(b.dtype)
+
+
+def cg_iterations(a: torch.Tensor, b: torch.Tensor, eps: float = 0., iters: int = 20,
+                  tol: float = 1e-6) -> int:
+    """How many iterations :func:`conjugate_gradient_solve` runs on this system (no gradient);
+    for the solver ablation's cost column."""
+    _validate(a, b, eps, iters, tol, 'implicit')
+    with torch.no_grad():
+        dtype = _compute_dtype(torch.promote_types(a.dtype, b.dtype))
+        return _cg(a.to(dtype), b.to(dtype), float(eps), iters, float(tol))[1]
+

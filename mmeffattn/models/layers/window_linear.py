@@ -1,0 +1,129 @@
+"""Windowed linear attention: SEMA's ``A_Phi`` as linear attention inside SEMA's windows.
+
+SEMA (arXiv 2506.08297) writes its token mixer as ``A_Phi V + mean(V)``, where ``A_Phi`` is a
+localized attention; the paper's ablation compares softmax ``A_Phi`` (the default,
+:func:`mmeffattn.ops.sema_attention`) with a linear one. This is the linear one, a readable
+PyTorch reference:
+
+- the same windows as ``sema_attention``: ``window_size x window_size`` tiles from the top-left
+  corner of the ``H x W`` grid, the last row/column of windows partial; a grid side shorter than
+  the window is one window of that side. Padded positions are neither keys nor outputs.
+- the kernel of MLLA/MILA's linear attention (``LinearAttention`` in ``backbones/sema.py``):
+  ``phi = ELU + 1``, normalized per query, in MLLA's mean form::
+
+      out_i = phi(q_i) [mean_{j in w(i)} phi(k_j)^T v_j]
+              / (phi(q_i) . mean_{j in w(i)} phi(k_j) + eps)
+
+  with ``w(i)`` the window of token ``i`` and the means over its real tokens. (MLLA's RoPE is not
+  applied: SEMA's positional information comes from the block's convolutions, as for the softmax
+  ``A_Phi``.)
+- ``with_mean`` adds ``mean_j v_j`` over all N tokens, as ``sema_attention``.
+
+Cost: ``O(N D Dv)`` whatever the window size, against ``O(N window^2 D)`` for the softmax.
+"""
+from typing import Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ['window_linear_attention', 'FEATURE_MAPS']
+
+FEATURE_MAPS = ('elu', 'relu')
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float32 for 16-bit floats (sums of up to ``window^2`` products and a division)."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def _feature_map(x: torch.Tensor, kind: str) -> torch.Tensor:
+    return F.elu(x) + 1.0 if kind == 'elu' else F.relu(x)
+
+
+def _to_windows(x: torch.Tensor, hw: Tuple[int, int], win: Tuple[int, int]) -> torch.Tensor:
+    """``[B, h, N, D]`` -> ``[B, h, nW, win_h * win_w, D]``, zero padded bottom/right."""
+    B, nh, _, D = x.shape
+    (H, W), (wh, ww) = hw, win
+    ph, pw = (-H) % wh, (-W) % ww
+    x = F.pad(x.reshape(B, nh, H, W, D), (0, 0, 0, pw, 0, ph))
+    nH, nW = (H + ph) // wh, (W + pw) // ww
+    x = x.reshape(B, nh, nH, wh, nW, ww, D).permute(0, 1, 2, 4, 3, 5, 6)
+    return x.reshape(B, nh, nH * nW, wh * ww, D)
+
+
+def _from_windows(x: torch.Tensor, hw: Tuple[int, int], win: Tuple[int, int]) -> torch.Tensor:
+    """Inverse of :func:`_to_windows`, cropping the padding: -> ``[B, h, N, D]``."""
+    B, nh, _, _, D = x.shape
+    (H, W), (wh, ww) = hw, win
+    nH, nW = -(-H // wh), -(-W // ww)
+    x = x.reshape(B, nh, nH, nW, wh, ww, D).permute(0, 1, 2, 4, 3, 5, 6)
+    x = x.reshape(B, nh, nH * wh, nW * ww, D)[:, :, :H, :W]
+    return x.reshape(B, nh, H * W, D)
+
+
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: Sequence[int],
+           window_size: int, feature_map: str, eps: float) -> Tuple[int, int]:
+    name = 'window_linear_attention'
+    if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
+        raise ValueError(f'{name}: q, k, v must be torch.Tensors')
+    if q.dim() != 4 or k.shape != q.shape or v.dim() != 4 or v.shape[:3] != q.shape[:3]:
+        raise ValueError(f'{name}: expected q, k [B, heads, N, D] and v [B, heads, N, Dv] with '
+                         f'the same B, heads, N; got {tuple(q.shape)}, {tuple(k.shape)}, '
+                         f'{tuple(v.shape)} (transpose [B, N, heads, D] inputs with '
+                         f'.transpose(1, 2))')
+    if not (q.is_floating_point() and k.is_floating_point() and v.is_floating_point()):
+        raise ValueError(f'{name}: q, k, v must be floating point')
+    if len(hw) != 2 or any(isinstance(s, bool) or int(s) != s or s < 1 for s in hw):
+        raise ValueError(f'{name}: hw must be (H, W) with positive ints, got {hw!r}')
+    H, W = int(hw[0]), int(hw[1])
+    if H * W != q.shape[2]:
+        raise ValueError(f'{name}: hw {H}x{W} = {H * W} tokens, but q has N = {q.shape[2]}; '
+                         f'pass the token grid of these features')
+    if isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 1:
+        raise ValueError(f'{name}: window_size must be an int >= 1, got {window_size!r}')
+    if feature_map not in FEATURE_MAPS:
+        raise ValueError(f'{name}: feature_map must be one of {FEATURE_MAPS}, got '
+                         f'{feature_map!r}')
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
+        raise ValueError(f'{name}: eps must be a number > 0 (keeps the normalizer nonzero), '
+                         f'got {eps!r}')
+    return H, W
+
+
+def window_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                            hw: Tuple[int, int], window_size: int, *, with_mean: bool = True,
+                            feature_map: str = 'elu', eps: float = 1e-6) -> torch.Tensor:
+    """Linear attention inside SEMA's non-overlapping windows, plus the mean of all values.
+
+    Args:
+        q, k: ``[B, heads, N, D]`` before the feature map (any strides), ``N = H * W`` tokens in
+            row-major order.
+        v: ``[B, heads, N, Dv]``.
+        hw: the token grid ``(H, W)``.
+        window_size: window side (``>= 1``), tiled from the top-left as ``sema_attention``.
+        with_mean: add ``mean_j v_j`` over the N tokens to every output token (SEMA's averaging).
+        feature_map: ``'elu'`` (``ELU + 1``, MLLA's) or ``'relu'`` (a query orthogonal to every
+            key of its window then gets only the ``eps``-guarded zero).
+        eps: added to the normalizer.
+
+    Returns:
+        ``[B, heads, N, Dv]`` in v's dtype (computed in float32 for 16-bit inputs).
+    """
+    H, W = _check(q, k, v, hw, window_size, feature_map, eps)
+    win = (min(window_size, H), min(window_size, W))
+    dtype = _compute_dtype(v.dtype)
+    fq = _feature_map(q.to(dtype), feature_map)
+    fk = _feature_map(k.to(dtype), feature_map)
+    vv = v.to(dtype)
+    fq_w, fk_w, v_w = (_to_windows(t, (H, W), win) for t in (fq, fk, vv))  # [B, h, nW, L, *]
+    # real tokens of each window: padded keys must not count (phi(0) = 1 for ELU + 1)
+    valid = _to_windows(torch.ones(1, 1, H * W, 1, dtype=dtype, device=v.device), (H, W), win)
+    count = valid.sum(dim=-2, keepdim=True)  # [1, 1, nW, 1, 1], >= 1
+    fk_w = fk_w * valid
+    kv = fk_w.transpose(-2, -1) @ v_w / count  # [B, h, nW, D, Dv]
+    k_mean = fk_w.sum(dim=-2, keepdim=True) / count  # [B, h, nW, 1, D]
+    z = 1.0 / ((fq_w * k_mean).sum(dim=-1, keepdim=True) + eps)  # [B, h, nW, L, 1]
+    out = _from_windows((fq_w @ kv) * z, (H, W), win)  # [B, h, N, Dv]
+    if with_mean:
+        out = out + vv.mean(dim=2, keepdim=True)
+    return out.to(v.dtype)
