@@ -127,7 +127,11 @@ def load_model(config: str, checkpoint: Optional[str] = None,
     if cfg_options:
         cfg.merge_from_dict(cfg_options)
     model_cfg = cfg.model.copy()
-    model_cfg.pop('pretrained', None) if model_cfg.get('pretrained') is None else None
+    if model_cfg.get('pretrained', 1) is None:
+        model_cfg.pop('pretrained')
+    if cfg.get('data_preprocessor') and not model_cfg.get('data_preprocessor'):
+        # mmpretrain configs keep it at the top level; the Runner moves it into the model
+        model_cfg['data_preprocessor'] = cfg.data_preprocessor
     with DefaultScope.overwrite_default_scope(cfg.get('default_scope')):
         model = MODELS.build(model_cfg)
     if checkpoint:
@@ -214,7 +218,10 @@ def export(wrapper: ExportWrapper, shape: Sequence[int], out: str, dynamic: bool
         # the batch stays 1: a dimension exported at size 1 is specialised by torch.export
         dynamic_shapes = ({2: torch.export.Dim('height', min=MIN_SIDE, max=16384),
                            3: torch.export.Dim('width', min=MIN_SIDE, max=16384)}, )
-    with torch.no_grad():
+    from mmeffattn.analysis.flops import reference_backend
+
+    # the ops' PyTorch references: a Triton kernel (or the interpreter) cannot be exported
+    with torch.no_grad(), reference_backend():
         program = torch.onnx.export(
             wrapper, (x, ), dynamo=True, opset_version=opset, dynamic_shapes=dynamic_shapes,
             custom_translation_table=translation_table(), input_names=['image'],
@@ -271,6 +278,8 @@ def check_parity(path: str, wrapper: nn.Module, sizes: Sequence[Tuple[int, int]]
     at each size. Returns one record per size: ``size``, ``rel_err`` (over every output),
     ``shapes``, ``ort_ms``, ``torch_ms``."""
     import onnxruntime as ort
+
+    from mmeffattn.analysis.flops import reference_backend
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     session = ort.InferenceSession(path, opts, providers=['CPUExecutionProvider'])
@@ -283,7 +292,7 @@ def check_parity(path: str, wrapper: nn.Module, sizes: Sequence[Tuple[int, int]]
         got = session.run(None, {name: x.numpy()})
         ort_ms = (time.perf_counter() - t0) * 1e3
         t0 = time.perf_counter()
-        with torch.no_grad():
+        with torch.no_grad(), reference_backend():
             ref = _flatten(wrapper(x))
         torch_ms = (time.perf_counter() - t0) * 1e3
         if len(got) != len(ref):
