@@ -66,6 +66,8 @@ if __name__ == '__main__':
         package_data={'mmeffattn': ['.mim/model-index.yml', '.mim/configs/**/*.py',
                                     '.mim/configs/**/*.yml', '.mim/tools/*']},
         install_requires=['torch', 'mmengine>=0.10', 'mmcv>=2.0,<2.2'],
-        extras_require={'all': read_requirements('requirements/runtime.txt')},
+        extras_require={'all': read_requirements('requirements/runtime.txt'),
+                        # ONNX export + onnxruntime check (tools/deployment/export_onnx.py)
+                        'deploy': read_requirements('requirements/deploy.txt')},
         zip_safe=False,
     )

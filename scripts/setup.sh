@@ -41,7 +41,7 @@ stamp_key() {
   cat "$ROOT/scripts/setup.sh" "$ROOT/requirements/"*.txt "$ROOT/setup.py" | sha256sum | cut -c1-16
 }
 STAMP="$VENV/.mmeffattn-setup-$(stamp_key)"
-if [[ -f "$STAMP" ]] && "$PYTHON" -c "import mmeffattn, mmcv.ops, mmdet, mmseg, mmpretrain" 2>/dev/null; then
+if [[ -f "$STAMP" ]] && "$PYTHON" -c "import mmeffattn, mmcv.ops, mmdet, mmseg, mmpretrain, onnx, onnxruntime, onnxscript" 2>/dev/null; then
   log "already set up ($VENV)"
   exit 0
 fi
@@ -128,10 +128,10 @@ if ! mmcv_ok; then
 fi
 
 # --- 5. the OpenMMLab stack, test tools and mmeffattn itself ----------------------------------
-log "installing the OpenMMLab stack and mmeffattn"
-"${PIP[@]}" install -r requirements/runtime.txt -r requirements/tests.txt
+log "installing the OpenMMLab stack, the deploy extra (onnx, onnxruntime) and mmeffattn"
+"${PIP[@]}" install -r requirements/runtime.txt -r requirements/tests.txt -r requirements/deploy.txt
 "${PIP[@]}" install --no-deps --no-build-isolation -e .
-"$PYTHON" -c "import mmeffattn, mmcv.ops, mmdet, mmseg, mmpretrain"
+"$PYTHON" -c "import mmeffattn, mmcv.ops, mmdet, mmseg, mmpretrain, onnx, onnxruntime, onnxscript"
 
 rm -f "$VENV"/.mmeffattn-setup-*
 touch "$STAMP"

@@ -1,10 +1,20 @@
 #!/usr/bin/env python
-"""Count parameters and FLOPs of a config's model (classifier: whole model; otherwise backbone).
+"""Count parameters and FLOPs of a config's model: a classifier whole; a detector or segmentor
+whole (backbone, neck, heads) next to its backbone alone.
 
     python tools/analysis_tools/get_flops.py configs/sema/sema-t_8xb128_in1k.py --shape 224 224
+    python tools/analysis_tools/get_flops.py configs/mila/mask-rcnn_mila-t_fpn_1x_coco.py
+    python tools/analysis_tools/get_flops.py mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py
     python tools/analysis_tools/get_flops.py mmpretrain::swin_transformer/swin-tiny_16xb64_in1k.py
     python tools/analysis_tools/get_flops.py --zoo   # the benchmark models' classifiers, as a
                                                      # Markdown table beside published figures
+
+Without ``--shape`` the size is the papers': 224x224 for a classifier, 800x1280 (a "1280x800"
+image) for a detector, 512x2048 for a segmentor. A detector is counted as mmdet's own
+``get_flops.py`` counts it: ``model._forward`` in tensor mode, i.e. the RPN's proposals (up to its
+test ``max_per_img``, 1000) through the box head and the first 100 through the mask head; a
+segmentor as mmseg's: the decode head on the backbone + neck (the auxiliary head is training only,
+but its parameters are in the total).
 
 FLOPs are counted as multiply-accumulates, the convention of the papers and of mmengine's
 analyzer. The counting lives in :mod:`mmeffattn.analysis.flops`: it adds
@@ -20,22 +30,75 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 import torch  # noqa: E402
 
 
-def count(config: str, shape: Sequence[int], cfg_options: Optional[dict] = None) -> dict:
-    """``dict(what, params, flops, shape, ops)`` for the model of ``config`` at ``shape``."""
+#: the papers' input sizes (H, W) per kind of model
+PAPER_SHAPES = {'classifier': (224, 224), 'detector': (800, 1280), 'segmentor': (512, 2048)}
+
+
+def model_kind(model: torch.nn.Module) -> str:
+    """``'classifier'``, ``'detector'``, ``'segmentor'`` or ``'module'``."""
+    names = {cls.__name__ for cls in type(model).__mro__}
+    for kind, base in (('classifier', 'ImageClassifier'), ('detector', 'BaseDetector'),
+                       ('segmentor', 'BaseSegmentor')):
+        if base in names:
+            return kind
+    return 'module'
+
+
+class WholeModel(torch.nn.Module):
+    """A detector's or segmentor's tensor-mode forward (``model._forward``), as mmdet's and
+    mmseg's ``get_flops.py`` count it, on one image of ``shape`` with made-up meta data."""
+
+    def __init__(self, model: torch.nn.Module, shape: Sequence[int]) -> None:
+        super().__init__()
+        self.model, self.kind = model, model_kind(model)
+        self.samples = None
+        if self.kind == 'detector':
+            from mmdet.structures import DetDataSample
+            hw = tuple(int(s) for s in shape)
+            self.samples = [DetDataSample(metainfo=dict(
+                img_shape=hw, ori_shape=hw, pad_shape=hw, batch_input_shape=hw,
+                scale_factor=(1., 1.)))]
+
+    def forward(self, x: torch.Tensor):
+        if self.kind == 'detector':
+            return self.model._forward(x, self.samples)
+        return self.model._forward(x)  # segmentor: the decode head's logits
+
+
+def build(config: str, cfg_options: Optional[dict] = None) -> torch.nn.Module:
+    """The model of ``config`` (a path or ``pkg::path``), in eval mode with random weights."""
     from mmengine.config import Config
     from mmengine.registry import MODELS, DefaultScope
 
     import mmeffattn  # noqa: F401
-    from mmeffattn.analysis.flops import CountedForward, count_flops, count_parameters
     from mmeffattn.analysis.model_zoo import resolve_config
     cfg = Config.fromfile(resolve_config(config))
     if cfg_options:
         cfg.merge_from_dict(cfg_options)
     with DefaultScope.overwrite_default_scope(cfg.get('default_scope')):
-        model = CountedForward(MODELS.build(cfg.model)).eval()
-    result = count_flops(model, (torch.randn(1, 3, *shape), ))
-    return dict(what=model.what, params=count_parameters(model.counted), flops=result.total,
-                shape=tuple(shape), ops=result.ops)
+        return MODELS.build(cfg.model).eval()
+
+
+def count(config: str, shape: Optional[Sequence[int]] = None,
+          cfg_options: Optional[dict] = None, whole: bool = True) -> dict:
+    """``dict(what, params, flops, shape, ops)`` for the model of ``config`` at ``shape``
+    (default: the paper's size for its kind): the classifier, or the backbone of a detector or
+    segmentor; for those, with ``whole``, also ``model=dict(what, params, flops, ops)`` for the
+    whole model (backbone, neck and heads)."""
+    from mmeffattn.analysis.flops import CountedForward, count_flops, count_parameters
+    built = build(config, cfg_options)
+    kind = model_kind(built)
+    shape = tuple(shape) if shape else PAPER_SHAPES.get(kind, (224, 224))
+    model = CountedForward(built).eval()
+    x = torch.randn(1, 3, *shape)
+    result = count_flops(model, (x, ))
+    out = dict(what=model.what, kind=kind, params=count_parameters(model.counted),
+               flops=result.total, shape=shape, ops=result.ops)
+    if whole and kind in ('detector', 'segmentor'):
+        full = count_flops(WholeModel(built, shape), (x, ))
+        out['model'] = dict(what=f'whole {kind}', params=count_parameters(built),
+                            flops=full.total, ops=full.ops)
+    return out
 
 
 def zoo_table(shape: Sequence[int] = (224, 224)) -> str:
@@ -68,19 +131,25 @@ def main(argv=None) -> None:
     p.add_argument('config', nargs='?', help='a config file, or pkg::path inside a package')
     p.add_argument('--zoo', action='store_true',
                    help="count every benchmark model's classifier instead of one config")
-    p.add_argument('--shape', type=int, nargs=2, default=[224, 224], metavar=('H', 'W'))
+    p.add_argument('--shape', type=int, nargs=2, metavar=('H', 'W'),
+                   help="input size (default: the paper's: 224x224 classifier, 800x1280 "
+                   'detector, 512x2048 segmentor)')
+    p.add_argument('--backbone-only', action='store_true',
+                   help='for a detector or segmentor, count only the backbone')
     p.add_argument('--cfg-options', nargs='+', action=DictAction)
     args = p.parse_args(argv)
     if args.zoo:
-        print(zoo_table(args.shape), end='')
+        print(zoo_table(args.shape or (224, 224)), end='')
         return
     if not args.config:
         p.error('give a config, or --zoo')
-    r = count(args.config, args.shape, args.cfg_options)
-    print(f'{args.config}: {r["what"]} at {r["shape"][0]}x{r["shape"][1]}: '
-          f'{r["params"] / 1e6:.2f} M parameters, {r["flops"] / 1e9:.2f} GFLOPs (MACs)')
-    for op, macs in sorted(r['ops'].items()):
-        print(f'  of which {op}: {macs / 1e9:.3f} GMACs (analytic)')
+    r = count(args.config, args.shape, args.cfg_options, whole=not args.backbone_only)
+    rows = ([r['model']] if 'model' in r else []) + [r]
+    for row in rows:
+        print(f'{args.config}: {row["what"]} at {r["shape"][0]}x{r["shape"][1]}: '
+              f'{row["params"] / 1e6:.2f} M parameters, {row["flops"] / 1e9:.2f} GFLOPs (MACs)')
+        for op, macs in sorted(row['ops'].items()):
+            print(f'  of which {op}: {macs / 1e9:.3f} GMACs (analytic)')
 
 
 if __name__ == '__main__':

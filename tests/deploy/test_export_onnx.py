@@ -1,0 +1,134 @@
+"""tools/deployment/export_onnx.py on small models: every family exports (static), onnxruntime
+agrees with PyTorch, and the translations the tool adds (cdist, flooring //) are right.
+
+Skipped cleanly without the optional extra (`pip install -e .[deploy]`)."""
+import os.path as osp
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip('onnx', reason='the deploy extra is not installed (pip install -e .[deploy])')
+pytest.importorskip('onnxruntime', reason='the deploy extra is not installed')
+pytest.importorskip('onnxscript', reason='the deploy extra is not installed')
+
+ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+sys.path.insert(0, osp.join(ROOT, 'tools', 'deployment'))
+import export_onnx as E  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures('one_thread')
+
+# one small classifier config per family: depth 1 per stage, narrow, so an export takes seconds
+SMALL = {
+    'sema': ('configs/sema/sema-t_8xb128_in1k.py',
+             dict(arch=dict(embed_dims=16, depths=[1, 1, 1, 1], num_heads=[1, 1, 1, 1]))),
+    'mila': ('configs/mila/mila-t_8xb128_in1k.py',
+             dict(arch=dict(embed_dims=16, depths=[1, 1, 1, 1], num_heads=[1, 1, 1, 1]))),
+    'laplacianformer': ('configs/laplacianformer/laplacianformer-t_8xb128_in1k.py',
+                        dict(arch=dict(embed_dims=[16, 32, 40, 64], depths=[1, 1, 1, 1],
+                                       num_heads=[1, 1, 1, 1]))),
+    'weightformer': ('configs/weightformer/weightformer-t_8xb128_in1k.py',
+                     dict(arch=dict(embed_dims=64, depth=2))),
+    'veca': ('configs/veca/veca-s_8xb128_in1k.py',
+             dict(arch=dict(embed_dims=64, depth=2, num_heads=2))),
+}
+
+
+def small_backbone(family: str) -> torch.nn.Module:
+    from mmengine.registry import MODELS
+    config, arch = SMALL[family]
+    torch.manual_seed(0)
+    from mmengine.config import Config
+    cfg = Config.fromfile(osp.join(ROOT, config))
+    bb = dict(cfg.model.backbone, drop_path_rate=0., **arch)
+    bb.pop('init_cfg', None)
+    return MODELS.build(bb).eval()
+
+
+@pytest.mark.parametrize('family', sorted(SMALL))
+def test_every_family_exports_and_matches(family, tmp_path):
+    wrapper = E.ExportWrapper(small_backbone(family)).eval()
+    out = E.export(wrapper, (64, 96), str(tmp_path / f'{family}.onnx'))
+    assert E.input_dims(out) == [1, 3, 64, 96]
+    (rec, ) = E.check_parity(out, wrapper, E.check_sizes((64, 96), dynamic=False))
+    assert rec['size'] == (64, 96) and rec['rel_err'] <= 1e-4, rec
+
+
+def test_laplacianformer_dynamic_at_odd_sizes(tmp_path):
+    """The two causes of LaplacianFormer's failures: ``aten._cdist_forward`` has no ONNX
+    translation, and ``//`` on sizes truncated (wrong landmark count on odd grids)."""
+    wrapper = E.ExportWrapper(small_backbone('laplacianformer')).eval()
+    out = E.export(wrapper, (64, 96), str(tmp_path / 'lf.onnx'), dynamic=True)
+    assert E.input_dims(out)[2:] == ['height', 'width']
+    sizes = E.check_sizes((64, 96), dynamic=True)
+    assert len(sizes) == 3 and any(h % 2 and w % 2 for h, w in sizes)
+    for rec in E.check_parity(out, wrapper, sizes):
+        assert rec['rel_err'] <= 1e-4, rec
+
+
+def test_floordiv_translation_floors_negative_numbers(tmp_path):
+    """A dynamic export of ``-((-h) // 3)`` (ceil division) gives ceil at every size."""
+    import onnxruntime as ort
+
+    class CeilRows(torch.nn.Module):
+        def forward(self, x):
+            rows = -((-x.shape[2]) // 3)
+            return x.new_zeros(rows)
+
+    x = torch.zeros(1, 1, 10, 4)
+    program = torch.onnx.export(
+        CeilRows(), (x, ), dynamo=True, custom_translation_table=E.translation_table(),
+        dynamic_shapes=({2: torch.export.Dim('h', min=2, max=100)}, ), verbose=False)
+    program.save(str(tmp_path / 'ceil.onnx'))
+    session = ort.InferenceSession(str(tmp_path / 'ceil.onnx'))
+    for h in (9, 10, 11, 31):
+        (out, ) = session.run(None, {session.get_inputs()[0].name:
+                                     torch.zeros(1, 1, h, 4).numpy()})
+        assert out.shape == (-(-h // 3), ), h
+
+
+def test_cdist_translation_matches_torch(tmp_path):
+    import onnxruntime as ort
+
+    class L1(torch.nn.Module):
+        def forward(self, a, b):
+            return torch.cdist(a, b, p=1), torch.cdist(a, b, p=2)
+
+    a, b = torch.randn(2, 7, 5), torch.randn(2, 3, 5)
+    program = torch.onnx.export(L1(), (a, b), dynamo=True, verbose=False,
+                                custom_translation_table=E.translation_table())
+    program.save(str(tmp_path / 'cdist.onnx'))
+    session = ort.InferenceSession(str(tmp_path / 'cdist.onnx'))
+    names = [i.name for i in session.get_inputs()]
+    got = session.run(None, dict(zip(names, (a.numpy(), b.numpy()))))
+    for g, r in zip(got, L1()(a, b)):
+        torch.testing.assert_close(torch.from_numpy(g), r, rtol=1e-5, atol=1e-5)
+
+
+def test_the_three_kinds_of_model_are_wrapped():
+    import mmeffattn  # noqa: F401
+    cls, _ = E.load_model(osp.join(ROOT, SMALL['weightformer'][0]))
+    assert E.ExportWrapper(cls).what == 'logits'
+    assert E.ExportWrapper(cls, 'backbone').what == 'backbone'
+    with pytest.raises(ValueError, match='part must be one of'):
+        E.ExportWrapper(cls, 'head')
+
+
+def test_command_line_exports_a_classifier_and_checks_it(tmp_path, capsys):
+    config, arch = SMALL['weightformer']
+    small = tmp_path / 'small.py'  # the ImageNet classifier, narrowed
+    small.write_text(f'_base_ = {osp.join(ROOT, config)!r}\n'
+                     f'model = dict(backbone=dict(arch=dict(_delete_=True, **{arch["arch"]!r})),'
+                     f' head=dict(in_channels=64))\n')
+    result = E.main([str(small), '--out', str(tmp_path / 'wf.onnx'), '--shape', '64', '64'])
+    out = capsys.readouterr().out
+    assert result['ok'] and result['what'] == 'logits'
+    assert result['max_rel_err'] <= 1e-4 and 'max relative error' in out
+    import onnx
+    meta = {p.key: p.value for p in onnx.load(str(tmp_path / 'wf.onnx')).metadata_props}
+    assert meta['exported'] == 'logits' and len(meta['mean'].split(',')) == 3
+
+
+def test_bad_shape_is_named():
+    with pytest.raises(SystemExit):
+        E.parse_args(['cfg.py', '--out', 'x.onnx', '--shape', '16', '64'])

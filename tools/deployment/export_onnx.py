@@ -1,0 +1,369 @@
+#!/usr/bin/env python
+"""Export a config's model to ONNX and check it against PyTorch with onnxruntime.
+
+    python tools/deployment/export_onnx.py configs/sema/sema-t_8xb128_in1k.py CKPT \
+        --out sema-t.onnx --shape 224 224 --dynamic
+    python tools/deployment/export_onnx.py configs/mila/mask-rcnn_mila-t_fpn_1x_coco.py \
+        --out mila-t_fpn.onnx --shape 800 1216 --dynamic
+
+What is exported (``--part auto``, the default):
+
+* an mmpretrain ``ImageClassifier``: the logits ``[B, num_classes]``;
+* an mmseg ``EncoderDecoder`` (UperNet): the decode head's logits resized to the input,
+  ``[B, num_classes, H, W]`` (the auxiliary head is a training aid and is left out);
+* an mmdet detector: the backbone + neck feature maps (FPN levels); the heads, their box
+  decoding and NMS are mmdeploy's job;
+* ``--part backbone``: the backbone's outputs alone, for any of them.
+
+The graph takes the *normalised* image ``[B, 3, H, W]`` as the model's data preprocessor makes it
+(its mean, std and channel order are written into the ONNX file's metadata). The exporter is
+torch's dynamo-based one (``torch.onnx.export(..., dynamo=True)``), opset 18 by default.
+``--dynamic`` makes the height and width symbolic (the batch is 1). After export, onnxruntime runs the
+file at the export size and, for a dynamic file, at two other sizes (one of them odd) and the
+largest relative error ``max|ort - torch| / max|torch|`` over every output is printed; the tool
+exits non-zero if it exceeds ``--tolerance`` (1e-4).
+
+Two translations of torch's exporter are replaced: ``torch.cdist`` (LaplacianFormer's L1 kernel
+reference) has none (the cause of "conversion fails" on LaplacianFormer:
+``No ONNX function found for aten._cdist_forward``), see :func:`cdist_translation`; and ``//`` on
+symbolic sizes truncates instead of flooring, see :func:`floordiv_translation`.
+"""
+import argparse
+import os.path as osp
+import sys
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
+
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+PARTS = ('auto', 'backbone')
+DEFAULT_OPSET = 18
+DEFAULT_TOLERANCE = 1e-4
+#: smallest image side a dynamic export accepts (every backbone of ours has a stride of 32)
+MIN_SIDE = 32
+
+
+def require_onnx() -> None:
+    """Raise a clear error if the optional export dependencies are missing."""
+    missing = []
+    for name in ('onnx', 'onnxruntime', 'onnxscript'):
+        try:
+            __import__(name)
+        except ImportError:
+            missing.append(name)
+    if missing:
+        raise ImportError(f'ONNX export needs {", ".join(missing)}: install the optional extra '
+                          f'with `pip install -e .[deploy]` (or `pip install {" ".join(missing)}`)')
+
+
+# --------------------------------------------------------------------------------------------
+# what is exported
+# --------------------------------------------------------------------------------------------
+def model_kind(model: nn.Module) -> str:
+    """``'classifier'``, ``'segmentor'``, ``'detector'`` or ``'backbone'`` (a bare module)."""
+    names = {cls.__name__ for cls in type(model).__mro__}
+    if 'ImageClassifier' in names:
+        return 'classifier'
+    if 'EncoderDecoder' in names or 'BaseSegmentor' in names:
+        return 'segmentor'
+    if 'BaseDetector' in names:
+        return 'detector'
+    return 'backbone'
+
+
+class ExportWrapper(nn.Module):
+    """The tensor-in, tensors-out part of a built model that is exported.
+
+    Args:
+        model: an mmpretrain classifier, an mmseg segmentor, an mmdet detector or a backbone.
+        part: ``'auto'`` (see the module docstring) or ``'backbone'``.
+    """
+
+    def __init__(self, model: nn.Module, part: str = 'auto') -> None:
+        super().__init__()
+        if part not in PARTS:
+            raise ValueError(f'part must be one of {PARTS}, got {part!r}')
+        self.model = model
+        self.kind = model_kind(model)
+        if part == 'backbone' and self.kind != 'backbone':
+            self.what = 'backbone'
+        elif self.kind == 'detector':
+            self.what = 'backbone+neck' if getattr(model, 'with_neck', False) else 'backbone'
+        else:
+            self.what = {'classifier': 'logits', 'segmentor': 'seg_logits',
+                         'backbone': 'backbone'}[self.kind]
+
+    def forward(self, x: torch.Tensor) -> Any:
+        """``x``: the normalised image ``[B, 3, H, W]``."""
+        m = self.model
+        if self.what == 'backbone':
+            return m.backbone(x) if self.kind != 'backbone' else m(x)
+        if self.what == 'logits':
+            return m(x, mode='tensor')  # [B, num_classes]
+        if self.what == 'backbone+neck':
+            return m.neck(m.backbone(x))  # tuple of [B, C, H / s, W / s]
+        # segmentor: EncoderDecoder.encode_decode without the meta data: logits at the input
+        # size (mmseg resizes to the image shape in decode_head.predict the same way)
+        logits = m.decode_head(m.extract_feat(x))  # [B, K, H / 4, W / 4]
+        return F.interpolate(logits, size=x.shape[2:], mode='bilinear',
+                             align_corners=m.decode_head.align_corners)  # [B, K, H, W]
+
+
+def load_model(config: str, checkpoint: Optional[str] = None,
+               cfg_options: Optional[dict] = None) -> Tuple[nn.Module, Any]:
+    """Build the model of ``config`` (a path or ``pkg::path``) in eval mode, with the weights of
+    ``checkpoint`` if given (random weights otherwise). Returns ``(model, cfg)``."""
+    from mmengine.config import Config
+    from mmengine.registry import MODELS, DefaultScope
+    from mmengine.runner import load_checkpoint
+
+    import mmeffattn  # noqa: F401  (registers our models)
+    from mmeffattn.analysis.model_zoo import resolve_config
+    cfg = Config.fromfile(resolve_config(config))
+    if cfg_options:
+        cfg.merge_from_dict(cfg_options)
+    model_cfg = cfg.model.copy()
+    if model_cfg.get('pretrained', 1) is None:
+        model_cfg.pop('pretrained')
+    if cfg.get('data_preprocessor') and not model_cfg.get('data_preprocessor'):
+        # mmpretrain configs keep it at the top level; the Runner moves it into the model
+        model_cfg['data_preprocessor'] = cfg.data_preprocessor
+    with DefaultScope.overwrite_default_scope(cfg.get('default_scope')):
+        model = MODELS.build(model_cfg)
+    if checkpoint:
+        load_checkpoint(model, checkpoint, map_location='cpu', strict=True)
+    return model.eval(), cfg
+
+
+def preprocess_meta(model: nn.Module) -> Dict[str, str]:
+    """The data preprocessor's normalisation, for the ONNX metadata (what the graph expects)."""
+    pre = getattr(model, 'data_preprocessor', None)
+    meta = {}
+    for key in ('mean', 'std'):
+        value = getattr(pre, key, None)
+        if isinstance(value, torch.Tensor):
+            meta[key] = ','.join(f'{v:g}' for v in value.flatten().tolist())
+    for key in ('_channel_conversion', 'channel_conversion'):
+        if hasattr(pre, key):
+            meta['bgr_to_rgb'] = str(bool(getattr(pre, key)))
+    return meta
+
+
+# --------------------------------------------------------------------------------------------
+# export
+# --------------------------------------------------------------------------------------------
+def cdist_translation() -> Callable:
+    """ONNX translation of ``aten._cdist_forward`` (torch's exporter has none):
+    ``out[..., i, j] = ||x1_i - x2_j||_p``, by broadcasting ``[..., N, 1, D] - [..., 1, M, D]``.
+
+    The ``[..., N, M, D]`` intermediate is what ``cdist`` avoids in PyTorch; for the landmark
+    kernels it is used on (M = at most a few hundred landmarks) it stays small.
+    """
+    from onnxscript import opset18 as op
+
+    def cdist_forward(x1, x2, p: float = 2.0, compute_mode: Optional[int] = None):
+        diff = op.Sub(op.Unsqueeze(x1, [-2]), op.Unsqueeze(x2, [-3]))  # [..., N, M, D]
+        if p == 1.0:
+            return op.ReduceSum(op.Abs(diff), [-1], keepdims=0)
+        if p == 2.0:
+            return op.Sqrt(op.ReduceSum(op.Mul(diff, diff), [-1], keepdims=0))
+        raise NotImplementedError(f'cdist with p={p}: only p=1 and p=2 are translated to ONNX')
+
+    return cdist_forward
+
+
+def floordiv_translation() -> Callable:
+    """ONNX translation of Python's ``//`` on symbolic sizes (``operator.floordiv``) that floors.
+
+    torch's exporter (onnxscript's ``operator_floordiv``) emits a bare ``Div``, which truncates
+    towards zero: right for non-negative operands only. Shape arithmetic is often rewritten as
+    a floor division of a *negative* number (``ceil(a / b) == -((-a) // b)``, as in
+    LaplacianFormer's landmark count): with truncation a dynamic file computes 7 instead of 8
+    landmark rows on an odd grid, and onnxruntime fails with "Attempting to broadcast an axis by
+    a dimension other than 1. 35 by 48". ``Mod`` (``fmod=0``) takes the divisor's sign, as
+    Python does, so ``(a - a mod b) / b`` is exact and equals ``floor(a / b)``.
+    """
+    from onnxscript import opset18 as op
+
+    def floordiv(a, b):
+        return op.Div(op.Sub(a, op.Mod(a, b)), b)
+
+    return floordiv
+
+
+def translation_table() -> Dict[Any, Callable]:
+    """The custom ONNX translations this tool registers with torch's exporter."""
+    import operator
+    return {torch.ops.aten._cdist_forward.default: cdist_translation(),
+            operator.floordiv: floordiv_translation()}
+
+
+def export(wrapper: ExportWrapper, shape: Sequence[int], out: str, dynamic: bool = False,
+           opset: int = DEFAULT_OPSET, metadata: Optional[Dict[str, str]] = None) -> str:
+    """Export ``wrapper`` at ``shape`` (H, W) to ``out`` and return ``out``.
+
+    With ``dynamic`` the height and width are symbolic (height and width at least
+    :data:`MIN_SIDE`); a model whose code pins a size (a Python int taken from a shape, say)
+    makes the exporter raise, naming the dimension.
+    """
+    import onnx
+    require_onnx()
+    x = torch.randn(1, 3, *shape)
+    dynamic_shapes = None
+    if dynamic:
+        # the batch stays 1: a dimension exported at size 1 is specialised by torch.export
+        dynamic_shapes = ({2: torch.export.Dim('height', min=MIN_SIDE, max=16384),
+                           3: torch.export.Dim('width', min=MIN_SIDE, max=16384)}, )
+    from mmeffattn.analysis.flops import reference_backend
+
+    # the ops' PyTorch references: a Triton kernel (or the interpreter) cannot be exported
+    with torch.no_grad(), reference_backend():
+        program = torch.onnx.export(
+            wrapper, (x, ), dynamo=True, opset_version=opset, dynamic_shapes=dynamic_shapes,
+            custom_translation_table=translation_table(), input_names=['image'],
+            verbose=False, optimize=True)
+    program.save(out)
+    proto = onnx.load(out)
+    for key, value in (metadata or {}).items():
+        entry = proto.metadata_props.add()
+        entry.key, entry.value = key, value
+    onnx.save(proto, out)
+    return out
+
+
+def input_dims(path: str) -> List[Any]:
+    """The first input's dimensions: ints (static) or names (symbolic)."""
+    import onnx
+    proto = onnx.load(path, load_external_data=False)
+    dims = proto.graph.input[0].type.tensor_type.shape.dim
+    return [d.dim_param if d.dim_param else d.dim_value for d in dims]
+
+
+# --------------------------------------------------------------------------------------------
+# parity
+# --------------------------------------------------------------------------------------------
+def check_sizes(shape: Sequence[int], dynamic: bool) -> List[Tuple[int, int]]:
+    """The export size, and for a dynamic file two more: one larger and one with odd sides."""
+    h, w = int(shape[0]), int(shape[1])
+    sizes = [(h, w)]
+    if dynamic:
+        sizes.append((h + 64, max(w - 32, MIN_SIDE)))
+        sizes.append((h + 17 if h % 2 == 0 else h + 16, w + 9 if w % 2 == 0 else w + 8))
+    return sizes
+
+
+def _flatten(outs: Any) -> List[torch.Tensor]:
+    if isinstance(outs, torch.Tensor):
+        return [outs]
+    flat: List[torch.Tensor] = []
+    for o in outs:
+        flat += _flatten(o)
+    return flat
+
+
+def relative_error(got: Any, ref: torch.Tensor) -> float:
+    """``max|got - ref| / max|ref|`` (max over all elements, not per element)."""
+    ref_np = ref.detach().float().numpy()
+    scale = max(float(abs(ref_np).max()), 1e-12)
+    return float(abs(got - ref_np).max()) / scale
+
+
+def check_parity(path: str, wrapper: nn.Module, sizes: Sequence[Tuple[int, int]],
+                 seed: int = 0) -> List[Dict[str, Any]]:
+    """Run the ONNX file with onnxruntime and ``wrapper`` with PyTorch on the same random image
+    at each size. Returns one record per size: ``size``, ``rel_err`` (over every output),
+    ``shapes``, ``ort_ms``, ``torch_ms``."""
+    import onnxruntime as ort
+
+    from mmeffattn.analysis.flops import reference_backend
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    session = ort.InferenceSession(path, opts, providers=['CPUExecutionProvider'])
+    name = session.get_inputs()[0].name
+    gen = torch.Generator().manual_seed(seed)
+    records = []
+    for hw in sizes:
+        x = torch.randn(1, 3, *hw, generator=gen)
+        t0 = time.perf_counter()
+        got = session.run(None, {name: x.numpy()})
+        ort_ms = (time.perf_counter() - t0) * 1e3
+        t0 = time.perf_counter()
+        with torch.no_grad(), reference_backend():
+            ref = _flatten(wrapper(x))
+        torch_ms = (time.perf_counter() - t0) * 1e3
+        if len(got) != len(ref):
+            raise RuntimeError(f'{path}: onnxruntime returned {len(got)} outputs at {hw}, '
+                               f'PyTorch {len(ref)}')
+        for g, r in zip(got, ref):
+            if tuple(g.shape) != tuple(r.shape):
+                raise RuntimeError(f'{path}: output shape {tuple(g.shape)} from onnxruntime at '
+                                   f'{hw}, {tuple(r.shape)} from PyTorch')
+        records.append(dict(size=tuple(hw), rel_err=max(relative_error(g, r)
+                                                        for g, r in zip(got, ref)),
+                            shapes=[tuple(r.shape) for r in ref], ort_ms=ort_ms,
+                            torch_ms=torch_ms))
+    return records
+
+
+# --------------------------------------------------------------------------------------------
+# command line
+# --------------------------------------------------------------------------------------------
+def parse_args(argv=None) -> argparse.Namespace:
+    from mmengine.config import DictAction
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument('config', help='a config file, or pkg::path inside a package')
+    p.add_argument('checkpoint', nargs='?', help='weights (random weights if left out)')
+    p.add_argument('--out', required=True, help='the .onnx file to write')
+    p.add_argument('--shape', type=int, nargs=2, default=[224, 224], metavar=('H', 'W'),
+                   help='input size of the export (and of the first parity check)')
+    p.add_argument('--dynamic', action='store_true',
+                   help='symbolic height and width (checked at two more sizes)')
+    p.add_argument('--opset', type=int, default=DEFAULT_OPSET)
+    p.add_argument('--part', choices=PARTS, default='auto',
+                   help="'backbone': only the backbone's outputs")
+    p.add_argument('--tolerance', type=float, default=DEFAULT_TOLERANCE,
+                   help='largest relative error accepted (exit status 1 above it)')
+    p.add_argument('--no-check', action='store_true', help='skip the onnxruntime check')
+    p.add_argument('--cfg-options', nargs='+', action=DictAction)
+    args = p.parse_args(argv)
+    if min(args.shape) < MIN_SIDE:
+        p.error(f'--shape {args.shape[0]} {args.shape[1]}: each side must be at least '
+                f'{MIN_SIDE} (the backbones downsample by 32)')
+    return args
+
+
+def main(argv=None) -> Dict[str, Any]:
+    """Export, check, print; returns ``dict(out, what, dims, records, max_rel_err, ok)``."""
+    args = parse_args(argv)
+    require_onnx()
+    torch.manual_seed(0)
+    model, _ = load_model(args.config, args.checkpoint, args.cfg_options)
+    wrapper = ExportWrapper(model, args.part).eval()
+    meta = dict(preprocess_meta(model), exported=wrapper.what, config=osp.basename(args.config))
+    t0 = time.time()
+    export(wrapper, args.shape, args.out, args.dynamic, args.opset, meta)
+    dims = input_dims(args.out)
+    print(f'exported {wrapper.what} of {args.config} to {args.out} (opset {args.opset}, input '
+          f'{dims}, {time.time() - t0:.0f} s)', flush=True)
+    result: Dict[str, Any] = dict(out=args.out, what=wrapper.what, dims=dims, records=[],
+                                  max_rel_err=None, ok=True)
+    if args.no_check:
+        return result
+    records = check_parity(args.out, wrapper, check_sizes(args.shape, args.dynamic))
+    for r in records:
+        print(f'  {r["size"][0]}x{r["size"][1]}: max relative error {r["rel_err"]:.2e} '
+              f'(onnxruntime {r["ort_ms"]:.0f} ms, PyTorch {r["torch_ms"]:.0f} ms), outputs '
+              f'{r["shapes"]}')
+    worst = max(r['rel_err'] for r in records)
+    result.update(records=records, max_rel_err=worst, ok=worst <= args.tolerance)
+    print(f'max relative error {worst:.2e} ({"within" if result["ok"] else "ABOVE"} the '
+          f'tolerance {args.tolerance:g})')
+    return result
+
+
+if __name__ == '__main__':
+    sys.exit(0 if main()['ok'] else 1)
