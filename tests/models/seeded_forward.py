@@ -33,7 +33,9 @@ def _cases() -> Dict[str, Callable[[], nn.Module]]:
         'weightformer_tiny_avgpool': lambda: WeightFormer(arch='tiny', out_type='avgpool'),
         'weightformer_tiny_pyramid': lambda: WeightFormer(arch='tiny', out_type='pyramid',
                                                           out_indices=(8, )),
-        'laplacianformer_tiny': lambda: LaplacianFormer(arch='tiny'),
+        # the model before whitening='kernel' became the default (its fixture is unchanged)
+        'laplacianformer_tiny': lambda: LaplacianFormer(arch='tiny', whitening='query',
+                                                        feature_scale='sqrt_head_dim'),
         'veca_small_raw': lambda: VECA(arch='small'),
         'veca_small_pyramid': lambda: VECA(arch='small', out_type='pyramid', num_cores=16),
     }
