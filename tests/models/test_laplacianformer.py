@@ -689,3 +689,38 @@ def test_with_cp_counts_the_batch_once_in_kernel_whitening_statistics():
     for (n, p), q in zip(plain.named_parameters(), ckpt.parameters()):
         if p.grad is not None:
             torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6, msg=n)
+
+
+@pytest.mark.parametrize('name,expect', [
+    ('laplacianformer-t_8xb128_in1k', dict(whitening='kernel', feature_scale=None,
+                                           pinv_solver='newton_schulz', lam=4.)),
+    ('laplacianformer-t_cg_8xb128_in1k', dict(whitening='kernel', pinv_solver='cg')),
+    ('laplacianformer-t_query-whitening_8xb128_in1k', dict(whitening='query',
+                                                          feature_scale='sqrt_head_dim')),
+    ('mask-rcnn_laplacianformer-t_fpn_1x_coco', dict(whitening='kernel',
+                                                     whitening_stats='per_landmark')),
+])
+def test_configs_hold_the_switches(name, expect):
+    """The paper's setting by default; the ablation configs change only what they name
+    (tests/configs builds every config)."""
+    from os.path import abspath, dirname, join
+
+    from mmengine.config import Config
+    root = dirname(dirname(dirname(abspath(__file__))))
+    backbone = Config.fromfile(join(root, 'configs', 'laplacianformer', f'{name}.py')).model.backbone
+    with torch.device('meta'):
+        model = MODELS.build(dict(backbone, init_cfg=None))
+    attn = model.layers[0].blocks[0].attn
+    for key, value in expect.items():
+        assert getattr(model, key, getattr(attn, key, None)) == value, key
+
+
+def test_half_model_kernel_whitening_updates_its_16bit_running_estimates():
+    torch.manual_seed(0)
+    attn = LaplacianAttention(16, 2, sr_ratio=2, landmark_grid=2).half().train()
+    wh = attn.kwhiten
+    with torch.no_grad():
+        out = attn(torch.randn(2, 6 * 4, 16).half(), (6, 4))
+    assert out.dtype == torch.float16 and torch.isfinite(out).all()
+    assert wh.running_mean.dtype == torch.float16 and wh.running_mean.abs().sum() > 0
+    assert 'running_mean' in wh._buffers and wh._buffers['running_mean'] is wh.running_mean

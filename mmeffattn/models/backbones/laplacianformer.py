@@ -443,6 +443,24 @@ class LaplacianAttention(nn.Module):
                                             tol=self.cg_tol)
         return newton_schulz_pinv(k_ll, self.ns_iters, self.eps, backend=self.backend) @ r
 
+    def kernel_whiten(self, s: torch.Tensor, update_stats: bool) -> torch.Tensor:
+        """:class:`KernelWhitening` of ``s [B, h, N, M]`` (float32). A half-precision model
+        (``model.half()``) holds 16-bit running estimates while the statistics are float32: run
+        on float32 copies and store them back (as :class:`DiagonalWhitening` does)."""
+        wh = self.kwhiten
+        if wh.running_mean.dtype == s.dtype:
+            return wh(s, update_stats=update_stats)
+        mean, var = wh.running_mean, wh.running_var
+        wh.running_mean, wh.running_var = mean.to(s.dtype), var.to(s.dtype)
+        try:
+            return wh(s, update_stats=update_stats)
+        finally:
+            if wh.training and update_stats:
+                with torch.no_grad():
+                    mean.copy_(wh.running_mean)
+                    var.copy_(wh.running_var)
+            wh.running_mean, wh.running_var = mean, var
+
     def nystrom(self, z: torch.Tensor, v: torch.Tensor, hw: HWShape) -> torch.Tensor:
         """``S (K(L, L) + eps I)^-1 K(L, z) v / N`` for ``z`` ``[B, h, N, D]``, ``v`` ``[B, h, N,
         Dv]`` (float32), ``S = K(z, L)`` kernel-whitened (``whitening='kernel'``) or raw;
@@ -454,7 +472,7 @@ class LaplacianAttention(nn.Module):
         if self.kwhiten is not None:
             # the query-side factor only (docs/design/laplacian_whitening.md, section 1); a
             # gradient-checkpoint recomputation must not count the batch twice
-            k_zl = self.kwhiten(k_zl, update_stats=not getattr(_STATE, 'recomputing', False))
+            k_zl = self.kernel_whiten(k_zl, not getattr(_STATE, 'recomputing', False))
         return k_zl @ x / z.shape[-2]  # [B, h, N, Dv]
 
     def forward(self, x: torch.Tensor, hw: HWShape) -> torch.Tensor:
