@@ -2,7 +2,8 @@
 # (config/SOFT_*.yaml; the official LaplacianFormer code publishes no training script): AdamW
 # lr 1e-3 for batch 1024, weight decay 0.05, 10 warm-up epochs then cosine to 5e-5, gradient
 # clipping at 1.0; RandAugment, Mixup 0.8 / CutMix 1.0, label smoothing 0.1 and random erasing 0.25
-# from the Swin base; drop path 0.1. Laplacian kernel, lambda 4, 20 Newton-Schulz steps, eps 0.01.
+# from the Swin base; drop path 0.1. Laplacian kernel, lambda 4 on the unscaled features, kernel
+# whitening, 20 Newton-Schulz steps, eps 0.01. Ablations: laplacianformer-t_{cg,query-whitening}_*.
 _base_ = 'mmpretrain::swin_transformer/swin-tiny_16xb64_in1k.py'
 
 custom_imports = dict(imports=['mmeffattn'], allow_failed_imports=False)
@@ -16,7 +17,12 @@ model = dict(
         lam=4.0,
         ns_iters=20,
         eps=0.01,
-        whitening=True,
+        # the paper's injective map on the kernel similarities, per-landmark statistics
+        # (landmarks on a fixed 7x7 grid: the same slots at every size, so ImageNet weights load)
+        whitening='kernel',
+        whitening_stats='per_landmark',
+        feature_scale=None,  # lam is lambda on the projected features, as the paper's
+        pinv_solver='newton_schulz',  # 'cg': the solver ablation
         drop_path_rate=0.1,
         out_indices=(3, )),
     head=dict(in_channels=512))

@@ -18,8 +18,14 @@ model = dict(
         lam=4.0,
         ns_iters=20,
         eps=0.01,
-        whitening=True,
-        # the official CUDA inverse takes <= 128 landmarks; larger maps pool larger cells
+        # the paper's injective map on the kernel similarities, per-landmark statistics
+        # (landmarks on a fixed 7x7 grid: the same slots at every size, so ImageNet weights load)
+        whitening='kernel',
+        whitening_stats='per_landmark',
+        feature_scale=None,  # lam is lambda on the projected features, as the paper's
+        pinv_solver='newton_schulz',  # 'cg': the solver ablation
+        # with whitening_stats='per_head' (sr x sr cells): the official CUDA inverse takes
+        # <= 128 landmarks; larger maps pool larger cells
         # (uncapped, ~1000 landmarks per stage at 800x1333 cost ~740 GMACs of Newton-Schulz)
         max_landmarks=128,
         drop_path_rate=0.1,

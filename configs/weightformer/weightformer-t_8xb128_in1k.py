@@ -12,6 +12,7 @@ model = dict(
         type='mmeffattn.WeightFormer',
         arch='tiny',
         out_type='avgpool',  # final norm + mean pooling: the official head input
+        dynamic_every=3,  # one dynamic block in 3 (official); the paper's frequency ablation
         drop_path_rate=0.0),
     neck=None,
     head=dict(in_channels=192))

@@ -8,13 +8,15 @@ PyTorch references and compares with the saved fixture.
 Regenerate the fixtures deliberately (only when an output change is intended, and say so in the
 commit), from the project root::
 
-    PYTHONPATH=$PWD python tests/models/seeded_forward.py
+    PYTHONPATH=$PWD python tests/models/seeded_forward.py            # every case
+    PYTHONPATH=$PWD python tests/models/seeded_forward.py NAME ...   # only these cases (new ones)
 """
 import math
 import os
 import os.path as osp
+import sys
 import zlib
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
 import torch
 import torch.nn as nn
@@ -33,7 +35,11 @@ def _cases() -> Dict[str, Callable[[], nn.Module]]:
         'weightformer_tiny_avgpool': lambda: WeightFormer(arch='tiny', out_type='avgpool'),
         'weightformer_tiny_pyramid': lambda: WeightFormer(arch='tiny', out_type='pyramid',
                                                           out_indices=(8, )),
-        'laplacianformer_tiny': lambda: LaplacianFormer(arch='tiny'),
+        # the model before whitening='kernel' became the default (its fixture is unchanged)
+        'laplacianformer_tiny': lambda: LaplacianFormer(arch='tiny', whitening='query',
+                                                        feature_scale='sqrt_head_dim'),
+        # the default since issue 11: the paper's kernel whitening, no feature scale
+        'laplacianformer_tiny_kernel': lambda: LaplacianFormer(arch='tiny'),
         'veca_small_raw': lambda: VECA(arch='small'),
         'veca_small_pyramid': lambda: VECA(arch='small', out_type='pyramid', num_cores=16),
     }
@@ -96,11 +102,15 @@ def fixture_path(name: str) -> str:
     return osp.join(FIXTURES, f'{name}.pt')
 
 
-def regenerate() -> None:
-    """Write every case's fixture (fp32). Run deliberately; see the module docstring."""
+def regenerate(names: Optional[List[str]] = None) -> None:
+    """Write the fixtures of ``names`` (default: every case; fp32). Run deliberately; see the
+    module docstring."""
+    unknown = sorted(set(names or []) - set(case_names()))
+    if unknown:
+        raise SystemExit(f'unknown case(s) {unknown}; the cases are {case_names()}')
     torch.set_num_threads(1)
     os.makedirs(FIXTURES, exist_ok=True)
-    for name in case_names():
+    for name in names or case_names():
         with torch.no_grad():
             data = run_case(name)
         torch.save(data, fixture_path(name))
@@ -109,4 +119,4 @@ def regenerate() -> None:
 
 
 if __name__ == '__main__':
-    regenerate()
+    regenerate(sys.argv[1:])

@@ -10,7 +10,8 @@ from mmeffattn.models.backbones import laplacianformer as lf_mod
 from mmeffattn.models.backbones.laplacianformer import (DiagonalWhitening, LaplacianAttention,
                                                         LaplacianFormer, SoftmaxAttention,
                                                         gaussian_kernel, landmark_cell,
-                                                        pool_landmarks)
+                                                        pool_landmarks, pool_landmarks_grid)
+from mmeffattn.models.layers.kernel_whitening import KernelWhitening
 from mmeffattn.registry import MODELS
 
 pytestmark = pytest.mark.usefixtures('one_thread')
@@ -22,6 +23,8 @@ PAPER = {'tiny': (12.1e6, 2.1e9), 'small': (25.7e6, 4.8e9)}
 # softmax last stage, whitening, DWC) at a fraction of the time.
 MINI = dict(embed_dims=[16, 32, 48, 64], depths=[1, 1, 1, 1], num_heads=[1, 2, 2, 2],
             mlp_ratios=[2, 2, 2, 2], sr_ratios=[8, 4, 2, 1])
+# the model before whitening='kernel' became the default (query whitening, features scaled)
+OLD = dict(whitening='query', feature_scale='sqrt_head_dim')
 
 
 @pytest.fixture(autouse=True)
@@ -51,7 +54,7 @@ def expected_hw(h: int, w: int, i: int):
 
 
 def whitening_modules(model: nn.Module):
-    return [m for m in model.modules() if isinstance(m, DiagonalWhitening)]
+    return [m for m in model.modules() if isinstance(m, (DiagonalWhitening, KernelWhitening))]
 
 
 # ------------------------------------------------------------------------------- construction
@@ -143,7 +146,8 @@ def test_stage_layout():
             assert isinstance(attn, LaplacianAttention)
             assert attn.sr_ratio == [8, 4, 2][i] and attn.dwc.kernel_size == ((9, 9), (5, 5),
                                                                              (3, 3))[i]
-            assert attn.head_dim == 64 and isinstance(attn.whiten, DiagonalWhitening)
+            assert attn.head_dim == 64 and isinstance(attn.kwhiten, KernelWhitening)
+            assert attn.whiten is None and attn.kwhiten.num_landmarks == 49  # 7x7 at 224
         else:
             assert isinstance(attn, SoftmaxAttention)  # SOFT's choice for the last stage
     last = LaplacianFormer(arch=MINI, softmax_last_stage=False).layers[3].blocks[0].attn
@@ -192,8 +196,9 @@ def test_bf16_autocast_training_step_finite():
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
 
 
-@pytest.mark.parametrize('kernel,whitening', [('gaussian', True), ('laplacian', False),
-                                              ('gaussian', False)])
+@pytest.mark.parametrize('kernel,whitening', [('gaussian', 'query'), ('laplacian', None),
+                                              ('gaussian', None), ('gaussian', 'kernel'),
+                                              ('laplacian', 'query')])
 def test_variants_run_and_train(kernel, whitening, monkeypatch):
     calls = []
     real = lf_mod.laplacian_kernel
@@ -223,7 +228,7 @@ def test_ops_receive_lam_iters_eps_and_landmarks(monkeypatch):
 
     monkeypatch.setattr(lf_mod, 'laplacian_kernel', spy_kernel)
     monkeypatch.setattr(lf_mod, 'newton_schulz_pinv', spy_pinv)
-    model = LaplacianFormer(arch=MINI, lam=2.5, ns_iters=7, eps=0.03,
+    model = LaplacianFormer(arch=MINI, lam=2.5, ns_iters=7, eps=0.03, whitening_stats='per_head',
                             attn_backend='reference').eval()
     with torch.no_grad():
         model(torch.randn(1, 3, 61, 45))  # stage grids 16x12, 8x6, 4x3, 2x2
@@ -247,7 +252,7 @@ def test_max_landmarks_caps_the_inverted_matrices(monkeypatch):
     real = lf_mod.newton_schulz_pinv
     monkeypatch.setattr(lf_mod, 'newton_schulz_pinv',
                         lambda a, *args, **kw: sizes.append(a.shape[-1]) or real(a, *args, **kw))
-    model = LaplacianFormer(arch=MINI, max_landmarks=5).eval()
+    model = LaplacianFormer(arch=MINI, max_landmarks=5, whitening_stats='per_head').eval()
     with torch.no_grad():
         model(torch.randn(1, 3, 160, 128))  # grids 40x32, 20x16, 10x8: 5x4 landmarks uncapped
     expect = []
@@ -295,7 +300,7 @@ def test_nystrom_attention_equals_dense_formula(kernel):
     torch.manual_seed(0)
     H, W, C, nh, sr, lam, eps = 5, 7, 8, 2, 2, 3.0, 0.05
     attn = LaplacianAttention(C, nh, sr_ratio=sr, kernel=kernel, lam=lam, ns_iters=60, eps=eps,
-                              dwc_kernel=3).double().eval()
+                              dwc_kernel=3, **OLD).double().eval()
     with torch.no_grad():
         attn.whiten.running_mean.uniform_(-1, 1)
         attn.whiten.running_var.uniform_(0.5, 2)
@@ -314,13 +319,13 @@ def test_nystrom_attention_equals_dense_formula(kernel):
         grid = z.reshape(B, nh, H, W, hd)
         lm = torch.stack([grid[:, :, r:r + sr, c:c + sr].mean(dim=(2, 3))
                           for r in range(0, H, sr) for c in range(0, W, sr)], dim=2)
-        if kernel == 'laplacian':
+        if kernel == 'laplacian':  # feature_scale='sqrt_head_dim'
             z, lm = z / math.sqrt(hd), lm / math.sqrt(hd)
 
             def k(a, b):
                 return torch.exp(-(a[..., :, None, :] - b[..., None, :, :]).abs().sum(-1) / lam)
-        else:
-            z, lm = z / hd ** 0.25, lm / hd ** 0.25
+        else:  # SOFT's own scale times feature_scale
+            z, lm = z / hd ** 0.75, lm / hd ** 0.75
 
             def k(a, b):
                 return torch.exp(-((a[..., :, None, :] - b[..., None, :, :]) ** 2).sum(-1) / 2)
@@ -394,15 +399,17 @@ def test_model_whitening_uses_batch_stats_in_train_and_running_in_eval():
 # ------------------------------------------------------------------------------- training modes
 
 
-def test_norm_eval_freezes_whitening_statistics():
-    model = LaplacianFormer(arch=MINI, norm_eval=True)
+@pytest.mark.parametrize('whitening', ['kernel', 'query'])
+def test_norm_eval_freezes_whitening_statistics(whitening):
+    model = LaplacianFormer(arch=MINI, norm_eval=True, whitening=whitening)
     model.train()
     assert model.training and model.layers[0].blocks[0].norm1.training  # LayerNorms untouched
     assert all(not m.training for m in whitening_modules(model))
     before = [m.running_mean.clone() for m in whitening_modules(model)]
     model(torch.randn(2, 3, 48, 48))
     assert all(torch.equal(m.running_mean, b) for m, b in zip(whitening_modules(model), before))
-    model = LaplacianFormer(arch=MINI, norm_eval=False).train()
+    assert len(before) == 3
+    model = LaplacianFormer(arch=MINI, norm_eval=False, whitening=whitening).train()
     assert all(m.training for m in whitening_modules(model))
 
 
@@ -453,9 +460,9 @@ def test_pretrained_classifier_checkpoint_loads(tmp_path):
 
 def test_pretrained_whitening_off_checkpoint_into_whitening_model_raises(tmp_path):
     path = tmp_path / 'nowhite.pth'
-    torch.save(LaplacianFormer(arch=MINI, whitening=False).state_dict(), path)
+    torch.save(LaplacianFormer(arch=MINI, whitening=None).state_dict(), path)
     model = LaplacianFormer(arch=MINI, init_cfg=dict(type='Pretrained', checkpoint=str(path)))
-    with pytest.raises(RuntimeError, match=r'whiten\.running_mean'):
+    with pytest.raises(RuntimeError, match=r'kwhiten\.running_mean'):
         model.init_weights()
 
 
@@ -466,8 +473,9 @@ def test_default_init():
     assert lin.bias.abs().max() == 0 and 0.01 < lin.weight.std() < 0.03
     ln = model.layers[0].norm
     assert torch.all(ln.weight == 1) and torch.all(ln.bias == 0)
-    wh = model.layers[0].blocks[0].attn.whiten
-    assert torch.all(wh.bias == 0) and torch.all(wh.running_var == 1)
+    for wh in (model.layers[0].blocks[0].attn.kwhiten,
+               LaplacianFormer(arch=MINI, whitening='query').layers[0].blocks[0].attn.whiten):
+        assert torch.all(wh.bias == 0) and torch.all(wh.running_var == 1)
 
 
 # ------------------------------------------------------------------------------- registries
@@ -483,3 +491,236 @@ def test_build_from_registries():
     assert isinstance(det, LaplacianFormer) and det.out_indices == (1, 2, 3)
     seg = SEG_MODELS.build(dict(type='mmeffattn.LaplacianFormer', arch=MINI, kernel='gaussian'))
     assert seg.layers[0].blocks[0].attn.kernel == 'gaussian'
+
+
+# ------------------------------------------------------------------------------- issue 11 switches
+def _kernel(a: torch.Tensor, b: torch.Tensor, lam: float) -> torch.Tensor:
+    """exp(-||a_i - b_j||_1 / lam) by explicit pairwise differences."""
+    return torch.exp(-(a[..., :, None, :] - b[..., None, :, :]).abs().sum(-1) / lam)
+
+
+@pytest.mark.parametrize('flag,expect', [(True, 'query'), (False, None)])
+def test_whitening_bool_is_deprecated_alias(flag, expect):
+    with pytest.warns(DeprecationWarning, match=f'whitening={expect!r}'):
+        old = LaplacianFormer(arch=MINI, whitening=flag)
+    new = LaplacianFormer(arch=MINI, whitening=expect)
+    assert old.whitening == expect
+    assert {k: v.shape for k, v in old.state_dict().items()} == \
+        {k: v.shape for k, v in new.state_dict().items()}
+    with pytest.warns(DeprecationWarning):
+        attn = LaplacianAttention(16, 2, whitening=flag)
+    assert attn.whitening == expect
+
+
+@pytest.mark.parametrize('kwargs,match', [
+    (dict(whitening='keys'), 'whitening must be one of'),
+    (dict(whitening_stats='per_token'), 'whitening_stats must be one of'),
+    (dict(landmark_grid=0), 'landmark_grid must be an integer'),
+    (dict(feature_scale=0.), 'feature_scale must be None'),
+    (dict(feature_scale='head_dim'), 'feature_scale must be None'),
+    (dict(pinv_solver='lu'), 'pinv_solver must be one of'),
+    (dict(cg_iters=0), 'cg_iters must be an integer'),
+    (dict(cg_tol=-1.), 'cg_tol must be a number'),
+])
+def test_invalid_new_options(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        LaplacianFormer(arch=MINI, **kwargs)
+
+
+@pytest.mark.parametrize('change', [
+    dict(whitening='query'), dict(whitening=None), dict(whitening_stats='per_head'),
+    dict(feature_scale=0.5), dict(feature_scale='sqrt_head_dim'),
+    dict(pinv_solver='cg', cg_iters=2),  # converged CG matches Newton-Schulz (test below)
+    dict(landmark_grid=3), dict(lam=2.)], ids=lambda d: '-'.join(f'{k}={v}' for k, v in d.items()))
+def test_each_switch_changes_the_computation(change):
+    """Each switch against the default (same shared weights, eval mode); training with it gives
+    finite outputs and gradients."""
+    torch.manual_seed(0)
+    base = LaplacianFormer(arch=MINI, drop_path_rate=0.).eval()
+    other = LaplacianFormer(arch=MINI, drop_path_rate=0., **change).eval()
+    mine = other.state_dict()  # the shared weights (the whitening entries may differ)
+    other.load_state_dict({k: v for k, v in base.state_dict().items()
+                           if k in mine and mine[k].shape == v.shape}, strict=False)
+    x = torch.randn(2, 3, 61, 45)
+    with torch.no_grad():
+        a, b = base(x)[2], other(x)[2]
+    assert a.shape == b.shape and not torch.allclose(a, b, rtol=1e-4, atol=1e-5)
+    other.train()
+    outs = other(x)
+    sum(o.square().mean() for o in outs).backward()
+    assert all(torch.isfinite(o).all() for o in outs)
+    grads = [p.grad for p in other.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads)
+    assert other.layers[0].blocks[0].attn.q.weight.grad.abs().sum() > 0
+
+
+def test_lam_is_the_bandwidth_on_the_features_the_kernel_sees():
+    """exp(-||a q - a k||_1 / lam) = exp(-||q - k||_1 / (lam / a)): feature_scale=a with lam is
+    the unscaled model with lam / a, so lam alone is the paper's lambda."""
+    torch.manual_seed(0)
+    scaled = LaplacianFormer(arch=MINI, lam=4., feature_scale=0.25).eval()
+    plain = LaplacianFormer(arch=MINI, lam=16.).eval()
+    plain.load_state_dict(scaled.state_dict())
+    x = torch.randn(1, 3, 48, 40)
+    with torch.no_grad():
+        for a, b in zip(scaled(x), plain(x)):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize('stats', ['per_landmark', 'per_head'])
+@pytest.mark.parametrize('mode', ['train', 'eval'])
+def test_kernel_whitening_attention_equals_paper_formula_fp64(stats, mode):
+    """whitening='kernel' inside the attention against the paper's map written out in fp64:
+    z_i = Sigma^-1/2 (s_i - mu) + beta on s_i = [k(q_i, l_m)]_m, entering the Nystrom product as
+    Out = Z (K(L,L) + eps I)^-1 K(L,Q) V / N (docs/design/laplacian_whitening.md, section 1)."""
+    torch.manual_seed(0)
+    H, W, C, nh, g, lam, eps = 6, 4, 8, 2, 2, 3.0, 0.05
+    attn = LaplacianAttention(C, nh, sr_ratio=2, lam=lam, ns_iters=60, eps=eps, dwc_kernel=3,
+                              whitening='kernel', whitening_stats=stats,
+                              landmark_grid=g).double()
+    wh = attn.kwhiten
+    with torch.no_grad():
+        wh.bias.uniform_(-0.5, 0.5)
+        wh.running_mean.uniform_(0, 1)
+        wh.running_var.uniform_(0.5, 2)
+    before_mean, before_var = wh.running_mean.clone(), wh.running_var.clone()
+    attn.train(mode == 'train')
+    B, N, hd = 3, H * W, C // nh
+    x = torch.randn(B, N, C, dtype=torch.float64)
+    out = attn(x, (H, W))
+
+    with torch.no_grad():
+        q = (x @ attn.q.weight.T + attn.q.bias).reshape(B, N, nh, hd).transpose(1, 2)
+        v = x @ attn.v.weight.T + attn.v.bias  # [B, N, C]
+        vh = v.reshape(B, N, nh, hd).transpose(1, 2)
+        grid = q.reshape(B, nh, H, W, hd)
+        ch, cw = H // g, W // g  # the fixed g x g grid (per-head stats: sr x sr cells, sr 2)
+        cells = [(r, c, ch, cw) for r in range(0, H, ch) for c in range(0, W, cw)] \
+            if stats == 'per_landmark' else \
+            [(r, c, 2, 2) for r in range(0, H, 2) for c in range(0, W, 2)]
+        lm = torch.stack([grid[:, :, r:r + h, c:c + w].mean(dim=(2, 3)) for r, c, h, w in cells],
+                         dim=2)  # [B, nh, M, hd]
+        M = lm.shape[2]
+        s = _kernel(q, lm, lam)  # [B, nh, N, M]
+        dims = (0, 2) if stats == 'per_landmark' else (0, 2, 3)
+        beta = wh.bias.reshape(1, nh, 1, -1)  # [1, nh, 1, M or 1]
+        if mode == 'train':
+            mu = s.mean(dim=dims, keepdim=True)
+            var = s.var(dim=dims, unbiased=False, keepdim=True)
+        else:
+            mu, var = before_mean.reshape(1, nh, 1, -1), before_var.reshape(1, nh, 1, -1)
+        z = (s - mu) / torch.sqrt(var + wh.eps) + beta
+        core = torch.linalg.inv(_kernel(lm, lm, lam) + eps * torch.eye(M, dtype=torch.float64))
+        y = (z @ core @ _kernel(lm, q, lam) @ vh / N).transpose(1, 2).reshape(B, N, C)
+        y = y + attn.dwc(v.transpose(1, 2).reshape(B, C, H, W)).flatten(2).transpose(1, 2)
+        expect = y @ attn.proj.weight.T + attn.proj.bias
+    torch.testing.assert_close(out, expect, rtol=1e-7, atol=1e-9)
+    if mode == 'train':  # the running estimates moved towards the batch statistics (once)
+        n = s.numel() / s.shape[1] / (1 if stats == 'per_head' else M)
+        unbiased = s.var(dim=dims, unbiased=True).reshape(nh, -1)
+        torch.testing.assert_close(wh.running_mean, 0.9 * before_mean +
+                                   0.1 * s.mean(dim=dims).reshape(nh, -1))
+        torch.testing.assert_close(wh.running_var, 0.9 * before_var + 0.1 * unbiased)
+        assert n > 1
+    else:
+        assert torch.equal(wh.running_mean, before_mean)
+
+
+def test_cg_and_newton_schulz_agree_on_a_well_conditioned_case(monkeypatch):
+    """A large ridge makes K(L,L) + eps I well conditioned: both solvers converge to the same
+    product; CG gets cg_iters / cg_tol / eps."""
+    calls = []
+    real = lf_mod.conjugate_gradient_solve
+
+    def spy(a, b, eps, **kw):
+        calls.append((tuple(a.shape), eps, kw))
+        return real(a, b, eps, **kw)
+
+    monkeypatch.setattr(lf_mod, 'conjugate_gradient_solve', spy)
+    torch.manual_seed(0)
+    ns = LaplacianFormer(arch=MINI, eps=1., ns_iters=40).eval()
+    cg = LaplacianFormer(arch=MINI, eps=1., pinv_solver='cg', cg_iters=60, cg_tol=1e-9).eval()
+    cg.load_state_dict(ns.state_dict())
+    x = torch.randn(1, 3, 61, 45)
+    with torch.no_grad():
+        out_ns, out_cg = ns(x), cg(x)
+    for a, b in zip(out_ns, out_cg):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
+    assert len(calls) == 3 and {c[0][-1] for c in calls} == {49}
+    assert all(c[1] == 1. and c[2] == dict(iters=60, tol=1e-9) for c in calls)
+    # and at the default ridge the two solvers still give close (not identical) outputs
+    a = LaplacianFormer(arch=MINI).eval()
+    b = LaplacianFormer(arch=MINI, pinv_solver='cg', cg_iters=200, cg_tol=1e-8).eval()
+    b.load_state_dict(a.state_dict())
+    with torch.no_grad():
+        assert (a(x)[2] - b(x)[2]).abs().max() < 0.05 * a(x)[2].abs().max()
+
+
+def test_fixed_landmark_grid_for_per_landmark_statistics(monkeypatch):
+    """Per-landmark statistics pool a fixed grid (M = 49 at every size, equal to the sr cells at
+    224); per-head statistics keep sr cells."""
+    x = torch.randn(1, 2, 56 * 56, 4, dtype=torch.float64)
+    torch.testing.assert_close(pool_landmarks_grid(x, (56, 56), 7), pool_landmarks(x, (56, 56), 8))
+    sizes = []
+    real = lf_mod.newton_schulz_pinv
+    monkeypatch.setattr(lf_mod, 'newton_schulz_pinv',
+                        lambda a, *args, **kw: sizes.append(a.shape[-1]) or real(a, *args, **kw))
+    model = LaplacianFormer(arch=MINI).eval()
+    with torch.no_grad():
+        model(torch.randn(1, 3, 61, 45))
+        model(torch.randn(1, 3, 96, 128))
+    assert sizes == [49] * 6
+
+
+def test_with_cp_counts_the_batch_once_in_kernel_whitening_statistics():
+    torch.manual_seed(0)
+    plain = LaplacianFormer(arch=MINI, drop_path_rate=0.).train()
+    ckpt = LaplacianFormer(arch=MINI, drop_path_rate=0., with_cp=True).train()
+    ckpt.load_state_dict(plain.state_dict())
+    x = torch.randn(2, 3, 48, 40)
+    for model in (plain, ckpt):
+        sum(o.square().mean() for o in model(x)).backward()
+    kw_plain = [m for m in plain.modules() if isinstance(m, KernelWhitening)]
+    kw_ckpt = [m for m in ckpt.modules() if isinstance(m, KernelWhitening)]
+    assert len(kw_ckpt) == 3
+    for a, b in zip(kw_plain, kw_ckpt):
+        torch.testing.assert_close(b.running_mean, a.running_mean)
+        torch.testing.assert_close(b.running_var, a.running_var)
+    for (n, p), q in zip(plain.named_parameters(), ckpt.parameters()):
+        if p.grad is not None:
+            torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6, msg=n)
+
+
+@pytest.mark.parametrize('name,expect', [
+    ('laplacianformer-t_8xb128_in1k', dict(whitening='kernel', feature_scale=None,
+                                           pinv_solver='newton_schulz', lam=4.)),
+    ('laplacianformer-t_cg_8xb128_in1k', dict(whitening='kernel', pinv_solver='cg')),
+    ('laplacianformer-t_query-whitening_8xb128_in1k', dict(whitening='query',
+                                                          feature_scale='sqrt_head_dim')),
+    ('mask-rcnn_laplacianformer-t_fpn_1x_coco', dict(whitening='kernel',
+                                                     whitening_stats='per_landmark')),
+])
+def test_configs_hold_the_switches(name, expect):
+    """The paper's setting by default; the ablation configs change only what they name
+    (tests/configs builds every config)."""
+    from os.path import abspath, dirname, join
+
+    from mmengine.config import Config
+    root = dirname(dirname(dirname(abspath(__file__))))
+    backbone = Config.fromfile(join(root, 'configs', 'laplacianformer', f'{name}.py')).model.backbone
+    with torch.device('meta'):
+        model = MODELS.build(dict(backbone, init_cfg=None))
+    attn = model.layers[0].blocks[0].attn
+    for key, value in expect.items():
+        assert getattr(model, key, getattr(attn, key, None)) == value, key
+
+
+def test_half_model_kernel_whitening_updates_its_16bit_running_estimates():
+    torch.manual_seed(0)
+    attn = LaplacianAttention(16, 2, sr_ratio=2, landmark_grid=2).half().train()
+    wh = attn.kwhiten
+    with torch.no_grad():
+        out = attn(torch.randn(2, 6 * 4, 16).half(), (6, 4))
+    assert out.dtype == torch.float16 and torch.isfinite(out).all()
+    assert wh.running_mean.dtype == torch.float16 and wh.running_mean.abs().sum() > 0
+    assert 'running_mean' in wh._buffers and wh._buffers['running_mean'] is wh.running_mean

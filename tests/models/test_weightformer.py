@@ -238,6 +238,49 @@ def test_dynamic_block_rule():
         assert blk.norm2.eps == 1e-6
 
 
+@pytest.mark.parametrize('every,expect', [
+    (1, tuple(range(17))), (2, (0, 2, 4, 6, 8, 10, 12, 14, 16)),
+    (3, (1, 4, 7, 10, 13, 16)), (4, (2, 6, 10, 14))])
+def test_dynamic_every_counts_the_dynamic_blocks(every, expect):
+    """dynamic_every (the paper's frequency ablation): block i is dynamic when (i + 2) % every
+    == 0; 3 is the default and the official rule."""
+    with torch.device('meta'):
+        model = WeightFormer(arch='tiny', dynamic_every=every)
+    dynamic = [i for i, blk in enumerate(model.blocks) if isinstance(blk.mlp.fc1, DynamicLinear)]
+    assert tuple(dynamic) == model.dynamic_blocks == expect
+    assert len(dynamic) == len(range(every - 2 if every >= 2 else 0, 17, every))
+    assert sum(isinstance(blk.dwc, DynamicDWConv) for blk in model.blocks) == len(expect)
+    assert sum(hasattr(blk, 'norm1') for blk in model.blocks) == len(expect)
+    assert model.dynamic_every == every
+    if every == 3:
+        with torch.device('meta'):
+            default = WeightFormer(arch='tiny')
+        assert default.dynamic_blocks == expect
+        assert [k for k in default.state_dict()] == [k for k in model.state_dict()]
+
+
+def test_dynamic_every_changes_the_computation_and_trains():
+    torch.manual_seed(0)
+    base = WeightFormer(arch=MINI, out_type='featmap').eval()
+    every = WeightFormer(arch=MINI, out_type='featmap', dynamic_every=2).eval()
+    assert base.dynamic_blocks == (1, 4) and every.dynamic_blocks == (0, 2, 4)
+    x = torch.randn(2, 3, 40, 56)
+    with torch.no_grad():
+        a, b = base(x)[-1], every(x)[-1]
+    assert a.shape == b.shape and not torch.allclose(a, b)
+    every.train()
+    loss = sum(o.square().mean() for o in every(x))
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert all(torch.isfinite(p.grad).all() for p in every.parameters() if p.grad is not None)
+
+
+@pytest.mark.parametrize('bad', [0, -3, 2.5, True])
+def test_dynamic_every_invalid(bad):
+    with pytest.raises(ValueError, match='dynamic_every must be an integer >= 1'):
+        WeightFormer(arch=MINI, dynamic_every=bad)
+
+
 def test_arch_aliases_custom_and_invalid():
     assert WeightFormer._parse_arch('T') == WeightFormer._parse_arch('tiny')
     assert WeightFormer._parse_arch('b') == WeightFormer._parse_arch('small')

@@ -8,18 +8,58 @@ Baseline it builds on: SOFT (Lu et al., NeurIPS 2021), https://github.com/fudan-
 The token mixer replaces SOFT's Gaussian kernel ``exp(-||q - k||_2^2 / 2)`` by the Laplacian kernel
 ``k(x, y) = exp(-||x - y||_1 / lam)`` inside a Nystrom approximation of the full kernel matrix:
 
-    A ~= K(Q, L) pinv(K(L, L)) K(L, Q),    out = A V / N + DWC(V)
+    A ~= K(Q, L) W^-1 K(L, Q),    W = K(L, L) + eps I,    out = A V / N + DWC(V)
 
-- ``L``: landmarks, the queries average pooled over ``sr x sr`` cells of the token grid (partial
-  cells at the bottom/right of odd grids average what they hold), ``sr = 8, 4, 2`` by stage.
+- ``L``: landmarks, the queries average pooled over cells of the token grid: ``sr x sr`` cells
+  (``sr = 8, 4, 2`` by stage; partial cells at the bottom/right of odd grids average what they
+  hold), or a fixed ``landmark_grid x landmark_grid`` grid when the whitening keeps per-landmark
+  statistics (below);
 - keys are the queries (one projection, as in SOFT), so ``K(L, K) = K(Q, L)^T``;
-- ``pinv`` is :func:`mmeffattn.ops.newton_schulz_pinv`: Newton-Schulz iterations for
-  ``(K(L, L) + eps I)^-1``; the kernel matrices come from :func:`mmeffattn.ops.laplacian_kernel`.
-- before the kernel, the queries pass through the injective feature map with diagonal whitening
-  ``z = Sigma^{-1/2} (q - mean) + bias`` (:class:`DiagonalWhitening`: batch statistics in
-  training, running ones in eval), then are scaled by ``head_dim ** -0.5``: an L1 distance is a
-  sum over the head dimension, like the dot product that softmax attention divides by
-  ``sqrt(head_dim)`` (SOFT scales by ``head_dim ** -0.25`` because its distance is squared).
+- ``W^-1`` by :func:`mmeffattn.ops.newton_schulz_pinv` (Newton-Schulz iterations, the paper's
+  solver, default) or, for the paper's solver ablation (``pinv_solver='cg'``), by
+  :func:`~mmeffattn.models.layers.linear_solve.conjugate_gradient_solve` against ``K(L, K) V``;
+  the kernel matrices come from :func:`mmeffattn.ops.laplacian_kernel`.
+
+**The injective feature map (``whitening='kernel'``, default).** The paper whitens the vector of
+kernel similarities of each query, ``s_i = [k(q_i, l_m)]_{m=1..M}`` (row ``i`` of ``K(Q, L)``):
+
+    z_i = Sigma^{-1/2} (s_i - mu) + beta,    Sigma = diag(Var[s]),  mu = E[s]
+
+with batch statistics per dimension in training, running ones in eval, and a learned bias
+(:class:`~mmeffattn.models.layers.kernel_whitening.KernelWhitening`). Row ``i`` of the output is
+``s_i^T W^-1 R / N`` with ``R = K(L, K) V`` shared by all queries, so ``s_i`` is the only
+query-dependent factor and ``z_i`` replaces it; the value-side factor ``K(L, K)`` stays the raw
+kernel (it aggregates the values):
+
+    Out = [(K(Q, L) - 1 mu^T) D + 1 beta^T] W^-1 K(L, K) V / N,    D = Sigma^{-1/2}
+
+evaluated right to left (``X = W^-1 R``, ``M x Dv``; then ``Z X / N``): nothing ``N x N``, and
+the whitening adds only ``O(N M)``. Why the map is injective: the Laplacian kernel is positive
+definite (Bochner: its Fourier transform is positive), so ``q -> k(q, .)`` is injective and, for
+generic landmarks, so is ``q -> s(q)``; the whitening is affine with a positive, finite diagonal
+linear part (``eps > 0``), hence invertible (``s = D^-1 (z - beta) + mu``), and injective after
+injective is injective. Full derivation: ``docs/design/laplacian_whitening.md`` (sections 1-2).
+
+Per-landmark statistics (``whitening_stats='per_landmark'``, default, the paper's
+per-dimension ones) need slot ``m`` to be the same region of the image at every size, so the
+landmarks then pool the token grid to a fixed ``landmark_grid x landmark_grid`` grid (default 7:
+exactly the ``sr x sr`` cells at 224x224 in every kernel stage of tiny and small; ``max_landmarks``
+does not apply). ``whitening_stats='per_head'`` (one statistic per head) keeps ``sr x sr`` cells
+and the ``max_landmarks`` cap at any size.
+
+``whitening='query'`` is an ablation, not the paper's map: :class:`DiagonalWhitening` on the
+projected queries before the kernel (also injective, but it rescales every distance the kernel
+sees, so it changes what ``lam`` means, and leaves the similarity vectors unnormalized).
+``whitening=None``: no whitening.
+
+**The bandwidth.** ``lam`` is the paper's lambda on the features the kernel actually sees. The
+features are not scaled unless ``feature_scale`` says so (a float, or ``'sqrt_head_dim'`` for
+``head_dim ** -0.5`` per stage; since ``exp(-||a q - a k||_1 / lam) = exp(-||q - k||_1 / (lam /
+a))``, a scale ``a`` makes ``lam`` act as ``lam / a``). The Gaussian kernel (SOFT baseline) keeps
+SOFT's own ``head_dim ** -0.25`` (its distance is squared and it has no bandwidth), with
+``feature_scale`` on top. Models trained before this switch (whitening on the queries, features
+divided by ``sqrt(head_dim)``) are ``whitening='query', feature_scale='sqrt_head_dim'``.
+
 - ``DWC``: a depthwise convolution of the values on the token grid, one kernel per channel
   (SOFT's local branch shares one kernel per head across the head dim); sides 9, 5, 3 by stage as
   SOFT's ``conv_size``.
@@ -31,9 +71,9 @@ Choices where the paper and SOFT leave freedom (documented here, tested in
   after the residual sum absorbs the scale), whereas this PVTv2-style pyramid is pre-norm: the raw
   kernel sum over ``N`` tokens grows with the resolution (3136 tokens at stride 4 for 224x224,
   ~60k for a detection image) and would blow up the residual stream.
-- The kernel evaluations and the Newton-Schulz iterations run in float32, also under autocast:
-  the iteration squares the condition number of ``K(L, L) + eps I`` and does not converge in
-  half precision.
+- The kernel evaluations, the whitening, and the Newton-Schulz iterations (or CG) run in
+  float32, also under autocast: the iteration squares the condition number of ``K(L, L) + eps I``
+  and does not converge in half precision.
 - The last stage (``sr = 1``) uses ordinary softmax attention, as SOFT does (``softmax_last_stage=
   True``): there the landmarks would be all tokens, and ``ns_iters`` products of ``N x N``
   matrices cost far more than the ``N^2`` softmax (49 tokens at 224x224, ~1000 for detection).
@@ -44,7 +84,8 @@ Choices where the paper and SOFT leave freedom (documented here, tested in
   the Newton-Schulz iterations ``M^3`` (cubic): an 800x1333 image gives ~1000 landmarks per stage
   and ~740 GMACs of Newton-Schulz for tiny. At 224x224 every stage has 7x7 = 49 landmarks, so the
   cap changes nothing there; 128 is also the largest matrix the official CUDA inverse accepts.
-  ``max_landmarks=None`` keeps ``sr x sr`` cells at every size.
+  ``max_landmarks=None`` keeps ``sr x sr`` cells at every size. (With per-landmark kernel
+  whitening the landmark grid is fixed instead, see above: the cost is linear too.)
 
 Macro-architecture (PVTv2): four stages, each an overlapping patch embedding (7x7 stride 4, then
 3x3 stride 2; convolution + LayerNorm), pre-norm blocks ``x + attn(LN(x))``, ``x + mlp(LN(x))``
@@ -55,6 +96,7 @@ classifier matches the published parameters and FLOPs (see the table's comment).
 """
 import contextlib
 import threading
+import warnings
 from typing import Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -64,14 +106,20 @@ import torch.nn.functional as F
 from mmeffattn.ops import laplacian_kernel, newton_schulz_pinv
 from mmeffattn.registry import MODELS
 from ..layers import DropPath, Mlp
+from ..layers.kernel_whitening import KernelWhitening
+from ..layers.linear_solve import conjugate_gradient_solve
 from ..layers.tokens import map_to_tokens, tokens_to_map
 from ..utils import init_linear_and_norm
 from .base import BaseBackbone, HWShape, drop_path_rates, run_block
 
 __all__ = ['LaplacianFormer', 'LaplacianAttention', 'SoftmaxAttention', 'DiagonalWhitening',
-           'gaussian_kernel', 'pool_landmarks', 'landmark_cell']
+           'gaussian_kernel', 'pool_landmarks', 'pool_landmarks_grid', 'landmark_cell']
 
 KERNELS = ('laplacian', 'gaussian')
+WHITENINGS = ('kernel', 'query', None)
+WHITENING_STATS = ('per_landmark', 'per_head')
+PINV_SOLVERS = ('newton_schulz', 'cg')
+FEATURE_SCALES = ('sqrt_head_dim', )  # named scales (besides None and positive numbers)
 
 
 # --------------------------------------------------------------------------------------------
@@ -101,6 +149,76 @@ def pool_landmarks(x: torch.Tensor, hw: HWShape, sr: int) -> torch.Tensor:
     grid = x.transpose(-2, -1).reshape(B * nh, D, hw[0], hw[1])  # [B*nh, D, H, W]
     pooled = F.avg_pool2d(grid, sr, sr, ceil_mode=True)  # [B*nh, D, H', W']
     return pooled.flatten(2).transpose(-2, -1).reshape(B, nh, -1, D)
+
+
+def pool_landmarks_grid(x: torch.Tensor, hw: HWShape, grid: int) -> torch.Tensor:
+    """Landmarks on a fixed ``grid x grid`` grid of the token map (adaptive average pooling), so
+    that landmark slot ``m`` is the same region of the image at every input size.
+
+    Args:
+        x: ``[B, heads, N, D]`` with ``N = H * W`` (row-major).
+        hw: the token grid ``(H, W)``.
+        grid: cells per side.
+
+    Returns:
+        ``[B, heads, grid * grid, D]``. When ``H`` (or ``W``) is a multiple of ``grid`` this is
+        :func:`pool_landmarks` with ``sr = H / grid``; smaller grids than ``grid`` repeat tokens
+        in neighbouring cells (duplicate landmarks: ``eps`` keeps ``K(L, L) + eps I`` invertible).
+    """
+    B, nh, N, D = x.shape
+    fmap = x.transpose(-2, -1).reshape(B * nh, D, hw[0], hw[1])  # [B*nh, D, H, W]
+    pooled = F.adaptive_avg_pool2d(fmap, grid)  # [B*nh, D, grid, grid]
+    return pooled.flatten(2).transpose(-2, -1).reshape(B, nh, grid * grid, D)
+
+
+def resolve_whitening(whitening: Union[str, bool, None]) -> Optional[str]:
+    """``whitening`` checked, with the old bool API mapped (``True`` -> ``'query'``, ``False`` ->
+    None) under a :class:`DeprecationWarning`."""
+    if isinstance(whitening, bool):
+        new = 'query' if whitening else None
+        warnings.warn(
+            f'LaplacianFormer whitening={whitening} is deprecated: use whitening={new!r}'
+            + (" (the query whitening; the paper's map on the kernel similarities is "
+               "whitening='kernel', the new default). To reproduce a model trained with "
+               "whitening=True, also pass feature_scale='sqrt_head_dim'" if whitening else ''),
+            DeprecationWarning, stacklevel=3)
+        return new
+    if whitening not in WHITENINGS:
+        raise ValueError(f"whitening must be one of {WHITENINGS} ('kernel': the paper's map on "
+                         f"the kernel similarities; 'query': DiagonalWhitening on the queries, an "
+                         f"ablation; None: off), got {whitening!r}")
+    return whitening
+
+
+def check_feature_scale(feature_scale: Union[float, str, None]) -> None:
+    """Raise ValueError unless ``feature_scale`` is None, a positive number or a named scale."""
+    if feature_scale is None or feature_scale in FEATURE_SCALES:
+        return
+    if isinstance(feature_scale, bool) or not isinstance(feature_scale, (int, float)) or \
+            not feature_scale > 0:
+        raise ValueError(f'feature_scale must be None (no scaling: lam is the bandwidth on the '
+                         f'projected features), a positive number, or one of {FEATURE_SCALES} '
+                         f'(head_dim ** -0.5 per stage, the scaling of models trained before '
+                         f'whitening=\'kernel\'), got {feature_scale!r}')
+
+
+def _check_solver_args(whitening_stats: str, landmark_grid: int, pinv_solver: str,
+                       cg_iters: int, cg_tol: float) -> None:
+    """Raise ValueError naming the accepted values of the whitening-statistics and solver
+    arguments."""
+    if whitening_stats not in WHITENING_STATS:
+        raise ValueError(f"whitening_stats must be one of {WHITENING_STATS} ('per_landmark' pools "
+                         f"the landmarks to a fixed grid; 'per_head' works with any landmark "
+                         f"count), got {whitening_stats!r}")
+    if isinstance(landmark_grid, bool) or not isinstance(landmark_grid, int) or landmark_grid < 1:
+        raise ValueError(f'landmark_grid must be an integer >= 1 (7: the 224x224 landmark cells),'
+                         f' got {landmark_grid!r}')
+    if pinv_solver not in PINV_SOLVERS:
+        raise ValueError(f'pinv_solver must be one of {PINV_SOLVERS}, got {pinv_solver!r}')
+    if isinstance(cg_iters, bool) or not isinstance(cg_iters, int) or cg_iters < 1:
+        raise ValueError(f'cg_iters must be an integer >= 1, got {cg_iters!r}')
+    if isinstance(cg_tol, bool) or not isinstance(cg_tol, (int, float)) or not cg_tol >= 0:
+        raise ValueError(f'cg_tol must be a number >= 0 (0 runs all cg_iters), got {cg_tol!r}')
 
 
 def landmark_cell(hw: HWShape, sr: int, max_landmarks: Optional[int] = None) -> int:
@@ -134,8 +252,9 @@ _STATE = threading.local()  # per thread: the autograd engine recomputes on its 
 
 @contextlib.contextmanager
 def recomputing() -> Iterator[None]:
-    """Marks a gradient-checkpoint recomputation: :class:`DiagonalWhitening` then normalizes with
-    the batch statistics as in the first pass but does not update its running estimates again."""
+    """Marks a gradient-checkpoint recomputation: :class:`DiagonalWhitening` and
+    :class:`KernelWhitening` then normalize with the batch statistics as in the first pass but do
+    not update their running estimates again."""
     saved = getattr(_STATE, 'recomputing', False)
     _STATE.recomputing = True
     try:
@@ -207,30 +326,49 @@ class DiagonalWhitening(nn.Module):
 # attention
 # --------------------------------------------------------------------------------------------
 class LaplacianAttention(nn.Module):
-    """Nystrom kernel attention with landmarks, Newton-Schulz inverse and a DWC value branch.
+    """Nystrom kernel attention with landmarks, an inverse (Newton-Schulz or CG) and a DWC branch.
 
-    ``out = proj(K(Z, L) pinv(K(L, L)) K(L, Z) V / N + DWC(V))`` with ``Z`` the whitened, scaled
-    queries (which are also the keys) and ``L`` the pooled landmarks; see the module docstring.
+    ``out = proj(S (K(L, L) + eps I)^-1 K(L, Z) V / N + DWC(V))`` with ``Z`` the kernel's input
+    features (the projected queries, also the keys; optionally query-whitened and scaled), ``L``
+    the pooled landmarks and ``S = K(Z, L)``, kernel-whitened by default; see the module
+    docstring.
 
     Args:
         dim: channels.
         num_heads: heads; ``dim % num_heads == 0``.
         sr_ratio: landmark cell side (``>= 1``).
         kernel: ``'laplacian'`` (``exp(-||x - y||_1 / lam)``) or ``'gaussian'`` (SOFT's
-            ``exp(-||x - y||^2 / 2)``, queries scaled by ``head_dim ** -0.25`` as SOFT).
-        lam: Laplacian bandwidth ``lambda`` (> 0).
+            ``exp(-||x - y||^2 / 2)``, features scaled by ``head_dim ** -0.25`` as SOFT).
+        lam: Laplacian bandwidth ``lambda`` (> 0) on the features the kernel sees.
         ns_iters: Newton-Schulz iterations (>= 0).
         eps: ridge added to ``K(L, L)`` before inverting (>= 0).
-        whitening: apply :class:`DiagonalWhitening` to the queries before the kernel.
+        whitening: ``'kernel'`` (:class:`KernelWhitening` on ``K(Z, L)``, the paper's map),
+            ``'query'`` (:class:`DiagonalWhitening` on the queries, an ablation) or None.
+            ``True``/``False`` are deprecated aliases of ``'query'``/None.
+        whitening_stats: ``'per_landmark'`` (statistics per head and landmark slot; the
+            landmarks pool to a fixed ``landmark_grid`` grid) or ``'per_head'``; kernel
+            whitening only.
+        landmark_grid: side of the fixed landmark grid of per-landmark kernel whitening.
+        feature_scale: multiplies the kernel's input features: None (no scaling), a positive
+            number, or ``'sqrt_head_dim'`` (``head_dim ** -0.5``).
+        pinv_solver: ``'newton_schulz'`` (the paper's) or ``'cg'`` (conjugate gradients against
+            ``K(L, Z) V``, the solver ablation; reference PyTorch implementation).
+        cg_iters: maximum CG iterations (>= 1).
+        cg_tol: CG relative residual at which to stop early (>= 0).
         max_landmarks: cap on the landmark count: larger grids pool over larger cells (see
-            :func:`landmark_cell`); None keeps ``sr_ratio`` at every size.
+            :func:`landmark_cell`); None keeps ``sr_ratio`` at every size. Not used with
+            per-landmark kernel whitening (fixed grid).
         dwc_kernel: side of the depthwise convolution on the values (odd).
         qkv_bias: bias of the query and value projections.
         backend: passed to the ops (None picks automatically).
     """
 
     def __init__(self, dim: int, num_heads: int, sr_ratio: int = 1, kernel: str = 'laplacian',
-                 lam: float = 4., ns_iters: int = 20, eps: float = 0.01, whitening: bool = True,
+                 lam: float = 4., ns_iters: int = 20, eps: float = 0.01,
+                 whitening: Union[str, bool, None] = 'kernel',
+                 whitening_stats: str = 'per_landmark', landmark_grid: int = 7,
+                 feature_scale: Union[float, str, None] = None,
+                 pinv_solver: str = 'newton_schulz', cg_iters: int = 20, cg_tol: float = 1e-6,
                  max_landmarks: Optional[int] = None, dwc_kernel: int = 3, qkv_bias: bool = True,
                  backend: Optional[str] = None) -> None:
         super().__init__()
@@ -240,6 +378,9 @@ class LaplacianAttention(nn.Module):
             raise ValueError(f'kernel must be one of {KERNELS}, got {kernel!r}')
         if dwc_kernel % 2 != 1:
             raise ValueError(f'dwc_kernel must be odd (same-size output), got {dwc_kernel}')
+        whitening = resolve_whitening(whitening)
+        _check_solver_args(whitening_stats, landmark_grid, pinv_solver, cg_iters, cg_tol)
+        check_feature_scale(feature_scale)
         self.dim = dim
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
@@ -248,23 +389,39 @@ class LaplacianAttention(nn.Module):
         self.lam = float(lam)
         self.ns_iters = ns_iters
         self.eps = float(eps)
+        self.whitening = whitening
+        self.whitening_stats = whitening_stats
+        self.pinv_solver = pinv_solver
+        self.cg_iters, self.cg_tol = cg_iters, float(cg_tol)
         self.max_landmarks = max_landmarks
         self.backend = backend
-        # the L1 distance sums over head_dim terms: divide the features by sqrt(head_dim), as
-        # softmax divides q.k; SOFT's squared distance takes head_dim ** -0.25 on each side
-        self.scale = self.head_dim ** (-0.5 if kernel == 'laplacian' else -0.25)
+        # per-slot statistics need a fixed landmark count: pool to a fixed grid then
+        self.landmark_grid = landmark_grid if (
+            whitening == 'kernel' and whitening_stats == 'per_landmark') else None
+        self.feature_scale = feature_scale
+        scale = 1. if feature_scale is None else (
+            self.head_dim ** -0.5 if feature_scale == 'sqrt_head_dim' else float(feature_scale))
+        # SOFT's Gaussian kernel squares the distance and has no bandwidth: it keeps its own
+        # head_dim ** -0.25 on each side; the Laplacian's bandwidth is lam (no implicit scale)
+        self.scale = scale * (self.head_dim ** -0.25 if kernel == 'gaussian' else 1.)
         self.q = nn.Linear(dim, dim, bias=qkv_bias)  # queries, also the keys (SOFT)
         self.v = nn.Linear(dim, dim, bias=qkv_bias)
-        self.whiten = DiagonalWhitening(dim) if whitening else None
+        # the names stay: 'whiten' (query) loads checkpoints from before 'kernel' existed
+        self.whiten = DiagonalWhitening(dim) if whitening == 'query' else None
+        self.kwhiten = KernelWhitening(
+            num_heads, landmark_grid ** 2 if self.landmark_grid else None) \
+            if whitening == 'kernel' else None
         self.dwc = nn.Conv2d(dim, dim, dwc_kernel, padding=dwc_kernel // 2, groups=dim)
         self.proj = nn.Linear(dim, dim)
 
     def features(self, q: torch.Tensor) -> torch.Tensor:
         """The kernel's input from the projected queries: ``[B, N, C]`` -> ``[B, heads, N,
-        head_dim]``, whitened (if on) and scaled; float32 for 16-bit inputs."""
+        head_dim]``, query-whitened (``whitening='query'``) and scaled (if a scale applies);
+        float32 for 16-bit inputs."""
         B, N, _ = q.shape
         q = self.whiten(q) if self.whiten is not None else q.to(compute_dtype(q.dtype))
-        return q.reshape(B, N, self.num_heads, self.head_dim).transpose(1, 2) * self.scale
+        q = q.reshape(B, N, self.num_heads, self.head_dim).transpose(1, 2)
+        return q * self.scale if self.scale != 1. else q
 
     def kernel_fn(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """``[B, h, N, D]``, ``[B, h, M, D]`` -> ``[B, h, N, M]`` kernel matrix."""
@@ -272,16 +429,51 @@ class LaplacianAttention(nn.Module):
             return laplacian_kernel(x, y, self.lam, backend=self.backend)
         return gaussian_kernel(x, y)
 
+    def landmarks(self, z: torch.Tensor, hw: HWShape) -> torch.Tensor:
+        """``[B, h, N, D]`` -> ``[B, h, M, D]``: a fixed grid (per-landmark kernel whitening) or
+        ``sr x sr`` cells (capped by ``max_landmarks``)."""
+        if self.landmark_grid is not None:
+            return pool_landmarks_grid(z, hw, self.landmark_grid)
+        return pool_landmarks(z, hw, landmark_cell(hw, self.sr_ratio, self.max_landmarks))
+
+    def solve(self, k_ll: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+        """``(K(L, L) + eps I)^-1 R`` for ``k_ll [B, h, M, M]``, ``r [B, h, M, Dv]``."""
+        if self.pinv_solver == 'cg':
+            return conjugate_gradient_solve(k_ll, r, self.eps, iters=self.cg_iters,
+                                            tol=self.cg_tol)
+        return newton_schulz_pinv(k_ll, self.ns_iters, self.eps, backend=self.backend) @ r
+
+    def kernel_whiten(self, s: torch.Tensor, update_stats: bool) -> torch.Tensor:
+        """:class:`KernelWhitening` of ``s [B, h, N, M]`` (float32). A half-precision model
+        (``model.half()``) holds 16-bit running estimates while the statistics are float32: run
+        on float32 copies and store them back (as :class:`DiagonalWhitening` does)."""
+        wh = self.kwhiten
+        if wh.running_mean.dtype == s.dtype:
+            return wh(s, update_stats=update_stats)
+        mean, var = wh.running_mean, wh.running_var
+        wh.running_mean, wh.running_var = mean.to(s.dtype), var.to(s.dtype)
+        try:
+            return wh(s, update_stats=update_stats)
+        finally:
+            if wh.training and update_stats:
+                with torch.no_grad():
+                    mean.copy_(wh.running_mean)
+                    var.copy_(wh.running_var)
+            wh.running_mean, wh.running_var = mean, var
+
     def nystrom(self, z: torch.Tensor, v: torch.Tensor, hw: HWShape) -> torch.Tensor:
-        """``K(z, L) pinv(K(L, L)) K(L, z) v / N`` for ``z`` ``[B, h, N, D]``, ``v`` ``[B, h, N,
-        Dv]`` (float32), evaluated right to left so that nothing ``N x N`` is formed."""
-        sr = landmark_cell(hw, self.sr_ratio, self.max_landmarks)
-        landmarks = pool_landmarks(z, hw, sr)  # [B, h, M, D]
+        """``S (K(L, L) + eps I)^-1 K(L, z) v / N`` for ``z`` ``[B, h, N, D]``, ``v`` ``[B, h, N,
+        Dv]`` (float32), ``S = K(z, L)`` kernel-whitened (``whitening='kernel'``) or raw;
+        evaluated right to left so that nothing ``N x N`` is formed."""
+        landmarks = self.landmarks(z, hw)  # [B, h, M, D]
         k_zl = self.kernel_fn(z, landmarks)  # [B, h, N, M]
         k_ll = self.kernel_fn(landmarks, landmarks)  # [B, h, M, M]
-        pinv = newton_schulz_pinv(k_ll, self.ns_iters, self.eps, backend=self.backend)
-        lv = k_zl.transpose(-2, -1) @ v  # [B, h, M, Dv]
-        return k_zl @ (pinv @ lv) / z.shape[-2]  # [B, h, N, Dv]
+        x = self.solve(k_ll, k_zl.transpose(-2, -1) @ v)  # [B, h, M, Dv]; keys = queries
+        if self.kwhiten is not None:
+            # the query-side factor only (docs/design/laplacian_whitening.md, section 1); a
+            # gradient-checkpoint recomputation must not count the batch twice
+            k_zl = self.kernel_whiten(k_zl, not getattr(_STATE, 'recomputing', False))
+        return k_zl @ x / z.shape[-2]  # [B, h, N, Dv]
 
     def forward(self, x: torch.Tensor, hw: HWShape) -> torch.Tensor:
         B, N, C = x.shape
@@ -295,8 +487,9 @@ class LaplacianAttention(nn.Module):
 
     def extra_repr(self) -> str:
         return (f'dim={self.dim}, num_heads={self.num_heads}, sr_ratio={self.sr_ratio}, '
-                f'kernel={self.kernel!r}, lam={self.lam}, ns_iters={self.ns_iters}, '
-                f'eps={self.eps}, whitening={self.whiten is not None}, '
+                f'kernel={self.kernel!r}, lam={self.lam}, feature_scale={self.feature_scale!r}, '
+                f'whitening={self.whitening!r}, landmark_grid={self.landmark_grid}, '
+                f'pinv_solver={self.pinv_solver!r}, ns_iters={self.ns_iters}, eps={self.eps}, '
                 f'max_landmarks={self.max_landmarks}')
 
 
@@ -448,10 +641,26 @@ class LaplacianFormer(BaseBackbone):
             ``mlp_ratios``, ``sr_ratios`` (default: tiny's).
         in_channels: image channels.
         kernel: ``'laplacian'`` or ``'gaussian'`` (the SOFT baseline).
-        lam: Laplacian bandwidth (paper: 4 is best).
+        lam: Laplacian bandwidth, the paper's lambda on the features the kernel sees (paper: 4
+            is best).
         ns_iters: Newton-Schulz iterations.
         eps: ridge of the landmark kernel matrix before inversion.
-        whitening: the injective feature map (diagonal whitening) before the kernel.
+        whitening: ``'kernel'`` (default): the paper's injective map, diagonal whitening of each
+            query's kernel-similarity vector (:class:`KernelWhitening`); ``'query'``:
+            :class:`DiagonalWhitening` of the queries before the kernel (ablation); None: off.
+            ``True``/``False`` are deprecated aliases of ``'query'``/None.
+        whitening_stats: ``'per_landmark'`` (default; statistics per head and landmark slot, the
+            landmarks pool to a fixed ``landmark_grid`` grid) or ``'per_head'`` (``sr x sr``
+            cells and ``max_landmarks`` at any size). Kernel whitening only.
+        landmark_grid: side of the fixed landmark grid of per-landmark kernel whitening (7: the
+            ``sr x sr`` cells at 224x224).
+        feature_scale: multiplies the kernel's input features: None (default, ``lam`` is the
+            bandwidth on the projected features), a positive number, or ``'sqrt_head_dim'``
+            (``head_dim ** -0.5``; with ``whitening='query'`` the model before this switch).
+        pinv_solver: ``'newton_schulz'`` (default, the paper's) or ``'cg'`` (conjugate
+            gradients, the paper's solver ablation).
+        cg_iters: maximum CG iterations.
+        cg_tol: CG relative residual at which to stop early.
         softmax_last_stage: ordinary softmax attention in the last stage (as SOFT).
         max_landmarks: cap on the landmarks per map (default 128, the official CUDA inverse's
             limit; None: ``sr x sr`` cells at any size). Uncapped, the landmark count grows with
@@ -465,7 +674,8 @@ class LaplacianFormer(BaseBackbone):
         out_indices: stages whose outputs are returned (negative counts from the end).
         frozen_stages: -1 freezes nothing; 0 freezes the first patch embedding (the stem);
             ``i >= 1`` freezes stages ``0 .. i-1`` whole (embedding, blocks, norm).
-        norm_eval: keep BatchNorm and whitening statistics in eval mode while training.
+        norm_eval: keep BatchNorm and whitening statistics (query and kernel) in eval mode
+            while training.
         with_cp: gradient checkpointing per block.
         attn_backend: backend of :func:`laplacian_kernel` / :func:`newton_schulz_pinv`.
         init_cfg: ``dict(type='Pretrained', checkpoint=..., prefix=...)`` loads strictly.
@@ -496,7 +706,13 @@ class LaplacianFormer(BaseBackbone):
                  lam: float = 4.,
                  ns_iters: int = 20,
                  eps: float = 0.01,
-                 whitening: bool = True,
+                 whitening: Union[str, bool, None] = 'kernel',
+                 whitening_stats: str = 'per_landmark',
+                 landmark_grid: int = 7,
+                 feature_scale: Union[float, str, None] = None,
+                 pinv_solver: str = 'newton_schulz',
+                 cg_iters: int = 20,
+                 cg_tol: float = 1e-6,
                  softmax_last_stage: bool = True,
                  max_landmarks: Optional[int] = 128,
                  dwc_kernel_sizes: Sequence[int] = (9, 5, 3, 3),
@@ -522,6 +738,9 @@ class LaplacianFormer(BaseBackbone):
                 max_landmarks, int) or max_landmarks < 1):
             raise ValueError(f'max_landmarks must be None or an integer >= 1 (official CUDA '
                              f'inverse: 128), got {max_landmarks!r}')
+        whitening = resolve_whitening(whitening)
+        _check_solver_args(whitening_stats, landmark_grid, pinv_solver, cg_iters, cg_tol)
+        check_feature_scale(feature_scale)
         embed_dims = self.arch_settings['embed_dims']
         depths = self.arch_settings['depths']
         self.num_layers = len(depths)
@@ -530,7 +749,8 @@ class LaplacianFormer(BaseBackbone):
                              f'stage ({self.num_layers})')
         self.kernel = kernel
         self.lam, self.ns_iters, self.eps = float(lam), ns_iters, float(eps)
-        self.whitening = whitening
+        self.whitening, self.whitening_stats = whitening, whitening_stats
+        self.feature_scale, self.pinv_solver = feature_scale, pinv_solver
         self.num_features = list(embed_dims)
         self._init_training_switches(out_indices, self.num_layers, 'stages', frozen_stages,
                                      norm_eval, with_cp)
@@ -543,7 +763,9 @@ class LaplacianFormer(BaseBackbone):
             attn_kwargs = {} if softmax else dict(
                 sr_ratio=self.arch_settings['sr_ratios'][i], kernel=kernel, lam=self.lam,
                 ns_iters=ns_iters, eps=self.eps, whitening=whitening,
-                max_landmarks=max_landmarks, dwc_kernel=dwc_kernel_sizes[i],
+                whitening_stats=whitening_stats, landmark_grid=landmark_grid,
+                feature_scale=feature_scale, pinv_solver=pinv_solver, cg_iters=cg_iters,
+                cg_tol=cg_tol, max_landmarks=max_landmarks, dwc_kernel=dwc_kernel_sizes[i],
                 backend=attn_backend)
             self.layers.append(LaplacianStage(
                 in_channels if i == 0 else embed_dims[i - 1], embed_dims[i], depths[i],
@@ -579,7 +801,7 @@ class LaplacianFormer(BaseBackbone):
         # the whitening statistics are batch statistics like BatchNorm's: norm_eval freezes them
         if mode and self.norm_eval:
             for m in self.modules():
-                if isinstance(m, DiagonalWhitening):
+                if isinstance(m, (DiagonalWhitening, KernelWhitening)):
                     m.eval()
         return self
 
@@ -601,9 +823,11 @@ class LaplacianFormer(BaseBackbone):
 
     # ---------------------------------------------------------------- weights
     prefix_probe = 'layers.0.patch_embed.proj.weight'
-    checkpoint_signature = r'(^|\.)layers\.\d+\.blocks\.\d+\.attn\.(whiten\.bias|kv\.weight)$'
+    checkpoint_signature = (r'(^|\.)layers\.\d+\.blocks\.\d+\.attn\.'
+                            r'(whiten\.bias|kwhiten\.bias|kv\.weight)$')
     official_name = 'LaplacianFormer classification'
 
     def describe(self) -> str:
         return (f'{self.__class__.__name__}(arch={self.arch_settings}, kernel={self.kernel!r}, '
-                f'whitening={self.whitening})')
+                f'whitening={self.whitening!r}, feature_scale={self.feature_scale!r}, '
+                f'pinv_solver={self.pinv_solver!r})')

@@ -12,7 +12,10 @@ tokens.
 The trunk (as the official ``VisionTransformer`` in ``model/wfm.py``): a 16x16 patch embedding
 with a LayerNorm after it, no position embedding and no class token, ``depth`` blocks at one
 resolution, a final LayerNorm and mean pooling. Block ``i`` is *dynamic* when ``(i + 2) % 3 ==
-0`` (blocks 1, 4, 7, 10, 13, 16 of 17), otherwise *static*:
+0`` (blocks 1, 4, 7, 10, 13, 16 of 17; the official ``(layer + 2) % 3 == 0``), otherwise
+*static*. The frequency, the paper's ablation, is ``dynamic_every`` (default 3): block ``i`` is
+dynamic when ``(i + 2) % dynamic_every == 0`` (1: every block; 2: blocks 0, 2, 4, ...; 4: blocks
+2, 6, 10, 14):
 
 - static: ``x = x + DWConv3x3(x)``; ``x = x + drop_path(MLP(LN(x)))``.
 - dynamic: ``x = LN(x)`` (the residual stream itself is normalized; no shortcut around this
@@ -59,9 +62,10 @@ LN_EPS = 1e-6
 # --------------------------------------------------------------------------------------------
 # helpers
 # --------------------------------------------------------------------------------------------
-def is_dynamic_block(i: int) -> bool:
-    """Whether block ``i`` (0-based) of the trunk is dynamic: ``(i + 2) % 3 == 0``."""
-    return (i + 2) % 3 == 0
+def is_dynamic_block(i: int, every: int = 3) -> bool:
+    """Whether block ``i`` (0-based) of the trunk is dynamic: ``(i + 2) % every == 0`` (the
+    official rule for ``every = 3``: one block in three, starting at block 1)."""
+    return (i + 2) % every == 0
 
 
 # --------------------------------------------------------------------------------------------
@@ -335,6 +339,9 @@ class WeightFormer(BaseBackbone):
         norm_eval: keep BatchNorm layers (only the pyramid may have them) in eval mode while
             training.
         with_cp: gradient checkpointing per block (only when gradients are needed).
+        dynamic_every: one block in ``dynamic_every`` is dynamic (block ``i`` when ``(i + 2) %
+            dynamic_every == 0``); 3 is the paper's and the official code's (the paper's
+            frequency ablation varies it); 1 makes every block dynamic.
         pyramid_cfg: keyword arguments of :class:`~mmeffattn.models.layers.ViTPyramid`
             (``scales``, ``norm_cfg``, ``act_cfg``, ``out_norm``), for ``out_type='pyramid'``.
         attn_backend: backend of :func:`mmeffattn.ops.dynamic_weight` and
@@ -370,12 +377,18 @@ class WeightFormer(BaseBackbone):
                  frozen_stages: int = -1,
                  norm_eval: bool = False,
                  with_cp: bool = False,
+                 dynamic_every: int = 3,
                  pyramid_cfg: Optional[dict] = None,
                  attn_backend: Optional[str] = None,
                  init_cfg: Optional[Union[dict, List[dict]]] = None) -> None:
         super().__init__(arch, in_channels, init_cfg)
         if out_type not in self.out_types:
             raise ValueError(f'out_type must be one of {self.out_types}, got {out_type!r}')
+        if isinstance(dynamic_every, bool) or not isinstance(dynamic_every, int) or \
+                dynamic_every < 1:
+            raise ValueError(f'dynamic_every must be an integer >= 1 (one dynamic block in '
+                             f'dynamic_every; the paper: 3), got {dynamic_every!r}')
+        self.dynamic_every = dynamic_every
         self.embed_dims = embed_dims = self.arch_settings['embed_dims']
         self.depth = depth = self.arch_settings['depth']
         mlp_ratio = self.arch_settings['mlp_ratio']
@@ -386,12 +399,14 @@ class WeightFormer(BaseBackbone):
         self.out_type = out_type
         self._init_training_switches(self._default_out_indices(out_indices), depth, 'blocks',
                                      frozen_stages, norm_eval, with_cp)
-        self.dynamic_blocks = tuple(i for i in range(depth) if is_dynamic_block(i))
+        self.dynamic_blocks = tuple(i for i in range(depth)
+                                    if is_dynamic_block(i, dynamic_every))
 
         self.patch_embed = PatchEmbed(in_channels, embed_dims, patch_size)
         dpr = drop_path_rates(drop_path_rate, depth)
         self.blocks = nn.ModuleList([
-            WeightFormerBlock(embed_dims, mlp_ratio, dynamic=is_dynamic_block(i), drop=drop_rate,
+            WeightFormerBlock(embed_dims, mlp_ratio, dynamic=i in self.dynamic_blocks,
+                              drop=drop_rate,
                               drop_path=dpr[i], kernel_size=self.kernel_size,
                               reduction=self.reduction, backend=attn_backend)
             for i in range(depth)])
