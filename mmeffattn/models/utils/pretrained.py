@@ -335,9 +335,12 @@ class StrictPretrainedMixin:
 
     def _mismatch_hint(self, missing: List[str], unexpected: List[str], mismatched: List[str],
                        prefix: Optional[str]) -> str:
-        cause = self.mismatch_cause(missing, unexpected, mismatched)
-        n_own = len(self.state_dict())
-        if cause is None and unexpected and len(missing) >= 0.9 * n_own:
+        # a checkpoint sharing (almost) no key with the model, of no family of ours: foreign
+        # weights (checked first: a family's own guess assumes a near miss)
+        foreign = bool(unexpected) and len(missing) >= 0.9 * len(self.state_dict()) and \
+            guess_family(unexpected, type(self)) is None
+        cause = None if foreign else self.mismatch_cause(missing, unexpected, mismatched)
+        if foreign:
             cause = (f'The checkpoint shares almost no key with {type(self).__name__}: these look '
                      f'like weights of another architecture (from the model-level pretrained of '
                      f'a stock mmseg/mmdet config? then set model.pretrained=None).')
