@@ -8,12 +8,18 @@ must give, and keeps only its own blocks, stages and forward. The base holds:
   :class:`~mmeffattn.models.utils.FreezeStagesMixin`) and ``with_cp`` (:func:`run_block`);
 - the strict ``Pretrained`` ``init_cfg`` (:class:`~mmeffattn.models.utils.StrictPretrainedMixin`);
 - the drop-path rates (:func:`drop_path_rates`) and the per-output LayerNorms ``norm{i}``;
-- input validation with one clear error (:meth:`BaseBackbone.check_input`).
+- input validation with one clear error (:meth:`BaseBackbone.check_input`);
+- the deprecated ``pretrained=`` argument of mmseg's/mmdet's own backbones, accepted by every
+  family (:func:`pretrained_to_init_cfg`, applied to each subclass's ``__init__``), so that a
+  stock config whose segmentor passes its model-level ``pretrained`` to the backbone builds.
 
 A family joins the shared contract tests (tests/models/test_backbone_contract.py) by being
 registered in ``mmeffattn.registry.MODELS`` and setting :attr:`BaseBackbone.mini_arch`.
 """
 import contextlib
+import functools
+import inspect
+import warnings
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -23,7 +29,8 @@ from mmengine.model import BaseModule
 
 from ..utils import FreezeStagesMixin, StrictPretrainedMixin, parse_out_indices, resolve_arch
 
-__all__ = ['BaseBackbone', 'HWShape', 'drop_path_rates', 'run_block', 'backbone_families']
+__all__ = ['BaseBackbone', 'HWShape', 'drop_path_rates', 'run_block', 'backbone_families',
+           'pretrained_to_init_cfg']
 
 HWShape = Tuple[int, int]
 
@@ -50,6 +57,64 @@ def run_block(blk: nn.Module, x: torch.Tensor, *args, with_cp: bool = False,
     return blk(x, *args)
 
 
+def pretrained_to_init_cfg(name: str, pretrained: Optional[str],
+                           init_cfg: Optional[Union[dict, List[dict]]]
+                           ) -> Optional[Union[dict, List[dict]]]:
+    """The ``init_cfg`` that the deprecated ``pretrained`` argument stands for, as mmseg's and
+    mmdet's own backbones read it: a path or URL becomes ``dict(type='Pretrained',
+    checkpoint=pretrained)`` with a ``DeprecationWarning``; ``None`` keeps ``init_cfg``.
+
+    mmseg's ``EncoderDecoder`` hands its model-level ``pretrained`` to the backbone, so a stock
+    config (``pretrained='open-mmlab://resnet50_v1c'``) reaches here with ResNet weights: the
+    strict loader then refuses them with the fix ``model.pretrained=None``.
+
+    Raises:
+        TypeError: ``pretrained`` is neither None nor a string.
+        ValueError: both ``pretrained`` and ``init_cfg`` are given.
+    """
+    if pretrained is None:
+        return init_cfg
+    if not isinstance(pretrained, str):
+        raise TypeError(f'{name}: pretrained must be a checkpoint path/URL or None, got '
+                        f'{type(pretrained).__name__}')
+    if init_cfg is not None:
+        raise ValueError(
+            f'{name} got both pretrained={pretrained!r} and init_cfg={init_cfg!r}; give one. '
+            f"pretrained is deprecated: use init_cfg=dict(type='Pretrained', checkpoint=...). "
+            f"If pretrained comes from a stock mmseg/mmdet config's model.pretrained (weights of "
+            f'another architecture), set model.pretrained=None '
+            f'(--cfg-options model.pretrained=None).')
+    warnings.warn(f"{name}: pretrained is deprecated; use init_cfg=dict(type='Pretrained', "
+                  f'checkpoint={pretrained!r})', DeprecationWarning, stacklevel=3)
+    return dict(type='Pretrained', checkpoint=pretrained)
+
+
+def _accept_pretrained(init: Callable) -> Callable:
+    """Wrap a family's ``__init__`` so that it also takes the deprecated ``pretrained``.
+
+    The wrapper turns ``pretrained`` into ``init_cfg`` (:func:`pretrained_to_init_cfg`) before
+    the family's own ``__init__`` runs; nested subclasses (``MILA(SEMA)``) see it only once, as
+    the outermost wrapper removes it.
+    """
+    params = inspect.signature(init).parameters
+    init_cfg_pos = list(params).index('init_cfg') if 'init_cfg' in params else None
+
+    @functools.wraps(init)
+    def __init__(self, *args, pretrained: Optional[str] = None, **kwargs):
+        if pretrained is not None:
+            name = type(self).__name__
+            if init_cfg_pos is not None and len(args) >= init_cfg_pos:  # init_cfg positional
+                args = list(args)
+                args[init_cfg_pos - 1] = pretrained_to_init_cfg(name, pretrained,
+                                                                args[init_cfg_pos - 1])
+            else:
+                kwargs['init_cfg'] = pretrained_to_init_cfg(name, pretrained,
+                                                            kwargs.get('init_cfg'))
+        init(self, *args, **kwargs)
+
+    return __init__
+
+
 class BaseBackbone(StrictPretrainedMixin, FreezeStagesMixin, BaseModule):
     """Base of the backbone families: the arguments and checks they all share.
 
@@ -64,6 +129,9 @@ class BaseBackbone(StrictPretrainedMixin, FreezeStagesMixin, BaseModule):
         in_channels: image channels.
         init_cfg: mmengine init config; ``dict(type='Pretrained', checkpoint=..., prefix=...,
             strict=True)`` loads a checkpoint strictly.
+        pretrained: (every subclass, deprecated) a checkpoint path or URL, the same as
+            ``init_cfg=dict(type='Pretrained', checkpoint=pretrained)``; mmseg's segmentors pass
+            their ``model.pretrained`` here.
     """
 
     #: the variants, ``name -> settings``
@@ -78,6 +146,14 @@ class BaseBackbone(StrictPretrainedMixin, FreezeStagesMixin, BaseModule):
     mini_kwargs: Dict[str, object] = {}
     #: per-output LayerNorm epsilon
     out_norm_eps: float = 1e-5
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        # every family takes the deprecated ``pretrained`` (see pretrained_to_init_cfg) without
+        # naming it in its own signature
+        super().__init_subclass__(**kwargs)
+        init = cls.__dict__.get('__init__')
+        if init is not None and 'pretrained' not in inspect.signature(init).parameters:
+            cls.__init__ = _accept_pretrained(init)
 
     def __init__(self, arch: Union[str, dict], in_channels: int = 3,
                  init_cfg: Optional[Union[dict, List[dict]]] = None) -> None:

@@ -56,33 +56,77 @@ def guess_prefix(probe: Optional[str], ckpt_keys: List[str]) -> Optional[str]:
     return None
 
 
+#: model-zoo schemes of mmengine's CheckpointLoader: weights of OpenMMLab's/torchvision's own
+#: architectures, never of an mmeffattn backbone
+FOREIGN_ZOO_SCHEMES = ('open-mmlab://', 'openmmlab://', 'torchvision://', 'mmcls://',
+                       'mmpretrain://')
+
+
+def _open_checkpoint(checkpoint: str, map_location: str, what: str) -> dict:
+    """mmengine's ``CheckpointLoader`` on ``checkpoint``, with a clear error for a URL that cannot
+    be downloaded (a cached download loads)."""
+    from mmengine.runner.checkpoint import CheckpointLoader
+
+    try:
+        return CheckpointLoader.load_checkpoint(checkpoint, map_location=map_location,
+                                                logger=MMLogger.get_current_instance())
+    except Exception as e:
+        if '://' not in checkpoint:
+            raise
+        raise RuntimeError(
+            f'{what} {checkpoint!r} cannot be read or downloaded here ({type(e).__name__}: '
+            f'{e}). Download it where there is network access and give its local path '
+            f"(init_cfg=dict(type='Pretrained', checkpoint=LOCAL_PATH)); if it came from a stock "
+            f"config's model.pretrained, set model.pretrained=None.") from e
+
+
+def check_not_foreign_zoo(checkpoint: str, what: str = 'checkpoint') -> None:
+    """Raise for an OpenMMLab/torchvision model-zoo name: weights of another architecture than an
+    mmeffattn backbone (not downloaded)."""
+    if isinstance(checkpoint, str) and checkpoint.startswith(FOREIGN_ZOO_SCHEMES):
+        raise RuntimeError(
+            f'{what} {checkpoint!r} names weights of another architecture (an OpenMMLab / '
+            f'torchvision model-zoo checkpoint), which cannot load into an mmeffattn backbone '
+            f'(and is not downloaded). It usually comes from the model-level pretrained of a '
+            f'stock mmseg/mmdet config: set model.pretrained=None (--cfg-options '
+            f"model.pretrained=None) and give the backbone init_cfg=dict(type='Pretrained', "
+            f'checkpoint=PATH) of its own weights, or None to train from scratch.')
+
+
+def select_prefix(state_dict: StateDict, prefix: Optional[str], checkpoint: str,
+                  what: str = 'checkpoint', prefix_option: str = 'init_cfg prefix',
+                  bare_name: str = 'bare') -> StateDict:
+    """The keys of ``state_dict`` under ``prefix`` (stripped); all of them for no prefix.
+
+    Raises ``RuntimeError`` when no key starts with ``prefix``, naming the prefixes it has and
+    the option (``prefix_option``) to set.
+    """
+    if not prefix:
+        return state_dict
+    prefix = prefix if prefix.endswith('.') else prefix + '.'
+    sub = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
+    if not sub:
+        heads = sorted({k.split('.', 1)[0] + '.' for k in state_dict})
+        raise RuntimeError(
+            f'no key of {what} {checkpoint!r} starts with prefix {prefix!r}; its keys start '
+            f'with {heads[:20]}. Set {prefix_option} to one of them, or to None for a '
+            f'{bare_name} checkpoint.')
+    return sub
+
+
 def read_checkpoint(checkpoint: str, prefix: Optional[str] = None, map_location: str = 'cpu',
                     what: str = 'checkpoint', prefix_option: str = 'init_cfg prefix',
                     bare_name: str = 'bare') -> StateDict:
     """The state dict of a checkpoint file (mmengine's ``CheckpointLoader``: paths and URLs),
     unwrapped, restricted to the keys under ``prefix`` (stripped).
 
-    Raises ``RuntimeError`` when no key starts with ``prefix``, naming the prefixes it has and
-    the option (``prefix_option``) to set.
+    Raises ``RuntimeError`` when no key starts with ``prefix`` (naming the prefixes it has and
+    the option ``prefix_option`` to set) and for a URL that cannot be downloaded.
     """
-    from mmengine.runner.checkpoint import CheckpointLoader
-
     if not checkpoint:
         raise ValueError(f'no {what} file given')
-    ckpt = CheckpointLoader.load_checkpoint(checkpoint, map_location=map_location,
-                                            logger=MMLogger.get_current_instance())
-    state_dict = unwrap_state_dict(ckpt)
-    if prefix:
-        prefix = prefix if prefix.endswith('.') else prefix + '.'
-        sub = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
-        if not sub:
-            heads = sorted({k.split('.', 1)[0] + '.' for k in state_dict})
-            raise RuntimeError(
-                f'no key of {what} {checkpoint!r} starts with prefix {prefix!r}; its keys start '
-                f'with {heads[:20]}. Set {prefix_option} to one of them, or to None for a '
-                f'{bare_name} checkpoint.')
-        state_dict = sub
-    return state_dict
+    state_dict = unwrap_state_dict(_open_checkpoint(checkpoint, map_location, what))
+    return select_prefix(state_dict, prefix, checkpoint, what, prefix_option, bare_name)
 
 
 def load_state_dict_strict(module: nn.Module, state_dict: StateDict, source: str, *,
@@ -257,13 +301,28 @@ class StrictPretrainedMixin:
 
     def load_pretrained(self, checkpoint: str, prefix: Optional[str] = None,
                         map_location: str = 'cpu', strict: bool = True) -> None:
-        """Load a checkpoint file strictly (see the class docstring)."""
+        """Load a checkpoint file strictly (see the class docstring). An official checkpoint of
+        the family (MLLA, WeightFormer, VECA; :mod:`.official`) is recognised, converted by the
+        family's converter and logged; ``prefix`` then does not apply."""
         if not checkpoint:
             raise ValueError("init_cfg=dict(type='Pretrained') needs a 'checkpoint'")
+        from .official import convert_official  # (official imports this module)
+
         logger = MMLogger.get_current_instance()
-        state_dict = read_checkpoint(checkpoint, prefix, map_location,
-                                     prefix_option='init_cfg prefix',
-                                     bare_name=self.official_name)
+        check_not_foreign_zoo(checkpoint, 'Pretrained checkpoint')
+        state_dict = read_checkpoint(checkpoint, None, map_location)
+        state_dict, layout = convert_official(type(self), state_dict)
+        if layout is not None:
+            # an official checkpoint is bare: a prefix (our configs' 'backbone.') selects nothing
+            logger.info(f'{self.__class__.__name__}: {checkpoint!r} is an official {layout.name} '
+                        f'checkpoint ({layout.source}); converted it on load with '
+                        f"{layout.convert.replace(':', '.')}" +
+                        (f' (init_cfg prefix {prefix!r} not used)' if prefix else ''))
+            prefix = None
+        else:
+            state_dict = select_prefix(state_dict, prefix, checkpoint,
+                                       prefix_option='init_cfg prefix',
+                                       bare_name=self.official_name)
         state_dict = self.checkpoint_filter(state_dict)
         if prefix:
             prefix = prefix if prefix.endswith('.') else prefix + '.'
@@ -276,7 +335,15 @@ class StrictPretrainedMixin:
 
     def _mismatch_hint(self, missing: List[str], unexpected: List[str], mismatched: List[str],
                        prefix: Optional[str]) -> str:
-        cause = self.mismatch_cause(missing, unexpected, mismatched)
+        # a checkpoint sharing (almost) no key with the model, of no family of ours: foreign
+        # weights (checked first: a family's own guess assumes a near miss)
+        foreign = bool(unexpected) and len(missing) >= 0.9 * len(self.state_dict()) and \
+            guess_family(unexpected, type(self)) is None
+        cause = None if foreign else self.mismatch_cause(missing, unexpected, mismatched)
+        if foreign:
+            cause = (f'The checkpoint shares almost no key with {type(self).__name__}: these look '
+                     f'like weights of another architecture (from the model-level pretrained of '
+                     f'a stock mmseg/mmdet config? then set model.pretrained=None).')
         found = guess_prefix(self.prefix_probe, unexpected) if missing else None
         if found:
             fix = (f'The backbone weights seem to lie under {found!r}: set '
