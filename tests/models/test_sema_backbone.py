@@ -110,7 +110,7 @@ def test_invalid_window_size(window_size):
 
 def test_invalid_options():
     with pytest.raises(ValueError, match='attn_type'):
-        SEMA(arch='tiny', attn_type='softmax')
+        SEMA(arch='tiny', attn_type='flash')
     with pytest.raises(ValueError, match='out_indices'):
         SEMA(arch='tiny', out_indices=(0, 4))
     with pytest.raises(ValueError, match='frozen_stages'):
