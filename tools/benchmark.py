@@ -42,6 +42,13 @@ PRESETS: Dict[str, Dict[str, Any]] = {
     'full': dict(models=['all'], sizes=SQUARE_SIZES + ['1024x2048'], batch=1, warmup=2,
                  repeats=10, backward_max_side=2048, budget_s=1800., max_call_s=120.,
                  max_memory_gb=16.),
+    # the attention zoo (configs/zoo: SEMA-T with each token mixer), once on a shared CPU: one
+    # thread (OpenMP spin-waits on a loaded machine made two threads 20x slower), forward only,
+    # one timed run, a time budget per model (global softmax is skipped where its predicted time
+    # or memory exceeds the limits); tools/analysis_tools/zoo_table.py runs it
+    'zoo': dict(models=['zoo'], sizes=['224', '512', '1024'], batch=1, warmup=1, repeats=1,
+                backward_max_side=0, budget_s=120., max_call_s=30., max_memory_gb=8.,
+                threads=1, reference='Zoo-sema'),
     # a CUDA GPU, inside the 10-minute GPU script (200 s for 16 models; FLOPs do not depend on
     # the device: take them from get_flops.py or a CPU run)
     'gpu': dict(models=['all'], sizes=SQUARE_SIZES + ['1024x2048'], batch=8, warmup=3,
@@ -73,7 +80,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="backend of mmeffattn's ops (default: auto, i.e. Triton on CUDA; the "
                    'reference on a CPU, even when the Triton interpreter is on, since the '
                    'interpreter is a test tool)')
-    p.add_argument('--reference', default='Swin-T', help='model the ratios are taken against')
+    p.add_argument('--reference', help='model the ratios are taken against (default: Swin-T, '
+                   "the preset's)")
     p.add_argument('--no-flops', action='store_true', default=None,
                    help='skip the FLOP count (one traced forward per model and size)')
     p.add_argument('--no-plots', action='store_true')
@@ -82,6 +90,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     for key, value in PRESETS[args.preset].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    if args.reference is None:
+        args.reference = 'Swin-T'
     args.no_flops = bool(args.no_flops)
     return args
 
@@ -131,7 +141,7 @@ def apply_ops_backend(choice: Optional[str], device: torch.device) -> str:
 def run(args: argparse.Namespace) -> Dict[str, Any]:
     from mmeffattn.analysis import benchmarking as bm
     from mmeffattn.analysis.flops import count_flops, count_parameters
-    from mmeffattn.analysis.model_zoo import (MODEL_ZOO, build_backbone, select_models,
+    from mmeffattn.analysis.model_zoo import (build_backbone, get_model, select_models,
                                               unavailable_reason)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -148,7 +158,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     models: Dict[str, torch.nn.Module] = {}
     info: Dict[str, Dict[str, Any]] = {}
     for name in names:
-        entry = MODEL_ZOO[name]
+        entry = get_model(name)
         info[name] = dict(attention=entry.attention, ours=entry.ours, params_m=None,
                           status='ok', spent_s=0., time_hist=[], mem_hist=[])
         reason = unavailable_reason(name)

@@ -13,8 +13,9 @@ from typing import Dict, List, Optional, Tuple
 
 import torch.nn as nn
 
-__all__ = ['ZooModel', 'MODEL_ZOO', 'OURS', 'PEERS', 'unavailable_reason', 'build_backbone',
-           'build_classifier', 'select_models', 'resolve_config', 'PROJECT_ROOT']
+__all__ = ['ZooModel', 'MODEL_ZOO', 'OURS', 'PEERS', 'ATTENTION_ZOO', 'ZOO', 'get_model',
+           'unavailable_reason', 'build_backbone', 'build_classifier', 'select_models',
+           'resolve_config', 'PROJECT_ROOT']
 
 PROJECT_ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 
@@ -109,6 +110,22 @@ MODEL_ZOO: Dict[str, ZooModel] = {m.name: m for m in [
 OURS: List[str] = [n for n, m in MODEL_ZOO.items() if m.ours]
 PEERS: List[str] = [n for n, m in MODEL_ZOO.items() if not m.ours]
 
+#: the attention zoo: SEMA-T with each token mixer (configs/zoo), the group ``'zoo'``; kept out
+#: of ``'all'`` so that the README benchmark keeps its models
+ZOO_ATTN_TYPES = ('sema', 'linear', 'window', 'softmax', 'laplacian', 'core_periphery', 'dynamic')
+ATTENTION_ZOO: Dict[str, ZooModel] = {
+    f'Zoo-{t}': ZooModel(f'Zoo-{t}', 'mmeffattn',
+                         dict(type='SEMA', arch='tiny', attn_type=t, out_indices=_HIER),
+                         classifier=f'configs/zoo/zoo-{t.replace("_", "-")}-t_8xb128_in1k.py',
+                         attention=t, ours=True)
+    for t in ZOO_ATTN_TYPES}
+ZOO: List[str] = list(ATTENTION_ZOO)
+
+
+def get_model(name: str) -> ZooModel:
+    """The entry ``name`` of :data:`MODEL_ZOO` or :data:`ATTENTION_ZOO` (KeyError if none)."""
+    return MODEL_ZOO[name] if name in MODEL_ZOO else ATTENTION_ZOO[name]
+
 
 def _registry(scope: str):
     """The MODELS registry of ``scope``, with its models imported (registered)."""
@@ -122,9 +139,9 @@ def _registry(scope: str):
 def unavailable_reason(name: str) -> Optional[str]:
     """Why ``name`` cannot be built here (None if it can): unknown name, a package that does not
     import, or a model type its registry does not (yet) hold."""
-    if name not in MODEL_ZOO:
-        return f'unknown model {name!r}; choose from {", ".join(MODEL_ZOO)}'
-    model = MODEL_ZOO[name]
+    if name not in MODEL_ZOO and name not in ATTENTION_ZOO:
+        return f'unknown model {name!r}; choose from {", ".join([*MODEL_ZOO, *ZOO])}'
+    model = get_model(name)
     try:
         registry = _registry(model.scope)
     except Exception as e:
@@ -147,7 +164,7 @@ def build_backbone(name: str) -> nn.Module:
     reason = unavailable_reason(name)
     if reason:
         raise RuntimeError(f'{name}: {reason}')
-    model = MODEL_ZOO[name]
+    model = get_model(name)
     backbone = _build(model.scope, dict(model.backbone))
     for attr, value in model.attrs:
         setattr(backbone, attr, value)
@@ -158,7 +175,7 @@ def build_backbone(name: str) -> nn.Module:
 def build_classifier(name: str) -> nn.Module:
     """The ImageNet classifier of ``name`` (from its config file), in eval mode."""
     from mmengine.config import Config
-    model = MODEL_ZOO[name]
+    model = get_model(name)
     if model.classifier is None:
         raise RuntimeError(f'{name}: no ImageNet classifier config is listed')
     reason = unavailable_reason(name)
@@ -188,18 +205,20 @@ def resolve_config(path: str) -> str:
 
 
 def select_models(names: Optional[List[str]]) -> List[str]:
-    """Expand ``'ours'``/``'peers'``/``'all'`` and check the names (ValueError names the bad
-    one and the choices)."""
+    """Expand ``'ours'``/``'peers'``/``'all'``/``'zoo'`` and check the names (ValueError names
+    the bad one and the choices)."""
     if not names:
         return list(MODEL_ZOO)
     out: List[str] = []
     for name in names:
-        group = {'all': list(MODEL_ZOO), 'ours': OURS, 'peers': PEERS}.get(name.lower())
+        group = {'all': list(MODEL_ZOO), 'ours': OURS, 'peers': PEERS,
+                 'zoo': ZOO}.get(name.lower())
         if group is not None:
             out += group
-        elif name in MODEL_ZOO:
+        elif name in MODEL_ZOO or name in ATTENTION_ZOO:
             out.append(name)
         else:
-            raise ValueError(f'unknown model {name!r}; choose from {", ".join(MODEL_ZOO)} '
-                             f"or the groups 'ours', 'peers', 'all'")
+            raise ValueError(f'unknown model {name!r}; choose from '
+                             f'{", ".join([*MODEL_ZOO, *ZOO])} or the groups \'ours\', '
+                             f"'peers', 'all', 'zoo'")
     return list(dict.fromkeys(out))

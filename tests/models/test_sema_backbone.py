@@ -110,7 +110,7 @@ def test_invalid_window_size(window_size):
 
 def test_invalid_options():
     with pytest.raises(ValueError, match='attn_type'):
-        SEMA(arch='tiny', attn_type='softmax')
+        SEMA(arch='tiny', attn_type='flash')
     with pytest.raises(ValueError, match='out_indices'):
         SEMA(arch='tiny', out_indices=(0, 4))
     with pytest.raises(ValueError, match='frozen_stages'):
@@ -266,3 +266,125 @@ def test_build_from_registries():
     assert isinstance(det, SEMA) and det.out_indices == (1, 2, 3)
 
 
+
+
+# ------------------------------------------------------------------------------- SEMA switches
+def _attn_input(dim=64, heads=2, hw=(9, 11), seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(2, hw[0] * hw[1], dim, generator=g), hw
+
+
+def test_with_mean_switch_adds_exactly_the_value_mean():
+    torch.manual_seed(0)
+    on = sema_mod.SEMAttention(64, 2, window_size=4)
+    off = sema_mod.SEMAttention(64, 2, window_size=4, with_mean=False)
+    off.load_state_dict(on.state_dict())
+    x, hw = _attn_input()
+    with torch.no_grad():
+        diff = on(x, hw) - off(x, hw)  # [B, N, C]
+        v_mean = on.v(x).mean(dim=1, keepdim=True)  # the averaging term, per channel
+    torch.testing.assert_close(diff, v_mean.expand_as(diff), rtol=1e-5, atol=1e-5)
+    assert v_mean.abs().max() > 1e-3  # the switch changed the computation
+
+
+def test_value_proj_switch_uses_the_input_and_drops_parameters():
+    torch.manual_seed(0)
+    with_v = sema_mod.SEMAttention(64, 2, window_size=4)
+    no_v = sema_mod.SEMAttention(64, 2, window_size=4, value_proj=False)
+    assert no_v.v is None and not any(k.startswith('v.') for k in no_v.state_dict())
+    assert n_params(with_v) - n_params(no_v) == 64 * 65
+    no_v.load_state_dict({k: v for k, v in with_v.state_dict().items()
+                          if not k.startswith('v.')})
+    x, hw = _attn_input()
+    with torch.no_grad():
+        assert not torch.allclose(with_v(x, hw), no_v(x, hw), atol=1e-4)
+        with_v.v.weight.copy_(torch.eye(64))  # an identity projection is v = x
+        with_v.v.bias.zero_()
+        torch.testing.assert_close(with_v(x, hw), no_v(x, hw), rtol=1e-5, atol=1e-5)
+    # the backbone: one Linear(dim, dim) less per block
+    full, lean = SEMA(arch=MINI), SEMA(arch=MINI, value_proj=False)
+    dims = [32 * 2**i for i, d in enumerate(MINI['depths']) for _ in range(d)]
+    assert n_params(full) - n_params(lean) == sum(c * (c + 1) for c in dims)
+
+
+def test_local_attn_linear_calls_window_linear_attention(monkeypatch):
+    from mmeffattn.models.layers.window_linear import window_linear_attention
+    calls = []
+
+    def spy(q, k, v, hw, window_size, **kw):
+        calls.append((tuple(hw), window_size, kw.get('with_mean')))
+        return window_linear_attention(q, k, v, hw, window_size, **kw)
+
+    monkeypatch.setattr(sema_mod, 'window_linear_attention', spy)
+    torch.manual_seed(0)
+    soft = sema_mod.SEMAttention(64, 2, window_size=4)
+    lin = sema_mod.SEMAttention(64, 2, window_size=4, local_attn='linear')
+    lin.load_state_dict(soft.state_dict())
+    x, hw = _attn_input()
+    with torch.no_grad():
+        out = lin(x, hw)
+        assert not torch.allclose(out, soft(x, hw), atol=1e-4)
+        # the oracle: the reference function on the module's own q, k, v, plus the LePE
+        B, N, C = x.shape
+        q, k = lin.qk(x).reshape(B, N, 2, 2, 32).permute(2, 0, 3, 1, 4)
+        v = lin.v(x)
+        ref = window_linear_attention(q, k, v.reshape(B, N, 2, 32).transpose(1, 2), hw, 4)
+        ref = ref.transpose(1, 2).reshape(B, N, C) + \
+            lin.lepe(v.transpose(1, 2).reshape(B, C, *hw)).flatten(2).transpose(1, 2)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    assert calls[0] == (hw, 4, True)
+
+
+@pytest.mark.parametrize('switches', [
+    dict(with_mean=False), dict(value_proj=False), dict(local_attn='linear'),
+    dict(with_mean=False, value_proj=False, local_attn='linear')],
+    ids=['no-mean', 'no-vproj', 'linear-local', 'all-three'])
+def test_switches_in_the_backbone(switches):
+    """Each switch changes the backbone's output (same shared weights), odd sizes keep their
+    shapes, and the gradients are finite."""
+    torch.manual_seed(0)
+    ref = SEMA(arch=MINI, window_size=3)
+    with torch.no_grad():  # at init (std .02) the attention branch is ~1e-6 of the output
+        for name, p in ref.named_parameters():  # and q, k ~ 0 make every window uniform
+            if name.endswith(('in_proj.weight', 'attn.qk.weight', 'out_proj.weight')):
+                p.normal_(std=0.3)
+    model = SEMA(arch=MINI, window_size=3, **switches)
+    model.load_state_dict(ref.state_dict(), strict=False)  # value_proj=False: fewer keys
+    x = torch.randn(2, 3, 29, 43)
+    ref.eval(), model.eval()
+    with torch.no_grad():
+        outs, ref_outs = model(x), ref(x)
+    assert [o.shape for o in outs] == [(2, 32 * 2**i, *expected_hw(29, 43, i)) for i in range(4)]
+    assert (outs[0] - ref_outs[0]).abs().max() > 1e-3
+    model.train()
+    xg = x[:, :, :21, :19].clone().requires_grad_()
+    sum(o.pow(2).mean() for o in model(xg)).backward()
+    assert torch.isfinite(xg.grad).all() and xg.grad.abs().sum() > 0
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def test_mila_switches():
+    torch.manual_seed(0)
+    mila = MILA(arch=MINI).eval()
+    assert not any('.attn.v.' in k for k in mila.state_dict())
+    meaned = MILA(arch=MINI, with_mean=True).eval()
+    meaned.load_state_dict(mila.state_dict())
+    projected = MILA(arch=MINI, value_proj=True)
+    assert any('.attn.v.' in k for k in projected.state_dict())
+    x = torch.randn(1, 3, 27, 35)
+    with torch.no_grad():
+        assert (meaned(x)[0] - mila(x)[0]).abs().max() > 1e-5
+    with pytest.raises(ValueError, match='local_attn'):  # not an option of MILA's attention
+        MILA(arch=MINI, local_attn='linear')
+
+
+def test_switch_errors():
+    with pytest.raises(ValueError, match='local_attn'):
+        SEMA(arch=MINI, local_attn='relu')
+    with pytest.raises(ValueError, match='with_mean'):
+        SEMA(arch=MINI, with_mean='yes')
+    with pytest.raises(ValueError, match="'softmax' does not take"):
+        SEMA(arch=MINI, attn_type='softmax', value_proj=False)
+    msg = SEMA(arch=MINI, value_proj=False).mismatch_cause(
+        [], ['layers.0.blocks.0.attn.v.weight'], [])
+    assert 'value_proj=True' in msg

@@ -31,10 +31,16 @@ from mmeffattn.ops import sema_attention
 from mmeffattn.registry import MODELS
 from ..layers import ConvNormAct, DropPath, Mlp
 from ..layers.tokens import map_to_tokens, tokens_to_map
+from ..layers.window_linear import window_linear_attention
 from ..utils import init_linear_and_norm, strip_module_prefix, unwrap_state_dict
+from .attention_zoo import build_mixer, mixer_names, register_mixer
 from .base import BaseBackbone, HWShape, drop_path_rates, run_block
 
-__all__ = ['SEMA', 'MILA', 'checkpoint_filter_mlla', 'apply_rope_2d']
+__all__ = ['SEMA', 'MILA', 'checkpoint_filter_mlla', 'apply_rope_2d', 'LinearAttention',
+           'SEMAttention', 'SEMABlock', 'LOCAL_ATTNS']
+
+#: the choices of SEMA's localized attention ``A_Phi`` (``local_attn=``)
+LOCAL_ATTNS = ('softmax', 'linear')
 
 
 # --------------------------------------------------------------------------------------------
@@ -112,6 +118,12 @@ def apply_rope_2d(x: torch.Tensor, hw: HWShape, base: float = 10000.) -> torch.T
 # --------------------------------------------------------------------------------------------
 # attention
 # --------------------------------------------------------------------------------------------
+def _check_bool(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f'{name} must be True or False, got {value!r}')
+    return value
+
+
 class LinearAttention(nn.Module):
     """MLLA/MILA linear attention with 2-D RoPE and LePE; the values are the input (``v = x``).
 
@@ -124,17 +136,24 @@ class LinearAttention(nn.Module):
         num_heads: attention heads; ``dim % num_heads == 0``.
         qkv_bias: bias of the q/k projection.
         rope_base: RoPE frequency base.
+        with_mean: add ``mean_j v_j`` to every token (SEMA's averaging term on MILA; off in MILA).
+        value_proj: values from a ``Linear(dim, dim)`` ``v`` (SEMA's); off in MILA (``v = x``).
     """
 
     def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True,
-                 rope_base: float = 10000.) -> None:
+                 rope_base: float = 10000., *, with_mean: bool = False,
+                 value_proj: bool = False) -> None:
         super().__init__()
         if dim % num_heads != 0:
             raise ValueError(f'dim {dim} is not divisible by num_heads {num_heads}')
         self.dim = dim
         self.num_heads = num_heads
         self.rope_base = rope_base
+        self.with_mean = _check_bool('with_mean', with_mean)
         self.qk = nn.Linear(dim, dim * 2, bias=qkv_bias)
+        # None without a value projection: no ``v`` keys in the state dict
+        self.v = nn.Linear(dim, dim, bias=qkv_bias) \
+            if _check_bool('value_proj', value_proj) else None
         self.elu = nn.ELU()
         self.lepe = nn.Conv2d(dim, dim, 3, padding=1, groups=dim)
 
@@ -146,6 +165,7 @@ class LinearAttention(nn.Module):
         k = self.elu(k) + 1.0
         q_rope = apply_rope_2d(q, hw, self.rope_base)  # [B, N, C]
         k_rope = apply_rope_2d(k, hw, self.rope_base)
+        x = self.v(x) if self.v is not None else x  # the values (MILA: the input itself)
 
         def heads(t: torch.Tensor) -> torch.Tensor:
             return t.reshape(B, N, nh, hd).transpose(1, 2)  # [B, nh, N, hd]
@@ -154,19 +174,32 @@ class LinearAttention(nn.Module):
         z = 1 / (q @ k.mean(dim=-2, keepdim=True).transpose(-2, -1) + 1e-6)  # [B, nh, N, 1]
         kv = (k_rope.transpose(-2, -1) * N ** -0.5) @ (v * N ** -0.5)  # [B, nh, hd, hd]
         out = (q_rope @ kv) * z  # [B, nh, N, hd]
+        if self.with_mean:
+            out = out + v.mean(dim=-2, keepdim=True)
         out = out.transpose(1, 2).reshape(B, N, C)
         return out + map_to_tokens(self.lepe(tokens_to_map(x, hw)))
 
     def extra_repr(self) -> str:
-        return f'dim={self.dim}, num_heads={self.num_heads}'
+        return (f'dim={self.dim}, num_heads={self.num_heads}, with_mean={self.with_mean}, '
+                f'value_proj={self.v is not None}')
 
 
 class SEMAttention(nn.Module):
-    """SEMA attention: windowed softmax (localization) + mean of all values (averaging) + LePE.
+    """SEMA attention: windowed attention ``A_Phi`` (localization) + mean of all values
+    (averaging) + LePE.
 
     q and k come from one ``Linear(dim, 2 * dim)`` (named ``qk`` as in MLLA); unlike MLLA, the
-    values have their own projection ``v``. There is no RoPE: the softmax only sees a local
+    values have their own projection ``v``. There is no RoPE: the attention only sees a local
     window, and position comes from the block's convolutional position encodings and the LePE.
+
+    The paper's ablations are switches (the defaults are SEMA):
+
+    - ``with_mean=False`` drops the averaging term: Swin-style window softmax (the zoo's
+      ``attn_type='window'``);
+    - ``value_proj=False`` drops ``v`` (``v = x`` as MLLA), ``dim * (dim + 1)`` parameters less;
+    - ``local_attn='linear'`` makes ``A_Phi`` a windowed linear attention
+      (:func:`~mmeffattn.models.layers.window_linear.window_linear_attention`, ELU + 1 kernel in
+      the same windows) instead of :func:`mmeffattn.ops.sema_attention`'s softmax.
 
     Args:
         dim: channels.
@@ -174,19 +207,29 @@ class SEMAttention(nn.Module):
         window_size: side of the non-overlapping attention windows.
         qkv_bias: bias of the q/k and v projections.
         backend: passed to :func:`mmeffattn.ops.sema_attention` (None picks automatically).
+        with_mean: add the mean of all values (SEMA's averaging).
+        value_proj: project the values with ``v``; False uses ``v = x``.
+        local_attn: ``'softmax'`` or ``'linear'`` windowed attention.
     """
 
     def __init__(self, dim: int, num_heads: int, window_size: int = 7, qkv_bias: bool = True,
-                 backend: Optional[str] = None) -> None:
+                 backend: Optional[str] = None, *, with_mean: bool = True,
+                 value_proj: bool = True, local_attn: str = 'softmax') -> None:
         super().__init__()
         if dim % num_heads != 0:
             raise ValueError(f'dim {dim} is not divisible by num_heads {num_heads}')
+        if local_attn not in LOCAL_ATTNS:
+            raise ValueError(f'local_attn must be one of {LOCAL_ATTNS}, got {local_attn!r}')
         self.dim = dim
         self.num_heads = num_heads
         self.window_size = window_size
         self.backend = backend
+        self.with_mean = _check_bool('with_mean', with_mean)
+        self.local_attn = local_attn
         self.qk = nn.Linear(dim, dim * 2, bias=qkv_bias)
-        self.v = nn.Linear(dim, dim, bias=qkv_bias)
+        # None without a value projection: no ``v`` keys in the state dict
+        self.v = nn.Linear(dim, dim, bias=qkv_bias) \
+            if _check_bool('value_proj', value_proj) else None
         self.lepe = nn.Conv2d(dim, dim, 3, padding=1, groups=dim)
 
     def forward(self, x: torch.Tensor, hw: HWShape) -> torch.Tensor:
@@ -194,14 +237,50 @@ class SEMAttention(nn.Module):
         nh, hd = self.num_heads, C // self.num_heads
         qk = self.qk(x).reshape(B, N, 2, nh, hd).permute(2, 0, 3, 1, 4)  # [2, B, nh, N, hd]
         q, k = qk.unbind(0)  # views; the op accepts any strides
-        v = self.v(x)  # [B, N, C]
-        out = sema_attention(q, k, v.reshape(B, N, nh, hd).transpose(1, 2), hw, self.window_size,
-                             backend=self.backend)  # [B, nh, N, hd]
+        v = self.v(x) if self.v is not None else x  # [B, N, C]
+        vh = v.reshape(B, N, nh, hd).transpose(1, 2)  # [B, nh, N, hd]
+        if self.local_attn == 'softmax':
+            out = sema_attention(q, k, vh, hw, self.window_size, with_mean=self.with_mean,
+                                 backend=self.backend)  # [B, nh, N, hd]
+        else:
+            out = window_linear_attention(q, k, vh, hw, self.window_size,
+                                          with_mean=self.with_mean)
         out = out.transpose(1, 2).reshape(B, N, C)
         return out + map_to_tokens(self.lepe(tokens_to_map(v, hw)))
 
     def extra_repr(self) -> str:
-        return f'dim={self.dim}, num_heads={self.num_heads}, window_size={self.window_size}'
+        return (f'dim={self.dim}, num_heads={self.num_heads}, window_size={self.window_size}, '
+                f'with_mean={self.with_mean}, value_proj={self.v is not None}, '
+                f'local_attn={self.local_attn!r}')
+
+
+# The family's own token mixers in the attention zoo's registry (the others are registered in
+# attention_zoo.py); each builder takes the block's common arguments and its own options.
+@register_mixer('sema')
+def _build_sema(dim: int, num_heads: int, *, window_size: int, qkv_bias: bool,
+                backend: Optional[str], with_mean: bool = True, value_proj: bool = True,
+                local_attn: str = 'softmax') -> nn.Module:
+    """SEMA: windowed softmax + mean of the values (:class:`SEMAttention`)."""
+    return SEMAttention(dim, num_heads, window_size, qkv_bias, backend=backend,
+                        with_mean=with_mean, value_proj=value_proj, local_attn=local_attn)
+
+
+@register_mixer('linear')
+def _build_linear(dim: int, num_heads: int, *, qkv_bias: bool, rope_base: float,
+                  with_mean: bool = False, value_proj: bool = False) -> nn.Module:
+    """MILA/MLLA: ELU+1 linear attention with 2-D RoPE (:class:`LinearAttention`)."""
+    return LinearAttention(dim, num_heads, qkv_bias, rope_base=rope_base, with_mean=with_mean,
+                           value_proj=value_proj)
+
+
+@register_mixer('window')
+def _build_window(dim: int, num_heads: int, *, window_size: int, qkv_bias: bool,
+                  backend: Optional[str], with_mean: bool = False, value_proj: bool = True,
+                  local_attn: str = 'softmax') -> nn.Module:
+    """Swin-style window softmax without SEMA's mean (:class:`SEMAttention`,
+    ``with_mean=False``; no shifted windows: the block's convolutions connect the windows)."""
+    return SEMAttention(dim, num_heads, window_size, qkv_bias, backend=backend,
+                        with_mean=with_mean, value_proj=value_proj, local_attn=local_attn)
 
 
 # --------------------------------------------------------------------------------------------
@@ -216,20 +295,25 @@ class SEMABlock(nn.Module):
     Args:
         dim: channels.
         num_heads: attention heads.
-        attn_type: ``'sema'`` or ``'linear'``.
-        window_size: SEMA window side (unused by ``'linear'``).
+        attn_type: the token mixer, a name of the attention zoo
+            (:func:`~mmeffattn.models.backbones.attention_zoo.mixer_names`).
+        window_size: window side of the windowed mixers.
         mlp_ratio: MLP hidden channels / ``dim``.
         qkv_bias: bias of the attention projections.
         drop: dropout inside the MLP.
         drop_path: stochastic depth rate of both residual branches.
         rope_base: RoPE base for ``'linear'``.
-        attn_backend: backend for the SEMA op.
+        attn_backend: backend for the mixer's ops.
+        stage: index of the block's stage (mixers with per-stage options).
+        mixer_cfg: options of the mixer (``with_mean``, ``value_proj``, ``local_attn`` for
+            SEMA; see :func:`~mmeffattn.models.backbones.attention_zoo.mixer_options`).
     """
 
     def __init__(self, dim: int, num_heads: int, attn_type: str = 'sema', window_size: int = 7,
                  mlp_ratio: float = 4., qkv_bias: bool = True, drop: float = 0.,
                  drop_path: float = 0., rope_base: float = 10000.,
-                 attn_backend: Optional[str] = None) -> None:
+                 attn_backend: Optional[str] = None, stage: int = 0,
+                 mixer_cfg: Optional[dict] = None) -> None:
         super().__init__()
         self.dim = dim
         self.cpe1 = nn.Conv2d(dim, dim, 3, padding=1, groups=dim)
@@ -238,12 +322,9 @@ class SEMABlock(nn.Module):
         self.act_proj = nn.Linear(dim, dim)
         self.dwc = nn.Conv2d(dim, dim, 3, padding=1, groups=dim)
         self.act = nn.SiLU()
-        if attn_type == 'sema':
-            self.attn = SEMAttention(dim, num_heads, window_size, qkv_bias, backend=attn_backend)
-        elif attn_type == 'linear':
-            self.attn = LinearAttention(dim, num_heads, qkv_bias, rope_base=rope_base)
-        else:
-            raise ValueError(f"attn_type must be 'sema' or 'linear', got {attn_type!r}")
+        self.attn = build_mixer(attn_type, dim, num_heads, stage=stage, window_size=window_size,
+                                qkv_bias=qkv_bias, rope_base=rope_base, backend=attn_backend,
+                                **(mixer_cfg or {}))
         self.out_proj = nn.Linear(dim, dim)
         self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
         self.cpe2 = nn.Conv2d(dim, dim, 3, padding=1, groups=dim)
@@ -402,6 +483,20 @@ class SEMA(BaseBackbone):
         - ``attn_type='linear'`` (MILA/MLLA, arXiv 2405.16605): the official linear attention
           (ELU+1, 2-D RoPE computed for the actual grid, normalizer z, LePE, ``v = x``); the
           baseline.
+        - the attention zoo (:mod:`~mmeffattn.models.backbones.attention_zoo`): ``'window'``
+          (window softmax without the mean), ``'softmax'`` (global), ``'laplacian'``
+          (LaplacianFormer's Nystrom attention), ``'core_periphery'`` (VECA-style learned
+          cores), ``'dynamic'`` (WeightFormer's dynamic conv + linear), all in this same
+          macro-architecture, so that they compare on an equal footing.
+
+    SEMA's ablations (arXiv 2506.08297) are switches; None keeps the mixer's own default, so the
+    defaults build the published SEMA and MILA:
+
+        - ``with_mean``: the averaging term ``mean(V)`` (SEMA: on; ``'linear'``/``'window'``:
+          off);
+        - ``value_proj``: the value projection ``attn.v`` (SEMA: on, ``False`` uses ``v = x``
+          and drops its ``dim * (dim + 1)`` parameters per block; MILA: off);
+        - ``local_attn``: ``'softmax'`` (default) or ``'linear'`` windowed ``A_Phi``.
 
     Any input size works: the stem pads the image to a multiple of 4 and odd grids are padded to
     even before each downsampling (both as the official det code); SEMA windows may be partial.
@@ -409,7 +504,8 @@ class SEMA(BaseBackbone):
     Args:
         arch: a key of :attr:`arch_zoo` (``'tiny'``/``'t'``, ``'small'``/``'s'``,
             ``'base'``/``'b'``) or a dict with ``embed_dims``, ``depths`` and ``num_heads``.
-        attn_type: ``'sema'`` or ``'linear'``.
+        attn_type: the token mixer: ``'sema'``, ``'linear'`` or another name of the attention
+            zoo (``attention_zoo.mixer_names()``).
         in_channels: image channels.
         window_size: SEMA window side (>= 1).
         mlp_ratio: MLP hidden channels / block channels.
@@ -424,7 +520,12 @@ class SEMA(BaseBackbone):
         norm_cfg: norm of the stem and downsampling convolutions (``dict(type='SyncBN')``...).
         act_cfg: activation of the stem and downsampling convolutions.
         rope_base: RoPE base for ``attn_type='linear'``.
-        attn_backend: backend for :func:`mmeffattn.ops.sema_attention` (None: automatic).
+        attn_backend: backend of the mixers' ops (None: automatic).
+        with_mean: SEMA's averaging term (None: the mixer's default).
+        value_proj: SEMA's value projection (None: the mixer's default).
+        local_attn: ``'softmax'`` or ``'linear'`` windowed attention (None: ``'softmax'``).
+        mixer_cfg: further options of the mixer, e.g. ``dict(num_cores=16)`` for
+            ``'core_periphery'`` (``attention_zoo.mixer_options(attn_type)`` lists them).
         init_cfg: mmengine init config; ``dict(type='Pretrained', checkpoint=..., prefix=...)``
             loads a checkpoint strictly (see :meth:`init_weights`).
     """
@@ -439,7 +540,6 @@ class SEMA(BaseBackbone):
     }
     arch_keys = ('embed_dims', 'depths', 'num_heads')
     mini_arch = dict(embed_dims=32, depths=[1, 2, 1, 1], num_heads=[1, 2, 4, 8])
-    attn_types = ('sema', 'linear')
 
     def __init__(self,
                  arch: Union[str, dict] = 'tiny',
@@ -458,14 +558,23 @@ class SEMA(BaseBackbone):
                  act_cfg: dict = dict(type='ReLU'),
                  rope_base: float = 10000.,
                  attn_backend: Optional[str] = None,
+                 with_mean: Optional[bool] = None,
+                 value_proj: Optional[bool] = None,
+                 local_attn: Optional[str] = None,
+                 mixer_cfg: Optional[dict] = None,
                  init_cfg: Optional[Union[dict, List[dict]]] = None) -> None:
         super().__init__(arch, in_channels, init_cfg)
-        if attn_type not in self.attn_types:
-            raise ValueError(f'attn_type must be one of {self.attn_types}, got {attn_type!r}')
+        if attn_type not in mixer_names():
+            raise ValueError(f'attn_type must be one of {mixer_names()}, got {attn_type!r}')
+        if mixer_cfg is not None and not isinstance(mixer_cfg, dict):
+            raise ValueError(f'mixer_cfg must be a dict of mixer options, got {mixer_cfg!r}')
+        switches = dict(with_mean=with_mean, value_proj=value_proj, local_attn=local_attn)
+        mixer_cfg = {**(mixer_cfg or {}), **{k: v for k, v in switches.items() if v is not None}}
         if isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 1:
             raise ValueError(f'window_size must be an integer >= 1, got {window_size!r}')
         self.attn_type = attn_type
         self.window_size = window_size
+        self.mixer_cfg = mixer_cfg
         embed_dims = self.arch_settings['embed_dims']
         depths = self.arch_settings['depths']
         num_heads = self.arch_settings['num_heads']
@@ -487,7 +596,7 @@ class SEMA(BaseBackbone):
                 drop_path=dpr[start:start + depths[i]], downsample=i < self.num_layers - 1,
                 with_cp=with_cp, norm_cfg=norm_cfg, act_cfg=act_cfg, attn_type=attn_type,
                 window_size=window_size, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, drop=drop_rate,
-                rope_base=rope_base, attn_backend=attn_backend))
+                rope_base=rope_base, attn_backend=attn_backend, stage=i, mixer_cfg=mixer_cfg))
         self._add_out_norms(self.num_features)
 
         self.apply(init_linear_and_norm)
@@ -537,8 +646,9 @@ class SEMA(BaseBackbone):
         return checkpoint_filter_mlla(state_dict)
 
     def describe(self) -> str:
+        cfg = f', mixer_cfg={self.mixer_cfg}' if self.mixer_cfg else ''
         return (f'{self.__class__.__name__}(arch={self.arch_settings}, '
-                f'attn_type={self.attn_type!r})')
+                f'attn_type={self.attn_type!r}{cfg})')
 
     def mismatch_cause(self, missing: List[str], unexpected: List[str],
                        mismatched: List[str]) -> Optional[str]:
@@ -547,6 +657,11 @@ class SEMA(BaseBackbone):
             return ("This looks like a SEMA checkpoint: MILA (attn_type='linear') has no value "
                     "projection (attn.v); build mmeffattn.SEMA for it, or pick a MILA/MLLA "
                     'checkpoint.')
+        if any('.attn.v.' in k for k in unexpected) and \
+                not any('.attn.v.' in k for k in missing):
+            return ('The checkpoint has a value projection (attn.v) that this model, built with '
+                    'value_proj=False, lacks: build it with value_proj=True (the default), or '
+                    'pick a checkpoint trained without it.')
         if self.attn_type == 'sema' and any('.attn.v.' in k for k in missing) and \
                 not any('.attn.v.' in k for k in unexpected):
             return ("This looks like a MILA/MLLA checkpoint: it has no value projection "
