@@ -114,11 +114,12 @@ class ExactResumeHook(Hook):
     # -- saving ---------------------------------------------------------------------------------
     def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
         state = get_rng_state()
-        loop = runner._train_loop if not isinstance(runner._train_loop, dict) else None
-        state['position'] = dict(
-            epoch=int(getattr(loop, '_epoch', runner.epoch)),
-            iter=int(getattr(loop, '_iter', runner.iter)),
-            seed=runner.seed, world_size=int(runner.world_size))
+        meta = checkpoint.get('meta', {})
+        # Where the data continues: mmengine's meta (the completed epochs / iterations) - the
+        # iteration loop replays that many batches of the seeded sampler on resume.
+        state['position'] = dict(epoch=int(meta.get('epoch', runner.epoch)),
+                                 iter=int(meta.get('iter', runner.iter)),
+                                 seed=runner.seed, world_size=int(runner.world_size))
         checkpoint[RNG_STATE_KEY] = state
 
     # -- loading --------------------------------------------------------------------------------
