@@ -148,7 +148,9 @@ def load_checkpoint_file(path: str, map_location: Any = 'cpu', *, mmap: bool = F
                 f'trust the file, load it with torch.load(weights_only=False) and save its '
                 f'state_dict') from None
         raise CheckpointError(f'checkpoint {path!r} is corrupt ({_short(e)}): {hint}') from None
-    except (RuntimeError, EOFError, OSError, ValueError) as e:
+    except MemoryError:
+        raise
+    except Exception as e:  # torch's readers fail in many ways on junk (IndexError, KeyError...)
         raise CheckpointError(f'checkpoint {path!r} is truncated or corrupt ({_short(e)}): '
                               f'{hint}') from None
 
