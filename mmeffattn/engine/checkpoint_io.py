@@ -102,6 +102,7 @@ def mmengine_safe_loading(extra: Iterable[Any] = ()) -> Iterator[None]:
 def _short(exc: BaseException, limit: int = 160) -> str:
     """The first line of an exception message, shortened: the reason, without torch's essay."""
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    text = text.split('. ')[0]  # torch appends advice meant for torch developers
     return text if len(text) <= limit else text[:limit - 3] + '...'
 
 
