@@ -161,9 +161,9 @@ def run_train_subprocess(args, timeout: int = 300):
 
 
 def checkpoint_state(path: str) -> dict:
-    """The model and optimizer state of a Runner checkpoint (read with the scoped loader)."""
-    from mmeffattn.engine import load_checkpoint_file
-    ckpt = load_checkpoint_file(path)
+    """The model and optimizer state of a Runner checkpoint (a file the test wrote itself, read
+    with the full unpickler so that the comparison does not depend on the loader under test)."""
+    ckpt = torch.load(path, map_location='cpu', weights_only=False)
     return dict(model=ckpt['state_dict'], optimizer=ckpt['optimizer']['state'])
 
 
@@ -183,6 +183,5 @@ def assert_states_equal(a: dict, b: dict) -> None:
 def logged_losses(checkpoint_path: str) -> list:
     """Every training loss of the run, in order, from the checkpoint's message hub (a resumed
     run restores the hub and appends to it, so this covers the whole run)."""
-    from mmeffattn.engine import load_checkpoint_file
-    hub = load_checkpoint_file(checkpoint_path)['message_hub']
+    hub = torch.load(checkpoint_path, map_location='cpu', weights_only=False)['message_hub']
     return hub['log_scalars']['train/loss'].data[0].tolist()
