@@ -7,6 +7,7 @@ stream) and numpy / Python / torch draws in the data pipeline, which run in the 
 checkpoint and the next training step, as in real configs.
 """
 import copy
+import itertools
 import os.path as osp
 
 import pytest
@@ -15,10 +16,20 @@ from reliability_toys import (assert_states_equal, checkpoint_state, load_tool, 
                               run_train_subprocess, toy_config)
 
 pytestmark = pytest.mark.usefixtures('one_thread')
+_RUNS = itertools.count()
 
 
 def _train(*argv) -> None:
-    load_tool('train').main(list(argv))
+    """tools/train.py in this process. Each run gets its own experiment name: mmengine names its
+    process-wide MessageHub after it (by default a timestamp, shared by runs in the same second),
+    and a shared hub would mix the loss histories that the tests compare."""
+    argv = list(argv)
+    name = f'experiment_name=run{next(_RUNS)}'
+    if '--cfg-options' in argv:
+        argv.insert(argv.index('--cfg-options') + 1, name)
+    else:
+        argv += ['--cfg-options', name]
+    load_tool('train').main(argv)
 
 
 def _kill_resume_and_compare(tmp_path, by_epoch: bool, num_workers: int) -> None:
