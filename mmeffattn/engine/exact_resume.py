@@ -99,10 +99,13 @@ class ExactResumeHook(Hook):
     on the CPU (with any ``num_workers``), provided the run has a fixed ``randomness.seed`` (our
     tools take it from the checkpoint when the config leaves it ``None``).
 
-    Limits: on a GPU, nondeterministic kernels (cuDNN, atomics) still differ from run to run
-    unless ``randomness.deterministic=True``; in a distributed run every rank restores rank 0's
-    streams (exact when the ranks draw alike, as with mmengine's default ``diff_rank_seed=False``
-    and augmentation in dataloader workers).
+    Limits: in an epoch-based loop, persistent dataloader workers (``persistent_workers=True``)
+    carry their streams across epochs, which no checkpoint can hold (a WARNING says so), and a
+    checkpoint saved in the middle of an epoch restarts that epoch (mmengine's behaviour); on a
+    GPU, nondeterministic kernels (cuDNN, atomics) still differ from run to run unless
+    ``randomness.deterministic=True``; in a distributed run every rank restores rank 0's streams
+    (exact when the ranks draw alike, as with mmengine's default ``diff_rank_seed=False`` and
+    augmentation in dataloader workers).
     """
 
     priority = 'VERY_HIGH'  # restore before any other hook of the epoch draws a random number
@@ -144,6 +147,15 @@ class ExactResumeHook(Hook):
                 f'the checkpoint was written by {pos["world_size"]} processes, this run has '
                 f'{runner.world_size}: the random streams are restored, the data split is not '
                 f'the same')
+        loader = getattr(runner.train_loop, 'dataloader', None)
+        if (not hasattr(runner.train_loop, 'dataloader_iterator')
+                and getattr(loader, 'num_workers', 0) > 0
+                and getattr(loader, 'persistent_workers', False)):
+            runner.logger.warning(
+                'resume is not bit for bit: in an epoch-based loop, persistent dataloader '
+                'workers carry their random streams from epoch to epoch and those are not in the '
+                'checkpoint; set train_dataloader.persistent_workers=False (or num_workers=0) '
+                'for an exact resume')
         self._pending = state
 
     def before_train_epoch(self, runner) -> None:

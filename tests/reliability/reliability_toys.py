@@ -95,7 +95,8 @@ class DumpRankStateHook(Hook):
 
 
 def toy_config(path, *, by_epoch: bool = False, max_steps: int = 6, interval: int = 3,
-               num_workers: int = 0, val: bool = False, seed=0, extra: str = '') -> str:
+               num_workers: int = 0, val: bool = False, seed=0, persistent: bool = False,
+               extra: str = '') -> str:
     """Write a training config for the toy run; ``max_steps`` iterations or epochs."""
     loop = (f"train_cfg = dict(by_epoch=True, max_epochs={max_steps}"
             f"{', val_interval=1' if val else ''})" if by_epoch else
@@ -105,7 +106,7 @@ def toy_config(path, *, by_epoch: bool = False, max_steps: int = 6, interval: in
     text = f'''
 custom_imports = dict(imports=['reliability_toys'], allow_failed_imports=False)
 model = dict(type='ReliabilityToyModel')
-train_dataloader = dict(batch_size=4, num_workers={num_workers}, persistent_workers=False,
+train_dataloader = dict(batch_size=4, num_workers={num_workers}, persistent_workers={persistent},
                         sampler=dict(type='{sampler}', shuffle=True),
                         dataset=dict(type='ReliabilityToyDataset', size=16))
 optim_wrapper = dict(optimizer=dict(type='SGD', lr=0.01, momentum=0.9))

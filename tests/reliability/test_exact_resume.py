@@ -80,6 +80,19 @@ def test_epoch_resume_is_exact(tmp_path):
                                                                                 'epoch_3.pth'))
 
 
+def test_persistent_workers_in_epoch_loop_warn(tmp_path, capsys):
+    """Persistent workers keep their streams across epochs; no checkpoint holds them, so the
+    resume says that it is not bit for bit."""
+    cfg = toy_config(tmp_path / 'cfg.py', by_epoch=True, max_steps=2, interval=1, num_workers=2,
+                     persistent=True)
+    work = str(tmp_path / 'work')
+    _train(cfg, '--work-dir', work, '--cfg-options', 'train_cfg.max_epochs=1')
+    capsys.readouterr()
+    _train(cfg, '--work-dir', work, '--resume')
+    out = capsys.readouterr()
+    assert 'persistent_workers=False' in out.out + out.err
+
+
 def test_checkpoint_carries_rng_state_and_position(tmp_path):
     from mmeffattn.engine import load_checkpoint_file
     cfg = toy_config(tmp_path / 'cfg.py', max_steps=2, interval=2)
