@@ -8,8 +8,9 @@ from . import ops  # noqa: F401  (ops first: models call them)
 from . import models  # noqa: F401
 from . import engine  # noqa: F401
 
-# mmengine's own checkpoints must load under torch>=2.6's safe loader (resume, load_from).
-engine.allow_mmengine_checkpoints()
+# mmengine's Runner saves checkpoints atomically and loads them through a safe loader whose
+# allow-list is active only during each load (no process-wide add_safe_globals).
+engine.install_checkpoint_io()
 # Configs elsewhere may inherit ours as 'mmeffattn::<path>' (shipped in mmeffattn/.mim).
 engine.compat.register_config_package()
 

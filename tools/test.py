@@ -14,8 +14,9 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 import mmeffattn  # noqa: E402,F401
 from mmeffattn.engine import check_dataset_paths  # noqa: E402
+from mmeffattn.engine import load_checkpoint_file  # noqa: E402
 from mmeffattn.engine.runner_setup import (DictAction, load_config, prepare_runtime,  # noqa: E402
-                                           set_work_dir, setup_launcher)
+                                           run_cli, set_work_dir, setup_launcher)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -60,23 +61,38 @@ def to_jsonable(value):
         return str(value)
 
 
+def keep_test_config_dump(runner, config_path: str) -> None:
+    """Move the Runner's ``WORK_DIR/<timestamp>.py`` to ``WORK_DIR/<timestamp>/test_<name>``."""
+    from mmengine.dist import is_main_process
+    dumped = osp.join(runner.work_dir, f'{runner.timestamp}.py')
+    if is_main_process() and osp.isfile(dumped):
+        os.makedirs(runner.log_dir, exist_ok=True)
+        os.replace(dumped, osp.join(runner.log_dir, 'test_' + osp.basename(config_path)))
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
     prepare_runtime()
     cfg = load_config(args.config, args.cfg_options)
     set_work_dir(cfg, args.config, args.work_dir)
-    if not osp.isfile(args.checkpoint):
-        raise FileNotFoundError(f'checkpoint {args.checkpoint!r} does not exist')
+    # A missing, truncated or refused file ends here with one line, before anything is built.
+    load_checkpoint_file(args.checkpoint, mmap=True)
     cfg.load_from = args.checkpoint
     if args.show_dir:
         enable_visualization(cfg, args.show_dir)
     check_dataset_paths(cfg, ['test'])
     setup_launcher(cfg, args.launcher)
 
+    from mmengine.config import Config
     from mmengine.dist import is_main_process
     from mmengine.registry import RUNNERS
     from mmengine.runner import Runner
+    # The Runner dumps its config as WORK_DIR/<config name>, which is the training run's dump when
+    # the work dirs match; without a file name it writes WORK_DIR/<timestamp>.py instead, which
+    # is then moved into this run's own log folder (WORK_DIR/<timestamp>/).
+    cfg = Config(cfg.to_dict(), filename=None)
     runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
+    keep_test_config_dump(runner, args.config)
     metrics = runner.test()
     if not metrics:
         runner.logger.warning('the evaluator returned no metrics (for detection: no prediction '
@@ -94,4 +110,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == '__main__':
-    main()
+    run_cli(main)

@@ -13,8 +13,9 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))  # run from 
 
 import mmeffattn  # noqa: E402,F401  (registers models; makes mmengine checkpoints loadable)
 from mmeffattn.engine import check_dataset_paths  # noqa: E402
-from mmeffattn.engine.runner_setup import (DictAction, enable_amp, load_config,  # noqa: E402
-                                           prepare_runtime, set_work_dir, setup_launcher)
+from mmeffattn.engine.runner_setup import (DictAction, add_exact_resume_hook,  # noqa: E402
+                                           configure_resume, enable_amp, load_config,
+                                           prepare_runtime, run_cli, set_work_dir, setup_launcher)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -49,14 +50,9 @@ def build_cfg(args: argparse.Namespace):
         else:
             raise RuntimeError(
                 '--auto-scale-lr needs "auto_scale_lr.base_batch_size" in the config')
-    if args.resume == 'auto':
-        cfg.resume = True
-        cfg.load_from = None
-    elif args.resume is not None:
-        if not osp.isfile(args.resume):
-            raise FileNotFoundError(f'--resume checkpoint {args.resume!r} does not exist')
-        cfg.resume = True
-        cfg.load_from = args.resume
+    # Checkpoints carry the random streams and the data position, so a resume is exact.
+    add_exact_resume_hook(cfg)
+    configure_resume(cfg, args.resume)
     return cfg
 
 
@@ -75,4 +71,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == '__main__':
-    main()
+    run_cli(main)

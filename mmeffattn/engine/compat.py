@@ -4,43 +4,29 @@ Two problems that every OpenMMLab user of this stack meets, solved once here:
 
 * torch >= 2.6 loads checkpoints with ``weights_only=True``; mmengine 0.10.7 stores its message
   hub (``HistoryBuffer`` of numpy arrays) in every checkpoint, so ``--resume`` and ``load_from``
-  fail with "Unsupported global". We allow-list exactly the classes mmengine's own checkpoints
-  contain, keeping the safe loader on (``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` would turn it off
-  for everything, including untrusted files).
+  fail with "Unsupported global". :mod:`.checkpoint_io` allow-lists exactly what those
+  checkpoints contain, only for the duration of each load.
 * mmengine's ``pytorch`` launcher calls ``torch.cuda.set_device``; on a CPU-only machine we start
   the gloo process group ourselves (mmengine then skips its own) and make DDP wrap a CPU module
   (``device_ids=None``).
 """
 import os
-from typing import List
 
 import torch
 import torch.distributed as dist
 
 
-def _numpy_safe_globals() -> List[object]:
-    import numpy as np
-    found: List[object] = [np.ndarray, np.dtype]
-    core = getattr(np, '_core', None) or getattr(np, 'core')
-    found += [core.multiarray._reconstruct, core.multiarray.scalar]
-    dtypes = getattr(np, 'dtypes', None)
-    if dtypes is not None:  # numpy >= 1.25 pickles dtypes as np.dtypes.<Name>DType classes
-        found += [getattr(dtypes, n) for n in dir(dtypes) if n.endswith('DType')]
-    return found
-
-
 def allow_mmengine_checkpoints() -> None:
-    """Let ``torch.load(weights_only=True)`` read checkpoints written by mmengine's Runner."""
-    add = getattr(torch.serialization, 'add_safe_globals', None)
-    if add is None:  # torch < 2.4 does not restrict loading by default
-        return
-    from mmengine.logging import HistoryBuffer
-    from mmengine.config import ConfigDict
-    import builtins
-    import collections
-    # ``getattr`` is how mmengine's HistoryBuffer pickles its numpy statistics methods.
-    add([HistoryBuffer, ConfigDict, builtins.getattr, collections.OrderedDict,
-         *_numpy_safe_globals()])
+    """Deprecated: ``import mmeffattn`` now installs a *scoped* safe loader for mmengine's
+    checkpoints (:func:`mmeffattn.engine.install_checkpoint_io`). This alias installs it too, and
+    no longer widens torch's process-wide ``weights_only`` allow-list."""
+    import warnings
+    from .checkpoint_io import install_checkpoint_io
+    warnings.warn('allow_mmengine_checkpoints() is deprecated: mmengine checkpoints load through '
+                  'the scoped loader that import mmeffattn installs (install_checkpoint_io); use '
+                  'mmeffattn.engine.mmengine_safe_loading() around your own torch.load',
+                  DeprecationWarning, stacklevel=2)
+    install_checkpoint_io()
 
 
 def cpu_distributed_requested(launcher: str) -> bool:

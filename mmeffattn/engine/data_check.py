@@ -3,10 +3,18 @@
 A wrong path otherwise surfaces minutes later, deep inside a dataset class, after the model was
 built; here it fails at once with the path, the config key and how to fix it.
 """
+import json
 import os.path as osp
 from typing import Iterable, List
 
 from mmengine.config import Config, ConfigDict
+
+#: Annotation JSON files up to this size are parsed completely before anything is built; larger
+#: ones (full COCO train is ~450 MB) only get the cheap check of their first and last bytes.
+FULL_JSON_CHECK_BYTES = 64 * 1024 * 1024
+
+PHASE_EVALUATORS = {'train': ('val_evaluator',), 'val': ('val_evaluator',),
+                    'test': ('test_evaluator',)}
 
 PHASE_LOADERS = {
     'train': ('train_dataloader', 'val_dataloader'),
@@ -40,8 +48,70 @@ def _dataset_paths(ds: dict, key: str) -> List[tuple]:
     return out
 
 
+class AnnotationFileError(ValueError):
+    """An annotation file exists but is not valid JSON; the message names the file."""
+
+
+def check_annotation_json(path: str, key: str = 'ann_file') -> None:
+    """Raise :class:`AnnotationFileError` naming ``path`` when it is not a valid JSON document.
+
+    Small files are parsed; large ones are checked for an empty file and for a truncated or
+    non-JSON one (first and last non-blank bytes ``{...}`` or ``[...]``), without parsing.
+    """
+    fix = (f'regenerate or download it again, or point {key} at a valid COCO-style JSON file')
+    size = osp.getsize(path)
+    if size == 0:
+        raise AnnotationFileError(f'annotation file {path!r} ({key}) is empty: {fix}')
+    if size <= FULL_JSON_CHECK_BYTES:
+        try:
+            with open(path, 'rb') as f:
+                json.loads(f.read())
+        except (ValueError, UnicodeDecodeError) as e:
+            raise AnnotationFileError(
+                f'annotation file {path!r} ({key}) is not valid JSON ({e}): {fix}') from None
+        return
+    with open(path, 'rb') as f:
+        head = f.read(256).lstrip()[:1]
+        f.seek(max(0, size - 256))
+        tail = f.read().rstrip()[-1:]
+    if (head, tail) not in ((b'{', b'}'), (b'[', b']')):
+        raise AnnotationFileError(
+            f'annotation file {path!r} ({key}) is not valid JSON (it starts with {head!r} and '
+            f'ends with {tail!r}: truncated or not JSON): {fix}')
+
+
+def check_annotation_files(cfg: Config, phases: Iterable[str]) -> None:
+    """Check every existing ``*.json`` annotation file of ``phases`` (datasets and evaluators)
+    with :func:`check_annotation_json`."""
+    seen = set()
+    for phase in phases:
+        for loader_key in PHASE_LOADERS[phase]:
+            loader = cfg.get(loader_key)
+            if not isinstance(loader, (dict, ConfigDict)) or loader.get('dataset') is None:
+                continue
+            for key, path in _dataset_paths(loader['dataset'], f'{loader_key}.dataset'):
+                if key.endswith('ann_file'):
+                    _check_json_once(path, key, seen)
+        for ev_key in PHASE_EVALUATORS[phase]:
+            evaluators = cfg.get(ev_key)
+            for i, ev in enumerate(evaluators if isinstance(evaluators, (list, tuple))
+                                   else [evaluators]):
+                if isinstance(ev, (dict, ConfigDict)) and isinstance(ev.get('ann_file'), str):
+                    key = f'{ev_key}.ann_file' if ev is evaluators else f'{ev_key}[{i}].ann_file'
+                    _check_json_once(ev['ann_file'], key, seen)
+
+
+def _check_json_once(path: str, key: str, seen: set) -> None:
+    if (not path.lower().endswith('.json') or path in seen or not osp.isfile(path)
+            or path.startswith(('s3:', 'http:', 'https:', 'petrel:'))):
+        return
+    seen.add(path)
+    check_annotation_json(path, key)
+
+
 def check_dataset_paths(cfg: Config, phases: Iterable[str]) -> None:
-    """Raise ``FileNotFoundError`` naming every missing dataset path used by ``phases``."""
+    """Raise ``FileNotFoundError`` naming every missing dataset path used by ``phases``, and
+    :class:`AnnotationFileError` naming an annotation JSON file that is not valid JSON."""
     missing = []
     seen = set()
     for phase in phases:
@@ -64,3 +134,4 @@ def check_dataset_paths(cfg: Config, phases: Iterable[str]) -> None:
             '--cfg-options train_dataloader.dataset.data_root=/path/to/coco/ '
             'val_dataloader.dataset.data_root=/path/to/coco/ '
             'val_evaluator.ann_file=/path/to/coco/annotations/instances_val2017.json')
+    check_annotation_files(cfg, phases)

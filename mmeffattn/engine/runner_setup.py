@@ -1,14 +1,19 @@
 """What tools/train.py and tools/test.py share: config loading and the runtime set-up that makes
 one set of tools serve mmdet, mmseg and mmpretrain configs on GPUs and CPUs alike."""
+import logging
 import os
 import os.path as osp
-from typing import Optional
+import sys
+from typing import Callable, Optional
 
 import torch
 from mmengine.config import Config, DictAction  # noqa: F401  (re-exported for the tools)
+from mmengine.logging import print_log
 
-from .compat import (allow_mmengine_checkpoints, configure_cpu_ddp, cpu_distributed_requested,
-                     init_cpu_distributed)
+from .checkpoint_io import (CheckpointError, find_resume_checkpoint, install_checkpoint_io,
+                            load_checkpoint_file)
+from .compat import configure_cpu_ddp, cpu_distributed_requested, init_cpu_distributed
+from .data_check import AnnotationFileError
 
 
 def load_config(path: str, cfg_options: Optional[dict] = None) -> Config:
@@ -57,5 +62,60 @@ def enable_amp(cfg: Config) -> None:
 
 
 def prepare_runtime() -> None:
-    """Process-wide settings every tool needs before building a Runner."""
-    allow_mmengine_checkpoints()
+    """What every tool needs before building a Runner: atomic checkpoint saves and the scoped
+    safe loader in mmengine (``import mmeffattn`` did it already; this is idempotent)."""
+    install_checkpoint_io()
+
+
+def add_exact_resume_hook(cfg: Config) -> None:
+    """Add :class:`~mmeffattn.engine.ExactResumeHook` to ``custom_hooks`` unless it is there."""
+    hooks = list(cfg.get('custom_hooks') or [])
+    if not any(isinstance(h, dict) and str(h.get('type', '')).split('.')[-1] == 'ExactResumeHook'
+               for h in hooks):
+        hooks.append(dict(type='ExactResumeHook'))
+    cfg.custom_hooks = hooks
+
+
+def configure_resume(cfg: Config, resume: Optional[str]) -> None:
+    """Turn ``--resume [PATH]`` into ``cfg.resume``/``cfg.load_from`` with the checks that make a
+    resume either exact or loudly refused.
+
+    * ``'auto'``: the checkpoint named by ``WORK_DIR/last_checkpoint`` (else the newest
+      ``*.pth``). None at all: a WARNING says training starts from scratch. One that is named but
+      missing or unreadable: :class:`CheckpointError` (never a silent fresh start).
+    * a path: it must be a readable checkpoint.
+
+    When the config leaves ``randomness.seed`` None, the checkpoint's seed is used, so that the
+    data loader is rebuilt with the same sampler and worker seeds.
+    """
+    if resume is None:
+        return
+    if resume == 'auto':
+        path = find_resume_checkpoint(cfg.work_dir)
+        if path is None:
+            print_log(f'--resume: there is no checkpoint to resume from in {cfg.work_dir!r} (no '
+                      f'last_checkpoint record and no *.pth): training starts from scratch',
+                      logger='current', level=logging.WARNING)
+            cfg.resume = False
+            return
+        print_log(f'--resume: resuming from {path}', logger='current')
+    else:
+        path = resume
+    meta = load_checkpoint_file(path, mmap=True, hint='pass --resume PATH with an intact '
+                                'checkpoint, e.g. an earlier one in the same folder').get('meta')
+    cfg.resume = True
+    cfg.load_from = path
+    randomness = dict(cfg.get('randomness') or {})
+    if randomness.get('seed') is None and isinstance(meta, dict) and meta.get('seed') is not None:
+        randomness['seed'] = meta['seed']
+        cfg.randomness = randomness
+
+
+def run_cli(main: Callable[[], object]) -> None:
+    """Run a tool's ``main``; a bad checkpoint or annotation file ends it with one line on
+    stderr (the file and the fix) instead of a traceback."""
+    try:
+        main()
+    except (CheckpointError, AnnotationFileError) as e:
+        sys.stderr.write(f'ERROR: {e}\n')
+        sys.exit(1)

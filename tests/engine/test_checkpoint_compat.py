@@ -1,4 +1,5 @@
-"""mmengine checkpoints resume under torch's weights_only loader (torch >= 2.6)."""
+"""mmengine checkpoints resume under torch's weights_only loader (torch >= 2.6), through the
+scoped allow-list that ``import mmeffattn`` installs in mmengine's loader."""
 import os.path as osp
 
 import torch
@@ -7,7 +8,8 @@ from mmengine.model import BaseModel
 from mmengine.runner import Runner
 from torch.utils.data import Dataset
 
-import mmeffattn  # noqa: F401  (allow-lists mmengine's checkpoint contents)
+import mmeffattn  # noqa: F401  (installs the scoped loader in mmengine)
+from mmeffattn.engine import load_checkpoint_file
 
 
 class ToyModel(BaseModel):
@@ -46,11 +48,13 @@ def _runner(work_dir, max_iters, resume=False, load_from=None):
 
 def test_plain_torch_rejects_mmengine_checkpoints(tmp_path):
     """Without the allow-list, torch's safe loader refuses mmengine's checkpoints: the reason the
-    compat layer exists. If this ever loads, the allow-list may be dropped."""
+    compat layer exists. If this ever loads, the allow-list may be dropped. ``import mmeffattn``
+    does not change that for a plain ``torch.load`` (the allow-list is scoped)."""
     import subprocess
     import sys
     _runner(tmp_path, max_iters=2).train()
     code = ('import sys, torch\n'
+            'import mmeffattn\n'
             'try:\n'
             '    torch.load(sys.argv[1], map_location="cpu")\n'
             'except Exception as e:\n'
@@ -67,16 +71,15 @@ def test_resume_and_load_from(tmp_path):
     assert osp.isfile(ckpt)
     # The checkpoint holds mmengine's message hub (HistoryBuffer of numpy arrays): exactly what
     # the safe loader rejects unless allow-listed.
-    state = torch.load(ckpt, map_location='cpu', weights_only=True)
+    state = load_checkpoint_file(ckpt)
     assert 'message_hub' in state and state['meta']['iter'] == 4
 
     resumed = _runner(tmp_path, max_iters=6, resume=True)
     resumed.train()
     assert resumed.iter == 6
     assert osp.isfile(osp.join(tmp_path, 'iter_6.pth'))
-    w4 = torch.load(ckpt, map_location='cpu', weights_only=True)['state_dict']['linear.weight']
-    w6 = torch.load(osp.join(tmp_path, 'iter_6.pth'), map_location='cpu',
-                    weights_only=True)['state_dict']['linear.weight']
+    w4 = load_checkpoint_file(ckpt)['state_dict']['linear.weight']
+    w6 = load_checkpoint_file(osp.join(tmp_path, 'iter_6.pth'))['state_dict']['linear.weight']
     assert not torch.equal(w4, w6)  # it really trained on after resuming
 
     loaded = _runner(tmp_path / 'load', max_iters=1, load_from=ckpt)

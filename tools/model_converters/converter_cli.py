@@ -53,9 +53,11 @@ def check_loads(model: torch.nn.Module, state_dict: dict, prefix: str = 'backbon
 
 
 def save_converted(state_dict: dict, meta: dict, dst: str) -> None:
-    """Write ``{'state_dict', 'meta'}`` to ``dst`` (its folder must exist: no silent mkdir of a
-    mistyped path)."""
+    """Write ``{'state_dict', 'meta'}`` to ``dst`` atomically (a temporary file in the same
+    folder, fsynced, then renamed: a kill never leaves a truncated ``dst``). Its folder must
+    exist: no silent mkdir of a mistyped path."""
+    from mmeffattn.engine.checkpoint_io import atomic_save
     dst_dir = osp.dirname(osp.abspath(dst))
     if not osp.isdir(dst_dir):
         raise FileNotFoundError(f'output folder {dst_dir!r} does not exist')
-    torch.save({'state_dict': state_dict, 'meta': meta}, dst)
+    atomic_save({'state_dict': state_dict, 'meta': meta}, dst)

@@ -1,0 +1,294 @@
+"""Reading and writing checkpoints safely: a scoped safe loader, atomic saves, clear errors.
+
+* **Scoped safe loader.** torch >= 2.6 loads with ``weights_only=True``; mmengine 0.10.7 stores its
+  message hub (``HistoryBuffer`` of numpy arrays) in every checkpoint, which that loader refuses.
+  :func:`mmengine_safe_globals` allow-lists exactly what those checkpoints hold, and only inside a
+  ``with`` block around one load: nothing is added to torch's process-wide allow-list.
+* **Atomic saves.** :func:`atomic_save` writes to a temporary file in the destination folder,
+  fsyncs it and renames it over the final name, so a kill leaves the old file or the new one,
+  never a truncated file under the final name.
+* **Clear errors.** :func:`load_checkpoint_file` turns a missing, empty, truncated or refused file
+  into one line that names the file and says what to do (:class:`CheckpointError`).
+
+:func:`install_checkpoint_io` routes mmengine's Runner through all three (``import mmeffattn``
+calls it, so configs that ``custom_imports`` mmeffattn get it from any tool).
+"""
+import contextlib
+import glob
+import inspect
+import io
+import os
+import os.path as osp
+import pickle
+import tempfile
+from typing import Any, Callable, Iterable, Iterator, List, Optional
+
+import torch
+
+__all__ = ['CheckpointError', 'CheckpointNotFoundError', 'mmengine_safe_globals',
+           'mmengine_safe_loading', 'load_checkpoint_file', 'atomic_save', 'atomic_write',
+           'find_resume_checkpoint', 'install_checkpoint_io']
+
+#: What to do with a checkpoint that cannot be read: said once, used by every message.
+_CORRUPT_HINT = ('point to an intact checkpoint instead (e.g. an earlier epoch_*.pth / iter_*.pth '
+                 'in the same folder), or download or convert it again')
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint file cannot be used; the message is one line naming the file and the fix."""
+
+
+class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
+    """The checkpoint file does not exist."""
+
+
+# ---------------------------------------------------------------------------------------------
+# The scoped safe loader
+# ---------------------------------------------------------------------------------------------
+def _history_buffer_getattr(obj: Any, name: str) -> Any:
+    """Stand-in for ``builtins.getattr`` while an mmengine checkpoint is unpickled.
+
+    mmengine's ``HistoryBuffer`` pickles its ``_statistics_methods`` (``HistoryBuffer.min``, ...),
+    and pickle stores a function defined in a class as ``getattr(HistoryBuffer, 'min')``, so
+    ``builtins.getattr`` appears in every Runner checkpoint. The real ``getattr`` would let a
+    crafted file walk from an allowed object to ``os.system``; this stand-in only returns the
+    statistics methods of the ``HistoryBuffer`` class, and refuses everything else.
+    """
+    from mmengine.logging import HistoryBuffer
+    allowed = {'min', 'max', 'mean', 'current', *HistoryBuffer._statistics_methods}
+    if (obj is HistoryBuffer and isinstance(name, str) and name in allowed
+            and not name.startswith('_') and inspect.isfunction(vars(HistoryBuffer).get(name))):
+        return vars(HistoryBuffer)[name]
+    raise pickle.UnpicklingError(
+        f'refused getattr({obj!r:.60}, {name!r:.60}) while loading a checkpoint: only the '
+        f'statistics methods of mmengine HistoryBuffer may be looked up')
+
+
+def mmengine_safe_globals() -> List[Any]:
+    """The minimum allow-list for ``torch.load(weights_only=True)`` of mmengine checkpoints.
+
+    Entries are objects, or ``(object, 'pickled.name')`` pairs for stand-ins and for the names
+    numpy 1.x wrote (``numpy.core``) that numpy 2 keeps under ``numpy._core``.
+    """
+    import numpy as np
+    from mmengine.logging import HistoryBuffer
+    core = getattr(np, '_core', None) or np.core
+    found: List[Any] = [HistoryBuffer, np.ndarray, np.dtype, core.multiarray._reconstruct,
+                        core.multiarray.scalar,
+                        (_history_buffer_getattr, 'builtins.getattr')]
+    for mod in ('numpy.core.multiarray', 'numpy._core.multiarray'):
+        for fn in (core.multiarray._reconstruct, core.multiarray.scalar):
+            found.append((fn, f'{mod}.{fn.__name__}'))
+    dtypes = getattr(np, 'dtypes', None)
+    if dtypes is not None:  # some numpy versions pickle dtypes as np.dtypes.<Name>DType classes
+        found += [getattr(dtypes, n) for n in dir(dtypes) if n.endswith('DType')]
+    return found
+
+
+@contextlib.contextmanager
+def mmengine_safe_loading(extra: Iterable[Any] = ()) -> Iterator[None]:
+    """Allow-list mmengine's checkpoint contents (plus ``extra``) for the ``with`` block only."""
+    ctx = getattr(torch.serialization, 'safe_globals', None)
+    if ctx is None:  # torch < 2.5 has no scoped allow-list (and < 2.6 does not load safely)
+        yield
+        return
+    with ctx([*mmengine_safe_globals(), *extra]):
+        yield
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading with clear errors
+# ---------------------------------------------------------------------------------------------
+def _short(exc: BaseException, limit: int = 160) -> str:
+    """The first line of an exception message, shortened: the reason, without torch's essay."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    text = text.split('. ')[0]  # torch appends advice meant for torch developers
+    return text if len(text) <= limit else text[:limit - 3] + '...'
+
+
+def load_checkpoint_file(path: str, map_location: Any = 'cpu', *, mmap: bool = False,
+                         extra_safe_globals: Iterable[Any] = (), hint: str = _CORRUPT_HINT,
+                         weights_only: bool = True) -> Any:
+    """``torch.load`` a local checkpoint safely, or raise a one-line :class:`CheckpointError`.
+
+    Args:
+        path: local file (``~`` is expanded).
+        map_location: as for ``torch.load``.
+        mmap: map the file instead of reading it (cheap to read ``meta`` only, and enough to
+            detect a truncated file); falls back to a full read for the legacy format.
+        extra_safe_globals: more objects (or ``(obj, name)`` pairs) the safe loader may build.
+        hint: what the user should do when the file is truncated or corrupt.
+        weights_only: keep ``True`` unless the caller trusts the file.
+
+    Raises:
+        CheckpointNotFoundError: no file at ``path``.
+        CheckpointError: the file is empty, truncated, corrupt, or holds refused objects.
+    """
+    path = osp.expanduser(str(path))
+    if not osp.isfile(path):
+        raise CheckpointNotFoundError(f'checkpoint {path!r} does not exist')
+    if osp.getsize(path) == 0:
+        raise CheckpointError(f'checkpoint {path!r} is empty (0 bytes; an interrupted save or '
+                              f'download?): {hint}')
+    try:
+        with mmengine_safe_loading(extra_safe_globals):
+            try:
+                return torch.load(path, map_location=map_location, weights_only=weights_only,
+                                  mmap=mmap or None)
+            except RuntimeError as e:
+                if mmap and 'mmap' in str(e) and 'zipfile' in str(e):  # legacy format: no mmap
+                    return torch.load(path, map_location=map_location,
+                                      weights_only=weights_only)
+                raise
+    except pickle.UnpicklingError as e:
+        if 'Weights only load failed' in str(e) or 'Unsupported global' in str(e):
+            raise CheckpointError(
+                f'checkpoint {path!r} holds objects that the safe loader refuses '
+                f'({_unsupported_global(e)}): it was not written by torch.save of tensors or by '
+                f'an mmengine Runner. Convert it with tools/model_converters, or, only if you '
+                f'trust the file, load it with torch.load(weights_only=False) and save its '
+                f'state_dict') from None
+        raise CheckpointError(f'checkpoint {path!r} is corrupt ({_short(e)}): {hint}') from None
+    except MemoryError:
+        raise
+    except Exception as e:  # torch's readers fail in many ways on junk (IndexError, KeyError...)
+        raise CheckpointError(f'checkpoint {path!r} is truncated or corrupt ({_short(e)}): '
+                              f'{hint}') from None
+
+
+def _unsupported_global(exc: BaseException) -> str:
+    """The refused global named in torch's weights-only message, or its first line."""
+    import re
+    m = re.search(r'(?:Unsupported global|GLOBAL) ?:? ?(?:GLOBAL )?([\w.]+)', str(exc))
+    return f'GLOBAL {m.group(1)}' if m else _short(exc)
+
+
+# ---------------------------------------------------------------------------------------------
+# Atomic saving
+# ---------------------------------------------------------------------------------------------
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def atomic_write(path: str, write: Callable[[io.BufferedWriter], None]) -> None:
+    """Call ``write(f)`` on a temporary file beside ``path``, fsync it, then rename it to ``path``.
+
+    A kill at any moment leaves ``path`` as it was (absent or the previous file) or complete; the
+    partly written temporary file is ``.<name>.*.tmp`` and is removed on any Python exception.
+    """
+    path = osp.abspath(path)
+    folder = osp.dirname(path)
+    fd, tmp = tempfile.mkstemp(prefix=f'.{osp.basename(path)}.', suffix='.tmp', dir=folder)
+    try:
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; match a plain open()
+        with os.fdopen(fd, 'wb') as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
+    # Persist the rename itself (the directory entry); not possible on every OS/filesystem.
+    with contextlib.suppress(OSError, AttributeError):
+        dir_fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+
+def atomic_save(obj: Any, path: str) -> None:
+    """``torch.save(obj, path)``, atomically (see :func:`atomic_write`)."""
+    atomic_write(path, lambda f: torch.save(obj, f))
+
+
+# ---------------------------------------------------------------------------------------------
+# Resuming
+# ---------------------------------------------------------------------------------------------
+def find_resume_checkpoint(work_dir: str) -> Optional[str]:
+    """The checkpoint ``--resume`` (no value) should continue from, or ``None`` when there is none.
+
+    mmengine's CheckpointHook names the latest checkpoint in ``WORK_DIR/last_checkpoint``. Without
+    that file (e.g. a kill between a save and its record), the newest ``*.pth`` in the work dir is
+    used. A named checkpoint that is missing or unreadable raises :class:`CheckpointError` rather
+    than silently starting from scratch.
+    """
+    record = osp.join(work_dir, 'last_checkpoint')
+    if osp.isfile(record):
+        with open(record) as f:
+            named = f.read().strip()
+        if named:
+            if not osp.isfile(named) and osp.isfile(osp.join(work_dir, osp.basename(named))):
+                named = osp.join(work_dir, osp.basename(named))  # the work dir was moved
+            _check_readable(named, f'{record} names it')
+            return named
+    candidates = sorted(glob.glob(osp.join(work_dir, '*.pth')), key=osp.getmtime)
+    if not candidates:
+        return None
+    _check_readable(candidates[-1], f'it is the newest *.pth in {work_dir} (there is no '
+                                    f'last_checkpoint record)')
+    return candidates[-1]
+
+
+def _check_readable(path: str, why: str) -> None:
+    hint = (f'pass --resume PATH with an earlier checkpoint, or remove the bad file to start '
+            f'from scratch')
+    if not osp.isfile(path):
+        raise CheckpointNotFoundError(f'cannot resume: checkpoint {path!r} does not exist ({why})'
+                                      f'; {hint}')
+    try:
+        load_checkpoint_file(path, mmap=True, hint=hint)
+    except CheckpointError as e:
+        raise CheckpointError(f'cannot resume ({why}): {e}') from None
+
+
+# ---------------------------------------------------------------------------------------------
+# mmengine's Runner
+# ---------------------------------------------------------------------------------------------
+def _is_local(filename: Any, file_client_args: Any, backend_args: Any) -> bool:
+    if not isinstance(filename, (str, os.PathLike)) or file_client_args is not None:
+        return False
+    if backend_args and backend_args.get('backend', 'local') != 'local':
+        return False
+    return '://' not in str(filename)
+
+
+def install_checkpoint_io() -> None:
+    """Make mmengine's Runner save atomically and load through the scoped safe loader.
+
+    Two narrow, idempotent patches of mmengine 0.10.7:
+
+    * the ``save_checkpoint`` name inside ``mmengine.runner.runner`` (what
+      ``Runner.save_checkpoint``, i.e. the CheckpointHook, calls) writes local files through
+      :func:`atomic_save`; other destinations keep mmengine's own function;
+    * the loader of plain local paths in ``CheckpointLoader`` (used by ``resume``, ``load_from``
+      and ``init_cfg=dict(type='Pretrained')``) reads through :func:`load_checkpoint_file`, so
+      the allow-list is active only during that load and a bad file gives one clear line.
+    """
+    from mmengine.runner import checkpoint as mm_ckpt
+    from mmengine.runner import runner as mm_runner
+
+    current = mm_runner.save_checkpoint
+    if not getattr(current, '_mmeffattn_atomic', False):
+        def save_checkpoint(checkpoint, filename, file_client_args=None, backend_args=None):
+            if not _is_local(filename, file_client_args, backend_args):
+                return current(checkpoint, filename, file_client_args=file_client_args,
+                               backend_args=backend_args)
+            os.makedirs(osp.dirname(osp.abspath(filename)), exist_ok=True)
+            atomic_save(checkpoint, str(filename))
+
+        save_checkpoint._mmeffattn_atomic = True
+        save_checkpoint.__doc__ = 'mmengine save_checkpoint, atomic for local files (mmeffattn).'
+        mm_runner.save_checkpoint = save_checkpoint
+
+    loader = mm_ckpt.CheckpointLoader._schemes.get('')
+    if not getattr(loader, '_mmeffattn_scoped', False):
+        def load_from_local(filename, map_location):
+            return load_checkpoint_file(filename, map_location=map_location)
+
+        load_from_local._mmeffattn_scoped = True
+        mm_ckpt.CheckpointLoader.register_scheme(prefixes='', loader=load_from_local, force=True)
