@@ -5,20 +5,16 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from .._backend import HAS_TRITON, select_backend, triton_reasons
+from .._backend import select_backend, triton_reasons
+from .._common import import_kernels, offsets_reason, token_offsets_fit
 from .._validate import check_qkv
 from .naive import core_periphery_attention_naive
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # of the Triton kernels
 #: the kernels pad the head dim to a power of two >= 16 with masks, up to this
 MAX_TRITON_HEAD_DIM = 128
-int32_offsets_fit = core_periphery_attention_triton = None
-_KERNELS_IMPORT_ERROR = ''
-if HAS_TRITON:
-    try:
-        from .function import core_periphery_attention_triton, int32_offsets_fit
-    except Exception as e:  # pragma: no cover - e.g. a Triton release without an API we use
-        _KERNELS_IMPORT_ERROR = f'{type(e).__name__}: {e}'
+core_periphery_attention_triton, _KERNELS_IMPORT_ERROR = import_kernels(
+    __package__, 'core_periphery_attention_triton')
 
 _NAME = 'core_periphery_attention'
 Rope = Tuple[torch.Tensor, torch.Tensor]
@@ -72,12 +68,8 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_cores: 
 def core_periphery_triton_reasons(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                   rope: Optional[Rope] = None,
                                   interpret: Optional[bool] = None) -> List[str]:
-    """Reasons the Triton kernels cannot run these (validated) inputs; empty if they can.
-
-    Args:
-        interpret: whether Triton's interpreter is on (default: the mode recorded at import,
-            ``mmeffattn.ops._backend.TRITON_INTERPRET``).
-    """
+    """Reasons the Triton kernels cannot run these (validated) inputs (``[]``: they can);
+    ``interpret`` as in :func:`mmeffattn.ops._backend.triton_reasons`."""
     tensors = (q, k, v)
     # cos and sin are cast to q's dtype before the kernels, so only q, k, v dtypes matter
     reasons = triton_reasons('core-periphery', _KERNELS_IMPORT_ERROR, tensors + tuple(rope or ()),
@@ -85,10 +77,8 @@ def core_periphery_triton_reasons(q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     if q.shape[-1] > MAX_TRITON_HEAD_DIM:
         reasons.append(f'head dim {q.shape[-1]} > {MAX_TRITON_HEAD_DIM} (the kernels hold a '
                        f'whole head in one tile)')
-    if int32_offsets_fit is not None and not int32_offsets_fit(*tensors):
-        reasons.append('C + N * token stride of an input reaches 2**31 (the kernels\' token '
-                       'offsets are int32)')
-    return reasons
+    return reasons + offsets_reason(token_offsets_fit(*tensors),
+                                    'C + N * token stride of an input reaches 2**31')
 
 
 def core_periphery_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_cores: int,

@@ -5,17 +5,13 @@ from typing import List, Optional
 
 import torch
 
-from .._backend import HAS_TRITON, select_backend, triton_reasons
+from .._backend import select_backend, triton_reasons
+from .._common import INT32_LIMIT, import_kernels, offsets_reason, token_offsets_fit
 from .naive import laplacian_kernel_naive
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # of the Triton kernels
-int32_offsets_fit = laplacian_kernel_triton = None
-_KERNELS_IMPORT_ERROR = ''
-if HAS_TRITON:
-    try:
-        from .function import int32_offsets_fit, laplacian_kernel_triton
-    except Exception as e:  # pragma: no cover - e.g. a Triton release without an API we use
-        _KERNELS_IMPORT_ERROR = f'{type(e).__name__}: {e}'
+laplacian_kernel_triton, _KERNELS_IMPORT_ERROR = import_kernels(
+    __package__, 'laplacian_kernel_triton')
 
 _NAME = 'laplacian_kernel'
 
@@ -52,19 +48,14 @@ def _check_inputs(x: torch.Tensor, y: torch.Tensor, lam: float) -> None:
 
 def laplacian_triton_reasons(x: torch.Tensor, y: torch.Tensor,
                              interpret: Optional[bool] = None) -> List[str]:
-    """Reasons the Triton kernels cannot run these (validated) inputs; empty if they can.
-
-    Args:
-        interpret: whether Triton's interpreter is on (default: the mode recorded at import,
-            ``mmeffattn.ops._backend.TRITON_INTERPRET``).
-    """
+    """Reasons the Triton kernels cannot run these (validated) inputs (``[]``: they can);
+    ``interpret`` as in :func:`mmeffattn.ops._backend.triton_reasons`."""
     # elementwise arithmetic only (no tl.dot): bf16 is fine under the interpreter too
     reasons = triton_reasons('Laplacian-kernel', _KERNELS_IMPORT_ERROR, (x, y), (x, y),
                              SUPPORTED_DTYPES, interpret=interpret, uses_dot=False)
-    if int32_offsets_fit is not None and not int32_offsets_fit(x, y):
-        reasons.append('one (sample, head) of x or y, or of the [N, M] output, spans 2**31 '
-                       'elements or more (the kernels\' in-matrix offsets are int32)')
-    return reasons
+    fits = token_offsets_fit(x, y) and x.shape[2] * y.shape[2] < INT32_LIMIT
+    return reasons + offsets_reason(fits, 'one (sample, head) of x or y, or of the [N, M] '
+                                    'output, spans 2**31 elements or more')
 
 
 def laplacian_kernel(x: torch.Tensor, y: torch.Tensor, lam: float, *,

@@ -2,14 +2,10 @@
 test oracle and the CPU path."""
 import torch
 
+from .._common import compute_dtype
+
 #: numerator of the initial scale ``alpha = ALPHA_NUM / (max_i sum_j P_ij)^2`` (official value)
 ALPHA_NUM = 1.8
-
-
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """fp32 for 16-bit floats (the iteration squares the error; fp16 products lose it), else
-    ``dtype``."""
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
 def regularized(a: torch.Tensor, eps: float) -> torch.Tensor:

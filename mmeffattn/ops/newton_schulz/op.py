@@ -7,17 +7,13 @@ from typing import List, Optional
 
 import torch
 
-from .._backend import HAS_TRITON, select_backend, triton_reasons
+from .._backend import select_backend, triton_reasons
+from .._common import import_kernels
 from .naive import newton_schulz_pinv_naive
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # of the Triton kernels
-newton_schulz_pinv_triton = None
-_KERNELS_IMPORT_ERROR = ''
-if HAS_TRITON:
-    try:
-        from .function import newton_schulz_pinv_triton
-    except Exception as e:  # pragma: no cover - e.g. a Triton release without an API we use
-        _KERNELS_IMPORT_ERROR = f'{type(e).__name__}: {e}'
+newton_schulz_pinv_triton, _KERNELS_IMPORT_ERROR = import_kernels(
+    __package__, 'newton_schulz_pinv_triton')
 
 _NAME = 'newton_schulz_pinv'
 

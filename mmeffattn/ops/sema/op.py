@@ -4,18 +4,14 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from .._backend import HAS_TRITON, select_backend, triton_reasons
+from .._backend import select_backend, triton_reasons
+from .._common import import_kernels, offsets_reason, token_offsets_fit
 from .._validate import check_qkv
 from .naive import sema_attention_naive
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # of the Triton kernels
-int32_offsets_fit = sema_attention_triton = None
-_KERNELS_IMPORT_ERROR = ''
-if HAS_TRITON:
-    try:
-        from .function import int32_offsets_fit, sema_attention_triton
-    except Exception as e:  # pragma: no cover - e.g. a Triton release without an API we use
-        _KERNELS_IMPORT_ERROR = f'{type(e).__name__}: {e}'
+sema_attention_triton, _KERNELS_IMPORT_ERROR = import_kernels(
+    __package__, 'sema_attention_triton')
 
 #: head dims the op accepts (the kernels pad D to a power of two >= 16 with masks)
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 128
@@ -47,19 +43,13 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: Sequenc
 
 def sema_triton_reasons(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                         interpret: Optional[bool] = None) -> List[str]:
-    """Reasons the Triton kernels cannot run these (validated) inputs; empty if they can.
-
-    Args:
-        interpret: whether Triton's interpreter is on (default: the mode recorded at import,
-            ``mmeffattn.ops._backend.TRITON_INTERPRET``).
-    """
+    """Reasons the Triton kernels cannot run these (validated) inputs (``[]``: they can);
+    ``interpret`` as in :func:`mmeffattn.ops._backend.triton_reasons`."""
     tensors = (q, k, v)
     reasons = triton_reasons('SEMA', _KERNELS_IMPORT_ERROR, tensors, tensors, SUPPORTED_DTYPES,
                              interpret=interpret)
-    if int32_offsets_fit is not None and not int32_offsets_fit(*tensors):
-        reasons.append('N * token stride of an input reaches 2**31 (the kernels\' token offsets '
-                       'are int32)')
-    return reasons
+    return reasons + offsets_reason(token_offsets_fit(*tensors),
+                                    'N * token stride of an input reaches 2**31')
 
 
 def sema_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: Tuple[int, int],

@@ -4,17 +4,13 @@ from typing import List, Optional
 
 import torch
 
-from .._backend import HAS_TRITON, can_run_dtype, select_backend, triton_reasons
+from .._backend import can_run_dtype, select_backend, triton_reasons
+from .._common import import_kernels, offsets_reason, sample_offsets_fit
 from .naive import dynamic_weight_naive
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # of the Triton kernels
-int32_offsets_fit = dynamic_weight_triton = None
-_KERNELS_IMPORT_ERROR = ''
-if HAS_TRITON:
-    try:
-        from .function import dynamic_weight_triton, int32_offsets_fit
-    except Exception as e:  # pragma: no cover - e.g. a Triton release without an API we use
-        _KERNELS_IMPORT_ERROR = f'{type(e).__name__}: {e}'
+dynamic_weight_triton, _KERNELS_IMPORT_ERROR = import_kernels(
+    __package__, 'dynamic_weight_triton')
 
 _NAME = 'dynamic_weight'
 
@@ -67,12 +63,8 @@ def _check_inputs(u: torch.Tensor, v: torch.Tensor, n_tokens: float,
 def dynamic_weight_triton_reasons(u: torch.Tensor, v: torch.Tensor,
                                   weight: Optional[torch.Tensor] = None,
                                   interpret: Optional[bool] = None) -> List[str]:
-    """Reasons the Triton kernels cannot run these (validated) inputs; empty if they can.
-
-    Args:
-        interpret: whether Triton's interpreter is on (default: the mode recorded at import,
-            ``mmeffattn.ops._backend.TRITON_INTERPRET``).
-    """
+    """Reasons the Triton kernels cannot run these (validated) inputs (``[]``: they can);
+    ``interpret`` as in :func:`mmeffattn.ops._backend.triton_reasons`."""
     tensors = (u, v) if weight is None else (u, v, weight)
     reasons = triton_reasons('dynamic-weight', _KERNELS_IMPORT_ERROR, tensors, (u, v),
                              SUPPORTED_DTYPES, interpret=interpret)
@@ -80,10 +72,8 @@ def dynamic_weight_triton_reasons(u: torch.Tensor, v: torch.Tensor,
         reasons += [r.replace('dtype', 'weight dtype', 1) for r in
                     can_run_dtype((weight,), SUPPORTED_DTYPES, interpret=interpret,
                                   uses_dot=False)]
-    if int32_offsets_fit is not None and not int32_offsets_fit(u, v):
-        reasons.append('one sample of u or v spans 2**31 elements or more (the kernels\' '
-                       'in-sample offsets are int32)')
-    return reasons
+    return reasons + offsets_reason(sample_offsets_fit(u, v),
+                                    'one sample of u or v spans 2**31 elements or more')
 
 
 def dynamic_weight(u: torch.Tensor, v: torch.Tensor, n_tokens: float,

@@ -4,20 +4,16 @@ from typing import List, Optional
 
 import torch
 
-from .._backend import HAS_TRITON, select_backend, triton_reasons
+from .._backend import select_backend, triton_reasons
+from .._common import import_kernels, offsets_reason, sample_offsets_fit
 from .naive import dynamic_dwconv_naive
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # of the Triton kernels
 #: largest kernel side compiled without spills (tests/ops/test_dynamic_dwconv.py); larger
 #: kernels run the reference
 MAX_KERNEL_SIZE = 9
-int32_offsets_fit = dynamic_dwconv_triton = None
-_KERNELS_IMPORT_ERROR = ''
-if HAS_TRITON:
-    try:
-        from .function import dynamic_dwconv_triton, int32_offsets_fit
-    except Exception as e:  # pragma: no cover - e.g. a Triton release without an API we use
-        _KERNELS_IMPORT_ERROR = f'{type(e).__name__}: {e}'
+dynamic_dwconv_triton, _KERNELS_IMPORT_ERROR = import_kernels(
+    __package__, 'dynamic_dwconv_triton')
 
 _NAME = 'dynamic_dwconv'
 
@@ -69,12 +65,8 @@ def dynamic_dwconv_triton_reasons(x: torch.Tensor, kernel: torch.Tensor,
                                   bias: Optional[torch.Tensor] = None,
                                   weight: Optional[torch.Tensor] = None,
                                   interpret: Optional[bool] = None) -> List[str]:
-    """Reasons the Triton kernels cannot run these (validated) inputs; empty if they can.
-
-    Args:
-        interpret: whether Triton's interpreter is on (default: the mode recorded at import,
-            ``mmeffattn.ops._backend.TRITON_INTERPRET``).
-    """
+    """Reasons the Triton kernels cannot run these (validated) inputs (``[]``: they can);
+    ``interpret`` as in :func:`mmeffattn.ops._backend.triton_reasons`."""
     tensors = [t for t in (x, kernel, bias, weight) if t is not None]
     reasons = triton_reasons('dynamic depthwise-convolution', _KERNELS_IMPORT_ERROR, tensors,
                              tensors, SUPPORTED_DTYPES, interpret=interpret, uses_dot=False)
@@ -82,10 +74,8 @@ def dynamic_dwconv_triton_reasons(x: torch.Tensor, kernel: torch.Tensor,
     if K > MAX_KERNEL_SIZE:
         reasons.append(f'kernel size {K} > {MAX_KERNEL_SIZE} (the largest the kernels were '
                        f'checked to compile without register spills)')
-    if int32_offsets_fit is not None and not int32_offsets_fit(x):
-        reasons.append('one sample of x spans 2**31 elements or more (the kernels\' in-sample '
-                       'offsets are int32)')
-    return reasons
+    return reasons + offsets_reason(sample_offsets_fit(x),
+                                    'one sample of x spans 2**31 elements or more')
 
 
 def dynamic_dwconv(x: torch.Tensor, kernel: torch.Tensor, bias: Optional[torch.Tensor] = None,
