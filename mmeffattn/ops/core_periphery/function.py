@@ -3,11 +3,12 @@
 Importing this module needs Triton (``op.py`` guards it). The kernels run compiled on CUDA
 tensors and interpreted on CPU tensors when Triton's interpreter is on.
 
-One forward is two launches of ``core_periphery_fwd_kernel`` (patch rows over the C core keys; core rows
-over all keys, optionally split over the keys); one backward is the ``delta`` preprocessing
-(``_common_kernels.softmax_bwd_delta``) and four launches (dq and dk/dv, each for the patch side and the core
-side). Nothing needs atomics: each output row is owned by one program, except the core rows'
-long loops when they are split, whose fp32 partials are reduced here with PyTorch (C rows only).
+One forward is two launches of ``core_periphery_fwd_kernel`` (patch rows over the C core keys;
+core rows over all keys, optionally split over the keys); one backward is the ``delta``
+pre-pass (``_common_kernels.softmax_bwd_delta``) and four launches (dq and dk/dv, each for the
+patch side and the core side). Nothing needs atomics: each output row is owned by one program,
+except the core rows' long loops when they are split, whose fp32 partials are reduced here with
+PyTorch (C rows only).
 """
 import math
 from typing import Dict, NamedTuple, Optional, Tuple
@@ -65,7 +66,8 @@ TILE_TABLE = {
 }
 
 
-def core_periphery_tiles(bd: int, even_d: bool, num_cores: int, dtype: torch.dtype, rope: bool) -> Tiles:
+def core_periphery_tiles(bd: int, even_d: bool, num_cores: int, dtype: torch.dtype,
+                         rope: bool) -> Tiles:
     """Blocks, warps and pipelining stages for padded head dim ``bd`` (``even_d``: D == BD),
     C cores and rope or not.
 
