@@ -10,7 +10,6 @@ import warnings
 from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
-import torch.nn.functional as F
 
 from ._backend import HAS_TRITON
 
@@ -32,16 +31,16 @@ def window_attention(q_w: torch.Tensor, k_w: torch.Tensor, v_w: torch.Tensor,
     """Softmax attention inside each window: ``[BH, nW, L, D]`` -> ``[BH, nW, L, D]`` (any
     leading dims; a dense attention is one window).
 
-    ``mask`` (``[nW, 1, L]`` bool, True = real key) excludes padded keys. torch's fused
-    ``scaled_dot_product_attention`` is used except for bf16 on the CPU, where a plain matmul
-    with an fp32 softmax measured 3-5x faster in training (torch 2.14, 2 cores).
+    ``mask`` (``[nW, 1, L]`` bool, True = real key) excludes padded keys. A plain matmul and
+    softmax (fp32 for 16-bit inputs), not torch's fused ``scaled_dot_product_attention``: the
+    fused CPU kernel drops a NaN query when there are few keys (a finite row came out), which
+    breaks the ops' NaN contract, and the plain form measured as fast on the CPU at the windows
+    the references use (and 3-5x faster for bf16 training; torch 2.14, 2 cores).
     """
-    if q_w.dtype == torch.bfloat16 and q_w.device.type == 'cpu':
-        logits = (q_w * scale) @ k_w.transpose(-1, -2)  # [BH, nW, L, L]
-        if mask is not None:
-            logits = logits.masked_fill(~mask, float('-inf'))
-        return torch.softmax(logits, dim=-1, dtype=torch.float32).to(v_w.dtype) @ v_w
-    return F.scaled_dot_product_attention(q_w, k_w, v_w, attn_mask=mask, scale=scale)
+    logits = (q_w * scale) @ k_w.transpose(-1, -2)  # [BH, nW, L, L]
+    if mask is not None:
+        logits = logits.masked_fill(~mask, float('-inf'))
+    return torch.softmax(logits, dim=-1, dtype=compute_dtype(q_w.dtype)).to(v_w.dtype) @ v_w
 
 
 # ---------------------------------------------------------------------------------------------

@@ -309,13 +309,13 @@ def _bad_inputs():
         ('dtype', (u, v.half(), 20), {}, r'same dtype.*cast them'),
         ('int', (u.long(), v.long(), 20), {}, r'floating point'),
         ('device', (u, v.to('meta'), 20), {}, r'one device'),
-        ('n-tokens-0', (u, v, 0), {}, r'n_tokens must be a positive number'),
-        ('n-tokens-bool', (u, v, True), {}, r'n_tokens must be a positive number'),
-        ('scale-str', (u, v, 20, '1'), {}, r'scale must be a real number'),
+        ('n-tokens-0', (u, v, 0), {}, r'n_tokens must be a positive finite float'),
+        ('n-tokens-bool', (u, v, True), {}, r'n_tokens must be a positive finite float'),
+        ('scale-str', (u, v, 20, '1'), {}, r'scale must be a finite float or None'),
         ('weight-transposed', (u, v, 20), dict(weight=w.t()),
          r'weight must be the static weight \[C_out, C_in\] = \[12, 8\].*transpose'),
         ('weight-int', (u, v, 20), dict(weight=w.long()), r'weight must be floating point'),
-        ('weight-device', (u, v, 20), dict(weight=w.to('meta')), r'weight must be on the device'),
+        ('weight-device', (u, v, 20), dict(weight=w.to('meta')), r'one device.*weight meta'),
     ]
 
 

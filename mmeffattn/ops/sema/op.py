@@ -4,12 +4,12 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from .._backend import select_backend, triton_reasons
+from .._backend import KERNEL_DTYPES as SUPPORTED_DTYPES  # noqa: F401 (public)
+from .._backend import dispatch, triton_reasons
 from .._common import import_kernels, offsets_reason, token_offsets_fit
-from .._validate import check_qkv
+from .._validate import check_int, check_qkv, check_real
 from .naive import sema_attention_naive
 
-SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # of the Triton kernels
 sema_attention_triton, _KERNELS_IMPORT_ERROR = import_kernels(
     __package__, 'sema_attention_triton')
 
@@ -17,25 +17,28 @@ sema_attention_triton, _KERNELS_IMPORT_ERROR = import_kernels(
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 128
 
 
+_NAME = 'sema_attention'
+
+
 def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: Sequence[int],
-                  window_size: int) -> Tuple[int, int]:
+                  window_size: int, scale: Optional[float]) -> Tuple[int, int]:
     """Raise ValueError naming the problem and the fix; return ``(H, W)``."""
-    check_qkv('sema_attention', q, k, v)
+    check_qkv(_NAME, q, k, v)
     try:
         H, W = (operator.index(s) for s in hw)
     except (TypeError, ValueError):
         H = W = 0
     if H < 1 or W < 1 or any(isinstance(s, bool) for s in hw):
-        raise ValueError(f'sema_attention: hw must be a pair of positive ints (H, W), got {hw!r}')
+        raise ValueError(f'{_NAME}: hw must be a pair of positive ints (H, W), got {hw!r}')
     N = q.shape[2]
     if N != H * W:
-        raise ValueError(f'sema_attention: q has N={N} tokens but hw=({H}, {W}) holds H*W={H * W}; '
+        raise ValueError(f'{_NAME}: q has N={N} tokens but hw=({H}, {W}) holds H*W={H * W}; '
                          f'pass the token grid the tokens came from')
-    if isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 1:
-        raise ValueError(f'sema_attention: window_size must be an int >= 1, got {window_size!r}')
+    check_int(_NAME, 'window_size', window_size, 1, 'the window side')
+    check_real(_NAME, 'scale', scale, 'the logit scale, D ** -0.5 by default', optional=True)
     D = q.shape[3]
     if not MIN_HEAD_DIM <= D <= MAX_HEAD_DIM:
-        raise ValueError(f'sema_attention: head dim D={D} is outside the supported '
+        raise ValueError(f'{_NAME}: head dim D={D} is outside the supported '
                          f'{MIN_HEAD_DIM}..{MAX_HEAD_DIM}; choose num_heads so that '
                          f'channels / num_heads lies in that range')
     return H, W
@@ -61,6 +64,13 @@ def sema_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: Tuple[
     ``H x W`` grid; the last row/column of windows may be partial (padded positions get zero
     attention weight). With ``with_mean`` the mean of the N value vectors is added to every token.
 
+    Non-finite inputs (the NaN contract of every op, the same on the reference and on Triton): a
+    NaN in an input element makes exactly the outputs that depend on it NaN and leaves every
+    other output unchanged; an inf follows IEEE arithmetic through the formula above, so a
+    dependent output is non-finite or the formula's limit (a -inf logit gives its key zero weight, a +inf
+    one makes its row NaN). A query reaches its own row, a key every row of its window, a value
+    its channel in the rows of its window (in every row with ``with_mean``).
+
     Args:
         q, k, v: ``[B, heads, N, D]``, ``N = H * W`` tokens in row-major order, ``16 <= D <= 128``,
             one dtype and device; any strides (e.g. views of a fused qkv projection).
@@ -78,10 +88,8 @@ def sema_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: Tuple[
         ValueError: malformed inputs (the message says what to change).
         RuntimeError: ``backend='triton'`` on inputs the kernels cannot run (lists the reasons).
     """
-    hw = _check_inputs(q, k, v, hw, window_size)
+    hw = _check_inputs(q, k, v, hw, window_size, scale)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    chosen = select_backend('sema_attention', backend, lambda: sema_triton_reasons(q, k, v),
-                            (q, k, v))
-    if chosen == 'triton':
-        return sema_attention_triton(q, k, v, hw, window_size, scale=scale, with_mean=with_mean)
-    return sema_attention_naive(q, k, v, hw, window_size, scale=scale, with_mean=with_mean)
+    return dispatch(_NAME, backend, lambda: sema_triton_reasons(q, k, v), (q, k, v),
+                    sema_attention_triton, sema_attention_naive, q, k, v, hw,
+                    operator.index(window_size), scale=scale, with_mean=with_mean)
