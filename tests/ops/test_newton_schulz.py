@@ -267,17 +267,20 @@ def test_ill_conditioned_triton_fp32_reports_non_convergence() -> None:
     """The same matrix in fp32 through the kernels: after 20 steps the residual matches the
     float64 reference's (~0.65); after 60 the fp32 iteration stalls at a residual ~22 (its
     relative error ~7e-4; the exact inverse rounded to fp32 has residual ~7e-4), so the report
-    says "not converged" and the bounds confirm it is the true residual."""
+    says "not converged" and the bounds confirm it is the true residual; the op's own check
+    then raises (``check=False`` returns the iterate)."""
     a = ill_conditioned().float()
     v20 = newton_schulz_pinv(a.to(DEVICE), 20, 0.0, backend='triton').cpu()
     r20 = newton_schulz_residual(a, v20, 0.0)
     _residual_bounds_hold(a, v20, 0.0, r20)
     r20_ref = newton_schulz_residual(a, newton_schulz_pinv_naive(a.double(), 20, 0.0), 0.0)
     assert abs(r20.item() - r20_ref.item()) < 1e-3 * r20_ref.item()
-    v60 = newton_schulz_pinv(a.to(DEVICE), 60, 0.0, backend='triton').cpu()
+    v60 = newton_schulz_pinv(a.to(DEVICE), 60, 0.0, check=False, backend='triton').cpu()
     r60 = newton_schulz_residual(a, v60, 0.0)
     _residual_bounds_hold(a, v60, 0.0, r60)
     assert r60.item() > 1.0
+    with pytest.raises(ValueError, match=r'1 of the 1 matrices did not converge.*iters=60'):
+        newton_schulz_pinv(a.to(DEVICE), 60, 0.0, check=True, backend='triton')
 
 
 # ------------------------------------------------------------------------------------------
@@ -347,6 +350,7 @@ def test_import_without_triton() -> None:
         'from mmeffattn.ops import laplacian_kernel, laplacian_kernel_naive',
         'from mmeffattn.ops import newton_schulz_pinv, newton_schulz_pinv_naive',
         'x, y, a = torch.randn(1, 2, 5, 8), torch.randn(1, 2, 3, 8), torch.rand(1, 2, 4, 4)',
+        'a = a + 4 * torch.eye(4)  # diagonally dominant: the iteration converges',
         'assert torch.equal(laplacian_kernel(x, y, 2.0), laplacian_kernel_naive(x, y, 2.0))',
         'assert torch.equal(newton_schulz_pinv(a, 3, 0.01), newton_schulz_pinv_naive(a, 3, 0.01))',
         *triton_request_fails('laplacian_kernel(x, y, 2.0, backend="triton")'),
