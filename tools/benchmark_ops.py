@@ -37,15 +37,17 @@ PRESETS: Dict[str, Dict[str, Any]] = {
     'gpu': dict(tokens=[196, 784, 3136, 12544, 16384, 50176, 65536], batch=4, heads=8,
                 head_dim=64, warmup=3, repeats=10, budget_s=4., max_call_s=0.2),
 }
-KINDS = ('softmax', 'linear', 'sema', 'core_periphery', 'laplacian_nystrom', 'dynamic_linear',
-         'dynamic_dwconv')
 BASELINES = ('softmax', 'linear')  # plain PyTorch, no backend choice
-#: the settings of our ops, as the backbones use them
-WINDOW = 7  # SEMA
-NUM_CORES = 64  # VECA's largest budget
-LANDMARK_CELL, LAMBDA, NS_ITERS, NS_EPS = 8, 4., 20, 0.01  # LaplacianFormer, first stage
-MAX_LANDMARKS = 128  # LaplacianFormer's default cap (larger grids pool larger cells)
-POOL, KERNEL = 2, 3  # WeightFormer: tokens pooled 2x2 for the dynamic weight; 3x3 dynamic conv
+
+
+def op_benchmarks() -> Dict[str, Callable]:
+    """Benchmark kind -> ``make(n, settings, device, dtype)`` of every op that declares one
+    (``mmeffattn/ops/<op>/spec.py``), in the specs' order."""
+    from mmeffattn.ops._spec import all_specs
+    return {kind: make for spec in all_specs() for kind, make in spec.benchmarks.items()}
+
+
+KINDS = BASELINES + tuple(op_benchmarks())
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -80,90 +82,30 @@ def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
     return (q @ kv) / (z + 1e-6)
 
 
-def laplacian_nystrom(q: torch.Tensor, v: torch.Tensor, hw: Tuple[int, int],
-                      backend: Optional[str]) -> torch.Tensor:
-    """LaplacianFormer's attention: ``K(q, L) pinv(K(L, L)) K(L, q) v / N`` with landmarks
-    ``L`` pooled as the backbone pools them (``LANDMARK_CELL`` cells, larger ones beyond
-    ``MAX_LANDMARKS``), right to left (nothing ``N x N``)."""
-    from mmeffattn.models.backbones.laplacianformer import pool_landmarks
-    from mmeffattn.ops import laplacian_kernel, newton_schulz_pinv
-    N = q.shape[-2]
-    lm = pool_landmarks(q, hw, _cell(hw))  # [B, h, M, D]
-    k_ql = laplacian_kernel(q, lm, LAMBDA, backend=backend)  # [B, h, N, M]
-    k_ll = laplacian_kernel(lm, lm, LAMBDA, backend=backend)  # [B, h, M, M]
-    pinv = newton_schulz_pinv(k_ll, NS_ITERS, NS_EPS, backend=backend)
-    return k_ql @ (pinv @ (k_ql.transpose(-2, -1) @ v)) / N
-
-
-def _cell(hw: Tuple[int, int]) -> int:
-    from mmeffattn.models.backbones.laplacianformer import landmark_cell
-    return landmark_cell(hw, LANDMARK_CELL, MAX_LANDMARKS)
-
-
-def _landmarks(hw: Tuple[int, int]) -> int:
-    return math.ceil(hw[0] / _cell(hw)) * math.ceil(hw[1] / _cell(hw))
-
-
 def make_kind(kind: str, n: int, args: argparse.Namespace, device: torch.device,
               dtype: torch.dtype) -> Tuple[Callable[[Optional[str]], Any], int, int, Dict]:
     """Inputs for ``kind`` at about ``n`` tokens: ``(run(backend), MACs, bytes, shape info)``."""
-    from mmeffattn.analysis.flops import op_macs, sdpa_macs
-    from mmeffattn.ops import core_periphery_attention, sema_attention
+    if kind in BASELINES:
+        return baseline(kind, n, args, device, dtype)
+    if kind not in op_benchmarks():
+        raise ValueError(f'unknown kind {kind!r}; choose from {KINDS}')
+    return op_benchmarks()[kind](n, args, device, dtype)
+
+
+def baseline(kind: str, n: int, args: argparse.Namespace, device: torch.device,
+             dtype: torch.dtype) -> Tuple[Callable[[Optional[str]], Any], int, int, Dict]:
+    """The torch baselines (``softmax``: SDPA; ``linear``: :func:`linear_attention`) on
+    ``[B, heads, N, D]`` q, k, v."""
+    from mmeffattn.analysis.flops import sdpa_macs
     side = max(1, round(math.sqrt(n)))
-    hw = (side, side)
     N = side * side
     B, h, D = args.batch, args.heads, args.head_dim
-    T = N + NUM_CORES if kind == 'core_periphery' else N
-    q, k, v = (torch.randn(B, h, T, D, device=device, dtype=dtype) for _ in range(3))
-    elem = q.element_size()
-    io_bytes = 4 * q.numel() * elem  # q, k, v in, one output
-    info = dict(N=N, grid=list(hw), tokens=T)
-    if kind == 'softmax':
-        return (lambda b: F.scaled_dot_product_attention(q, k, v),
-                sdpa_macs(B * h, N, N, D, D), io_bytes, info)
-    if kind == 'linear':
-        return lambda b: linear_attention(q, k, v), B * h * N * D * (2 * D + 1), io_bytes, info
-    if kind == 'sema':
-        return (lambda b: sema_attention(q, k, v, hw, WINDOW, backend=b),
-                op_macs('sema_attention', q, k, v, hw, WINDOW), io_bytes, info)
-    if kind == 'core_periphery':
-        info['num_cores'] = NUM_CORES
-        return (lambda b: core_periphery_attention(q, k, v, NUM_CORES, backend=b),
-                op_macs('core_periphery_attention', q, k, v, NUM_CORES), io_bytes, info)
-    if kind == 'laplacian_nystrom':
-        M = _landmarks(hw)
-        lm = torch.empty(B, h, M, D)
-        macs = (op_macs('laplacian_kernel', q, lm, LAMBDA) +
-                op_macs('laplacian_kernel', lm, lm, LAMBDA) +
-                op_macs('newton_schulz_pinv', torch.empty(B, h, M, M), NS_ITERS, NS_EPS) +
-                B * h * (2 * N * M * D + M * M * D))  # K^T v, pinv @ (.), K @ (.)
-        info['landmarks'] = M
-        return (lambda b: laplacian_nystrom(q, v, hw, b), macs,
-                3 * q.numel() * elem, info)  # q, v in, one output
-    C = h * D  # WeightFormer mixes all channels at once (no heads)
-    if kind == 'dynamic_linear':  # DynamicLinear: x (W + dW(x)), dW from 2x2-pooled tokens
-        from mmeffattn.ops import dynamic_weight
-        M = math.ceil(side / POOL) ** 2
-        x = torch.randn(B, N, C, device=device, dtype=dtype)
-        u, vv = (torch.randn(B, M, C, device=device, dtype=dtype) for _ in range(2))
-        w = torch.randn(C, C, device=device, dtype=dtype) * C ** -0.5
-
-        def run(b):
-            return x @ dynamic_weight(u, vv, N, weight=w, backend=b).transpose(1, 2)
-
-        info.update(channels=C, pooled=M)
-        return (run, op_macs('dynamic_weight', u, vv, N, weight=w) + B * N * C * C,
-                (2 * x.numel() + 2 * u.numel() + w.numel()) * elem, info)
-    if kind == 'dynamic_dwconv':  # DynamicDWConv: a 3x3 kernel per sample and channel
-        from mmeffattn.ops import dynamic_dwconv
-        x = torch.randn(B, C, side, side, device=device, dtype=dtype)
-        kern = torch.randn(B, C, KERNEL, KERNEL, device=device, dtype=dtype)
-        bias = torch.zeros(C, device=device, dtype=dtype)
-        static = torch.randn(C, 1, KERNEL, KERNEL, device=device, dtype=dtype)
-        info.update(channels=C)
-        return (lambda b: dynamic_dwconv(x, kern, bias, static, normalize=True, backend=b),
-                op_macs('dynamic_dwconv', x, kern), 2 * x.numel() * elem, info)
-    raise ValueError(f'unknown kind {kind!r}; choose from {KINDS}')
+    q, k, v = (torch.randn(B, h, N, D, device=device, dtype=dtype) for _ in range(3))
+    runs = dict(softmax=(lambda b: F.scaled_dot_product_attention(q, k, v),
+                         sdpa_macs(B * h, N, N, D, D)),
+                linear=(lambda b: linear_attention(q, k, v), B * h * N * D * (2 * D + 1)))
+    run, macs = runs[kind]
+    return run, macs, 4 * q.numel() * q.element_size(), dict(N=N, grid=[side, side], tokens=N)
 
 
 # --------------------------------------------------------------------------------------------
@@ -248,9 +190,9 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
             memory=fit_exponent([r['N'] for r in rows], [r['peak_mem_mb'] for r in rows]))
     settings = {k: getattr(args, k) for k in ('preset', 'batch', 'heads', 'head_dim', 'warmup',
                                               'repeats', 'budget_s', 'max_call_s')}
-    settings.update(window=WINDOW, num_cores=NUM_CORES, landmark_cell=LANDMARK_CELL,
-                    max_landmarks=MAX_LANDMARKS,
-                    ns_iters=NS_ITERS, weightformer_pool=POOL, weightformer_kernel=KERNEL)
+    from mmeffattn.ops._spec import all_specs
+    for spec in all_specs():  # the op settings the benchmarks use (window, cores, ...)
+        settings.update(spec.benchmark_settings)
     env = bm.environment(device, dtype)
     if device.type != 'cuda':  # no resident tensors here: the op's own allocations only
         env['memory_method'] = ('peak of the tensors the call creates (its inputs excluded), '

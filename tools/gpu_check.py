@@ -4,8 +4,8 @@
     python tools/gpu_check.py --out-dir work_dirs/gpu_check
 
 1. ``kernels``: every Triton kernel against its PyTorch reference (evaluated in fp64) at the
-   sizes the backbones really use, forward and backward, in fp32 and bf16, with the tolerance
-   table of ``tests/ops/tolerances.py``.
+   sizes the backbones really use (each op's ``gpu_checks``), forward and backward, in fp32 and
+   bf16, with the op's tolerance table (``mmeffattn/ops/<op>/spec.py``).
 2. ``op_tests``: the op test suite (``tests/ops``), whose CUDA-only cases (bf16 ``tl.dot``,
    compiled kernels) are skipped on a machine without a GPU.
 3. ``benchmark_ops``: ``tools/benchmark_ops.py --preset gpu`` (Triton vs reference vs SDPA and
@@ -64,74 +64,22 @@ def cuda_problem() -> str:
 # step 1: kernels vs references at realistic sizes
 # --------------------------------------------------------------------------------------------
 def kernel_cases() -> List[Tuple[str, Callable[[Any, Any], Tuple[Callable, List[Any]]]]]:
-    """``(name, make(device, dtype) -> (fn(backend, *inputs), inputs))`` per op and size. Sizes:
-    SEMA-T stage 1 at 224 (batch 8) and 512; VECA-S (C=64) at 224 and 512; LaplacianFormer-T
-    stage 1 (landmarks 8x8 cells) at 224 and 512; WeightFormer-T's dynamic layers at 224."""
-    import torch
+    """``(name, make(device, dtype) -> (fn(backend, *inputs), inputs))``: every op's
+    ``gpu_checks`` (``mmeffattn/ops/<op>/spec.py``), at the sizes the backbones use."""
+    return [case for spec in _specs() for case in spec.gpu_checks]
 
-    from mmeffattn import ops
 
-    def randn(*shape, device, dtype, scale=1.0):
-        return (torch.randn(*shape, device=device, dtype=torch.float32) * scale).to(dtype)
+def _specs() -> list:
+    from mmeffattn.ops._spec import all_specs
+    return all_specs()
 
-    def sema(B, h, side, D):
-        def make(device, dtype):
-            x = [randn(B, h, side * side, D, device=device, dtype=dtype) for _ in range(3)]
-            return (lambda b, q, k, v: ops.sema_attention(q, k, v, (side, side), 7, backend=b),
-                    x)
-        return make
 
-    def core(B, h, C, N, D):
-        def make(device, dtype):
-            x = [randn(B, h, C + N, D, device=device, dtype=dtype) for _ in range(3)]
-            ang = torch.rand(1, C + N, D // 2, device=device).repeat_interleave(2, -1) * 6.28
-            rope = (ang.cos(), ang.sin())
-            return (lambda b, q, k, v: ops.core_periphery_attention(q, k, v, C, rope=rope,
-                                                                    backend=b), x)
-        return make
-
-    def laplacian(B, h, N, M, D):
-        def make(device, dtype):
-            x = [randn(B, h, N, D, device=device, dtype=dtype, scale=0.3),
-                 randn(B, h, M, D, device=device, dtype=dtype, scale=0.3)]
-            return lambda b, x, y: ops.laplacian_kernel(x, y, 4.0, backend=b), x
-        return make
-
-    def newton(B, h, M, D):
-        def make(device, dtype):
-            z = randn(B, h, M, D, device=device, dtype=torch.float32, scale=0.3)
-            a = ops.laplacian_kernel_naive(z, z, 4.0).to(dtype)  # a real landmark kernel matrix
-            return lambda b, a: ops.newton_schulz_pinv(a, 20, 0.01, backend=b), [a]
-        return make
-
-    def dyn_weight(B, M, c_in, c_out):
-        def make(device, dtype):
-            x = [randn(B, M, c_in, device=device, dtype=dtype),
-                 randn(B, M, c_out, device=device, dtype=dtype),
-                 randn(c_out, c_in, device=device, dtype=dtype, scale=0.02)]
-            return (lambda b, u, v, w: ops.dynamic_weight(u, v, 196, weight=w, backend=b), x)
-        return make
-
-    def dyn_dwconv(B, C, side):
-        def make(device, dtype):
-            x = [randn(B, C, side, side, device=device, dtype=dtype),
-                 randn(B, C, 3, 3, device=device, dtype=dtype),
-                 randn(C, device=device, dtype=dtype), randn(C, 1, 3, 3, device=device,
-                                                           dtype=dtype)]
-            return (lambda b, x, k, bias, w: ops.dynamic_dwconv(x, k, bias, w, normalize=True,
-                                                                backend=b), x)
-        return make
-
-    return [('sema B8-H2-56x56-D32', sema(8, 2, 56, 32)),
-            ('sema B2-H2-128x128-D32', sema(2, 2, 128, 32)),
-            ('core_periphery B8-H6-C64-N196-D64', core(8, 6, 64, 196, 64)),
-            ('core_periphery B2-H6-C64-N1024-D64', core(2, 6, 64, 1024, 64)),
-            ('laplacian_kernel B8-H1-N3136-M49-D64', laplacian(8, 1, 3136, 49, 64)),
-            ('laplacian_kernel B2-H1-N16384-M256-D64', laplacian(2, 1, 16384, 256, 64)),
-            ('newton_schulz_pinv B8-H1-M49', newton(8, 1, 49, 64)),
-            ('newton_schulz_pinv B2-H1-M256', newton(2, 1, 256, 64)),
-            ('dynamic_weight B8-M49-192x768', dyn_weight(8, 49, 192, 768)),
-            ('dynamic_dwconv B8-C768-14x14', dyn_dwconv(8, 768, 14))]
+def _tolerances(name: str) -> Dict[Any, Any]:
+    """The tolerance table of the op whose GPU check ``name`` is (the default table for a
+    case no spec declares)."""
+    from mmeffattn.ops._spec import DEFAULT_TOLERANCES
+    return next((spec.tolerances for spec in _specs()
+                 if any(n == name for n, _ in spec.gpu_checks)), DEFAULT_TOLERANCES)
 
 
 def check_kernels(out_dir: str, device: str = 'cuda', backend: str = 'triton',
@@ -141,8 +89,7 @@ def check_kernels(out_dir: str, device: str = 'cuda', backend: str = 'triton',
     each of ``dtypes`` vs the reference in fp64: the output and every input gradient. ``only``
     keeps the cases whose name contains it."""
     import torch
-    sys.path.insert(0, osp.join(ROOT, 'tests', 'ops'))
-    from tolerances import assert_close
+    from mmeffattn.ops._spec import check_close
     device = torch.device(device)
     os.makedirs(out_dir, exist_ok=True)
     rows = []
@@ -162,11 +109,12 @@ def check_kernels(out_dir: str, device: str = 'cuda', backend: str = 'triton',
                 refs = [x.detach().double().requires_grad_() for x in inputs]
                 ref = fn('reference', *refs)
                 ref.backward(grad.double())
-                assert_close(out, ref, dtype, name='output')
+                tol = _tolerances(name)
+                check_close(out, ref, dtype, 'output', tol)
                 for i, (x, r) in enumerate(zip(xs, refs)):
                     if r.grad is not None:
                         assert x.grad is not None, f'input {i}: no gradient from the kernels'
-                        assert_close(x.grad, r.grad, dtype, name=f'grad of input {i}')
+                        check_close(x.grad, r.grad, dtype, f'grad of input {i}', tol)
                 row['status'] = 'ok'
             except Exception as e:
                 row['status'] = 'FAIL'

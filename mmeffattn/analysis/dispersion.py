@@ -12,29 +12,21 @@ query ``i`` mixes the values ``v_j`` of one attention layer:
 * ``softmax``: ``softmax(q k^T / sqrt(D))``.
 * ``linear``: ``phi(q_i) . phi(k_j) / sum_j' phi(q_i) . phi(k_j')`` with ``phi = ELU + 1``.
 * ``window``: softmax inside the query's ``window x window`` window, zero outside.
-* ``sema``: ``out_i = sum_j a_ij v_j + mean_j v_j`` weighs ``v_j`` by ``a_ij + 1/N`` (total
-  2), halved to a distribution.
-* ``laplacian_nystrom``: ``K(q, L) pinv(K(L, L)) K(L, k) / N`` (LaplacianFormer, landmarks
-  ``L`` pooled over cells); the Nystrom weights may be negative and need not sum to 1, so the
-  distribution is ``|w_ij| / sum_j |w_ij|``.
-* ``core_periphery``: a patch reads the C cores only; the cores read every token. The implied
-  weight of patch ``j`` for patch ``i`` is the two-hop ``sum_c A[i, c] B[c, j]`` (patch -> core
-  -> patch, the route by which patches exchange information), with ``A`` the patch-to-core and
-  ``B`` the core-to-patch softmax. Without a VECA model the cores are the tokens average pooled
-  to a ``sqrt(C) x sqrt(C)`` grid.
+* the kinds of mmeffattn's ops (``sema``, ``laplacian_nystrom``, ``core_periphery``): each op
+  declares its own in ``mmeffattn/ops/<op>/spec.py`` (``attention_kinds``; see each function's
+  docstring there), so a new op that implies attention weights joins without a change here.
 
 :func:`dispersion_stats` summarises rows: entropy (nats), entropy over ``log N``, the largest
 weight, and the effective number of keys ``exp(entropy)``.
 """
 import math
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ['KINDS', 'implied_weights', 'dispersion_stats', 'sample_queries', 'kinds_available']
-
-KINDS = ('softmax', 'linear', 'window', 'sema', 'laplacian_nystrom', 'core_periphery')
+__all__ = ['KINDS', 'implied_weights', 'dispersion_stats', 'sample_queries', 'kinds_available',
+           'window_weights', 'pool_grid']
 
 
 def sample_queries(n: int, max_queries: int, seed: int = 0) -> torch.Tensor:
@@ -55,7 +47,7 @@ def _window_ids(hw: Tuple[int, int], window: int, device: torch.device) -> torch
     return (rows[:, None] * n_w + cols[None, :]).flatten()
 
 
-def _pool_grid(x: torch.Tensor, hw: Tuple[int, int], cell: int) -> torch.Tensor:
+def pool_grid(x: torch.Tensor, hw: Tuple[int, int], cell: int) -> torch.Tensor:
     """``[B, h, N, D]`` tokens of an ``H x W`` grid -> ``[B, h, M, D]`` means over cells."""
     B, nh, N, D = x.shape
     grid = x.transpose(-2, -1).reshape(B * nh, D, *hw)
@@ -63,11 +55,47 @@ def _pool_grid(x: torch.Tensor, hw: Tuple[int, int], cell: int) -> torch.Tensor:
     return pooled.flatten(2).transpose(-2, -1).reshape(B, nh, -1, D)
 
 
+def _logits(q: torch.Tensor, k: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """``[B, h, R, N]`` scaled logits of the queries ``rows`` over every key."""
+    return (q[:, :, rows.to(q.device)] @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5
+
+
+def window_weights(q: torch.Tensor, k: torch.Tensor, hw: Tuple[int, int], rows: torch.Tensor,
+                   window: int = 7, **_: Any) -> torch.Tensor:
+    """Softmax inside the query's ``window x window`` window, zero outside."""
+    ids = _window_ids(hw, window, q.device)
+    same = ids[rows.to(q.device)][:, None] == ids[None, :]  # [R, N]
+    return _logits(q, k, rows).masked_fill(~same, float('-inf')).softmax(-1)
+
+
+def _softmax_weights(q, k, hw, rows, **_: Any) -> torch.Tensor:
+    return _logits(q, k, rows).softmax(-1)
+
+
+def _linear_weights(q, k, hw, rows, **_: Any) -> torch.Tensor:
+    fq, fk = F.elu(q[:, :, rows.to(q.device)]) + 1, F.elu(k) + 1
+    w = fq @ fk.transpose(-2, -1)  # [B, h, R, N], positive
+    return w / w.sum(-1, keepdim=True)
+
+
+#: the torch baselines; the ops' kinds come from their specs
+BASELINES: Dict[str, Callable[..., torch.Tensor]] = dict(
+    softmax=_softmax_weights, linear=_linear_weights, window=window_weights)
+
+
+def _kinds() -> Dict[str, Callable[..., torch.Tensor]]:
+    from mmeffattn.ops._spec import all_specs
+    kinds = dict(BASELINES)
+    for spec in all_specs():
+        kinds.update(spec.attention_kinds)
+    return kinds
+
+
+KINDS = tuple(_kinds())
+
+
 def implied_weights(kind: str, q: torch.Tensor, k: torch.Tensor, hw: Tuple[int, int],
-                    rows: Optional[torch.Tensor] = None, *, window: int = 7,
-                    num_cores: int = 16, cores: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
-                    landmark_cell: int = 8, lam: float = 4., ns_iters: int = 20,
-                    ns_eps: float = 0.01) -> torch.Tensor:
+                    rows: Optional[torch.Tensor] = None, **options: Any) -> torch.Tensor:
     """Weights ``[B, h, len(rows), N]`` (rows sum to 1) of the queries ``rows`` over the N keys.
 
     Args:
@@ -75,53 +103,19 @@ def implied_weights(kind: str, q: torch.Tensor, k: torch.Tensor, hw: Tuple[int, 
         q, k: ``[B, h, N, D]`` queries and keys of one layer, ``N = H * W`` in row-major order.
         hw: the token grid.
         rows: query indices (default: all).
-        window: window side of ``window`` and ``sema``.
-        num_cores: cores pooled from the tokens for ``core_periphery`` when ``cores`` is None.
-        cores: ``(q_cores, k_cores)`` ``[B, h, C, D]`` of a real core-periphery model.
-        landmark_cell, lam, ns_iters, ns_eps: LaplacianFormer's settings.
+        options: the kinds' settings: ``window`` (``window``, ``sema``); ``num_cores`` (cores
+            pooled from the tokens for ``core_periphery`` when ``cores`` is None) and ``cores``
+            (``(q_cores, k_cores)`` ``[B, h, C, D]`` of a real core-periphery model);
+            ``landmark_cell``, ``lam``, ``ns_iters``, ``ns_eps`` (LaplacianFormer's settings).
     """
-    if kind not in KINDS:
-        raise ValueError(f'unknown attention kind {kind!r}; choose from {KINDS}')
-    B, nh, N, D = q.shape
+    kinds = _kinds()
+    if kind not in kinds:
+        raise ValueError(f'unknown attention kind {kind!r}; choose from {tuple(kinds)}')
+    N = q.shape[2]
     if N != hw[0] * hw[1]:
         raise ValueError(f'{N} tokens do not fill the grid {hw}')
     rows = torch.arange(N) if rows is None else rows
-    qs = q[:, :, rows.to(q.device)]  # [B, h, R, D]
-    scale = D ** -0.5
-    if kind in ('softmax', 'window', 'sema'):
-        logits = (qs @ k.transpose(-2, -1)) * scale  # [B, h, R, N]
-        if kind == 'softmax':
-            return logits.softmax(-1)
-        ids = _window_ids(hw, window, q.device)
-        same = ids[rows.to(q.device)][:, None] == ids[None, :]  # [R, N]
-        local = logits.masked_fill(~same, float('-inf')).softmax(-1)
-        return local if kind == 'window' else (local + 1.0 / N) / 2
-    if kind == 'linear':
-        fq, fk = F.elu(qs) + 1, F.elu(k) + 1
-        w = fq @ fk.transpose(-2, -1)  # [B, h, R, N], positive
-        return w / w.sum(-1, keepdim=True)
-    if kind == 'laplacian_nystrom':
-        from mmeffattn.ops import laplacian_kernel_naive, newton_schulz_pinv_naive
-        lm = _pool_grid(q, hw, landmark_cell)  # landmarks from the queries, as LaplacianFormer
-        k_ql = laplacian_kernel_naive(qs, lm, lam)  # [B, h, R, M]
-        k_lk = laplacian_kernel_naive(lm, k, lam)  # [B, h, M, N]
-        pinv = newton_schulz_pinv_naive(laplacian_kernel_naive(lm, lm, lam), ns_iters, ns_eps)
-        w = (k_ql @ pinv @ k_lk).abs()
-        return w / w.sum(-1, keepdim=True).clamp_min(1e-30)
-    # core_periphery
-    if cores is None:
-        side = max(1, round(math.sqrt(num_cores)))
-        cell = max(1, math.ceil(max(hw) / side))
-        q_c, k_c = _pool_grid(q, hw, cell), _pool_grid(k, hw, cell)
-    else:
-        q_c, k_c = cores
-    to_cores = ((qs @ k_c.transpose(-2, -1)) * scale).softmax(-1)  # [B, h, R, C]
-    # a core reads cores and patches; keep its weights on the patches (renormalised) so the
-    # two hops give a distribution over the N patches
-    keys = torch.cat([k_c, k], dim=2)  # [B, h, C + N, D]
-    from_cores = ((q_c @ keys.transpose(-2, -1)) * scale).softmax(-1)[..., k_c.shape[2]:]
-    from_cores = from_cores / from_cores.sum(-1, keepdim=True)  # [B, h, C, N]
-    return to_cores @ from_cores
+    return kinds[kind](q, k, hw, rows, **options)
 
 
 def dispersion_stats(p: torch.Tensor) -> Dict[str, float]:
@@ -139,8 +133,6 @@ def dispersion_stats(p: torch.Tensor) -> Dict[str, float]:
 
 
 def kinds_available() -> Sequence[str]:
-    """The kinds whose ops this installation has (Laplacian-Nystrom needs its references)."""
-    import mmeffattn.ops as ops
-    have_lap = hasattr(ops, 'laplacian_kernel_naive') and hasattr(ops, 'newton_schulz_pinv_naive')
-    return [k for k in KINDS if k != 'laplacian_nystrom' or have_lap]
+    """The kinds this installation has: the baselines and every op spec's kinds."""
+    return list(_kinds())
 

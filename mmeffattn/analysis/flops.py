@@ -7,8 +7,8 @@ the aten ops it knows (convolutions, matmuls, norms). Two things escape it:
   :func:`sdpa_flop_jit`.
 * our public ops (``mmeffattn.ops.*``): a Triton kernel is opaque to a trace, and counting a
   reference op by op charges its implementation (padding, masks), not the op. While
-  :func:`count_flops` runs, every public op that has an analytic counter here (see
-  :data:`OP_COUNTERS`) is swapped, in the modules that imported it, for a wrapper that runs the
+  :func:`count_flops` runs, every public op that has an analytic counter (its spec's ``macs``,
+  see :data:`OP_COUNTERS`) is swapped, in the modules that imported it, for a wrapper that runs the
   reference inside a ``torch.autograd.Function`` (so the trace sees one ``prim::PythonOp.<op>``
   node, not the reference's aten ops) and records the op's analytic count; a handle for that
   node hands the count back to the analyzer in trace order.
@@ -22,19 +22,22 @@ import os
 import sys
 from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Deque, Dict, Iterator, List, Sequence, Tuple
+from typing import Any, Callable, Deque, Dict, Iterator, List, Tuple
 
 import torch
 import torch.nn as nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from mmeffattn.ops._spec import all_specs, sdpa_macs
 
 __all__ = ['OP_COUNTERS', 'register_op_counter', 'op_macs', 'sdpa_macs', 'sdpa_flop_jit',
            'count_flops', 'FlopCount', 'CountedForward', 'count_parameters',
            'reference_backend']
 
 OpCounter = Callable[..., int]
-#: public op name (an attribute of :mod:`mmeffattn.ops`) -> analytic MACs from the op's arguments
-OP_COUNTERS: Dict[str, OpCounter] = {}
+#: public op name (an attribute of :mod:`mmeffattn.ops`) -> analytic MACs from the op's arguments:
+#: every op's ``spec.macs`` (``mmeffattn/ops/<op>/spec.py``), plus any registered here
+OP_COUNTERS: Dict[str, OpCounter] = {spec.name: spec.macs for spec in all_specs()}
 
 
 def register_op_counter(name: str) -> Callable[[OpCounter], OpCounter]:
@@ -54,71 +57,6 @@ def op_macs(name: str, *args: Any, **kwargs: Any) -> int:
         raise KeyError(f'no FLOP counter for op {name!r}; registered: {sorted(OP_COUNTERS)} '
                        f'(add one with mmeffattn.analysis.flops.register_op_counter)')
     return int(OP_COUNTERS[name](*args, **kwargs))
-
-
-# --------------------------------------------------------------------------------------------
-# analytic counts, one per public op (arguments as the op takes them)
-# --------------------------------------------------------------------------------------------
-def sdpa_macs(batch: int, n_q: int, n_k: int, d_qk: int, d_v: int) -> int:
-    """MACs of ``softmax(q k^T) v``: ``q k^T`` plus ``weights @ v`` for every query/key pair."""
-    return batch * n_q * n_k * (d_qk + d_v)
-
-
-def _window_sizes(n: int, window: int) -> List[int]:
-    """Sides of the windows tiled from the start of a grid side ``n`` (the last may be short);
-    a side smaller than the window is one window of that side."""
-    w = min(window, n)
-    return [w] * (n // w) + ([n % w] if n % w else [])
-
-
-@register_op_counter('sema_attention')
-def sema_attention_macs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: Sequence[int],
-                        window_size: int, **kwargs: Any) -> int:
-    """Softmax attention among the real tokens of each window (padded keys are no work of the
-    op; the reference computes them, the kernels mask them) plus the mean of the values."""
-    B, nh, N, D = q.shape
-    H, W = hw
-    pairs = sum((a * b) ** 2 for a in _window_sizes(H, window_size)
-                for b in _window_sizes(W, window_size))  # sum over windows of L_w^2
-    return B * nh * pairs * 2 * D + B * nh * N * D * int(kwargs.get('with_mean', True))
-
-
-@register_op_counter('dynamic_weight')
-def dynamic_weight_macs(u: torch.Tensor, v: torch.Tensor, *args: Any, **kwargs: Any) -> int:
-    """``v^T u`` over the M pooled tokens, plus the row norms (one MAC per weight entry)."""
-    B, M, c_in = u.shape
-    c_out = v.shape[2]
-    return B * c_out * c_in * (M + 1)
-
-
-@register_op_counter('dynamic_dwconv')
-def dynamic_dwconv_macs(x: torch.Tensor, kernel: torch.Tensor, *args: Any, **kwargs: Any) -> int:
-    """A ``K x K`` depthwise convolution per sample and channel (stride 1, same size)."""
-    B, C, H, W = x.shape
-    return B * C * H * W * kernel.shape[-1] * kernel.shape[-2]
-
-
-@register_op_counter('laplacian_kernel')
-def laplacian_kernel_macs(x: torch.Tensor, y: torch.Tensor, *args: Any, **kwargs: Any) -> int:
-    """An L1 distance (D differences and sums) for every (x_i, y_j) pair."""
-    B, nh, N, D = x.shape
-    return B * nh * N * y.shape[2] * D
-
-
-@register_op_counter('newton_schulz_pinv')
-def newton_schulz_pinv_macs(a: torch.Tensor, iters: int, *args: Any, **kwargs: Any) -> int:
-    """``V <- 2V - V P V``: two ``M x M`` matmuls per iteration."""
-    M = a.shape[-1]
-    return math.prod(a.shape[:-2]) * int(iters) * 2 * M ** 3
-
-
-@register_op_counter('core_periphery_attention')
-def core_periphery_attention_macs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                                  num_cores: int, **kwargs: Any) -> int:
-    """The C cores attend over all ``C + N`` keys, the N patches over the C cores only."""
-    B, nh, T, D = q.shape
-    C = int(num_cores)
-    return sdpa_macs(B * nh, C, T, D, v.shape[-1]) + sdpa_macs(B * nh, T - C, C, D, v.shape[-1])
 
 
 # --------------------------------------------------------------------------------------------

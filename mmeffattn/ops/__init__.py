@@ -1,8 +1,8 @@
 """Attention ops. Each op has a pure PyTorch reference and Triton kernels; the public function
 picks a backend and can always fall back to the reference."""
 from .core_periphery import core_periphery_attention, core_periphery_attention_naive
-from .dyn_dwconv import dynamic_dwconv, dynamic_dwconv_naive
-from .dyn_weight import dynamic_weight, dynamic_weight_naive
+from .dynamic_dwconv import dynamic_dwconv, dynamic_dwconv_naive
+from .dynamic_weight import dynamic_weight, dynamic_weight_naive
 from .laplacian import laplacian_kernel, laplacian_kernel_naive
 from .newton_schulz import newton_schulz_pinv, newton_schulz_pinv_naive, newton_schulz_residual
 from .sema import sema_attention, sema_attention_naive

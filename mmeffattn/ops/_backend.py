@@ -43,6 +43,8 @@ TRITON_INTERPRET: bool = _interpreter_on()
 
 ENV_VAR = 'MMEFFATTN_OPS_BACKEND'
 BACKENDS = ('triton', 'reference')
+#: the storage dtypes every op's Triton kernels take (an op's ``SUPPORTED_DTYPES``)
+KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 logger = logging.getLogger('mmeffattn.ops')
 _warned: set = set()
@@ -167,3 +169,13 @@ def select_backend(op_name: str, backend: Optional[str],
     else:
         logger.debug('%s: using the PyTorch reference: %s', op_name, '; '.join(reasons))
     return 'reference'
+
+
+def dispatch(op_name: str, backend: Optional[str], triton_reasons: Callable[[], List[str]],
+             tensors: Sequence[torch.Tensor], triton_fn: Callable, reference_fn: Callable,
+             *args, **kwargs):
+    """Run ``triton_fn(*args, **kwargs)`` or ``reference_fn(*args, **kwargs)``, as
+    :func:`select_backend` decides: the last step of every public op. The op passes its
+    module-level entry points at call time, so patching them (the dispatch tests) still works."""
+    chosen = select_backend(op_name, backend, triton_reasons, tensors)
+    return (triton_fn if chosen == 'triton' else reference_fn)(*args, **kwargs)

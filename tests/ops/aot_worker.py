@@ -1,14 +1,14 @@
-"""Compile the SEMA kernels ahead of time for NVIDIA targets, without a GPU (run as a script).
+"""Compile any op's kernels ahead of time for NVIDIA targets, without a GPU (run as a script).
 
 Usage: ``python tests/ops/aot_worker.py CASES_JSON [ARCH ...]`` with Triton's interpreter OFF.
-CASES_JSON is a list of ``{"D", "window", "H", "W", "dtype", "with_mean"}`` (optional
-``"layout"``: ``"backbone"``, the default, or ``"contiguous"``). For each case the
-real launchers run forward and backward on small CPU tensors inside
-``function.record_launches()``, which records every launch (kernel, grid, arguments,
-constexprs, num_warps, num_stages) instead of running it; each distinct launch is then compiled
-for each architecture with the same specialisation Triton's JIT would apply to those arguments.
-Prints one JSON line per (launch, arch): registers and stack from ``cuobjdump -res-usage``,
-shared memory from the compiled metadata.
+CASES_JSON is a list of cases, each with ``"op"`` (a public op name) and the keys its spec's
+``aot.record`` reads (``mmeffattn/ops/<op>/spec.py``). For each case the op's real launchers
+run forward and backward on small CPU tensors inside ``_launch.record_launches()``, which
+records every launch (kernel, grid, arguments, constexprs, num_warps, num_stages) instead of
+running it; each distinct launch is then compiled for each architecture with the same
+specialisation Triton's JIT would apply to those arguments. Prints one JSON line per (launch,
+arch): registers and stack from ``cuobjdump -res-usage``, shared memory from the compiled
+metadata.
 """
 import json
 import multiprocessing
@@ -22,37 +22,13 @@ from concurrent.futures import ProcessPoolExecutor
 
 assert not os.environ.get('TRITON_INTERPRET'), 'run with Triton\'s interpreter off'
 
-import torch  # noqa: E402
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 from triton.compiler.compiler import make_backend  # noqa: E402
 from triton.runtime.jit import create_function_from_signature  # noqa: E402
 
-from mmeffattn.ops.sema import function  # noqa: E402
-
-DTYPES = {'fp32': torch.float32, 'fp16': torch.float16, 'bf16': torch.bfloat16}
-
-
-def record_case(case: dict) -> list:
-    """The launches of one forward + backward, as the launchers issue them."""
-    dtype = DTYPES[case['dtype']]
-    H, W, D = case['H'], case['W'], case['D']
-    if case.get('layout', 'backbone') == 'backbone':
-        # q, k: views of a fused qk projection (token stride 2*heads*D); v: [B, N, heads, D]
-        # transposed (token stride heads*D), as the SEMA backbone passes them
-        qk = torch.empty(1, H * W, 2, 2, D, dtype=dtype)
-        q, k = qk.permute(2, 0, 3, 1, 4).unbind(0)
-        v = torch.empty(1, H * W, 2, D, dtype=dtype).transpose(1, 2)
-    else:  # 'contiguous' [B, heads, N, D]
-        q, k, v = (torch.empty(1, 2, H * W, D, dtype=dtype) for _ in range(3))
-    geom = function.window_geometry((H, W), case['window'])
-    scale = D ** -0.5
-    with function.record_launches() as launches:
-        o, lse, mean = function.sema_fwd(q, k, v, geom, scale, case['with_mean'])
-        function.sema_bwd(torch.empty_like(o), q, k, v, o, lse, mean, geom, scale,
-                          case['with_mean'])
-    return launches
+from mmeffattn.ops._spec import get_spec  # noqa: E402
 
 
 def specialise(launch, arch: int):
@@ -97,7 +73,7 @@ def main() -> None:
     archs = [int(a) for a in sys.argv[2:]] or [80, 90]
     jobs, seen = _JOBS, set()
     for case in cases:
-        for launch in record_case(case):
+        for launch in get_spec(case['op']).aot.record(case):
             cfg = launch.config
             key_args = specialise(launch, archs[0])[1:4]
             key = (cfg.kernel.__name__, repr(key_args), repr(cfg.launch_options))
@@ -106,7 +82,7 @@ def main() -> None:
             seen.add(key)
             meta = dict(case=case, role=launch.role, kernel=cfg.kernel.__name__,
                         constexprs=dict(cfg.constexprs), num_warps=cfg.num_warps,
-                        num_stages=cfg.num_stages)
+                        num_stages=cfg.num_stages, maxnreg=cfg.maxnreg)
             jobs += [(launch, arch, meta) for arch in archs]
     workers = max(1, min(len(jobs), os.cpu_count() or 1))
     # fork: the workers inherit the recorded launches (kernels and CPU tensors) through _JOBS

@@ -12,14 +12,10 @@ import mmeffattn.ops as ops
 from mmeffattn.ops import _backend, core_periphery_attention, core_periphery_attention_naive
 from mmeffattn.ops.core_periphery import op as cp_op
 from dispatch_spy import spy_on
-from tolerances import assert_close, rms
+from op_checks import (DEVICE, DTYPES, HAS_CUDA, TRITON_RUNNABLE, assert_close, rms,
+                       needs_triton)
 
-HAS_CUDA = torch.cuda.is_available()
-DEVICE = 'cuda' if HAS_CUDA else 'cpu'
-TRITON_RUNNABLE = _backend.HAS_TRITON and (HAS_CUDA or _backend.TRITON_INTERPRET)
-needs_triton = pytest.mark.skipif(not TRITON_RUNNABLE,
-                                  reason='needs Triton with a CUDA GPU or its CPU interpreter')
-DTYPES = {'fp32': torch.float32, 'fp16': torch.float16, 'bf16': torch.bfloat16}
+pytestmark = pytest.mark.usefixtures('one_thread')
 
 
 class Case(NamedTuple):
@@ -149,8 +145,9 @@ def test_triton_cases_cover_every_launch() -> None:
         q, k, v, rope = make_inputs(case, 'cpu')
         cos, sin = rope if rope else (None, None)
         with function.record_launches() as launches:
-            o, lse = function.cp_fwd(q, k, v, cos, sin, case.C, 1., splits=case.splits)
-            function.cp_bwd(o, q, k, v, cos, sin, o, lse, case.C, 1., splits=case.splits)
+            o, lse = function.core_periphery_fwd(q, k, v, cos, sin, case.C, 1., splits=case.splits)
+            function.core_periphery_bwd(o, q, k, v, cos, sin, o, lse, case.C, 1.,
+                                        splits=case.splits)
         for launch in launches:
             seen.add((case.dtype, launch.role, launch.config.constexprs.get('ROPE')))
             if launch.role.endswith('_cores'):
@@ -462,7 +459,7 @@ def test_unsupported_inputs_fall_back(monkeypatch, spies) -> None:
 def test_rope_on_another_device() -> None:
     """A rope table on another device than q is rejected by validation before dispatch."""
     (q, k, v), (cos, sin) = small_inputs()
-    with pytest.raises(ValueError, match=r'rope cos is on meta.*\.to\(q\.device\)'):
+    with pytest.raises(ValueError, match=r'one device.*rope cos meta.*\.to\(device\)'):
         core_periphery_attention(q, k, v, 3, rope=(cos.to('meta'), sin))
 
 

@@ -1,10 +1,7 @@
 """Per-sample dynamic depthwise convolution: Triton kernels (interpreted on CPU, compiled on
 CUDA) vs the PyTorch reference, reference semantics, gradients, dispatch, input validation and
 ahead-of-time compilation for sm_80 / sm_90."""
-import json
-import os
-import os.path as osp
-import subprocess
+import importlib
 import sys
 from typing import NamedTuple, Optional
 
@@ -13,29 +10,15 @@ import torch
 import torch.nn.functional as F
 
 from mmeffattn.ops import _backend
-from mmeffattn.ops.dyn_dwconv import dynamic_dwconv, dynamic_dwconv_naive
-from mmeffattn.ops.dyn_dwconv import op as dc_op
+from mmeffattn.ops.dynamic_dwconv import dynamic_dwconv, dynamic_dwconv_naive
+from mmeffattn.ops.dynamic_dwconv import op as dc_op
 from dispatch_spy import spy_on
-from tolerances import assert_close
+from op_checks import (DEVICE, DTYPES, TRITON_RUNNABLE, check_import_without_triton,
+                       triton_request_fails, assert_close,
+                       needs_triton)
 
-HAS_CUDA = torch.cuda.is_available()
-DEVICE = 'cuda' if HAS_CUDA else 'cpu'
-TRITON_RUNNABLE = _backend.HAS_TRITON and (HAS_CUDA or _backend.TRITON_INTERPRET)
-needs_triton = pytest.mark.skipif(not TRITON_RUNNABLE,
-                                  reason='needs Triton with a CUDA GPU or its CPU interpreter')
-DTYPES = {'fp32': torch.float32, 'fp16': torch.float16, 'bf16': torch.bfloat16}
-HERE = osp.dirname(osp.abspath(__file__))
-ROOT = osp.dirname(osp.dirname(HERE))
+pytestmark = pytest.mark.usefixtures('one_thread')
 
-
-@pytest.fixture(scope='module', autouse=True)
-def one_thread():
-    """Small inputs gain nothing from intra-op threads, and on a shared 2-core machine OpenMP
-    spin-waiting under contention made small CPU ops 10-50x slower; restored after."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 class Case(NamedTuple):
@@ -296,24 +279,12 @@ def test_int32_offset_reason() -> None:
 def test_import_without_triton() -> None:
     """The op imports and runs its reference without Triton; an explicit Triton request says
     why it cannot."""
-    code = '\n'.join([
-        'import sys; sys.modules["triton"] = None  # makes "import triton" raise ImportError',
+    check_import_without_triton([
         'import torch',
-        'from mmeffattn.ops.dyn_dwconv import dynamic_dwconv, dynamic_dwconv_naive',
+        'from mmeffattn.ops.dynamic_dwconv import dynamic_dwconv, dynamic_dwconv_naive',
         'x, k = torch.randn(1, 4, 5, 6), torch.randn(1, 4, 3, 3)',
         'assert torch.equal(dynamic_dwconv(x, k), dynamic_dwconv_naive(x, k))',
-        'try:',
-        '    dynamic_dwconv(x, k, backend="triton")',
-        'except RuntimeError as e:',
-        '    assert "triton is not importable" in str(e), e',
-        'else:',
-        '    raise AssertionError("no error")',
-        'print("ok")',
-    ])
-    env = {k: v for k, v in os.environ.items() if k != _backend.ENV_VAR}
-    res = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, env=env,
-                         timeout=120)
-    assert res.returncode == 0 and res.stdout.strip() == 'ok', res.stderr
+        *triton_request_fails('dynamic_dwconv(x, k, backend="triton")')])
 
 
 # ------------------------------------------------------------------------------------------
@@ -348,77 +319,18 @@ def test_invalid_inputs(args, kwargs, match) -> None:
         dynamic_dwconv(*args, **kwargs)
 
 
-# ------------------------------------------------------------------------------------------
-# ahead-of-time compilation for sm_80 / sm_90 (no GPU needed)
-# ------------------------------------------------------------------------------------------
-#: shared memory per block (bytes): sm_80 163 KB, sm_90 227 KB
-SHARED_LIMIT = {80: 163 * 1024, 90: 227 * 1024}
-
-
-def aot_case(C, H, W, K, dtype, layout='tokens', normalize=True, weight=True, bias=True, B=2):
-    return dict(op='dynamic_dwconv', B=B, C=C, H=H, W=W, K=K, dtype=dtype, normalize=normalize,
-                weight=weight, bias=bias, layout=layout)
-
-
-# WeightFormer-T/S (C 192/384, K 3, token layout) fp32/bf16; odd channels, NCHW, K 5/7/9 and the
-# variants without normalization, static kernel or bias.
-AOT_SUBSET = [
-    aot_case(192, 14, 14, 3, 'fp32'), aot_case(384, 64, 64, 3, 'bf16'),
-    aot_case(40, 13, 17, 5, 'fp16', layout='nchw'),
-    aot_case(72, 13, 17, 9, 'fp32', layout='nchw', normalize=False, weight=False, bias=False),
-    aot_case(6, 7, 5, 7, 'bf16'),
-]
-AOT_FULL = [aot_case(C, 13, 17, K, dtype, layout, normalize, normalize, bias)
-            for C in (6, 40, 192, 384)
-            for K in (1, 3, 5, 7, 9)
-            for dtype in ('fp32', 'fp16', 'bf16')
-            for layout in ('tokens', 'nchw')
-            for normalize in (True, False)
-            for bias in (True, False)]
-
-
-def compile_all(cases) -> list:
-    """Run tests/ops/aot_worker_weightformer.py with the interpreter off; one dict per compile."""
-    env = {k: v for k, v in os.environ.items() if k != 'TRITON_INTERPRET'}
-    env['PYTHONPATH'] = os.pathsep.join([ROOT] + [p for p in [env.get('PYTHONPATH')] if p])
-    res = subprocess.run([sys.executable, osp.join(HERE, 'aot_worker_weightformer.py'),
-                          json.dumps(cases), '80', '90'], capture_output=True, text=True,
-                         env=env, cwd=ROOT, timeout=3600)
-    assert res.returncode == 0, (f'AOT compilation failed:\n{res.stdout[-3000:]}\n'
-                                 f'{res.stderr[-6000:]}')
-    return [json.loads(line) for line in res.stdout.splitlines() if line.startswith('{')]
-
-
-def check_aot(results: list) -> None:
-    assert results, 'nothing was compiled'
-    assert {r['kernel'] for r in results} == {'dynamic_dwconv_fwd_kernel',
-                                              'dynamic_dwconv_bwd_kernel',
-                                              'dynamic_dwconv_bwd_reduce_kernel'}
-    assert {r['arch'] for r in results} == {80, 90}
-    table = '\n'.join(
-        f"sm_{r['arch']} {r['kernel']:<32} {r['case']['dtype']} {r['case']['layout']:<6} "
-        f"C={r['case']['C']:<3} {r['constexprs']} warps={r['num_warps']} regs={r['regs']} "
-        f"stack={r['stack']} shared={r['shared']}" for r in results)
-    print(table)
-    bad = [r for r in results
-           if r['stack'] or r['local'] or r['shared'] > SHARED_LIMIT[r['arch']]]
-    assert not bad, 'spills / local memory / shared overflow:\n' + '\n'.join(map(str, bad))
-
-
-@pytest.mark.skipif(not _backend.HAS_TRITON, reason='needs Triton (no GPU needed)')
-def test_aot_compile_subset() -> None:
-    results = compile_all(AOT_SUBSET)
-    check_aot(results)
-    assert max(r['constexprs']['K'] for r in results) == dc_op.MAX_KERNEL_SIZE
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(not _backend.HAS_TRITON, reason='needs Triton (no GPU needed)')
-def test_aot_compile_full() -> None:
-    check_aot(compile_all(AOT_FULL))
-
-
 def test_public_api() -> None:
-    import mmeffattn.ops.dyn_dwconv as pkg
+    pkg = importlib.import_module('mmeffattn.ops.dynamic_dwconv')  # the op function shadows it
     assert pkg.dynamic_dwconv is dynamic_dwconv and pkg.dynamic_dwconv_naive is dynamic_dwconv_naive
     assert set(pkg.__all__) == {'dynamic_dwconv', 'dynamic_dwconv_naive'}
+
+
+def test_old_folder_name_is_a_deprecated_alias() -> None:
+    """``mmeffattn.ops.dyn_dwconv`` (the folder's old name) is the same modules, with a
+    DeprecationWarning."""
+    import sys
+    for name in [n for n in sys.modules if n.startswith('mmeffattn.ops.dyn_dwconv')]:
+        del sys.modules[name]  # import it afresh so the warning is raised here
+    with pytest.warns(DeprecationWarning, match='mmeffattn.ops.dynamic_dwconv'):
+        old = importlib.import_module('mmeffattn.ops.dyn_dwconv.op')
+    assert old is importlib.import_module('mmeffattn.ops.dynamic_dwconv.op')

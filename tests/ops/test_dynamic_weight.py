@@ -1,10 +1,7 @@
 """WeightFormer's bilateral dynamic weight: Triton kernels (interpreted on CPU, compiled on CUDA)
 vs the PyTorch reference, reference semantics, gradients, dispatch, input validation and
 ahead-of-time compilation for sm_80 / sm_90."""
-import json
-import os
-import os.path as osp
-import subprocess
+import importlib
 import sys
 from typing import NamedTuple, Optional
 
@@ -12,29 +9,15 @@ import pytest
 import torch
 
 from mmeffattn.ops import _backend
-from mmeffattn.ops.dyn_weight import dynamic_weight, dynamic_weight_naive
-from mmeffattn.ops.dyn_weight import op as dw_op
+from mmeffattn.ops.dynamic_weight import dynamic_weight, dynamic_weight_naive
+from mmeffattn.ops.dynamic_weight import op as dw_op
 from dispatch_spy import spy_on
-from tolerances import assert_close
+from op_checks import (DEVICE, DTYPES, HAS_CUDA, TRITON_RUNNABLE, check_import_without_triton,
+                       triton_request_fails, assert_close,
+                       needs_triton)
 
-HAS_CUDA = torch.cuda.is_available()
-DEVICE = 'cuda' if HAS_CUDA else 'cpu'
-TRITON_RUNNABLE = _backend.HAS_TRITON and (HAS_CUDA or _backend.TRITON_INTERPRET)
-needs_triton = pytest.mark.skipif(not TRITON_RUNNABLE,
-                                  reason='needs Triton with a CUDA GPU or its CPU interpreter')
-DTYPES = {'fp32': torch.float32, 'fp16': torch.float16, 'bf16': torch.bfloat16}
-HERE = osp.dirname(osp.abspath(__file__))
-ROOT = osp.dirname(osp.dirname(HERE))
+pytestmark = pytest.mark.usefixtures('one_thread')
 
-
-@pytest.fixture(scope='module', autouse=True)
-def one_thread():
-    """Small inputs gain nothing from intra-op threads, and on a shared 2-core machine OpenMP
-    spin-waiting under contention made small CPU ops 10-50x slower; restored after."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 class Case(NamedTuple):
@@ -80,7 +63,7 @@ def n_tokens(case: Case) -> int:
 @pytest.fixture
 def sweep(monkeypatch):
     """``sweep(case)`` narrows the launchers' widest column tile as the case asks."""
-    from mmeffattn.ops.dyn_weight import function
+    from mmeffattn.ops.dynamic_weight import function
 
     def apply(case: Case) -> None:
         if case.max_block_i is not None:
@@ -304,24 +287,12 @@ def test_int32_offset_reason() -> None:
 def test_import_without_triton() -> None:
     """The op imports and runs its reference without Triton; an explicit Triton request says
     why it cannot."""
-    code = '\n'.join([
-        'import sys; sys.modules["triton"] = None  # makes "import triton" raise ImportError',
+    check_import_without_triton([
         'import torch',
-        'from mmeffattn.ops.dyn_weight import dynamic_weight, dynamic_weight_naive',
+        'from mmeffattn.ops.dynamic_weight import dynamic_weight, dynamic_weight_naive',
         'u, v = torch.randn(1, 5, 8), torch.randn(1, 5, 12)',
         'assert torch.equal(dynamic_weight(u, v, 20), dynamic_weight_naive(u, v, 20))',
-        'try:',
-        '    dynamic_weight(u, v, 20, backend="triton")',
-        'except RuntimeError as e:',
-        '    assert "triton is not importable" in str(e), e',
-        'else:',
-        '    raise AssertionError("no error")',
-        'print("ok")',
-    ])
-    env = {k: v for k, v in os.environ.items() if k != _backend.ENV_VAR}
-    res = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, env=env,
-                         timeout=120)
-    assert res.returncode == 0 and res.stdout.strip() == 'ok', res.stderr
+        *triton_request_fails('dynamic_weight(u, v, 20, backend="triton")')])
 
 
 # ------------------------------------------------------------------------------------------
@@ -338,13 +309,13 @@ def _bad_inputs():
         ('dtype', (u, v.half(), 20), {}, r'same dtype.*cast them'),
         ('int', (u.long(), v.long(), 20), {}, r'floating point'),
         ('device', (u, v.to('meta'), 20), {}, r'one device'),
-        ('n-tokens-0', (u, v, 0), {}, r'n_tokens must be a positive number'),
-        ('n-tokens-bool', (u, v, True), {}, r'n_tokens must be a positive number'),
-        ('scale-str', (u, v, 20, '1'), {}, r'scale must be a real number'),
+        ('n-tokens-0', (u, v, 0), {}, r'n_tokens must be a positive finite float'),
+        ('n-tokens-bool', (u, v, True), {}, r'n_tokens must be a positive finite float'),
+        ('scale-str', (u, v, 20, '1'), {}, r'scale must be a finite float or None'),
         ('weight-transposed', (u, v, 20), dict(weight=w.t()),
          r'weight must be the static weight \[C_out, C_in\] = \[12, 8\].*transpose'),
         ('weight-int', (u, v, 20), dict(weight=w.long()), r'weight must be floating point'),
-        ('weight-device', (u, v, 20), dict(weight=w.to('meta')), r'weight must be on the device'),
+        ('weight-device', (u, v, 20), dict(weight=w.to('meta')), r'one device.*weight meta'),
     ]
 
 
@@ -355,80 +326,27 @@ def test_invalid_inputs(args, kwargs, match) -> None:
         dynamic_weight(*args, **kwargs)
 
 
-# ------------------------------------------------------------------------------------------
-# ahead-of-time compilation for sm_80 / sm_90 (no GPU needed)
-# ------------------------------------------------------------------------------------------
-#: shared memory per block (bytes): sm_80 163 KB, sm_90 227 KB
-SHARED_LIMIT = {80: 163 * 1024, 90: 227 * 1024}
-
-
-def aot_case(M, C_in, C_out, dtype, weight='fp32', B=2):
-    return dict(op='dynamic_weight', B=B, M=M, C_in=C_in, C_out=C_out, dtype=dtype,
-                weight=weight)
-
-
-# WeightFormer-T/S/B fc1 (C_in 192 -> one 256-wide tile; 384 -> one 512-wide tile) at 224 px
-# (M 49) and 1024 px (M 1024), fp32 (FMA dots) and bf16/fp16 (tensor cores); the sweep (C_in
-# 1000, unaligned, and 1536); small unaligned widths as in the interpreted tests.
-AOT_SUBSET = [
-    aot_case(49, 192, 768, 'fp32'), aot_case(49, 192, 768, 'bf16'),
-    aot_case(1024, 384, 1536, 'fp32'), aot_case(1024, 384, 1536, 'bf16'),
-    aot_case(49, 1000, 40, 'fp32'), aot_case(49, 1000, 40, 'bf16', weight=None),
-    aot_case(37, 40, 72, 'fp32'), aot_case(37, 72, 40, 'fp16', weight=None),
-    aot_case(49, 300, 40, 'fp32'),
-]
-AOT_FULL = [aot_case(M, C_in, C_out, dtype, weight)
-            for M in (49, 1024)
-            for C_in, C_out in ((192, 768), (384, 1536), (768, 192), (40, 72), (200, 72),
-                                (300, 40), (1000, 40), (1536, 384))
-            for dtype in ('fp32', 'fp16', 'bf16')
-            for weight in ('fp32', None)]
-
-
-def compile_all(cases) -> list:
-    """Run tests/ops/aot_worker_weightformer.py with the interpreter off; one dict per compile."""
-    env = {k: v for k, v in os.environ.items() if k != 'TRITON_INTERPRET'}
-    env['PYTHONPATH'] = os.pathsep.join([ROOT] + [p for p in [env.get('PYTHONPATH')] if p])
-    res = subprocess.run([sys.executable, osp.join(HERE, 'aot_worker_weightformer.py'),
-                          json.dumps(cases), '80', '90'], capture_output=True, text=True,
-                         env=env, cwd=ROOT, timeout=3600)
-    assert res.returncode == 0, (f'AOT compilation failed:\n{res.stdout[-3000:]}\n'
-                                 f'{res.stderr[-6000:]}')
-    return [json.loads(line) for line in res.stdout.splitlines() if line.startswith('{')]
-
-
-def check_aot(results: list) -> None:
-    assert results, 'nothing was compiled'
-    assert {r['kernel'] for r in results} == {'dynamic_weight_fwd_kernel',
-                                              'dynamic_weight_bwd_dp_kernel',
-                                              'dynamic_weight_bmm_kernel'}
-    assert {r['arch'] for r in results} == {80, 90}
-    table = '\n'.join(
-        f"sm_{r['arch']} {r['kernel']:<30} {r['case']['dtype']} Ci={r['case']['C_in']:<4} "
-        f"{ {k: v for k, v in r['constexprs'].items() if k != 'INPUT_PRECISION'} } "
-        f"warps={r['num_warps']} stages={r['num_stages']} regs={r['regs']} stack={r['stack']} "
-        f"shared={r['shared']}" for r in results)
-    print(table)
-    bad = [r for r in results
-           if r['stack'] or r['local'] or r['shared'] > SHARED_LIMIT[r['arch']]]
-    assert not bad, 'spills / local memory / shared overflow:\n' + '\n'.join(map(str, bad))
-
-
-@pytest.mark.skipif(not _backend.HAS_TRITON, reason='needs Triton (no GPU needed)')
-def test_aot_compile_subset() -> None:
-    results = compile_all(AOT_SUBSET)
-    check_aot(results)
-    assert {r['constexprs']['NUM_I_TILES'] > 1 for r in results
-            if 'NUM_I_TILES' in r['constexprs']} == {True, False}  # both code paths
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(not _backend.HAS_TRITON, reason='needs Triton (no GPU needed)')
-def test_aot_compile_full() -> None:
-    check_aot(compile_all(AOT_FULL))
-
-
 def test_public_api() -> None:
-    import mmeffattn.ops.dyn_weight as pkg
+    pkg = importlib.import_module('mmeffattn.ops.dynamic_weight')  # the op function shadows it
     assert pkg.dynamic_weight is dynamic_weight and pkg.dynamic_weight_naive is dynamic_weight_naive
     assert set(pkg.__all__) == {'dynamic_weight', 'dynamic_weight_naive'}
+
+
+def test_aot_subset_covers_both_code_paths() -> None:
+    """The AOT subset (``spec.py``) compiles a one-tile and a swept configuration."""
+    from mmeffattn.ops.dynamic_weight.spec import AOT
+    pytest.importorskip('triton')
+    tiles = {launch.config.constexprs['NUM_I_TILES'] > 1 for case in AOT.subset
+             for launch in AOT.record(case) if 'NUM_I_TILES' in launch.config.constexprs}
+    assert tiles == {True, False}
+
+
+def test_old_folder_name_is_a_deprecated_alias() -> None:
+    """``mmeffattn.ops.dyn_weight`` (the folder's old name) is the same modules, with a
+    DeprecationWarning."""
+    import sys
+    for name in [n for n in sys.modules if n.startswith('mmeffattn.ops.dyn_weight')]:
+        del sys.modules[name]  # import it afresh so the warning is raised here
+    with pytest.warns(DeprecationWarning, match='mmeffattn.ops.dynamic_weight'):
+        old = importlib.import_module('mmeffattn.ops.dyn_weight.op')
+    assert old is importlib.import_module('mmeffattn.ops.dynamic_weight.op')

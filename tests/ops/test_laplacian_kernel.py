@@ -10,24 +10,11 @@ import torch
 from mmeffattn.ops import _backend, laplacian_kernel, laplacian_kernel_naive
 from mmeffattn.ops.laplacian import op as lap_op
 from dispatch_spy import spy_on
-from tolerances import assert_close
+from op_checks import (DEVICE, DTYPES, HAS_CUDA, TRITON_RUNNABLE, assert_close,
+                       needs_triton)
 
-HAS_CUDA = torch.cuda.is_available()
-DEVICE = 'cuda' if HAS_CUDA else 'cpu'
-TRITON_RUNNABLE = _backend.HAS_TRITON and (HAS_CUDA or _backend.TRITON_INTERPRET)
-needs_triton = pytest.mark.skipif(not TRITON_RUNNABLE,
-                                  reason='needs Triton with a CUDA GPU or its CPU interpreter')
-DTYPES = {'fp32': torch.float32, 'fp16': torch.float16, 'bf16': torch.bfloat16}
+pytestmark = pytest.mark.usefixtures('one_thread')
 
-
-@pytest.fixture(scope='module', autouse=True)
-def one_thread():
-    """Small inputs gain nothing from intra-op threads, and on a shared 2-core machine OpenMP
-    spin-waiting under contention made small CPU ops much slower; restored after."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 class Case(NamedTuple):

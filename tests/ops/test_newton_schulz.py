@@ -3,9 +3,6 @@ reference (whole-matrix and tiled kernels, the batched-matmul path past the on-c
 reference semantics and exact gradients, convergence and its report, dispatch and input
 validation. Ahead-of-time compilation: test_laplacian_aot.py."""
 import math
-import os
-import subprocess
-import sys
 from typing import NamedTuple, Optional
 
 import pytest
@@ -15,26 +12,14 @@ from mmeffattn.ops import (_backend, laplacian_kernel_naive, newton_schulz_pinv,
                            newton_schulz_pinv_naive, newton_schulz_residual)
 from mmeffattn.ops.newton_schulz import op as ns_op
 from dispatch_spy import spy_on
-from tolerances import assert_close
+from op_checks import (DEVICE, DTYPES, TRITON_RUNNABLE, check_import_without_triton,
+                       triton_request_fails, assert_close,
+                       needs_triton)
 
-HAS_CUDA = torch.cuda.is_available()
-DEVICE = 'cuda' if HAS_CUDA else 'cpu'
-TRITON_RUNNABLE = _backend.HAS_TRITON and (HAS_CUDA or _backend.TRITON_INTERPRET)
-needs_triton = pytest.mark.skipif(not TRITON_RUNNABLE,
-                                  reason='needs Triton with a CUDA GPU or its CPU interpreter')
-DTYPES = {'fp32': torch.float32, 'fp16': torch.float16, 'bf16': torch.bfloat16,
-          'fp64': torch.float64}
+pytestmark = pytest.mark.usefixtures('one_thread')
+DTYPES = dict(DTYPES, fp64=torch.float64)
 EPS = 0.01  # LaplacianFormer's regularization
 
-
-@pytest.fixture(scope='module', autouse=True)
-def one_thread():
-    """Small inputs gain nothing from intra-op threads, and on a shared 2-core machine OpenMP
-    spin-waiting under contention made small CPU ops much slower; restored after."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def kernel_matrix(B: int, H: int, M: int, lam: float = 32.0, seed: int = 0) -> torch.Tensor:
@@ -282,17 +267,20 @@ def test_ill_conditioned_triton_fp32_reports_non_convergence() -> None:
     """The same matrix in fp32 through the kernels: after 20 steps the residual matches the
     float64 reference's (~0.65); after 60 the fp32 iteration stalls at a residual ~22 (its
     relative error ~7e-4; the exact inverse rounded to fp32 has residual ~7e-4), so the report
-    says "not converged" and the bounds confirm it is the true residual."""
+    says "not converged" and the bounds confirm it is the true residual; the op's own check
+    then raises (``check=False`` returns the iterate)."""
     a = ill_conditioned().float()
     v20 = newton_schulz_pinv(a.to(DEVICE), 20, 0.0, backend='triton').cpu()
     r20 = newton_schulz_residual(a, v20, 0.0)
     _residual_bounds_hold(a, v20, 0.0, r20)
     r20_ref = newton_schulz_residual(a, newton_schulz_pinv_naive(a.double(), 20, 0.0), 0.0)
     assert abs(r20.item() - r20_ref.item()) < 1e-3 * r20_ref.item()
-    v60 = newton_schulz_pinv(a.to(DEVICE), 60, 0.0, backend='triton').cpu()
+    v60 = newton_schulz_pinv(a.to(DEVICE), 60, 0.0, check=False, backend='triton').cpu()
     r60 = newton_schulz_residual(a, v60, 0.0)
     _residual_bounds_hold(a, v60, 0.0, r60)
     assert r60.item() > 1.0
+    with pytest.raises(ValueError, match=r'1 of the 1 matrices did not converge.*iters=60'):
+        newton_schulz_pinv(a.to(DEVICE), 60, 0.0, check=True, backend='triton')
 
 
 # ------------------------------------------------------------------------------------------
@@ -357,28 +345,16 @@ def test_unsupported_dtype_falls_back(monkeypatch, spies) -> None:
 def test_import_without_triton() -> None:
     """Both LaplacianFormer ops import and run their references without Triton; an explicit
     Triton request says why it cannot."""
-    code = '\n'.join([
-        'import sys; sys.modules["triton"] = None  # makes "import triton" raise ImportError',
+    check_import_without_triton([
         'import torch',
         'from mmeffattn.ops import laplacian_kernel, laplacian_kernel_naive',
         'from mmeffattn.ops import newton_schulz_pinv, newton_schulz_pinv_naive',
         'x, y, a = torch.randn(1, 2, 5, 8), torch.randn(1, 2, 3, 8), torch.rand(1, 2, 4, 4)',
+        'a = a + 4 * torch.eye(4)  # diagonally dominant: the iteration converges',
         'assert torch.equal(laplacian_kernel(x, y, 2.0), laplacian_kernel_naive(x, y, 2.0))',
         'assert torch.equal(newton_schulz_pinv(a, 3, 0.01), newton_schulz_pinv_naive(a, 3, 0.01))',
-        'for call in (lambda: laplacian_kernel(x, y, 2.0, backend="triton"),',
-        '             lambda: newton_schulz_pinv(a, 3, 0.01, backend="triton")):',
-        '    try:',
-        '        call()',
-        '    except RuntimeError as e:',
-        '        assert "triton is not importable" in str(e), e',
-        '    else:',
-        '        raise AssertionError("no error")',
-        'print("ok")',
-    ])
-    env = {k: v for k, v in os.environ.items() if k != _backend.ENV_VAR}
-    res = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, env=env,
-                         timeout=120)
-    assert res.returncode == 0 and res.stdout.strip() == 'ok', res.stderr
+        *triton_request_fails('laplacian_kernel(x, y, 2.0, backend="triton")'),
+        *triton_request_fails('newton_schulz_pinv(a, 3, 0.01, backend="triton")')])
 
 
 # ------------------------------------------------------------------------------------------

@@ -1,8 +1,5 @@
 """SEMA attention: Triton kernels (interpreted on CPU, compiled on CUDA) vs the PyTorch reference,
 reference semantics, gradients, dispatch and input validation."""
-import os
-import subprocess
-import sys
 from typing import NamedTuple, Optional
 
 import pytest
@@ -13,14 +10,11 @@ import mmeffattn.ops as ops
 from mmeffattn.ops import _backend, sema_attention, sema_attention_naive
 from mmeffattn.ops.sema import op as sema_op
 from dispatch_spy import spy_on
-from tolerances import assert_close, rms
+from op_checks import (DEVICE, DTYPES, HAS_CUDA, TRITON_RUNNABLE, check_import_without_triton,
+                       triton_request_fails, assert_close, rms,
+                       needs_triton)
 
-HAS_CUDA = torch.cuda.is_available()
-DEVICE = 'cuda' if HAS_CUDA else 'cpu'
-TRITON_RUNNABLE = _backend.HAS_TRITON and (HAS_CUDA or _backend.TRITON_INTERPRET)
-needs_triton = pytest.mark.skipif(not TRITON_RUNNABLE,
-                                  reason='needs Triton with a CUDA GPU or its CPU interpreter')
-DTYPES = {'fp32': torch.float32, 'fp16': torch.float16, 'bf16': torch.bfloat16}
+pytestmark = pytest.mark.usefixtures('one_thread')
 
 
 class Case(NamedTuple):
@@ -125,7 +119,7 @@ def test_triton_cases_cover_every_kernel() -> None:
             function.sema_bwd(o, q, k, v, o, lse, mean, geom, 1., case.with_mean)
         seen |= {(case.dtype, launch.config.kernel.__name__) for launch in launches}
     kernels = {'sema_fwd_window_kernel', 'sema_bwd_window_kernel', 'sema_fwd_kernel',
-               'sema_bwd_preprocess_kernel', 'sema_bwd_kernel'}
+               'softmax_bwd_delta_kernel', 'sema_bwd_kernel'}
     missing = {(dt, name) for dt in ('fp32', 'fp16') for name in kernels} - seen
     assert not missing, missing
 
@@ -400,8 +394,7 @@ def test_unsupported_dtype_falls_back(monkeypatch, spies) -> None:
 def test_import_without_triton() -> None:
     """``import mmeffattn.ops`` works without Triton; the op runs its reference and an explicit
     Triton request says why it cannot."""
-    code = '\n'.join([
-        'import sys; sys.modules["triton"] = None  # makes "import triton" raise ImportError',
+    check_import_without_triton([
         'import torch, mmeffattn.ops as ops',
         'from mmeffattn.ops import _backend',
         'assert not _backend.HAS_TRITON',
@@ -409,18 +402,7 @@ def test_import_without_triton() -> None:
         'out = ops.sema_attention(q, q, q, (5, 6), 4)',
         'ref = ops.sema_attention_naive(q, q, q, (5, 6), 4)',
         'assert torch.equal(out, ref)',
-        'try:',
-        '    ops.sema_attention(q, q, q, (5, 6), 4, backend="triton")',
-        'except RuntimeError as e:',
-        '    assert "triton is not importable" in str(e), e',
-        'else:',
-        '    raise AssertionError("no error")',
-        'print("ok")',
-    ])
-    env = {k: v for k, v in os.environ.items() if k != _backend.ENV_VAR}
-    res = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, env=env,
-                         timeout=120)
-    assert res.returncode == 0 and res.stdout.strip() == 'ok', res.stderr
+        *triton_request_fails('ops.sema_attention(q, q, q, (5, 6), 4, backend="triton")')])
 
 
 # ------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from mmeffattn.analysis.flops import op_macs, sdpa_macs
+from mmeffattn.ops.core_periphery.spec import NUM_CORES
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 sys.path.insert(0, osp.join(ROOT, 'tools'))
@@ -37,7 +38,7 @@ def test_smoke_run(tmp_path):
     assert rows['sema', 196]['macs'] == op_macs('sema_attention', q, q, q, (14, 14), 7)
     # the windows and the cores make fewer pairs than all N^2
     assert rows['sema', 196]['macs'] < rows['softmax', 196]['macs']
-    assert rows['core_periphery', 196]['tokens'] == 196 + benchmark_ops.NUM_CORES
+    assert rows['core_periphery', 196]['tokens'] == 196 + NUM_CORES
     assert rows['laplacian_nystrom', 196]['landmarks'] == 4  # 14x14 grid in 8x8 cells
     md = (tmp_path / 'benchmark_ops.md').read_text()
     assert 'GFLOP/s' in md and '| 196 | softmax | torch |' in md

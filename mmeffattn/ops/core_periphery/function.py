@@ -3,11 +3,12 @@
 Importing this module needs Triton (``op.py`` guards it). The kernels run compiled on CUDA
 tensors and interpreted on CPU tensors when Triton's interpreter is on.
 
-One forward is two launches of ``cp_fwd_kernel`` (patch rows over the C core keys; core rows
-over all keys, optionally split over the keys); one backward is the ``delta`` preprocessing
-(SEMA's kernel, reused) and four launches (dq and dk/dv, each for the patch side and the core
-side). Nothing needs atomics: each output row is owned by one program, except the core rows'
-long loops when they are split, whose fp32 partials are reduced here with PyTorch (C rows only).
+One forward is two launches of ``core_periphery_fwd_kernel`` (patch rows over the C core keys;
+core rows over all keys, optionally split over the keys); one backward is the ``delta``
+pre-pass (``_common_kernels.softmax_bwd_delta``) and four launches (dq and dk/dv, each for the
+patch side and the core side). Nothing needs atomics: each output row is owned by one program,
+except the core rows' long loops when they are split, whose fp32 partials are reduced here with
+PyTorch (C rows only).
 """
 import math
 from typing import Dict, NamedTuple, Optional, Tuple
@@ -18,9 +19,8 @@ from torch.autograd.function import once_differentiable
 from .._launch import (KernelConfig, Launch, device_guard as _device_guard,  # noqa: F401
                        launch as _launch, next_pow2 as _next_pow2, record_launches,
                        unit_last_stride as _unit_last_stride)
-from ..sema import kernels as sema_kernels
-from ..sema.function import (PREPROCESS_BLOCK_N, _check_int32_offsets, _strides,
-                             int32_offsets_fit)  # noqa: F401  (int32_offsets_fit: op.py)
+from .._common import bh_strides as _strides, check_token_offsets as _check_int32_offsets
+from .._common_kernels import delta_config, softmax_bwd_delta
 from . import kernels
 from .naive import rotate_pairs
 
@@ -66,7 +66,8 @@ TILE_TABLE = {
 }
 
 
-def cp_tiles(bd: int, even_d: bool, num_cores: int, dtype: torch.dtype, rope: bool) -> Tiles:
+def core_periphery_tiles(bd: int, even_d: bool, num_cores: int, dtype: torch.dtype,
+                         rope: bool) -> Tiles:
     """Blocks, warps and pipelining stages for padded head dim ``bd`` (``even_d``: D == BD),
     C cores and rope or not.
 
@@ -80,14 +81,14 @@ def cp_tiles(bd: int, even_d: bool, num_cores: int, dtype: torch.dtype, rope: bo
     return Tiles(min(block, max(16, _next_pow2(num_cores))), block, warps, stages)
 
 
-def cp_kernel_configs(head_dim: int, num_cores: int, dtype: torch.dtype, rope: bool,
+def core_periphery_kernel_configs(head_dim: int, num_cores: int, dtype: torch.dtype, rope: bool,
                       input_precision: str = DEFAULT_INPUT_PRECISION) -> Dict[str, KernelConfig]:
     """The configurations the launchers use, by role: ``fwd_patches``, ``fwd_cores``,
     ``bwd_preprocess``, ``bwd_dq_patches``, ``bwd_dq_cores``, ``bwd_dkdv_patches``,
     ``bwd_dkdv_cores``. ``*_patches`` have the patch tokens on the program's rows,
     ``*_cores`` the core tokens (and the long loop)."""
     bd = max(16, _next_pow2(head_dim))
-    t = cp_tiles(bd, head_dim == bd, num_cores, dtype, rope)
+    t = core_periphery_tiles(bd, head_dim == bd, num_cores, dtype, rope)
     common = dict(BD=bd, EVEN_D=head_dim == bd, ROPE=rope, INPUT_PRECISION=input_precision)
 
     def cfg(kernel, block_m: int, block_n: int) -> KernelConfig:
@@ -96,16 +97,13 @@ def cp_kernel_configs(head_dim: int, num_cores: int, dtype: torch.dtype, rope: b
 
     return {
         # BLOCK_M: query rows, BLOCK_N: key rows
-        'fwd_patches': cfg(kernels.cp_fwd_kernel, t.long_block, t.core_block),
-        'fwd_cores': cfg(kernels.cp_fwd_kernel, t.core_block, t.long_block),
-        'bwd_preprocess': KernelConfig(
-            sema_kernels.sema_bwd_preprocess_kernel,
-            dict(BD=bd, EVEN_D=head_dim == bd, BLOCK_N=PREPROCESS_BLOCK_N[bd], WITH_MEAN=False),
-            4, 1),
-        'bwd_dq_patches': cfg(kernels.cp_bwd_dq_kernel, t.long_block, t.core_block),
-        'bwd_dq_cores': cfg(kernels.cp_bwd_dq_kernel, t.core_block, t.long_block),
-        'bwd_dkdv_patches': cfg(kernels.cp_bwd_dkdv_kernel, t.core_block, t.long_block),
-        'bwd_dkdv_cores': cfg(kernels.cp_bwd_dkdv_kernel, t.long_block, t.core_block)}
+        'fwd_patches': cfg(kernels.core_periphery_fwd_kernel, t.long_block, t.core_block),
+        'fwd_cores': cfg(kernels.core_periphery_fwd_kernel, t.core_block, t.long_block),
+        'bwd_preprocess': delta_config(head_dim, with_mean=False),
+        'bwd_dq_patches': cfg(kernels.core_periphery_bwd_dq_kernel, t.long_block, t.core_block),
+        'bwd_dq_cores': cfg(kernels.core_periphery_bwd_dq_kernel, t.core_block, t.long_block),
+        'bwd_dkdv_patches': cfg(kernels.core_periphery_bwd_dkdv_kernel, t.core_block, t.long_block),
+        'bwd_dkdv_cores': cfg(kernels.core_periphery_bwd_dkdv_kernel, t.long_block, t.core_block)}
 
 
 def num_splits(n_programs: int, n_loop_blocks: int, device: torch.device,
@@ -150,10 +148,10 @@ def _rope_args(q: torch.Tensor, cos: Optional[torch.Tensor], sin: Optional[torch
 # ---------------------------------------------------------------------------------------------
 # launchers
 # ---------------------------------------------------------------------------------------------
-def cp_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: Optional[torch.Tensor],
-           sin: Optional[torch.Tensor], num_cores: int, scale: float,
-           input_precision: str = DEFAULT_INPUT_PRECISION, splits: Optional[int] = None
-           ) -> Tuple[torch.Tensor, torch.Tensor]:
+def core_periphery_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       cos: Optional[torch.Tensor], sin: Optional[torch.Tensor], num_cores: int,
+                       scale: float, input_precision: str = DEFAULT_INPUT_PRECISION,
+                       splits: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """Forward launcher.
 
     Args:
@@ -166,7 +164,7 @@ def cp_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: Optional[torc
     """
     B, nh, L, D = q.shape
     C, N, BH = num_cores, L - num_cores, B * q.shape[1]
-    cfgs = cp_kernel_configs(D, C, q.dtype, cos is not None, input_precision)
+    cfgs = core_periphery_kernel_configs(D, C, q.dtype, cos is not None, input_precision)
     o = torch.empty((B, nh, L, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((BH, L), dtype=torch.float32, device=q.device)
     _check_int32_offsets(q, k, v, o)
@@ -202,11 +200,12 @@ def cp_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: Optional[torc
     return o, lse
 
 
-def cp_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-           cos: Optional[torch.Tensor], sin: Optional[torch.Tensor], o: torch.Tensor,
-           lse: torch.Tensor, num_cores: int, scale: float,
-           input_precision: str = DEFAULT_INPUT_PRECISION, splits: Optional[int] = None
-           ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def core_periphery_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       cos: Optional[torch.Tensor], sin: Optional[torch.Tensor], o: torch.Tensor,
+                       lse: torch.Tensor, num_cores: int, scale: float,
+                       input_precision: str = DEFAULT_INPUT_PRECISION,
+                       splits: Optional[int] = None
+                       ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backward launcher: ``(dq, dk, dv)``, each ``[B, heads, C + N, D]`` contiguous.
 
     With rope (``cos`` given) dq and dk are the gradients with respect to the *rotated* q and k,
@@ -216,7 +215,7 @@ def cp_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     B, nh, L, D = q.shape
     C, N, BH = num_cores, L - num_cores, B * q.shape[1]
     rope = cos is not None
-    cfgs = cp_kernel_configs(D, C, q.dtype, rope, input_precision)
+    cfgs = core_periphery_kernel_configs(D, C, q.dtype, rope, input_precision)
     do = _unit_last_stride(do)
     g_dtype = torch.float32 if rope else q.dtype
     dq = torch.empty((B, nh, L, D), dtype=g_dtype, device=q.device)
@@ -228,10 +227,7 @@ def cp_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     strides = (*_strides(q), *_strides(k), *_strides(v), stride_rb, stride_rn, *_strides(do))
     out_strides = (0, L * D, D)
     with _device_guard(q):
-        pre = cfgs['bwd_preprocess']
-        delta = torch.empty((BH, L), dtype=torch.float32, device=q.device)
-        _launch('bwd_preprocess', pre, (-(-L // pre.constexprs['BLOCK_N']), BH),
-                o, do, o, delta, *_strides(o), *_strides(do), nh, L, D)
+        delta = softmax_bwd_delta(cfgs['bwd_preprocess'], o, do)
 
         # dq of the patch rows [C, L): keys [0, C)
         cfg = cfgs['bwd_dq_patches']
@@ -322,7 +318,7 @@ class CorePeripheryAttentionFunction(torch.autograd.Function):
             cos, sin = _unit_last_stride(cos), _unit_last_stride(sin)
             if _table_strides(cos) != _table_strides(sin):  # the kernels take one set
                 cos, sin = cos.contiguous(), sin.contiguous()
-        o, lse = cp_fwd(q, k, v, cos, sin, num_cores, scale, input_precision, splits)
+        o, lse = core_periphery_fwd(q, k, v, cos, sin, num_cores, scale, input_precision, splits)
         if any(ctx.needs_input_grad[:5]):
             ctx.save_for_backward(q, k, v, cos, sin, o, lse)
         ctx.num_cores, ctx.scale, ctx.input_precision, ctx.splits = (num_cores, scale,
@@ -333,7 +329,7 @@ class CorePeripheryAttentionFunction(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, do: torch.Tensor):
         q, k, v, cos, sin, o, lse = ctx.saved_tensors
-        dq, dk, dv = cp_bwd(do, q, k, v, cos, sin, o, lse, ctx.num_cores, ctx.scale,
+        dq, dk, dv = core_periphery_bwd(do, q, k, v, cos, sin, o, lse, ctx.num_cores, ctx.scale,
                             ctx.input_precision, ctx.splits)
         needs = ctx.needs_input_grad
         dcos = dsin = None
@@ -367,3 +363,8 @@ def core_periphery_attention_triton(
         cos, sin = rope[0].to(q.dtype), rope[1].to(q.dtype)
     return CorePeripheryAttentionFunction.apply(q, k, v, cos, sin, num_cores, scale,
                                                 input_precision, splits)
+
+
+#: the launchers' former names (``cp_*``), kept as aliases
+cp_fwd, cp_bwd = core_periphery_fwd, core_periphery_bwd
+cp_tiles, cp_kernel_configs = core_periphery_tiles, core_periphery_kernel_configs

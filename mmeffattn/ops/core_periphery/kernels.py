@@ -38,7 +38,7 @@ Conventions shared by every kernel:
 import triton
 import triton.language as tl
 
-from ..sema.kernels import _head_dim_mask
+from .._common_kernels import head_dim_mask as _head_dim_mask
 
 #: runtime ints that change with the input size: not specialised, so one compiled kernel
 #: serves every number of cores and tokens of a tile class
@@ -81,7 +81,7 @@ def _program(n_blocks, n_splits, n_heads):
 
 
 @triton.jit(do_not_specialize=_SIZES + ['q_start'])
-def cp_fwd_kernel(
+def core_periphery_fwd_kernel(
     q, k, v, cos, sin, o, lse,
     stride_qb, stride_qh, stride_qn,
     stride_kb, stride_kh, stride_kn,
@@ -142,7 +142,7 @@ def cp_fwd_kernel(
 
 
 @triton.jit(do_not_specialize=_SIZES + ['q_start', 'L'])
-def cp_bwd_dq_kernel(
+def core_periphery_bwd_dq_kernel(
     q, k, v, cos, sin, do, lse, delta, dq,
     stride_qb, stride_qh, stride_qn,
     stride_kb, stride_kh, stride_kn,
@@ -202,7 +202,7 @@ def cp_bwd_dq_kernel(
 
 
 @triton.jit(do_not_specialize=_SIZES + ['k_start', 'L'])
-def cp_bwd_dkdv_kernel(
+def core_periphery_bwd_dkdv_kernel(
     q, k, v, cos, sin, do, lse, delta, dk, dv,
     stride_qb, stride_qh, stride_qn,
     stride_kb, stride_kh, stride_kn,

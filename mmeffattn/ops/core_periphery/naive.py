@@ -3,7 +3,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from ..sema.naive import window_attention
+from .._common import window_attention
 
 
 def rotate_pairs(x: torch.Tensor) -> torch.Tensor:

@@ -5,38 +5,31 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from .._backend import HAS_TRITON, select_backend, triton_reasons
-from .._validate import check_qkv
+from .._backend import KERNEL_DTYPES as SUPPORTED_DTYPES  # noqa: F401 (public)
+from .._backend import dispatch, triton_reasons
+from .._common import import_kernels, offsets_reason, token_offsets_fit
+from .._validate import check_alike, check_int, check_qkv, check_real
 from .naive import core_periphery_attention_naive
 
-SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # of the Triton kernels
 #: the kernels pad the head dim to a power of two >= 16 with masks, up to this
 MAX_TRITON_HEAD_DIM = 128
-int32_offsets_fit = core_periphery_attention_triton = None
-_KERNELS_IMPORT_ERROR = ''
-if HAS_TRITON:
-    try:
-        from .function import core_periphery_attention_triton, int32_offsets_fit
-    except Exception as e:  # pragma: no cover - e.g. a Triton release without an API we use
-        _KERNELS_IMPORT_ERROR = f'{type(e).__name__}: {e}'
+core_periphery_attention_triton, _KERNELS_IMPORT_ERROR = import_kernels(
+    __package__, 'core_periphery_attention_triton')
 
 _NAME = 'core_periphery_attention'
 Rope = Tuple[torch.Tensor, torch.Tensor]
 
 
 def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_cores: int,
-                  rope: Optional[Sequence[torch.Tensor]]) -> Optional[Rope]:
+                  rope: Optional[Sequence[torch.Tensor]], scale: Optional[float]
+                  ) -> Optional[Rope]:
     """Raise ValueError naming the problem and the fix; return rope as a ``(cos, sin)`` tuple."""
     check_qkv(_NAME, q, k, v, tokens='C + N')
     B, _, L, D = q.shape
     if B == 0 or q.shape[1] == 0 or D == 0:
         raise ValueError(f'{_NAME}: q has an empty batch, head or channel dim: {tuple(q.shape)}')
-    try:
-        if isinstance(num_cores, bool):
-            raise TypeError
-        C = operator.index(num_cores)
-    except TypeError:
-        raise ValueError(f'{_NAME}: num_cores must be an int, got {num_cores!r}') from None
+    check_real(_NAME, 'scale', scale, 'the logit scale, D ** -0.5 by default', optional=True)
+    C = check_int(_NAME, 'num_cores', num_cores)
     if not 1 <= C < L:
         raise ValueError(f'{_NAME}: num_cores={C} is out of range for C + N = {L} tokens; it '
                          f'must satisfy 1 <= num_cores < C + N (the cores come first, followed by '
@@ -58,11 +51,7 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_cores: 
             raise ValueError(f'{_NAME}: rope {name} must be [B or 1, C + N, D] = [{B} or 1, {L}, '
                              f'{D}] (shared by the heads), got {tuple(t.shape)}; drop a heads dim '
                              f'with .squeeze(1) or broadcast a [C + N, D] table with .unsqueeze(0)')
-        if not t.is_floating_point():
-            raise ValueError(f'{_NAME}: rope {name} must be floating point, got {t.dtype}')
-        if t.device != q.device:
-            raise ValueError(f'{_NAME}: rope {name} is on {t.device} but q is on {q.device}; '
-                             f'move it with .to(q.device)')
+    check_alike(_NAME, (('q', q), ('rope cos', cos), ('rope sin', sin)), same_dtype=False)
     if cos.shape != sin.shape:
         raise ValueError(f'{_NAME}: rope cos and sin must have one shape, got cos '
                          f'{tuple(cos.shape)} and sin {tuple(sin.shape)}')
@@ -72,12 +61,8 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_cores: 
 def core_periphery_triton_reasons(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                   rope: Optional[Rope] = None,
                                   interpret: Optional[bool] = None) -> List[str]:
-    """Reasons the Triton kernels cannot run these (validated) inputs; empty if they can.
-
-    Args:
-        interpret: whether Triton's interpreter is on (default: the mode recorded at import,
-            ``mmeffattn.ops._backend.TRITON_INTERPRET``).
-    """
+    """Reasons the Triton kernels cannot run these (validated) inputs (``[]``: they can);
+    ``interpret`` as in :func:`mmeffattn.ops._backend.triton_reasons`."""
     tensors = (q, k, v)
     # cos and sin are cast to q's dtype before the kernels, so only q, k, v dtypes matter
     reasons = triton_reasons('core-periphery', _KERNELS_IMPORT_ERROR, tensors + tuple(rope or ()),
@@ -85,10 +70,8 @@ def core_periphery_triton_reasons(q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     if q.shape[-1] > MAX_TRITON_HEAD_DIM:
         reasons.append(f'head dim {q.shape[-1]} > {MAX_TRITON_HEAD_DIM} (the kernels hold a '
                        f'whole head in one tile)')
-    if int32_offsets_fit is not None and not int32_offsets_fit(*tensors):
-        reasons.append('C + N * token stride of an input reaches 2**31 (the kernels\' token '
-                       'offsets are int32)')
-    return reasons
+    return reasons + offsets_reason(token_offsets_fit(*tensors),
+                                    'C + N * token stride of an input reaches 2**31')
 
 
 def core_periphery_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_cores: int,
@@ -101,6 +84,14 @@ def core_periphery_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     keys. Every other token is a patch: its query attends over the C core keys only. Optional
     2D RoPE (VECA's ``Rotary2D.apply``: ``x * cos + rotate_pairs(x) * sin`` with interleaved
     channel pairs) is applied to q and k, not v. Gradients flow to q, k, v, cos and sin.
+
+    Non-finite inputs (the NaN contract of every op, the same on the reference and on Triton): a
+    NaN in an input element makes exactly the outputs that depend on it NaN and leaves every
+    other output unchanged; an inf follows IEEE arithmetic through the formula above, so a
+    dependent output is non-finite or the formula's limit (a -inf logit gives its key zero weight, a +inf
+    one makes its row NaN). A query reaches its own row; a core key or value every row (a patch
+    one the core rows); a rope entry the rows its rotated q and k reach. The reference does not
+    use torch's fused attention, whose CPU kernel dropped a NaN query when there were few keys.
 
     Args:
         q, k, v: ``[B, heads, C + N, D]``, one dtype and device, any strides.
@@ -118,12 +109,8 @@ def core_periphery_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
         ValueError: malformed inputs (the message says what to change).
         RuntimeError: ``backend='triton'`` on inputs the kernels cannot run (lists the reasons).
     """
-    rope = _check_inputs(q, k, v, num_cores, rope)
-    num_cores = operator.index(num_cores)
+    rope = _check_inputs(q, k, v, num_cores, rope, scale)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    chosen = select_backend(_NAME, backend,
-                            lambda: core_periphery_triton_reasons(q, k, v, rope),
-                            (q, k, v))
-    if chosen == 'triton':
-        return core_periphery_attention_triton(q, k, v, num_cores, rope=rope, scale=scale)
-    return core_periphery_attention_naive(q, k, v, num_cores, rope=rope, scale=scale)
+    return dispatch(_NAME, backend, lambda: core_periphery_triton_reasons(q, k, v, rope),
+                    (q, k, v), core_periphery_attention_triton, core_periphery_attention_naive,
+                    q, k, v, operator.index(num_cores), rope=rope, scale=scale)

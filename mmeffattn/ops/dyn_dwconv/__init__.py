@@ -1,10 +1,5 @@
-"""Per-sample dynamic depthwise convolution: one ``K x K`` kernel per sample and channel
-(optionally normalized and added to a static kernel, WeightFormer's ``DynamicDWConv``).
+"""Deprecated: the op's folder is now ``mmeffattn.ops.dynamic_dwconv``; this name (and its
+submodules) are the same modules, with a DeprecationWarning."""
+from .._common import alias_package
 
-``naive.py``: PyTorch reference (test oracle, CPU path); ``kernels.py``: Triton kernels;
-``function.py``: launchers and autograd Function; ``op.py``: the public, dispatching function.
-"""
-from .naive import dynamic_dwconv_naive
-from .op import dynamic_dwconv
-
-__all__ = ['dynamic_dwconv', 'dynamic_dwconv_naive']
+alias_package(__name__, 'mmeffattn.ops.dynamic_dwconv')

@@ -1,10 +1,5 @@
-"""WeightFormer's bilateral dynamic weight: ``R = v^T u * scale / N`` (a reduction over pooled
-tokens), each output row divided by its norm plus one, plus the static weight.
+"""Deprecated: the op's folder is now ``mmeffattn.ops.dynamic_weight``; this name (and its
+submodules) are the same modules, with a DeprecationWarning."""
+from .._common import alias_package
 
-``naive.py``: PyTorch reference (test oracle, CPU path); ``kernels.py``: Triton kernels;
-``function.py``: launchers and autograd Function; ``op.py``: the public, dispatching function.
-"""
-from .naive import dynamic_weight_naive
-from .op import dynamic_weight
-
-__all__ = ['dynamic_weight', 'dynamic_weight_naive']
+alias_package(__name__, 'mmeffattn.ops.dynamic_weight')

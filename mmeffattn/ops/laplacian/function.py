@@ -13,6 +13,7 @@ from typing import Dict, Optional, Tuple
 import torch
 from torch.autograd.function import once_differentiable
 
+from .._common import INT32_LIMIT, bh_strides as _bh_strides, token_offsets_fit
 from .._launch import (KernelConfig, Launch, device_guard as _device_guard,  # noqa: F401
                        launch as _launch, next_pow2 as _next_pow2, record_launches,
                        unit_last_stride as _unit_last_stride)
@@ -45,13 +46,7 @@ def laplacian_kernel_configs(D: int) -> Dict[str, KernelConfig]:
 def int32_offsets_fit(x: torch.Tensor, y: torch.Tensor) -> bool:
     """Whether the offsets inside one ``(sample, head)`` of x, y and the ``[N, M]`` output fit
     the kernels' int32 arithmetic (the sample/head offset is int64)."""
-    N, M = x.shape[2], y.shape[2]
-    return (all((t.shape[2] - 1) * abs(t.stride(2)) + t.shape[3] < 2 ** 31 for t in (x, y))
-            and N * M < 2 ** 31)
-
-
-def _bh_strides(t: torch.Tensor) -> Tuple[int, int, int]:
-    return t.stride(0), t.stride(1), t.stride(2)
+    return token_offsets_fit(x, y) and x.shape[2] * y.shape[2] < INT32_LIMIT
 
 
 def laplacian_fwd(x: torch.Tensor, y: torch.Tensor, lam: float) -> torch.Tensor:
@@ -123,7 +118,7 @@ class LaplacianKernelFunction(torch.autograd.Function):
     def backward(ctx, g: torch.Tensor):
         x, y, out = ctx.saved_tensors
         N, M = out.shape[2:]
-        if (N - 1) * abs(g.stride(2)) + (M - 1) * abs(g.stride(3)) >= 2 ** 31:
+        if (N - 1) * abs(g.stride(2)) + (M - 1) * abs(g.stride(3)) >= INT32_LIMIT:
             g = g.contiguous()  # an unusual upstream gradient is copied (int32 offsets)
         dx, dy = laplacian_bwd(g, x, y, out, ctx.lam, ctx.needs_input_grad[:2])
         return dx, dy, None

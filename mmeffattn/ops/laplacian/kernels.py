@@ -15,6 +15,19 @@ Only ``@triton.jit`` functions live here; launchers and the autograd Function ar
 import triton
 import triton.language as tl
 
+from .._common_kernels import bh_offset, load_rows, store_rows
+
+
+@triton.jit
+def _tile(n_rows, n_cols, BR: tl.constexpr, BC: tl.constexpr):
+    """``(o_r, m_r, o_c, m_c, i_bh)``: the row and column offsets ([BR], [BC]) and masks of
+    this program's tile (``program_id(0)``, column tiles fastest) and its ``b * heads + h``
+    (``program_id(1)``)."""
+    n_col_tiles = tl.cdiv(n_cols, BC)
+    o_r = (tl.program_id(0) // n_col_tiles) * BR + tl.arange(0, BR)  # [BR]
+    o_c = (tl.program_id(0) % n_col_tiles) * BC + tl.arange(0, BC)  # [BC]
+    return o_r, o_r < n_rows, o_c, o_c < n_cols, tl.program_id(1)
+
 
 @triton.jit
 def laplacian_fwd_kernel(
@@ -30,27 +43,17 @@ def laplacian_fwd_kernel(
     Grid: ``(cdiv(N, BN) * cdiv(M, BM), B * heads)``, tiles numbered along M fastest.
     out: ``[B, heads, N, M]`` with unit stride on M, in its own dtype.
     """
-    i_t = tl.program_id(0)
-    i_bh = tl.program_id(1).to(tl.int64)
-    i_b, i_h = i_bh // heads, i_bh % heads
-    n_tiles_m = tl.cdiv(M, BM)
-    i_n, i_m = i_t // n_tiles_m, i_t % n_tiles_m
-    x += i_b * stride_xb + i_h * stride_xh
-    y += i_b * stride_yb + i_h * stride_yh
-    out += i_b * stride_ob + i_h * stride_oh
-
-    o_n = i_n * BN + tl.arange(0, BN)  # [BN]
-    o_m = i_m * BM + tl.arange(0, BM)  # [BM]
-    m_n, m_m = o_n < N, o_m < M
+    o_n, m_n, o_m, m_m, i_bh = _tile(N, M, BN, BM)
+    x += bh_offset(i_bh, heads, stride_xb, stride_xh)
+    y += bh_offset(i_bh, heads, stride_yb, stride_yh)
+    out += bh_offset(i_bh, heads, stride_ob, stride_oh)
     b_dist = tl.zeros([BN, BM], dtype=tl.float32)
     for d0 in range(0, D, BD):
         o_d = d0 + tl.arange(0, BD)  # [BD]
         m_d = o_d < D
         # padded D columns load 0 on both sides and add |0 - 0| = 0
-        b_x = tl.load(x + o_n[:, None] * stride_xn + o_d[None, :],
-                      mask=m_n[:, None] & m_d[None, :], other=0.).to(tl.float32)  # [BN, BD]
-        b_y = tl.load(y + o_m[:, None] * stride_yn + o_d[None, :],
-                      mask=m_m[:, None] & m_d[None, :], other=0.).to(tl.float32)  # [BM, BD]
+        b_x = load_rows(x, o_n, stride_xn, o_d, m_n[:, None] & m_d[None, :]).to(tl.float32)
+        b_y = load_rows(y, o_m, stride_yn, o_d, m_m[:, None] & m_d[None, :]).to(tl.float32)
         b_dist += tl.sum(tl.abs(b_x[:, None, :] - b_y[None, :, :]), 2)  # [BN, BM]
     b_out = tl.exp2(b_dist * neg_log2e_over_lam)  # [BN, BM]
     tl.store(out + o_n[:, None] * stride_on + o_m[None, :], b_out.to(out.dtype.element_ty),
@@ -75,22 +78,13 @@ def laplacian_bwd_kernel(
     Grid: ``(cdiv(N, BN) * cdiv(D, BD), B * heads)``, tiles numbered along D fastest.
     g, out: ``[B, heads, N, M]`` (any strides); dx: x's shape, unit stride on D.
     """
-    i_t = tl.program_id(0)
-    i_bh = tl.program_id(1).to(tl.int64)
-    i_b, i_h = i_bh // heads, i_bh % heads
-    n_tiles_d = tl.cdiv(D, BD)
-    i_n, i_d = i_t // n_tiles_d, i_t % n_tiles_d
-    x += i_b * stride_xb + i_h * stride_xh
-    y += i_b * stride_yb + i_h * stride_yh
-    g += i_b * stride_gb + i_h * stride_gh
-    out += i_b * stride_ob + i_h * stride_oh
-    dx += i_b * stride_db + i_h * stride_dh
-
-    o_n = i_n * BN + tl.arange(0, BN)  # [BN]
-    o_d = i_d * BD + tl.arange(0, BD)  # [BD]
-    m_n, m_d = o_n < N, o_d < D
-    b_x = tl.load(x + o_n[:, None] * stride_xn + o_d[None, :],
-                  mask=m_n[:, None] & m_d[None, :], other=0.).to(tl.float32)  # [BN, BD]
+    o_n, m_n, o_d, m_d, i_bh = _tile(N, D, BN, BD)
+    x += bh_offset(i_bh, heads, stride_xb, stride_xh)
+    y += bh_offset(i_bh, heads, stride_yb, stride_yh)
+    g += bh_offset(i_bh, heads, stride_gb, stride_gh)
+    out += bh_offset(i_bh, heads, stride_ob, stride_oh)
+    dx += bh_offset(i_bh, heads, stride_db, stride_dh)
+    b_x = load_rows(x, o_n, stride_xn, o_d, m_n[:, None] & m_d[None, :]).to(tl.float32)
     b_dx = tl.zeros([BN, BD], dtype=tl.float32)
     for m0 in range(0, M, BM):
         o_m = m0 + tl.arange(0, BM)  # [BM]
@@ -101,11 +95,9 @@ def laplacian_bwd_kernel(
                       other=0.).to(tl.float32)  # [BN, BM]
         b_w *= tl.load(out + o_n[:, None] * stride_on + o_m[None, :] * stride_om, mask=m_nm,
                        other=0.).to(tl.float32)
-        b_y = tl.load(y + o_m[:, None] * stride_yn + o_d[None, :],
-                      mask=m_m[:, None] & m_d[None, :], other=0.).to(tl.float32)  # [BM, BD]
+        b_y = load_rows(y, o_m, stride_yn, o_d, m_m[:, None] & m_d[None, :]).to(tl.float32)
         b_diff = b_x[:, None, :] - b_y[None, :, :]  # [BN, BM, BD]
         # sign with sign(0) = 0 (torch.sign / cdist's convention)
         b_sgn = (b_diff > 0).to(tl.float32) - (b_diff < 0).to(tl.float32)  # [BN, BM, BD]
         b_dx += tl.sum(b_w[:, :, None] * b_sgn, 1)  # [BN, BD]
-    tl.store(dx + o_n[:, None] * stride_dn + o_d[None, :], (b_dx * neg_inv_lam).to(
-        dx.dtype.element_ty), mask=m_n[:, None] & m_d[None, :])
+    store_rows(dx, o_n, stride_dn, o_d, b_dx * neg_inv_lam, m_n[:, None] & m_d[None, :])

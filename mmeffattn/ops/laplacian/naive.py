@@ -2,11 +2,7 @@
 path."""
 import torch
 
-
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype the op computes in: fp32 for 16-bit floats (an fp16 sum of ``D`` distances
-    overflows long before ``exp(-dist / lam)`` stops being representable), else ``dtype``."""
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+from .._common import compute_dtype  # noqa: F401  (imported from here before _common)
 
 
 def laplacian_kernel_naive(x: torch.Tensor, y: torch.Tensor, lam: float) -> torch.Tensor:

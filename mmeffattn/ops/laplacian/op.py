@@ -1,21 +1,16 @@
 """Public Laplacian-kernel op: validates its inputs and dispatches to Triton or the reference."""
-import math
-import numbers
 from typing import List, Optional
 
 import torch
 
-from .._backend import HAS_TRITON, select_backend, triton_reasons
+from .._backend import KERNEL_DTYPES as SUPPORTED_DTYPES  # noqa: F401 (public)
+from .._backend import dispatch, triton_reasons
+from .._common import INT32_LIMIT, import_kernels, offsets_reason, token_offsets_fit
+from .._validate import check_alike, check_real, check_tensor
 from .naive import laplacian_kernel_naive
 
-SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # of the Triton kernels
-int32_offsets_fit = laplacian_kernel_triton = None
-_KERNELS_IMPORT_ERROR = ''
-if HAS_TRITON:
-    try:
-        from .function import int32_offsets_fit, laplacian_kernel_triton
-    except Exception as e:  # pragma: no cover - e.g. a Triton release without an API we use
-        _KERNELS_IMPORT_ERROR = f'{type(e).__name__}: {e}'
+laplacian_kernel_triton, _KERNELS_IMPORT_ERROR = import_kernels(
+    __package__, 'laplacian_kernel_triton')
 
 _NAME = 'laplacian_kernel'
 
@@ -23,12 +18,8 @@ _NAME = 'laplacian_kernel'
 def _check_inputs(x: torch.Tensor, y: torch.Tensor, lam: float) -> None:
     """Raise ValueError naming the problem and the fix."""
     for name, t in (('x', x), ('y', y)):
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f'{_NAME}: {name} must be a torch.Tensor, got {type(t).__name__}')
-        if t.dim() != 4:
-            raise ValueError(f'{_NAME}: {name} must be [B, heads, tokens, D] (4 dims), got shape '
-                             f'{tuple(t.shape)}; reshape tokens [B, N, heads*D] with '
-                             f'.reshape(B, N, heads, D).transpose(1, 2)')
+        check_tensor(_NAME, name, t, '[B, heads, tokens, D]', 'reshape tokens [B, N, heads*D] '
+                     'with .reshape(B, N, heads, D).transpose(1, 2)')
     if x.shape[:2] != y.shape[:2] or x.shape[3] != y.shape[3]:
         raise ValueError(f'{_NAME}: x [B, heads, N, D] and y [B, heads, M, D] must agree on B, '
                          f'heads and D, got x {tuple(x.shape)}, y {tuple(y.shape)}; project both '
@@ -36,35 +27,20 @@ def _check_inputs(x: torch.Tensor, y: torch.Tensor, lam: float) -> None:
     if min(x.shape) < 1 or y.shape[2] < 1:
         raise ValueError(f'{_NAME}: x and y need at least one element along every dim, got '
                          f'x {tuple(x.shape)}, y {tuple(y.shape)}')
-    if not (x.is_floating_point() and y.is_floating_point()):
-        raise ValueError(f'{_NAME}: x and y must be floating point, got {x.dtype}, {y.dtype}')
-    if x.dtype != y.dtype:
-        raise ValueError(f'{_NAME}: x and y must have the same dtype, got x {x.dtype}, '
-                         f'y {y.dtype}; cast them to one dtype')
-    if x.device != y.device:
-        raise ValueError(f'{_NAME}: x and y must be on one device, got x {x.device}, '
-                         f'y {y.device}')
-    if (isinstance(lam, bool) or not isinstance(lam, numbers.Real) or not math.isfinite(lam)
-            or not lam > 0):
-        raise ValueError(f'{_NAME}: lam must be a positive finite float (the kernel width in '
-                         f'exp(-|x - y|_1 / lam)), got {lam!r}')
+    check_alike(_NAME, (('x', x), ('y', y)))
+    check_real(_NAME, 'lam', lam, 'the kernel width in exp(-|x - y|_1 / lam)', positive=True)
 
 
 def laplacian_triton_reasons(x: torch.Tensor, y: torch.Tensor,
                              interpret: Optional[bool] = None) -> List[str]:
-    """Reasons the Triton kernels cannot run these (validated) inputs; empty if they can.
-
-    Args:
-        interpret: whether Triton's interpreter is on (default: the mode recorded at import,
-            ``mmeffattn.ops._backend.TRITON_INTERPRET``).
-    """
+    """Reasons the Triton kernels cannot run these (validated) inputs (``[]``: they can);
+    ``interpret`` as in :func:`mmeffattn.ops._backend.triton_reasons`."""
     # elementwise arithmetic only (no tl.dot): bf16 is fine under the interpreter too
     reasons = triton_reasons('Laplacian-kernel', _KERNELS_IMPORT_ERROR, (x, y), (x, y),
                              SUPPORTED_DTYPES, interpret=interpret, uses_dot=False)
-    if int32_offsets_fit is not None and not int32_offsets_fit(x, y):
-        reasons.append('one (sample, head) of x or y, or of the [N, M] output, spans 2**31 '
-                       'elements or more (the kernels\' in-matrix offsets are int32)')
-    return reasons
+    fits = token_offsets_fit(x, y) and x.shape[2] * y.shape[2] < INT32_LIMIT
+    return reasons + offsets_reason(fits, 'one (sample, head) of x or y, or of the [N, M] '
+                                    'output, spans 2**31 elements or more')
 
 
 def laplacian_kernel(x: torch.Tensor, y: torch.Tensor, lam: float, *,
@@ -76,6 +52,13 @@ def laplacian_kernel(x: torch.Tensor, y: torch.Tensor, lam: float, *,
     Differentiable w.r.t. ``x`` and ``y`` (through ``sign(x - y)``, zero on ties). The Triton
     backend never materialises ``[N, M, D]``: it accumulates the L1 distance of an output tile
     over chunks of D in fp32 and applies the exponential once; its backward reuses the output.
+
+    Non-finite inputs (the NaN contract of every op, the same on the reference and on Triton): a
+    NaN in an input element makes exactly the outputs that depend on it NaN and leaves every
+    other output unchanged; an inf follows IEEE arithmetic through the formula above, so a
+    dependent output is non-finite or the formula's limit (an infinitely distant pair gives
+    ``exp(-inf) = 0``). A row of x reaches its output row, a row of y its output column.
+    ``lam`` must be positive and finite.
 
     Args:
         x: ``[B, heads, N, D]``.
@@ -94,7 +77,5 @@ def laplacian_kernel(x: torch.Tensor, y: torch.Tensor, lam: float, *,
     """
     _check_inputs(x, y, lam)
     lam = float(lam)
-    chosen = select_backend(_NAME, backend, lambda: laplacian_triton_reasons(x, y), (x, y))
-    if chosen == 'triton':
-        return laplacian_kernel_triton(x, y, lam)
-    return laplacian_kernel_naive(x, y, lam)
+    return dispatch(_NAME, backend, lambda: laplacian_triton_reasons(x, y), (x, y),
+                    laplacian_kernel_triton, laplacian_kernel_naive, x, y, lam)

@@ -26,7 +26,7 @@ from torch.autograd.function import once_differentiable
 from .._launch import (KernelConfig, Launch, device_guard as _device_guard,  # noqa: F401
                        launch as _launch, next_pow2 as _next_pow2, record_launches)
 from . import kernels
-from .naive import ALPHA_NUM, compute_dtype, initial_scale, regularized
+from .naive import ALPHA_NUM, compute_dtype, initial_iterate, regularized
 
 #: default ``tl.dot`` input precision: exact fp32 ('ieee'); TF32 rounds the operands to ~1e-3
 #: relative, which would bound how close the iteration can get to the inverse.
@@ -177,7 +177,7 @@ def newton_schulz_fwd_torch(a: torch.Tensor, iters: int, eps: float, store_itera
     """The forward with batched matmuls: ``(out, iterates)``, iterates ``[iters, B, heads, M,
     M]`` in the compute dtype (None unless ``store_iterates``)."""
     p = regularized(a.to(compute_dtype(a.dtype)), eps)
-    v = initial_scale(p) * p
+    v = initial_iterate(p)
     kept = []
     for _ in range(iters):
         if store_iterates:

@@ -11,9 +11,9 @@ autograd Function are in ``function.py``. Conventions shared by the kernels:
   pad and convert (a non-constant row stride M made ptxas spill, and so did 16-bit loads),
   so offsets are compile-time and loads/stores need no masks. ``M`` only decides where ``eps``
   goes on the diagonal and which rows count for ``alpha``.
-* ``P`` is the identity outside its ``M x M`` block. ``P`` and every iterate are then block
-  diagonal, so the padded block never mixes into the real one (the result is that of the
-  unpadded iteration); ``alpha`` takes the maximum over the real rows only, and the padded
+* ``P`` is the identity outside its ``M x M`` block, and so is ``V_0`` (the padding's exact
+  inverse, a fixed point). ``P`` and every iterate are then block diagonal, so the padded block
+  never mixes into the real one (the result is that of the unpadded iteration); ``alpha`` takes the maximum over the real rows only, and the padded
   block of every gradient stays zero.
 * Iterates ``V_0 .. V_{iters-1}`` (the input of each step) go to slot ``k`` of an fp32
   workspace ``[B*heads, n_slots, MP, MP]`` when the forward is told to keep them; the backward
@@ -27,6 +27,18 @@ import triton.language as tl
 def _diag_term(o_r, o_c, M, eps):
     """The ``eps I`` (real block) + ``I`` (padding) term of P on the tile ``[o_r, o_c]``."""
     return tl.where(o_r[:, None] == o_c[None, :], tl.where(o_r[:, None] < M, eps, 1.), 0.)
+
+
+@triton.jit
+def _initial_factors(b_s, alpha_num):
+    """``(r1, r2)`` with ``V_0 = (P * r1) * r2 = alpha_num / s^2 * P``: ``(alpha_num / s^2, 1)``
+    while ``s^2`` stays in range (1e-18 < |s| < 1e18, ``naive.SQUARE_SAFE``), else
+    ``(1 / s, alpha_num / s)`` (as ``naive.initial_iterate``)."""
+    b_in = (tl.abs(b_s) > 1e-18) & (tl.abs(b_s) < 1e18)
+    b_sin = tl.where(b_in, b_s, 1.)
+    b_sout = tl.where(b_in, 1., b_s)
+    return (tl.where(b_in, alpha_num / (b_sin * b_sin), 1. / b_sout),
+            tl.where(b_in, 1., alpha_num / b_sout))
 
 
 @triton.jit
@@ -59,7 +71,10 @@ def newton_schulz_fwd_kernel(
     o = tl.arange(0, MP)  # [MP]
     b_p = _mat_tile(a, o, o, MP) + _diag_term(o, o, M, eps)  # [MP, MP]
     b_s = tl.max(tl.where(o < M, tl.sum(b_p, 1), float('-inf')), 0)  # largest real row sum
-    b_v = b_p * (alpha_num / (b_s * b_s))  # [MP, MP] V_0 = alpha P
+    b_r1, b_r2 = _initial_factors(b_s, alpha_num)
+    # V_0 = alpha P; the padded block starts at (and stays) its exact inverse I, since alpha I
+    # may be out of range there (and inf * 0 in a product would reach the real block)
+    b_v = tl.where((o < M)[:, None], b_p * b_r1 * b_r2, b_p)  # [MP, MP]
     for k in range(iters):
         if STORE_ITERATES:
             _store_mat_tile(ws + k * MP * MP, o, o, b_v, MP)
@@ -175,10 +190,11 @@ def newton_schulz_fwd_tiled_kernel(
     o_all = tl.arange(0, MP)  # [MP]
 
     b_s, _ = _max_row_sum(a, M, eps, MP, BT)
-    b_alpha = alpha_num / (b_s * b_s)
-    for i0 in range(0, M, BT):  # V_0 = alpha P
+    b_r1, b_r2 = _initial_factors(b_s, alpha_num)
+    for i0 in range(0, M, BT):  # V_0 = alpha P, I on the padding (see the whole-matrix kernel)
         o_r = i0 + tl.arange(0, BT)
-        _store_mat_tile(ws, o_r, o_all, b_alpha * _p_tile(a, o_r, o_all, M, eps, MP), MP)
+        b_p = _p_tile(a, o_r, o_all, M, eps, MP)  # [BT, MP]
+        _store_mat_tile(ws, o_r, o_all, tl.where((o_r < M)[:, None], b_p * b_r1 * b_r2, b_p), MP)
     tl.debug_barrier()
     for k in range(iters):
         src = ws + (k % n_slots) * MP * MP

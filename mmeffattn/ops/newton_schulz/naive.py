@@ -2,14 +2,15 @@
 test oracle and the CPU path."""
 import torch
 
+from .._common import compute_dtype
+
 #: numerator of the initial scale ``alpha = ALPHA_NUM / (max_i sum_j P_ij)^2`` (official value)
 ALPHA_NUM = 1.8
-
-
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """fp32 for 16-bit floats (the iteration squares the error; fp16 products lose it), else
-    ``dtype``."""
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+#: row sums ``s`` whose square stays well inside the fp32 range: ``alpha P`` is computed as
+#: ``P * (ALPHA_NUM / s^2)`` inside (the official arithmetic), as ``(P / s) * (ALPHA_NUM / s)``
+#: outside, where ``s^2`` would overflow to inf (1e20 I gave zeros) or ``1 / s^2`` would (1e-20 I
+#: gave NaN)
+SQUARE_SAFE = (1e-18, 1e18)
 
 
 def regularized(a: torch.Tensor, eps: float) -> torch.Tensor:
@@ -25,6 +26,20 @@ def initial_scale(p: torch.Tensor) -> torch.Tensor:
     return (ALPHA_NUM / (s * s))[..., None, None]
 
 
+def initial_iterate(p: torch.Tensor) -> torch.Tensor:
+    """``V_0 = alpha P`` with ``alpha = 1.8 / s^2``, ``s = max_i sum_j P_ij`` per matrix, scaled
+    so that it neither overflows nor underflows for ``|s|`` from 1e-20 to 1e20 (see
+    :data:`SQUARE_SAFE`; bit-identical to ``initial_scale(p) * p`` inside that range).
+    Differentiable; a zero ``s`` gives NaN (the caller's check reports it)."""
+    s = p.sum(dim=-1).amax(dim=-1)[..., None, None]  # [..., 1, 1]
+    inside = (s.abs() > SQUARE_SAFE[0]) & (s.abs() < SQUARE_SAFE[1])
+    s_in = torch.where(inside, s, torch.ones_like(s))  # the other branch's s is a harmless 1,
+    s_out = torch.where(inside, torch.ones_like(s), s)  # so neither branch's gradient is NaN
+    r1 = torch.where(inside, ALPHA_NUM / (s_in * s_in), 1 / s_out)
+    r2 = torch.where(inside, torch.ones_like(s), ALPHA_NUM / s_out)
+    return p * r1 * r2
+
+
 def newton_schulz_pinv_naive(a: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
     """Newton-Schulz approximation of ``(a + eps I)^{-1}``, differentiable w.r.t. ``a``.
 
@@ -32,7 +47,7 @@ def newton_schulz_pinv_naive(a: torch.Tensor, iters: int, eps: float) -> torch.T
 
         P = a + eps * I
         alpha = 1.8 / (max_i sum_j P_ij)^2      # row sums of P, as the official CUDA operator
-        V = alpha * P
+        V = alpha * P                           # scaled to stay in range (initial_iterate)
         repeat iters times:  V = 2 V - (V P) V
 
     ``alpha`` is part of the graph (not detached), so the gradient is the exact derivative of
@@ -47,7 +62,7 @@ def newton_schulz_pinv_naive(a: torch.Tensor, iters: int, eps: float) -> torch.T
         ``[B, heads, M, M]`` in a's dtype (computed in fp32 for fp16/bf16 inputs).
     """
     p = regularized(a.to(compute_dtype(a.dtype)), eps)
-    v = initial_scale(p) * p
+    v = initial_iterate(p)
     for _ in range(iters):
         v = 2 * v - (v @ p) @ v
     return v.to(a.dtype)

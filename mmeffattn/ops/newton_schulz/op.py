@@ -1,56 +1,58 @@
 """Public Newton-Schulz inverse op: validates its inputs and dispatches to Triton or the
 reference."""
-import math
-import numbers
-import operator
 from typing import List, Optional
 
 import torch
 
-from .._backend import HAS_TRITON, select_backend, triton_reasons
-from .naive import newton_schulz_pinv_naive
+from .._backend import KERNEL_DTYPES as SUPPORTED_DTYPES  # noqa: F401 (public)
+from .._backend import dispatch, triton_reasons
+from .._common import import_kernels
+from .._validate import check_alike, check_int, check_real, check_tensor
+from .naive import newton_schulz_pinv_naive, newton_schulz_residual
 
-SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # of the Triton kernels
-newton_schulz_pinv_triton = None
-_KERNELS_IMPORT_ERROR = ''
-if HAS_TRITON:
-    try:
-        from .function import newton_schulz_pinv_triton
-    except Exception as e:  # pragma: no cover - e.g. a Triton release without an API we use
-        _KERNELS_IMPORT_ERROR = f'{type(e).__name__}: {e}'
+newton_schulz_pinv_triton, _KERNELS_IMPORT_ERROR = import_kernels(
+    __package__, 'newton_schulz_pinv_triton')
 
 _NAME = 'newton_schulz_pinv'
 
 
+#: a result whose residual ``||P inv - I||_F / sqrt(M)`` is not below this has not converged
+#: (the iteration converges iff the residual drops below 1; the pseudo-inverse of a singular
+#: but non-zero symmetric P stays below it too)
+MAX_RESIDUAL = 1.0
+
+
 def _check_inputs(a: torch.Tensor, iters: int, eps: float) -> int:
     """Raise ValueError naming the problem and the fix; return ``iters`` as an int."""
-    if not isinstance(a, torch.Tensor):
-        raise ValueError(f'{_NAME}: a must be a torch.Tensor, got {type(a).__name__}')
-    if a.dim() != 4:
-        raise ValueError(f'{_NAME}: a must be [B, heads, M, M] (4 dims), got shape '
-                         f'{tuple(a.shape)}; add the missing dims with a[None] or reshape')
+    check_tensor(_NAME, 'a', a, '[B, heads, M, M]', 'add the missing dims with a[None] or '
+                 'reshape')
     if a.shape[2] != a.shape[3]:
         raise ValueError(f'{_NAME}: a must hold square matrices [B, heads, M, M], got shape '
                          f'{tuple(a.shape)}; pass the landmark-landmark kernel matrix')
     if a.shape[2] < 1:
         raise ValueError(f'{_NAME}: a must hold at least 1x1 matrices, got {tuple(a.shape)}')
-    if not a.is_floating_point():
-        raise ValueError(f'{_NAME}: a must be floating point, got {a.dtype}')
-    try:
-        if isinstance(iters, bool):
-            raise TypeError
-        iters = operator.index(iters)
-    except TypeError:
-        raise ValueError(f'{_NAME}: iters must be an int >= 0 (the number of Newton-Schulz '
-                         f'steps), got {iters!r}') from None
-    if iters < 0:
-        raise ValueError(f'{_NAME}: iters must be an int >= 0 (the number of Newton-Schulz '
-                         f'steps), got {iters}')
-    if (isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not math.isfinite(eps)
-            or eps < 0):
-        raise ValueError(f'{_NAME}: eps must be a finite float >= 0 (the diagonal added to a), '
-                         f'got {eps!r}')
-    return iters
+    check_alike(_NAME, (('a', a), ))
+    check_real(_NAME, 'eps', eps, 'the diagonal added to a', nonnegative=True)
+    return check_int(_NAME, 'iters', iters, 0, 'the number of Newton-Schulz steps')
+
+
+def check_converged(a: torch.Tensor, inv: torch.Tensor, iters: int, eps: float) -> None:
+    """Raise ValueError if a matrix of ``a`` without NaN or inf entries got a result whose
+    residual (:func:`newton_schulz_residual`) is NaN, inf or ``>= MAX_RESIDUAL``: ``a + eps I``
+    is not invertible by the iteration (e.g. zero) or did not converge in ``iters`` steps.
+    Matrices with a non-finite entry are left to the NaN contract (their result is NaN)."""
+    res = newton_schulz_residual(a, inv, eps)  # [B, heads] fp64
+    finite = torch.isfinite(a).flatten(-2).all(-1)
+    bad = (finite & ~(res < MAX_RESIDUAL)).nonzero().tolist()
+    if bad:
+        shown = ', '.join(f'[{b}, {h}] {res[b, h].item():.3g}' for b, h in bad[:4])
+        raise ValueError(f'{_NAME}: {len(bad)} of the {finite.numel()} matrices did not converge '
+                         f'to an inverse of a + eps I (residual ||P inv - I||_F / sqrt(M) >= '
+                         f'{MAX_RESIDUAL:g}; [batch, head] residual: {shown}'
+                         f'{", ..." if len(bad) > 4 else ""}) after iters={iters}: the matrix is '
+                         f'singular (e.g. all zero), or too ill-conditioned or not symmetric '
+                         f'enough for the iteration. Add eps > 0 (eps={eps:g} now) or iterations; '
+                         f'pass check=False to get the iterate anyway')
 
 
 def newton_schulz_triton_reasons(a: torch.Tensor, interpret: Optional[bool] = None) -> List[str]:
@@ -66,18 +68,27 @@ def newton_schulz_triton_reasons(a: torch.Tensor, interpret: Optional[bool] = No
 
 
 def newton_schulz_pinv(a: torch.Tensor, iters: int, eps: float, *,
+                       check: Optional[bool] = None,
                        backend: Optional[str] = None) -> torch.Tensor:
     """Newton-Schulz approximation of ``(a + eps I)^{-1}`` (LaplacianFormer, SOFT)::
 
         P = a + eps * I
-        alpha = 1.8 / (max_i sum_j P_ij)^2       # per matrix, row sums of P (official CUDA op)
-        V = alpha * P
+        s = max_i sum_j P_ij                     # per matrix, row sums of P (official CUDA op)
+        V = (1.8 / s^2) * P                      # as (P / s) * (1.8 / s) when s^2 would leave
+                                                 # the float range (|s| outside 1e-18..1e18)
         repeat iters times:  V = 2 V - (V P) V
 
     Converges to ``P^{-1}`` when ``||I - alpha P^2|| < 1`` (e.g. ``P`` symmetric positive
     definite, as a Laplacian kernel matrix plus ``eps I``); the number of steps it needs grows
     with ``log(cond(P))``. :func:`newton_schulz_residual` reports how far a result is from the
-    inverse, so a caller can detect non-convergence.
+    inverse; ``check`` uses it to raise on a matrix the iteration could not invert.
+
+    Non-finite inputs (the NaN contract of every op, the same on the reference and on Triton): a
+    NaN in an input element makes exactly the outputs that depend on it NaN and leaves every
+    other output unchanged; an inf follows IEEE arithmetic through the formula above, so a
+    dependent output is non-finite or the formula's limit. Every entry of a matrix's result depends
+    on all of its entries, so a NaN or inf in ``a`` makes that matrix's result NaN and leaves the
+    other matrices unchanged; such matrices are not reported by ``check``.
 
     Differentiable w.r.t. ``a``: the gradient is the exact derivative of the returned iterate
     (``alpha`` included, not detached), not the gradient of the true inverse.
@@ -92,6 +103,11 @@ def newton_schulz_pinv(a: torch.Tensor, iters: int, eps: float, *,
         a: ``[B, heads, M, M]``; any strides.
         iters: number of iterations, ``>= 0``.
         eps: diagonal regularization, ``>= 0`` (LaplacianFormer: 0.01).
+        check: compute the residual of the result and raise ``ValueError`` naming the
+            matrices whose residual is NaN or ``>= 1`` (not invertible, e.g. zero, or not
+            converged). ``None`` (default): check CPU inputs only, since on a GPU the check
+            waits for the result (a host synchronisation per call); pass ``True`` to check
+            there too, ``False`` to skip it.
         backend: ``None`` (automatic), ``'triton'`` or ``'reference'``; see
             :mod:`mmeffattn.ops._backend` (``$MMEFFATTN_OPS_BACKEND`` applies when None).
 
@@ -99,12 +115,14 @@ def newton_schulz_pinv(a: torch.Tensor, iters: int, eps: float, *,
         ``[B, heads, M, M]`` in a's dtype, computed in fp32 for fp16/bf16 inputs.
 
     Raises:
-        ValueError: malformed inputs (the message says what to change).
+        ValueError: malformed inputs (the message says what to change), or ``check`` found a
+            matrix it could not invert.
         RuntimeError: ``backend='triton'`` on inputs the kernels cannot run (lists the reasons).
     """
     iters = _check_inputs(a, iters, eps)
     eps = float(eps)
-    chosen = select_backend(_NAME, backend, lambda: newton_schulz_triton_reasons(a), (a,))
-    if chosen == 'triton':
-        return newton_schulz_pinv_triton(a, iters, eps)
-    return newton_schulz_pinv_naive(a, iters, eps)
+    out = dispatch(_NAME, backend, lambda: newton_schulz_triton_reasons(a), (a, ),
+                   newton_schulz_pinv_triton, newton_schulz_pinv_naive, a, iters, eps)
+    if check or (check is None and a.device.type == 'cpu'):
+        check_converged(a, out.detach(), iters, eps)
+    return out

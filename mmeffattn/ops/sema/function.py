@@ -8,6 +8,11 @@ from typing import Dict, NamedTuple, Optional, Tuple
 import torch
 from torch.autograd.function import once_differentiable
 
+from .._common import bh_strides as _strides
+from .._common import check_token_offsets as _check_int32_offsets
+from .._common import token_offsets_fit as int32_offsets_fit  # noqa: F401  (op.py)
+from .._common_kernels import DELTA_BLOCK_N as PREPROCESS_BLOCK_N  # noqa: F401
+from .._common_kernels import delta_config, softmax_bwd_delta
 from .._launch import (KernelConfig, Launch, device_guard as _device_guard,  # noqa: F401
                        launch as _launch, next_pow2 as _next_pow2, record_launches,
                        unit_last_stride as _unit_last_stride)
@@ -15,8 +20,6 @@ from . import kernels
 
 #: default ``tl.dot`` input precision for fp32: exact fp32 ('ieee'), not TF32.
 DEFAULT_INPUT_PRECISION = 'ieee'
-#: tokens per program of the backward preprocessing kernel, by padded head dim
-PREPROCESS_BLOCK_N = {16: 128, 32: 64, 64: 32, 128: 16}
 
 
 class WindowGeometry(NamedTuple):
@@ -98,30 +101,8 @@ def sema_kernel_configs(head_dim: int, window_tokens: int, dtype: torch.dtype, w
             'bwd': KernelConfig(kernels.sema_bwd_window_kernel, common, tiles.bwd_warps, 1)}
     return n_blocks, {
         'fwd': KernelConfig(kernels.sema_fwd_kernel, common, tiles.fwd_warps, tiles.fwd_stages),
-        'bwd_preprocess': KernelConfig(
-            kernels.sema_bwd_preprocess_kernel,
-            dict(BD=bd, EVEN_D=head_dim == bd, BLOCK_N=PREPROCESS_BLOCK_N[bd],
-                 WITH_MEAN=with_mean), 4, 1),
+        'bwd_preprocess': delta_config(head_dim, with_mean),
         'bwd': KernelConfig(kernels.sema_bwd_kernel, common, tiles.bwd_warps, tiles.bwd_stages)}
-
-
-# ---------------------------------------------------------------------------------------------
-# launching (with a hook that records launches instead, for ahead-of-time compilation tests)
-# ---------------------------------------------------------------------------------------------
-def _strides(x: torch.Tensor) -> Tuple[int, int, int]:
-    return x.stride(0), x.stride(1), x.stride(2)
-
-
-def int32_offsets_fit(*tensors: torch.Tensor) -> bool:
-    """Whether the offsets inside one (batch, head) slice of these ``[B, heads, N, D]`` tensors
-    fit the kernels' int32 token arithmetic (batch and head offsets are int64)."""
-    return all((x.shape[2] - 1) * abs(x.stride(2)) + x.shape[3] < 2 ** 31 for x in tensors)
-
-
-def _check_int32_offsets(*tensors: torch.Tensor) -> None:
-    if not int32_offsets_fit(*tensors):
-        raise ValueError('a [B, heads, N, D] tensor overflows the kernels\' int32 token offsets '
-                         '(N * token stride >= 2**31); use the reference backend')
 
 
 # ---------------------------------------------------------------------------------------------
@@ -188,11 +169,7 @@ def sema_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
             _launch('bwd', cfgs['bwd'], (B * nh * geom.n_win,),
                     q, k, v, do, dq, dk, dv, mean_do, *strides, *geometry, scale, D)
         else:
-            pre = cfgs['bwd_preprocess']
-            delta = torch.empty((B * nh, N), dtype=torch.float32, device=q.device)
-            _launch('bwd_preprocess', pre, (-(-N // pre.constexprs['BLOCK_N']), B * nh),
-                    o, do, mean if with_mean else o, delta,
-                    *_strides(o), *_strides(do), nh, N, D)
+            delta = softmax_bwd_delta(cfgs['bwd_preprocess'], o, do, mean)
             _launch('bwd', cfgs['bwd'], (B * nh * geom.n_win * n_blocks,),
                     q, k, v, do, dq, dk, dv, lse, delta, mean_do, *strides, *geometry,
                     n_blocks, scale, D)

@@ -23,6 +23,9 @@ Only ``@triton.jit`` functions live here; launchers and the autograd Function ar
 import triton
 import triton.language as tl
 
+from .._common_kernels import (bh_offset, head_dim_mask, load_rows, store_rows,
+                              softmax_bwd_delta_kernel)
+
 _GEOMETRY = ['n_heads', 'H', 'W', 'win_h', 'win_w', 'n_win_w', 'n_win', 'n_blocks']
 
 
@@ -36,18 +39,6 @@ def _window_tokens(i_w, i_blk, H, W, win_h, win_w, n_win_w, BLOCK: tl.constexpr)
     m_n = (o_t < win_h * win_w) & (o_r < H) & (o_c < W)  # [BLOCK]
     o_n = o_r * W + o_c  # [BLOCK]
     return o_n, m_n
-
-
-@triton.jit
-def _head_dim_mask(D, BD: tl.constexpr, EVEN_D: tl.constexpr):
-    """``o_d`` ([BD] head-dim offsets) and their mask; with ``EVEN_D`` (D == BD) the mask is a
-    compile-time all-true one, so loads and stores stay unmasked and vectorised along D."""
-    o_d = tl.arange(0, BD)  # [BD]
-    if EVEN_D:
-        m_d = tl.full([BD], 1, tl.int1)
-    else:
-        m_d = o_d < D
-    return o_d, m_d
 
 
 @triton.jit(do_not_specialize=_GEOMETRY[:-1])
@@ -68,19 +59,17 @@ def sema_fwd_window_kernel(
     """
     i_w = tl.program_id(0) % n_win
     i_bh = tl.program_id(0) // n_win
-    i_b = (i_bh // n_heads).to(tl.int64)
-    i_h = (i_bh % n_heads).to(tl.int64)
-    q += i_b * stride_qb + i_h * stride_qh
-    k += i_b * stride_kb + i_h * stride_kh
-    v += i_b * stride_vb + i_h * stride_vh
-    o += i_b * stride_ob + i_h * stride_oh
+    q += bh_offset(i_bh, n_heads, stride_qb, stride_qh)
+    k += bh_offset(i_bh, n_heads, stride_kb, stride_kh)
+    v += bh_offset(i_bh, n_heads, stride_vb, stride_vh)
+    o += bh_offset(i_bh, n_heads, stride_ob, stride_oh)
 
-    o_d, m_d = _head_dim_mask(D, BD, EVEN_D)  # [BD]
+    o_d, m_d = head_dim_mask(D, BD, EVEN_D)  # [BD]
     o_n, m_n = _window_tokens(i_w, 0, H, W, win_h, win_w, n_win_w, BLOCK)  # [BLOCK]
     m_nd = m_n[:, None] & m_d[None, :]  # [BLOCK, BD]
-    b_q = tl.load(q + o_n[:, None] * stride_qn + o_d[None, :], mask=m_nd, other=0.)  # [BLOCK, BD]
-    b_k = tl.load(k + o_n[:, None] * stride_kn + o_d[None, :], mask=m_nd, other=0.)  # [BLOCK, BD]
-    b_v = tl.load(v + o_n[:, None] * stride_vn + o_d[None, :], mask=m_nd, other=0.)  # [BLOCK, BD]
+    b_q = load_rows(q, o_n, stride_qn, o_d, m_nd)  # [BLOCK, BD]
+    b_k = load_rows(k, o_n, stride_kn, o_d, m_nd)  # [BLOCK, BD]
+    b_v = load_rows(v, o_n, stride_vn, o_d, m_nd)  # [BLOCK, BD]
 
     b_s = tl.dot(b_q, tl.trans(b_k), input_precision=INPUT_PRECISION) * (scale * 1.4426950408889634)
     b_s = tl.where(m_n[None, :], b_s, float('-inf'))  # [BLOCK, BLOCK] padded keys excluded
@@ -89,7 +78,7 @@ def sema_fwd_window_kernel(
     b_o = b_o / tl.sum(b_p, 1)[:, None]
     if WITH_MEAN:
         b_o += tl.load(mean + i_bh * D + o_d, mask=m_d, other=0.)[None, :]
-    tl.store(o + o_n[:, None] * stride_on + o_d[None, :], b_o.to(o.dtype.element_ty), mask=m_nd)
+    store_rows(o, o_n, stride_on, o_d, b_o, m_nd)
 
 
 @triton.jit(do_not_specialize=_GEOMETRY)
@@ -113,17 +102,15 @@ def sema_fwd_kernel(
     i_blk = i_prog % n_blocks
     i_w = (i_prog // n_blocks) % n_win
     i_bh = i_prog // (n_blocks * n_win)
-    i_b = (i_bh // n_heads).to(tl.int64)
-    i_h = (i_bh % n_heads).to(tl.int64)
-    q += i_b * stride_qb + i_h * stride_qh
-    k += i_b * stride_kb + i_h * stride_kh
-    v += i_b * stride_vb + i_h * stride_vh
-    o += i_b * stride_ob + i_h * stride_oh
+    q += bh_offset(i_bh, n_heads, stride_qb, stride_qh)
+    k += bh_offset(i_bh, n_heads, stride_kb, stride_kh)
+    v += bh_offset(i_bh, n_heads, stride_vb, stride_vh)
+    o += bh_offset(i_bh, n_heads, stride_ob, stride_oh)
 
-    o_d, m_d = _head_dim_mask(D, BD, EVEN_D)  # [BD]
+    o_d, m_d = head_dim_mask(D, BD, EVEN_D)  # [BD]
     o_nq, m_nq = _window_tokens(i_w, i_blk, H, W, win_h, win_w, n_win_w, BLOCK)  # [BLOCK]
     m_q = m_nq[:, None] & m_d[None, :]  # [BLOCK, BD]
-    b_q = tl.load(q + o_nq[:, None] * stride_qn + o_d[None, :], mask=m_q, other=0.)  # [BLOCK, BD]
+    b_q = load_rows(q, o_nq, stride_qn, o_d, m_q)  # [BLOCK, BD]
 
     qk_scale = scale * 1.4426950408889634
     b_m = tl.full([BLOCK], float('-inf'), dtype=tl.float32)  # [BLOCK] running row max (log2)
@@ -134,8 +121,8 @@ def sema_fwd_kernel(
     for i_kb in range(n_blocks):
         o_nk, m_nk = _window_tokens(i_w, i_kb, H, W, win_h, win_w, n_win_w, BLOCK)  # [BLOCK]
         m_kv = m_nk[:, None] & m_d[None, :]  # [BLOCK, BD]
-        b_k = tl.load(k + o_nk[:, None] * stride_kn + o_d[None, :], mask=m_kv, other=0.)
-        b_v = tl.load(v + o_nk[:, None] * stride_vn + o_d[None, :], mask=m_kv, other=0.)
+        b_k = load_rows(k, o_nk, stride_kn, o_d, m_kv)
+        b_v = load_rows(v, o_nk, stride_vn, o_d, m_kv)
         b_s = tl.dot(b_q, tl.trans(b_k), input_precision=INPUT_PRECISION) * qk_scale
         b_s = tl.where(m_nk[None, :], b_s, float('-inf'))  # [BLOCK, BLOCK]
         b_m_new = tl.maximum(b_m, tl.max(b_s, 1))  # [BLOCK]
@@ -149,7 +136,7 @@ def sema_fwd_kernel(
     b_o = b_acc / b_l[:, None]  # [BLOCK, BD]
     if WITH_MEAN:
         b_o += tl.load(mean + i_bh * D + o_d, mask=m_d, other=0.)[None, :]
-    tl.store(o + o_nq[:, None] * stride_on + o_d[None, :], b_o.to(o.dtype.element_ty), mask=m_q)
+    store_rows(o, o_nq, stride_on, o_d, b_o, m_q)
     tl.store(lse + i_bh.to(tl.int64) * (H * W) + o_nq, b_m + tl.log2(b_l), mask=m_nq)
 
 
@@ -174,23 +161,22 @@ def sema_bwd_window_kernel(
     """
     i_w = tl.program_id(0) % n_win
     i_bh = tl.program_id(0) // n_win
-    i_b = (i_bh // n_heads).to(tl.int64)
-    i_h = (i_bh % n_heads).to(tl.int64)
-    q += i_b * stride_qb + i_h * stride_qh
-    k += i_b * stride_kb + i_h * stride_kh
-    v += i_b * stride_vb + i_h * stride_vh
-    do += i_b * stride_dob + i_h * stride_doh
-    dq += i_b * stride_gb + i_h * stride_gh
-    dk += i_b * stride_gb + i_h * stride_gh
-    dv += i_b * stride_gb + i_h * stride_gh
+    q += bh_offset(i_bh, n_heads, stride_qb, stride_qh)
+    k += bh_offset(i_bh, n_heads, stride_kb, stride_kh)
+    v += bh_offset(i_bh, n_heads, stride_vb, stride_vh)
+    do += bh_offset(i_bh, n_heads, stride_dob, stride_doh)
+    g_off = bh_offset(i_bh, n_heads, stride_gb, stride_gh)  # dq, dk, dv share strides
+    dq += g_off
+    dk += g_off
+    dv += g_off
 
-    o_d, m_d = _head_dim_mask(D, BD, EVEN_D)  # [BD]
+    o_d, m_d = head_dim_mask(D, BD, EVEN_D)  # [BD]
     o_n, m_n = _window_tokens(i_w, 0, H, W, win_h, win_w, n_win_w, BLOCK)  # [BLOCK]
     m_nd = m_n[:, None] & m_d[None, :]  # [BLOCK, BD]
-    b_q = tl.load(q + o_n[:, None] * stride_qn + o_d[None, :], mask=m_nd, other=0.)  # [BLOCK, BD]
-    b_k = tl.load(k + o_n[:, None] * stride_kn + o_d[None, :], mask=m_nd, other=0.)  # [BLOCK, BD]
-    b_v = tl.load(v + o_n[:, None] * stride_vn + o_d[None, :], mask=m_nd, other=0.)  # [BLOCK, BD]
-    b_do = tl.load(do + o_n[:, None] * stride_don + o_d[None, :], mask=m_nd, other=0.)
+    b_q = load_rows(q, o_n, stride_qn, o_d, m_nd)  # [BLOCK, BD]
+    b_k = load_rows(k, o_n, stride_kn, o_d, m_nd)  # [BLOCK, BD]
+    b_v = load_rows(v, o_n, stride_vn, o_d, m_nd)  # [BLOCK, BD]
+    b_do = load_rows(do, o_n, stride_don, o_d, m_nd)
 
     # P: queries on rows, keys on columns. Padded query rows have q = dO = 0, so their dS = 0.
     b_s = tl.dot(b_q, tl.trans(b_k), input_precision=INPUT_PRECISION) * (scale * 1.4426950408889634)
@@ -202,46 +188,15 @@ def sema_bwd_window_kernel(
                   input_precision=INPUT_PRECISION)  # [BLOCK, BD]
     if WITH_MEAN:
         b_dv += tl.load(mean_do + i_bh * D + o_d, mask=m_d, other=0.)[None, :]
-    tl.store(dv + o_n[:, None] * stride_gn + o_d[None, :], b_dv.to(dv.dtype.element_ty), mask=m_nd)
+    store_rows(dv, o_n, stride_gn, o_d, b_dv, m_nd)
 
     b_dp = tl.dot(b_do, tl.trans(b_v), input_precision=INPUT_PRECISION)  # [BLOCK, BLOCK]
     b_delta = tl.sum(b_p * b_dp, 1)  # [BLOCK]
     b_ds = (b_p * (b_dp - b_delta[:, None])).to(b_q.dtype)  # [BLOCK, BLOCK]
     b_dk = tl.dot(tl.trans(b_ds), b_q, input_precision=INPUT_PRECISION) * scale  # [BLOCK, BD]
-    tl.store(dk + o_n[:, None] * stride_gn + o_d[None, :], b_dk.to(dk.dtype.element_ty), mask=m_nd)
+    store_rows(dk, o_n, stride_gn, o_d, b_dk, m_nd)
     b_dq = tl.dot(b_ds, b_k, input_precision=INPUT_PRECISION) * scale  # [BLOCK, BD]
-    tl.store(dq + o_n[:, None] * stride_gn + o_d[None, :], b_dq.to(dq.dtype.element_ty), mask=m_nd)
-
-
-@triton.jit(do_not_specialize=['n_heads', 'N'])
-def sema_bwd_preprocess_kernel(
-    o, do, mean, delta,
-    stride_ob, stride_oh, stride_on,
-    stride_dob, stride_doh, stride_don,
-    n_heads, N, D,
-    BD: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr, WITH_MEAN: tl.constexpr,
-):
-    """delta[bh, n] = sum_d dO[n, d] * (O[n, d] - mean[d]): the softmax backward's row term.
-
-    One program per (batch*head, block of BLOCK_N tokens); delta: ``[B*heads, N]`` fp32.
-    """
-    i_nb = tl.program_id(0)
-    i_bh = tl.program_id(1)
-    i_b = (i_bh // n_heads).to(tl.int64)
-    i_h = (i_bh % n_heads).to(tl.int64)
-    o += i_b * stride_ob + i_h * stride_oh
-    do += i_b * stride_dob + i_h * stride_doh
-
-    o_n = i_nb * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
-    o_d, m_d = _head_dim_mask(D, BD, EVEN_D)  # [BD]
-    m_n = o_n < N  # [BLOCK_N]
-    m_nd = m_n[:, None] & m_d[None, :]  # [BLOCK_N, BD]
-    b_o = tl.load(o + o_n[:, None] * stride_on + o_d[None, :], mask=m_nd, other=0.).to(tl.float32)
-    b_do = tl.load(do + o_n[:, None] * stride_don + o_d[None, :], mask=m_nd,
-                   other=0.).to(tl.float32)
-    if WITH_MEAN:
-        b_o -= tl.load(mean + i_bh * D + o_d, mask=m_d, other=0.)[None, :]
-    tl.store(delta + i_bh.to(tl.int64) * N + o_n, tl.sum(b_o * b_do, 1), mask=m_n)
+    store_rows(dq, o_n, stride_gn, o_d, b_dq, m_nd)
 
 
 @triton.jit(do_not_specialize=_GEOMETRY)
@@ -265,33 +220,32 @@ def sema_bwd_kernel(
     i_blk = i_prog % n_blocks
     i_w = (i_prog // n_blocks) % n_win
     i_bh = i_prog // (n_blocks * n_win)
-    i_b = (i_bh // n_heads).to(tl.int64)
-    i_h = (i_bh % n_heads).to(tl.int64)
-    q += i_b * stride_qb + i_h * stride_qh
-    k += i_b * stride_kb + i_h * stride_kh
-    v += i_b * stride_vb + i_h * stride_vh
-    do += i_b * stride_dob + i_h * stride_doh
-    dq += i_b * stride_gb + i_h * stride_gh
-    dk += i_b * stride_gb + i_h * stride_gh
-    dv += i_b * stride_gb + i_h * stride_gh
+    q += bh_offset(i_bh, n_heads, stride_qb, stride_qh)
+    k += bh_offset(i_bh, n_heads, stride_kb, stride_kh)
+    v += bh_offset(i_bh, n_heads, stride_vb, stride_vh)
+    do += bh_offset(i_bh, n_heads, stride_dob, stride_doh)
+    g_off = bh_offset(i_bh, n_heads, stride_gb, stride_gh)  # dq, dk, dv share strides
+    dq += g_off
+    dk += g_off
+    dv += g_off
     lse += i_bh.to(tl.int64) * (H * W)
     delta += i_bh.to(tl.int64) * (H * W)
     qk_scale = scale * 1.4426950408889634
 
-    o_d, m_d = _head_dim_mask(D, BD, EVEN_D)  # [BD]
+    o_d, m_d = head_dim_mask(D, BD, EVEN_D)  # [BD]
     o_nj, m_nj = _window_tokens(i_w, i_blk, H, W, win_h, win_w, n_win_w, BLOCK)  # [BLOCK]
     m_j = m_nj[:, None] & m_d[None, :]  # [BLOCK, BD]
 
     # ---- part 1: dk, dv of key block j (keys on the rows of S^T: [keys, queries]) ----
-    b_k = tl.load(k + o_nj[:, None] * stride_kn + o_d[None, :], mask=m_j, other=0.)  # [BLOCK, BD]
-    b_v = tl.load(v + o_nj[:, None] * stride_vn + o_d[None, :], mask=m_j, other=0.)  # [BLOCK, BD]
+    b_k = load_rows(k, o_nj, stride_kn, o_d, m_j)  # [BLOCK, BD]
+    b_v = load_rows(v, o_nj, stride_vn, o_d, m_j)  # [BLOCK, BD]
     b_dk = tl.zeros([BLOCK, BD], dtype=tl.float32)
     b_dv = tl.zeros([BLOCK, BD], dtype=tl.float32)
     for i_qb in range(n_blocks):
         o_ni, m_ni = _window_tokens(i_w, i_qb, H, W, win_h, win_w, n_win_w, BLOCK)  # [BLOCK]
         m_i = m_ni[:, None] & m_d[None, :]  # [BLOCK, BD]
-        b_q = tl.load(q + o_ni[:, None] * stride_qn + o_d[None, :], mask=m_i, other=0.)
-        b_do = tl.load(do + o_ni[:, None] * stride_don + o_d[None, :], mask=m_i, other=0.)
+        b_q = load_rows(q, o_ni, stride_qn, o_d, m_i)
+        b_do = load_rows(do, o_ni, stride_don, o_d, m_i)
         # padded queries have q = dO = 0 (and lse = delta = 0): they add nothing to dk, dv
         b_lse = tl.load(lse + o_ni, mask=m_ni, other=0.)  # [BLOCK]
         b_delta = tl.load(delta + o_ni, mask=m_ni, other=0.)  # [BLOCK]
@@ -305,25 +259,27 @@ def sema_bwd_kernel(
         b_dk += tl.dot(b_dst.to(b_q.dtype), b_q, input_precision=INPUT_PRECISION)
     if WITH_MEAN:
         b_dv += tl.load(mean_do + i_bh * D + o_d, mask=m_d, other=0.)[None, :]
-    tl.store(dv + o_nj[:, None] * stride_gn + o_d[None, :], b_dv.to(dv.dtype.element_ty), mask=m_j)
-    tl.store(dk + o_nj[:, None] * stride_gn + o_d[None, :], (b_dk * scale).to(dk.dtype.element_ty),
-             mask=m_j)
+    store_rows(dv, o_nj, stride_gn, o_d, b_dv, m_j)
+    store_rows(dk, o_nj, stride_gn, o_d, b_dk * scale, m_j)
 
     # ---- part 2: dq of query block j ----
-    b_q = tl.load(q + o_nj[:, None] * stride_qn + o_d[None, :], mask=m_j, other=0.)  # [BLOCK, BD]
-    b_do = tl.load(do + o_nj[:, None] * stride_don + o_d[None, :], mask=m_j, other=0.)
+    b_q = load_rows(q, o_nj, stride_qn, o_d, m_j)  # [BLOCK, BD]
+    b_do = load_rows(do, o_nj, stride_don, o_d, m_j)
     b_lse = tl.load(lse + o_nj, mask=m_nj, other=0.)  # [BLOCK]
     b_delta = tl.load(delta + o_nj, mask=m_nj, other=0.)  # [BLOCK]
     b_dq = tl.zeros([BLOCK, BD], dtype=tl.float32)
     for i_kb in range(n_blocks):
         o_ni, m_ni = _window_tokens(i_w, i_kb, H, W, win_h, win_w, n_win_w, BLOCK)  # [BLOCK]
         m_i = m_ni[:, None] & m_d[None, :]  # [BLOCK, BD]
-        b_k = tl.load(k + o_ni[:, None] * stride_kn + o_d[None, :], mask=m_i, other=0.)
-        b_v = tl.load(v + o_ni[:, None] * stride_vn + o_d[None, :], mask=m_i, other=0.)
+        b_k = load_rows(k, o_ni, stride_kn, o_d, m_i)
+        b_v = load_rows(v, o_ni, stride_vn, o_d, m_i)
         b_s = tl.dot(b_q, tl.trans(b_k), input_precision=INPUT_PRECISION) * qk_scale
         b_p = tl.where(m_ni[None, :], tl.exp2(b_s - b_lse[:, None]), 0.)  # padded keys: P = 0
         b_dp = tl.dot(b_do, tl.trans(b_v), input_precision=INPUT_PRECISION)  # [BLOCK(q), BLOCK(k)]
         b_ds = b_p * (b_dp - b_delta[:, None])  # [BLOCK(q), BLOCK(k)]
         b_dq += tl.dot(b_ds.to(b_k.dtype), b_k, input_precision=INPUT_PRECISION)
-    tl.store(dq + o_nj[:, None] * stride_gn + o_d[None, :], (b_dq * scale).to(dq.dtype.element_ty),
-             mask=m_j)
+    store_rows(dq, o_nj, stride_gn, o_d, b_dq * scale, m_j)
+
+
+#: the delta pre-pass, shared with the other softmax ops (its old name here)
+sema_bwd_preprocess_kernel = softmax_bwd_delta_kernel

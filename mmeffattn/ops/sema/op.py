@@ -4,42 +4,41 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from .._backend import HAS_TRITON, select_backend, triton_reasons
-from .._validate import check_qkv
+from .._backend import KERNEL_DTYPES as SUPPORTED_DTYPES  # noqa: F401 (public)
+from .._backend import dispatch, triton_reasons
+from .._common import import_kernels, offsets_reason, token_offsets_fit
+from .._validate import check_int, check_qkv, check_real
 from .naive import sema_attention_naive
 
-SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # of the Triton kernels
-int32_offsets_fit = sema_attention_triton = None
-_KERNELS_IMPORT_ERROR = ''
-if HAS_TRITON:
-    try:
-        from .function import int32_offsets_fit, sema_attention_triton
-    except Exception as e:  # pragma: no cover - e.g. a Triton release without an API we use
-        _KERNELS_IMPORT_ERROR = f'{type(e).__name__}: {e}'
+sema_attention_triton, _KERNELS_IMPORT_ERROR = import_kernels(
+    __package__, 'sema_attention_triton')
 
 #: head dims the op accepts (the kernels pad D to a power of two >= 16 with masks)
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 128
 
 
+_NAME = 'sema_attention'
+
+
 def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: Sequence[int],
-                  window_size: int) -> Tuple[int, int]:
+                  window_size: int, scale: Optional[float]) -> Tuple[int, int]:
     """Raise ValueError naming the problem and the fix; return ``(H, W)``."""
-    check_qkv('sema_attention', q, k, v)
+    check_qkv(_NAME, q, k, v)
     try:
         H, W = (operator.index(s) for s in hw)
     except (TypeError, ValueError):
         H = W = 0
     if H < 1 or W < 1 or any(isinstance(s, bool) for s in hw):
-        raise ValueError(f'sema_attention: hw must be a pair of positive ints (H, W), got {hw!r}')
+        raise ValueError(f'{_NAME}: hw must be a pair of positive ints (H, W), got {hw!r}')
     N = q.shape[2]
     if N != H * W:
-        raise ValueError(f'sema_attention: q has N={N} tokens but hw=({H}, {W}) holds H*W={H * W}; '
+        raise ValueError(f'{_NAME}: q has N={N} tokens but hw=({H}, {W}) holds H*W={H * W}; '
                          f'pass the token grid the tokens came from')
-    if isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 1:
-        raise ValueError(f'sema_attention: window_size must be an int >= 1, got {window_size!r}')
+    check_int(_NAME, 'window_size', window_size, 1, 'the window side')
+    check_real(_NAME, 'scale', scale, 'the logit scale, D ** -0.5 by default', optional=True)
     D = q.shape[3]
     if not MIN_HEAD_DIM <= D <= MAX_HEAD_DIM:
-        raise ValueError(f'sema_attention: head dim D={D} is outside the supported '
+        raise ValueError(f'{_NAME}: head dim D={D} is outside the supported '
                          f'{MIN_HEAD_DIM}..{MAX_HEAD_DIM}; choose num_heads so that '
                          f'channels / num_heads lies in that range')
     return H, W
@@ -47,19 +46,13 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: Sequenc
 
 def sema_triton_reasons(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                         interpret: Optional[bool] = None) -> List[str]:
-    """Reasons the Triton kernels cannot run these (validated) inputs; empty if they can.
-
-    Args:
-        interpret: whether Triton's interpreter is on (default: the mode recorded at import,
-            ``mmeffattn.ops._backend.TRITON_INTERPRET``).
-    """
+    """Reasons the Triton kernels cannot run these (validated) inputs (``[]``: they can);
+    ``interpret`` as in :func:`mmeffattn.ops._backend.triton_reasons`."""
     tensors = (q, k, v)
     reasons = triton_reasons('SEMA', _KERNELS_IMPORT_ERROR, tensors, tensors, SUPPORTED_DTYPES,
                              interpret=interpret)
-    if int32_offsets_fit is not None and not int32_offsets_fit(*tensors):
-        reasons.append('N * token stride of an input reaches 2**31 (the kernels\' token offsets '
-                       'are int32)')
-    return reasons
+    return reasons + offsets_reason(token_offsets_fit(*tensors),
+                                    'N * token stride of an input reaches 2**31')
 
 
 def sema_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: Tuple[int, int],
@@ -70,6 +63,13 @@ def sema_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: Tuple[
     Windows of ``window_size x window_size`` tokens are tiled from the top-left corner of the
     ``H x W`` grid; the last row/column of windows may be partial (padded positions get zero
     attention weight). With ``with_mean`` the mean of the N value vectors is added to every token.
+
+    Non-finite inputs (the NaN contract of every op, the same on the reference and on Triton): a
+    NaN in an input element makes exactly the outputs that depend on it NaN and leaves every
+    other output unchanged; an inf follows IEEE arithmetic through the formula above, so a
+    dependent output is non-finite or the formula's limit (a -inf logit gives its key zero weight, a +inf
+    one makes its row NaN). A query reaches its own row, a key every row of its window, a value
+    its channel in the rows of its window (in every row with ``with_mean``).
 
     Args:
         q, k, v: ``[B, heads, N, D]``, ``N = H * W`` tokens in row-major order, ``16 <= D <= 128``,
@@ -88,10 +88,8 @@ def sema_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: Tuple[
         ValueError: malformed inputs (the message says what to change).
         RuntimeError: ``backend='triton'`` on inputs the kernels cannot run (lists the reasons).
     """
-    hw = _check_inputs(q, k, v, hw, window_size)
+    hw = _check_inputs(q, k, v, hw, window_size, scale)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    chosen = select_backend('sema_attention', backend, lambda: sema_triton_reasons(q, k, v),
-                            (q, k, v))
-    if chosen == 'triton':
-        return sema_attention_triton(q, k, v, hw, window_size, scale=scale, with_mean=with_mean)
-    return sema_attention_naive(q, k, v, hw, window_size, scale=scale, with_mean=with_mean)
+    return dispatch(_NAME, backend, lambda: sema_triton_reasons(q, k, v), (q, k, v),
+                    sema_attention_triton, sema_attention_naive, q, k, v, hw,
+                    operator.index(window_size), scale=scale, with_mean=with_mean)

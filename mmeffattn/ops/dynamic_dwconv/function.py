@@ -14,6 +14,7 @@ from typing import Dict, Optional, Tuple
 import torch
 from torch.autograd.function import once_differentiable
 
+from .._common import sample_offsets_fit as int32_offsets_fit, strides4 as _strides4
 from .._launch import (KernelConfig, Launch, device_guard as _device_guard,  # noqa: F401
                        launch as _launch, next_pow2 as _next_pow2, record_launches,
                        unit_last_stride as _unit_last_stride)
@@ -58,20 +59,6 @@ def dynamic_dwconv_kernel_configs(channels: int, kernel_size: int, normalize: bo
             dict(K=kernel_size, BC=min(REDUCE_BLOCK_C, bc), BKK=bkk, NORMALIZE=normalize),
             num_warps=4, num_stages=1)
     return configs
-
-
-# ---------------------------------------------------------------------------------------------
-# launching (with a hook that records launches instead, for ahead-of-time compilation tests)
-# ---------------------------------------------------------------------------------------------
-def int32_offsets_fit(*tensors: torch.Tensor) -> bool:
-    """Whether the offsets inside one sample of these ``[B, C, H, W]`` tensors fit the kernels'
-    int32 arithmetic (the batch offset is int64)."""
-    return all(sum((s - 1) * abs(st) for s, st in zip(x.shape[1:], x.stride()[1:])) < 2 ** 31
-               for x in tensors)
-
-
-def _strides4(x: torch.Tensor) -> Tuple[int, int, int, int]:
-    return x.stride(0), x.stride(1), x.stride(2), x.stride(3)
 
 
 def _flat_kernel(kernel: torch.Tensor) -> torch.Tensor:

@@ -4,20 +4,17 @@ from typing import List, Optional
 
 import torch
 
-from .._backend import HAS_TRITON, select_backend, triton_reasons
+from .._backend import KERNEL_DTYPES as SUPPORTED_DTYPES  # noqa: F401 (public)
+from .._backend import dispatch, triton_reasons
+from .._common import import_kernels, offsets_reason, sample_offsets_fit
+from .._validate import check_alike, check_tensor
 from .naive import dynamic_dwconv_naive
 
-SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # of the Triton kernels
 #: largest kernel side compiled without spills (tests/ops/test_dynamic_dwconv.py); larger
 #: kernels run the reference
 MAX_KERNEL_SIZE = 9
-int32_offsets_fit = dynamic_dwconv_triton = None
-_KERNELS_IMPORT_ERROR = ''
-if HAS_TRITON:
-    try:
-        from .function import dynamic_dwconv_triton, int32_offsets_fit
-    except Exception as e:  # pragma: no cover - e.g. a Triton release without an API we use
-        _KERNELS_IMPORT_ERROR = f'{type(e).__name__}: {e}'
+dynamic_dwconv_triton, _KERNELS_IMPORT_ERROR = import_kernels(
+    __package__, 'dynamic_dwconv_triton')
 
 _NAME = 'dynamic_dwconv'
 
@@ -25,17 +22,13 @@ _NAME = 'dynamic_dwconv'
 def _check_inputs(x: torch.Tensor, kernel: torch.Tensor, bias: Optional[torch.Tensor],
                   weight: Optional[torch.Tensor], normalize: bool) -> None:
     """Raise ValueError naming the problem and the fix."""
-    for name, t in (('x', x), ('kernel', kernel)):
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f'{_NAME}: {name} must be a torch.Tensor, got {type(t).__name__}')
-    if x.dim() != 4:
-        raise ValueError(f'{_NAME}: x must be [B, C, H, W] (4 dims), got shape {tuple(x.shape)}; '
-                         f'turn tokens [B, H*W, C] into a map with '
-                         f'.transpose(1, 2).reshape(B, C, H, W)')
+    check_tensor(_NAME, 'x', x, '[B, C, H, W]', 'turn tokens [B, H*W, C] into a map with '
+                 '.transpose(1, 2).reshape(B, C, H, W)')
+    check_tensor(_NAME, 'kernel', kernel, '[B, C, K, K]')
     B, C, H, W = x.shape
     if min(B, C, H, W) < 1:
         raise ValueError(f'{_NAME}: x must not be empty, got shape {tuple(x.shape)}')
-    if kernel.dim() != 4 or tuple(kernel.shape[:2]) != (B, C) or kernel.shape[2] != kernel.shape[3]:
+    if tuple(kernel.shape[:2]) != (B, C) or kernel.shape[2] != kernel.shape[3]:
         raise ValueError(f'{_NAME}: kernel must be [B, C, K, K] = [{B}, {C}, K, K] (one square '
                          f'kernel per sample and channel of x), got {tuple(kernel.shape)}; a '
                          f'[B*C, 1, K, K] grouped-conv weight reshapes with '
@@ -55,26 +48,16 @@ def _check_inputs(x: torch.Tensor, kernel: torch.Tensor, bias: Optional[torch.Te
         raise ValueError(f'{_NAME}: weight (the static kernel) must be [C, 1, K, K] = '
                          f'[{C}, 1, {K}, {K}] (a depthwise nn.Conv2d weight) or [C, K, K], '
                          f'got {got}')
-    named = [('x', x), ('kernel', kernel), ('bias', bias), ('weight', weight)]
-    for name, t in named:
-        if t is not None and not t.is_floating_point():
-            raise ValueError(f'{_NAME}: {name} must be floating point, got {t.dtype}')
-    devices = {name: t.device for name, t in named if t is not None}
-    if len(set(devices.values())) > 1:
-        raise ValueError(f'{_NAME}: x, kernel, bias and weight must be on one device, got '
-                         + ', '.join(f'{n} {d}' for n, d in devices.items()))
+    check_alike(_NAME, (('x', x), ('kernel', kernel), ('bias', bias), ('weight', weight)),
+                same_dtype=False)
 
 
 def dynamic_dwconv_triton_reasons(x: torch.Tensor, kernel: torch.Tensor,
                                   bias: Optional[torch.Tensor] = None,
                                   weight: Optional[torch.Tensor] = None,
                                   interpret: Optional[bool] = None) -> List[str]:
-    """Reasons the Triton kernels cannot run these (validated) inputs; empty if they can.
-
-    Args:
-        interpret: whether Triton's interpreter is on (default: the mode recorded at import,
-            ``mmeffattn.ops._backend.TRITON_INTERPRET``).
-    """
+    """Reasons the Triton kernels cannot run these (validated) inputs (``[]``: they can);
+    ``interpret`` as in :func:`mmeffattn.ops._backend.triton_reasons`."""
     tensors = [t for t in (x, kernel, bias, weight) if t is not None]
     reasons = triton_reasons('dynamic depthwise-convolution', _KERNELS_IMPORT_ERROR, tensors,
                              tensors, SUPPORTED_DTYPES, interpret=interpret, uses_dot=False)
@@ -82,10 +65,8 @@ def dynamic_dwconv_triton_reasons(x: torch.Tensor, kernel: torch.Tensor,
     if K > MAX_KERNEL_SIZE:
         reasons.append(f'kernel size {K} > {MAX_KERNEL_SIZE} (the largest the kernels were '
                        f'checked to compile without register spills)')
-    if int32_offsets_fit is not None and not int32_offsets_fit(x):
-        reasons.append('one sample of x spans 2**31 elements or more (the kernels\' in-sample '
-                       'offsets are int32)')
-    return reasons
+    return reasons + offsets_reason(sample_offsets_fit(x),
+                                    'one sample of x spans 2**31 elements or more')
 
 
 def dynamic_dwconv(x: torch.Tensor, kernel: torch.Tensor, bias: Optional[torch.Tensor] = None,
@@ -102,6 +83,14 @@ def dynamic_dwconv(x: torch.Tensor, kernel: torch.Tensor, bias: Optional[torch.T
     (WeightFormer's ``DynamicDWConv``: ``normalize=True`` with its static kernel). The Triton
     backend fuses the normalization, the static add, the convolution, the bias and the cast in
     one kernel; its backward gives every gradient (x, kernel, bias, weight) in two kernels.
+
+    Non-finite inputs (the NaN contract of every op, the same on the reference and on Triton): a
+    NaN in an input element makes exactly the outputs that depend on it NaN and leaves every
+    other output unchanged; an inf follows IEEE arithmetic through the formula above, so a
+    dependent output is non-finite or the formula's limit. A pixel reaches the outputs whose ``K x K``
+    window covers it; a kernel or weight tap the pixels where it lands inside the map (a tap
+    that only meets the zero padding adds nothing, NaN or not; with ``normalize`` a kernel tap
+    reaches its whole channel through the norm); a bias entry its channel.
 
     Args:
         x: ``[B, C, H, W]``, any strides (NCHW, channels-last, or a token tensor's
@@ -124,9 +113,6 @@ def dynamic_dwconv(x: torch.Tensor, kernel: torch.Tensor, bias: Optional[torch.T
     """
     _check_inputs(x, kernel, bias, weight, normalize)
     tensors = [t for t in (x, kernel, bias, weight) if t is not None]
-    chosen = select_backend(_NAME, backend,
-                            lambda: dynamic_dwconv_triton_reasons(x, kernel, bias, weight),
-                            tensors)
-    if chosen == 'triton':
-        return dynamic_dwconv_triton(x, kernel, bias, weight, normalize)
-    return dynamic_dwconv_naive(x, kernel, bias, weight, normalize)
+    return dispatch(_NAME, backend, lambda: dynamic_dwconv_triton_reasons(x, kernel, bias, weight),
+                    tensors, dynamic_dwconv_triton, dynamic_dwconv_naive,
+                    x, kernel, bias, weight, normalize)

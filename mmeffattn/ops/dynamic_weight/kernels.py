@@ -22,6 +22,21 @@ import triton.language as tl
 
 
 @triton.jit
+def _row_block(C_out, BO: tl.constexpr):
+    """``(o_o, m_o, i_b)``: this program's output rows ([BO], ``program_id(0)``), their mask
+    and its sample (``program_id(1)``, int64)."""
+    o_o = tl.program_id(0) * BO + tl.arange(0, BO)  # [BO]
+    return o_o, o_o < C_out, tl.program_id(1).to(tl.int64)
+
+
+@triton.jit
+def _col_tile(i_t, C_in, BI: tl.constexpr):
+    """``(o_i, m_i)``: the columns ([BI]) of column tile ``i_t`` and their mask."""
+    o_i = i_t * BI + tl.arange(0, BI)  # [BI]
+    return o_i, o_i < C_in
+
+
+@triton.jit
 def _raw_tile(u, v, o_o, m_o, o_i, m_i, M, stride_um, stride_vm, s,
               BO: tl.constexpr, BI: tl.constexpr, BM: tl.constexpr,
               INPUT_PRECISION: tl.constexpr):
@@ -55,17 +70,12 @@ def dynamic_weight_fwd_kernel(
     w: static weight ``[C_out, C_in]`` (read only if HAS_WEIGHT); out: ``[B, C_out, C_in]`` in
     its own dtype (the promoted dtype of u and w).
     """
-    i_o = tl.program_id(0)
-    i_b = tl.program_id(1).to(tl.int64)
+    o_o, m_o, i_b = _row_block(C_out, BO)
     u += i_b * stride_ub
     v += i_b * stride_vb
     out += i_b * stride_ob
-
-    o_o = i_o * BO + tl.arange(0, BO)  # [BO]
-    m_o = o_o < C_out  # [BO]
     if NUM_I_TILES == 1:
-        o_i = tl.arange(0, BI)  # [BI]
-        m_i = o_i < C_in  # [BI]
+        o_i, m_i = _col_tile(0, C_in, BI)
         b_r = _raw_tile(u, v, o_o, m_o, o_i, m_i, M, stride_um, stride_vm, s,
                         BO, BI, BM, INPUT_PRECISION)  # [BO, BI]
         b_inv = 1. / (tl.sqrt(tl.sum(b_r * b_r, 1)) + 1.)  # [BO]
@@ -80,15 +90,14 @@ def dynamic_weight_fwd_kernel(
         # sweep 1: squared row norms over all column tiles
         b_ss = tl.zeros([BO], dtype=tl.float32)  # [BO]
         for i_t in range(NUM_I_TILES):
-            o_i = i_t * BI + tl.arange(0, BI)  # [BI]
-            b_r = _raw_tile(u, v, o_o, m_o, o_i, o_i < C_in, M, stride_um, stride_vm, s,
+            o_i, m_i = _col_tile(i_t, C_in, BI)
+            b_r = _raw_tile(u, v, o_o, m_o, o_i, m_i, M, stride_um, stride_vm, s,
                             BO, BI, BM, INPUT_PRECISION)  # [BO, BI]
             b_ss += tl.sum(b_r * b_r, 1)
         b_inv = 1. / (tl.sqrt(b_ss) + 1.)  # [BO]
         # sweep 2: recompute, normalize, store
         for i_t in range(NUM_I_TILES):
-            o_i = i_t * BI + tl.arange(0, BI)  # [BI]
-            m_i = o_i < C_in  # [BI]
+            o_i, m_i = _col_tile(i_t, C_in, BI)
             b_r = _raw_tile(u, v, o_o, m_o, o_i, m_i, M, stride_um, stride_vm, s,
                             BO, BI, BM, INPUT_PRECISION)  # [BO, BI]
             b_out = b_r * b_inv[:, None]  # [BO, BI]
@@ -129,18 +138,13 @@ def dynamic_weight_bwd_dp_kernel(
     g: output gradient ``[B, C_out, C_in]`` (unit stride on C_in); dp: ``[B, C_out, C_in]``, in
     u's dtype (the operand of the next products).
     """
-    i_o = tl.program_id(0)
-    i_b = tl.program_id(1).to(tl.int64)
+    o_o, m_o, i_b = _row_block(C_out, BO)
     u += i_b * stride_ub
     v += i_b * stride_vb
     g += i_b * stride_gb
     dp += i_b * stride_pb
-
-    o_o = i_o * BO + tl.arange(0, BO)  # [BO]
-    m_o = o_o < C_out  # [BO]
     if NUM_I_TILES == 1:
-        o_i = tl.arange(0, BI)  # [BI]
-        m_i = o_i < C_in  # [BI]
+        o_i, m_i = _col_tile(0, C_in, BI)
         m_oi = m_o[:, None] & m_i[None, :]  # [BO, BI]
         b_r = _raw_tile(u, v, o_o, m_o, o_i, m_i, M, stride_um, stride_vm, s,
                         BO, BI, BM, INPUT_PRECISION)  # [BO, BI]
@@ -155,8 +159,7 @@ def dynamic_weight_bwd_dp_kernel(
         b_ss = tl.zeros([BO], dtype=tl.float32)  # [BO]
         b_c = tl.zeros([BO], dtype=tl.float32)  # [BO]
         for i_t in range(NUM_I_TILES):
-            o_i = i_t * BI + tl.arange(0, BI)  # [BI]
-            m_i = o_i < C_in  # [BI]
+            o_i, m_i = _col_tile(i_t, C_in, BI)
             b_r = _raw_tile(u, v, o_o, m_o, o_i, m_i, M, stride_um, stride_vm, s,
                             BO, BI, BM, INPUT_PRECISION)  # [BO, BI]
             b_g = tl.load(g + o_o[:, None] * stride_go + o_i[None, :],
@@ -165,8 +168,7 @@ def dynamic_weight_bwd_dp_kernel(
             b_c += tl.sum(b_g * b_r, 1)
         b_n = tl.sqrt(b_ss)  # [BO]
         for i_t in range(NUM_I_TILES):
-            o_i = i_t * BI + tl.arange(0, BI)  # [BI]
-            m_i = o_i < C_in  # [BI]
+            o_i, m_i = _col_tile(i_t, C_in, BI)
             m_oi = m_o[:, None] & m_i[None, :]  # [BO, BI]
             b_r = _raw_tile(u, v, o_o, m_o, o_i, m_i, M, stride_um, stride_vm, s,
                             BO, BI, BM, INPUT_PRECISION)  # [BO, BI]

@@ -1,20 +1,16 @@
 """Public dynamic-weight op: validates its inputs and dispatches to Triton or the reference."""
-import numbers
 from typing import List, Optional
 
 import torch
 
-from .._backend import HAS_TRITON, can_run_dtype, select_backend, triton_reasons
+from .._backend import KERNEL_DTYPES as SUPPORTED_DTYPES  # noqa: F401 (public)
+from .._backend import can_run_dtype, dispatch, triton_reasons
+from .._common import import_kernels, offsets_reason, sample_offsets_fit
+from .._validate import check_alike, check_real, check_tensor
 from .naive import dynamic_weight_naive
 
-SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # of the Triton kernels
-int32_offsets_fit = dynamic_weight_triton = None
-_KERNELS_IMPORT_ERROR = ''
-if HAS_TRITON:
-    try:
-        from .function import dynamic_weight_triton, int32_offsets_fit
-    except Exception as e:  # pragma: no cover - e.g. a Triton release without an API we use
-        _KERNELS_IMPORT_ERROR = f'{type(e).__name__}: {e}'
+dynamic_weight_triton, _KERNELS_IMPORT_ERROR = import_kernels(
+    __package__, 'dynamic_weight_triton')
 
 _NAME = 'dynamic_weight'
 
@@ -23,11 +19,8 @@ def _check_inputs(u: torch.Tensor, v: torch.Tensor, n_tokens: float,
                   scale: Optional[float], weight: Optional[torch.Tensor]) -> None:
     """Raise ValueError naming the problem and the fix."""
     for name, x in (('u', u), ('v', v)):
-        if not isinstance(x, torch.Tensor):
-            raise ValueError(f'{_NAME}: {name} must be a torch.Tensor, got {type(x).__name__}')
-        if x.dim() != 3:
-            raise ValueError(f'{_NAME}: {name} must be [B, M, channels] (3 dims: samples, pooled '
-                             f'tokens, channels), got shape {tuple(x.shape)}')
+        check_tensor(_NAME, name, x, '[B, M, channels]',
+                     'samples, pooled tokens and channels')
     if u.shape[:2] != v.shape[:2]:
         raise ValueError(f'{_NAME}: u [B, M, C_in] and v [B, M, C_out] must agree on B and M, '
                          f'got u {tuple(u.shape)}, v {tuple(v.shape)}; both come from the same '
@@ -35,21 +28,10 @@ def _check_inputs(u: torch.Tensor, v: torch.Tensor, n_tokens: float,
     if u.shape[1] < 1 or u.shape[2] < 1 or v.shape[2] < 1:
         raise ValueError(f'{_NAME}: u and v need at least one token and channel, got '
                          f'u {tuple(u.shape)}, v {tuple(v.shape)}')
-    if not (u.is_floating_point() and v.is_floating_point()):
-        raise ValueError(f'{_NAME}: u and v must be floating point, got {u.dtype}, {v.dtype}')
-    if u.dtype != v.dtype:
-        raise ValueError(f'{_NAME}: u and v must have the same dtype, got u {u.dtype}, '
-                         f'v {v.dtype}; cast them to one dtype')
-    if u.device != v.device:
-        raise ValueError(f'{_NAME}: u and v must be on one device, got u {u.device}, '
-                         f'v {v.device}')
-    if (isinstance(n_tokens, bool) or not isinstance(n_tokens, numbers.Real)
-            or not n_tokens > 0):
-        raise ValueError(f'{_NAME}: n_tokens must be a positive number (the H * W tokens the '
-                         f'factors were pooled from), got {n_tokens!r}')
-    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, numbers.Real)):
-        raise ValueError(f'{_NAME}: scale must be a real number or None (C_in ** -0.5), got '
-                         f'{scale!r}')
+    check_alike(_NAME, (('u', u), ('v', v)))
+    check_real(_NAME, 'n_tokens', n_tokens, 'the H * W tokens the factors were pooled from',
+               positive=True)
+    check_real(_NAME, 'scale', scale, 'the multiplier, C_in ** -0.5 by default', optional=True)
     if weight is not None:
         expected = (v.shape[2], u.shape[2])
         if not isinstance(weight, torch.Tensor) or tuple(weight.shape) != expected:
@@ -57,22 +39,14 @@ def _check_inputs(u: torch.Tensor, v: torch.Tensor, n_tokens: float,
             raise ValueError(f'{_NAME}: weight must be the static weight [C_out, C_in] = '
                              f'{list(expected)} (nn.Linear layout; transpose an [in, out] '
                              f'weight), got {got}')
-        if not weight.is_floating_point():
-            raise ValueError(f'{_NAME}: weight must be floating point, got {weight.dtype}')
-        if weight.device != u.device:
-            raise ValueError(f'{_NAME}: weight must be on the device of u ({u.device}), got '
-                             f'{weight.device}')
+        check_alike(_NAME, (('u', u), ('weight', weight)), same_dtype=False)
 
 
 def dynamic_weight_triton_reasons(u: torch.Tensor, v: torch.Tensor,
                                   weight: Optional[torch.Tensor] = None,
                                   interpret: Optional[bool] = None) -> List[str]:
-    """Reasons the Triton kernels cannot run these (validated) inputs; empty if they can.
-
-    Args:
-        interpret: whether Triton's interpreter is on (default: the mode recorded at import,
-            ``mmeffattn.ops._backend.TRITON_INTERPRET``).
-    """
+    """Reasons the Triton kernels cannot run these (validated) inputs (``[]``: they can);
+    ``interpret`` as in :func:`mmeffattn.ops._backend.triton_reasons`."""
     tensors = (u, v) if weight is None else (u, v, weight)
     reasons = triton_reasons('dynamic-weight', _KERNELS_IMPORT_ERROR, tensors, (u, v),
                              SUPPORTED_DTYPES, interpret=interpret)
@@ -80,10 +54,8 @@ def dynamic_weight_triton_reasons(u: torch.Tensor, v: torch.Tensor,
         reasons += [r.replace('dtype', 'weight dtype', 1) for r in
                     can_run_dtype((weight,), SUPPORTED_DTYPES, interpret=interpret,
                                   uses_dot=False)]
-    if int32_offsets_fit is not None and not int32_offsets_fit(u, v):
-        reasons.append('one sample of u or v spans 2**31 elements or more (the kernels\' '
-                       'in-sample offsets are int32)')
-    return reasons
+    return reasons + offsets_reason(sample_offsets_fit(u, v),
+                                    'one sample of u or v spans 2**31 elements or more')
 
 
 def dynamic_weight(u: torch.Tensor, v: torch.Tensor, n_tokens: float,
@@ -99,6 +71,14 @@ def dynamic_weight(u: torch.Tensor, v: torch.Tensor, n_tokens: float,
     is divided by its norm over the inputs plus one. The result is in ``nn.Linear``'s layout, so
     a layer computes ``x @ out.transpose(1, 2) + bias``. The Triton backend fuses the reduction,
     scale, norm, division, weight add and cast in one kernel (its backward recomputes ``R``).
+
+    Non-finite inputs (the NaN contract of every op, the same on the reference and on Triton): a
+    NaN in an input element makes exactly the outputs that depend on it NaN and leaves every
+    other output unchanged; an inf follows IEEE arithmetic through the formula above, so a
+    dependent output is non-finite or the formula's limit (an inf in ``R``'s row makes its norm inf and
+    the row's finite entries ``0``). Through the row norm, an entry of u or v reaches every
+    output row of its sample it feeds; a weight entry only its own output.
+    ``scale`` and ``n_tokens`` must be finite (a NaN there would silently poison every output).
 
     Args:
         u: ``[B, M, C_in]`` input-side factor (WeightFormer: ``SiLU(A_in) @ in_basis``).
@@ -121,8 +101,6 @@ def dynamic_weight(u: torch.Tensor, v: torch.Tensor, n_tokens: float,
     _check_inputs(u, v, n_tokens, scale, weight)
     scale = u.shape[-1] ** -0.5 if scale is None else float(scale)
     tensors = (u, v) if weight is None else (u, v, weight)
-    chosen = select_backend(_NAME, backend,
-                            lambda: dynamic_weight_triton_reasons(u, v, weight), tensors)
-    if chosen == 'triton':
-        return dynamic_weight_triton(u, v, n_tokens, scale=scale, weight=weight)
-    return dynamic_weight_naive(u, v, n_tokens, scale=scale, weight=weight)
+    return dispatch(_NAME, backend, lambda: dynamic_weight_triton_reasons(u, v, weight), tensors,
+                    dynamic_weight_triton, dynamic_weight_naive, u, v, n_tokens,
+                    scale=scale, weight=weight)

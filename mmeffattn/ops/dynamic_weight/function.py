@@ -14,6 +14,7 @@ from typing import Dict, Optional, Tuple
 import torch
 from torch.autograd.function import once_differentiable
 
+from .._common import sample_offsets_fit as int32_offsets_fit
 from .._launch import (KernelConfig, Launch, device_guard as _device_guard,  # noqa: F401
                        launch as _launch, next_pow2 as _next_pow2, record_launches,
                        unit_last_stride as _unit_last_stride)
@@ -77,16 +78,6 @@ def dynamic_weight_kernel_configs(c_in: int, c_out: int, dtype: torch.dtype,
     bmm_cfg = KernelConfig(kernels.dynamic_weight_bmm_kernel, bmm, num_warps=4, num_stages=2)
     configs['bwd_du'] = configs['bwd_dv'] = bmm_cfg
     return configs
-
-
-# ---------------------------------------------------------------------------------------------
-# launching (with a hook that records launches instead, for ahead-of-time compilation tests)
-# ---------------------------------------------------------------------------------------------
-def int32_offsets_fit(*tensors: torch.Tensor) -> bool:
-    """Whether the offsets inside one sample of these 3-D tensors fit the kernels' int32
-    arithmetic (the batch offset is int64)."""
-    return all((x.shape[1] - 1) * abs(x.stride(1)) + (x.shape[2] - 1) * abs(x.stride(2)) < 2 ** 31
-               for x in tensors)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -26,6 +26,26 @@ def effective_kernel(kernel: torch.Tensor, weight: Optional[torch.Tensor] = None
     return kernel
 
 
+def _conv_by_taps(x: torch.Tensor, k: torch.Tensor, b: Optional[torch.Tensor]) -> torch.Tensor:
+    """The zero-padded depthwise convolution as a sum over the ``K x K`` taps, each one adding
+    only where it reaches a pixel of the map. Used when a tap is NaN or inf: a padded
+    convolution may multiply it with the padding zeros (0 * NaN = NaN; torch's CPU kernel did
+    for bf16, not for fp32), which would reach outputs that do not depend on that tap.
+
+    Args:
+        x: ``[B, C, H, W]``; k: ``[B*C, 1, K, K]``; b: ``[B*C]`` or None.
+    """
+    B, C, H, W = x.shape
+    K = k.shape[-1]
+    k = k.reshape(B, C, K * K, 1, 1)
+    out = x.new_zeros(x.shape) if b is None else b.reshape(B, C, 1, 1).expand_as(x).clone()
+    for t in range(K * K):
+        dh, dw = t // K - K // 2, t % K - K // 2  # out[h, w] += x[h + dh, w + dw] * k[t]
+        out[:, :, max(0, -dh):H - max(0, dh), max(0, -dw):W - max(0, dw)] += (
+            x[:, :, max(0, dh):H - max(0, -dh), max(0, dw):W - max(0, -dw)] * k[:, :, t])
+    return out
+
+
 def dynamic_dwconv_naive(x: torch.Tensor, kernel: torch.Tensor,
                          bias: Optional[torch.Tensor] = None,
                          weight: Optional[torch.Tensor] = None,
@@ -55,5 +75,7 @@ def dynamic_dwconv_naive(x: torch.Tensor, kernel: torch.Tensor,
     if not torch.is_autocast_enabled(x.device.type):  # (autocast casts them itself)
         k = k.to(x.dtype)
         b = None if b is None else b.to(x.dtype)
+    if not bool(torch.isfinite(k).all()):  # rare: see _conv_by_taps
+        return _conv_by_taps(x, k, b)
     out = F.conv2d(x.reshape(1, B * C, H, W), k, b, padding=K // 2, groups=B * C)
     return out.reshape(B, C, H, W)

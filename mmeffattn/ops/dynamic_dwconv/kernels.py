@@ -46,6 +46,16 @@ def _inv_norm(kernel, o_c, m_c, BC: tl.constexpr, KK: tl.constexpr):
 
 
 @triton.jit
+def _pixel_channel_tile(C, H, W, BC: tl.constexpr, BP: tl.constexpr):
+    """``(o_c, m_c, o_p, m_p, o_h, o_w, i_b)`` of this program's ``BP x BC`` tile: channel
+    offsets [BC] and mask, flat pixel offsets [BP], their mask, rows and columns, and the
+    sample (int64). Grid ``(pixel tiles, channel tiles, B)``."""
+    o_c = tl.program_id(1) * BC + tl.arange(0, BC)  # [BC]
+    o_p = tl.program_id(0) * BP + tl.arange(0, BP)  # [BP]
+    return o_c, o_c < C, o_p, o_p < H * W, o_p // W, o_p % W, tl.program_id(2).to(tl.int64)
+
+
+@triton.jit
 def dynamic_dwconv_fwd_kernel(
     x, kernel, weight, bias, out,
     stride_xb, stride_xc, stride_xh, stride_xw,
@@ -56,21 +66,12 @@ def dynamic_dwconv_fwd_kernel(
     NORMALIZE: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
 ):
     """out = dwconv(x, effective kernel) (+ bias): one ``BP x BC`` output tile per program."""
-    i_p = tl.program_id(0)
-    i_c = tl.program_id(1)
-    i_b = tl.program_id(2).to(tl.int64)
+    o_c, m_c, o_p, m_p, o_h, o_w, i_b = _pixel_channel_tile(C, H, W, BC, BP)
     x += i_b * stride_xb
     kernel += i_b * stride_kb
     out += i_b * stride_ob
     KK: tl.constexpr = K * K
     PAD: tl.constexpr = K // 2
-
-    o_c = i_c * BC + tl.arange(0, BC)  # [BC]
-    m_c = o_c < C  # [BC]
-    o_p = i_p * BP + tl.arange(0, BP)  # [BP]
-    m_p = o_p < H * W  # [BP]
-    o_h = o_p // W  # [BP]
-    o_w = o_p % W  # [BP]
     b_inv = _inv_norm(kernel, o_c, m_c, BC, KK) if NORMALIZE else 1.
 
     b_acc = tl.zeros([BP, BC], dtype=tl.float32)  # [BP, BC]
@@ -81,7 +82,8 @@ def dynamic_dwconv_fwd_kernel(
         m_s = m_p & (o_hh >= 0) & (o_hh < H) & (o_ww >= 0) & (o_ww < W)  # [BP]
         b_x = tl.load(x + (o_hh * stride_xh + o_ww * stride_xw)[:, None] + o_c[None, :] * stride_xc,
                       mask=m_s[:, None] & m_c[None, :], other=0.).to(tl.float32)  # [BP, BC]
-        b_acc += b_x * b_tap[None, :]
+        # a tap that lands on the padding adds nothing, even a NaN / inf one (0 * NaN = NaN)
+        b_acc += tl.where(m_s[:, None], b_x * b_tap[None, :], 0.)
     if HAS_BIAS:
         b_acc += tl.load(bias + o_c, mask=m_c, other=0.).to(tl.float32)[None, :]
     tl.store(out + (o_h * stride_oh + o_w * stride_ow)[:, None] + o_c[None, :] * stride_oc,
@@ -107,27 +109,18 @@ def dynamic_dwconv_bwd_kernel(
     over the tile's pixels, slot ``K*K`` holds ``sum_p dy[p]`` (written only if NEEDS_DK; the
     finalize kernel reduces them over tiles).
     """
-    i_p = tl.program_id(0)
-    i_c = tl.program_id(1)
-    i_b = tl.program_id(2).to(tl.int64)
+    o_c, m_c, o_p, m_p, o_h, o_w, i_b = _pixel_channel_tile(C, H, W, BC, BP)
     x += i_b * stride_xb
     kernel += i_b * stride_kb
     dy += i_b * stride_dyb
     dx += i_b * stride_dxb
     KK: tl.constexpr = K * K
     PAD: tl.constexpr = K // 2
-
-    o_c = i_c * BC + tl.arange(0, BC)  # [BC]
-    m_c = o_c < C  # [BC]
-    o_p = i_p * BP + tl.arange(0, BP)  # [BP]
-    m_p = o_p < H * W  # [BP]
-    o_h = o_p // W  # [BP]
-    o_w = o_p % W  # [BP]
     m_pc = m_p[:, None] & m_c[None, :]  # [BP, BC]
     if NEEDS_DK:
         b_dy = tl.load(dy + (o_h * stride_dyh + o_w * stride_dyw)[:, None]
                        + o_c[None, :] * stride_dyc, mask=m_pc, other=0.).to(tl.float32)  # [BP, BC]
-        p_part = part + ((i_b * n_pix_tiles + i_p) * C + o_c) * (KK + 1)  # [BC]
+        p_part = part + ((i_b * n_pix_tiles + tl.program_id(0)) * C + o_c) * (KK + 1)  # [BC]
         tl.store(p_part + KK, tl.sum(b_dy, 0), mask=m_c)
     if NEEDS_DX:
         b_inv = _inv_norm(kernel, o_c, m_c, BC, KK) if NORMALIZE else 1.
@@ -142,7 +135,7 @@ def dynamic_dwconv_bwd_kernel(
             b_dys = tl.load(dy + (o_hh * stride_dyh + o_ww * stride_dyw)[:, None]
                             + o_c[None, :] * stride_dyc, mask=m_s[:, None] & m_c[None, :],
                             other=0.).to(tl.float32)  # [BP, BC]
-            b_dx += b_dys * b_tap[None, :]
+            b_dx += tl.where(m_s[:, None], b_dys * b_tap[None, :], 0.)
         if NEEDS_DK:
             o_hh = o_h + (t // K - PAD)  # [BP]
             o_ww = o_w + (t % K - PAD)  # [BP]

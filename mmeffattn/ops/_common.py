@@ -1,0 +1,116 @@
+"""Helpers the ops share (PyTorch only: this module imports without Triton).
+
+The Triton side of the shared code (``@triton.jit`` helpers, the softmax-backward delta
+pre-pass) is :mod:`mmeffattn.ops._common_kernels`; launch plumbing is :mod:`mmeffattn.ops._launch`.
+An op uses these instead of another op's private modules.
+"""
+import importlib
+import sys
+import warnings
+from typing import Any, List, Optional, Sequence, Tuple
+
+import torch
+
+from ._backend import HAS_TRITON
+
+#: the kernels' in-slice offsets are int32: a slice must span fewer elements than this
+INT32_LIMIT = 2 ** 31
+
+
+# ---------------------------------------------------------------------------------------------
+# numerics shared by the references
+# ---------------------------------------------------------------------------------------------
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype an op computes in: fp32 for 16-bit floats (an fp16 sum of ``D`` distances or a
+    Newton-Schulz product loses the result), else ``dtype``."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def window_attention(q_w: torch.Tensor, k_w: torch.Tensor, v_w: torch.Tensor,
+                     mask: Optional[torch.Tensor], scale: float) -> torch.Tensor:
+    """Softmax attention inside each window: ``[BH, nW, L, D]`` -> ``[BH, nW, L, D]`` (any
+    leading dims; a dense attention is one window).
+
+    ``mask`` (``[nW, 1, L]`` bool, True = real key) excludes padded keys. A plain matmul and
+    softmax (fp32 for 16-bit inputs), not torch's fused ``scaled_dot_product_attention``: the
+    fused CPU kernel drops a NaN query when there are few keys (a finite row came out), which
+    breaks the ops' NaN contract, and the plain form measured as fast on the CPU at the windows
+    the references use (and 3-5x faster for bf16 training; torch 2.14, 2 cores).
+    """
+    logits = (q_w * scale) @ k_w.transpose(-1, -2)  # [BH, nW, L, L]
+    if mask is not None:
+        logits = logits.masked_fill(~mask, float('-inf'))
+    return torch.softmax(logits, dim=-1, dtype=compute_dtype(q_w.dtype)).to(v_w.dtype) @ v_w
+
+
+# ---------------------------------------------------------------------------------------------
+# strides and int32 offsets (launchers and ``can_run`` reasons)
+# ---------------------------------------------------------------------------------------------
+def bh_strides(x: torch.Tensor) -> Tuple[int, int, int]:
+    """``(batch, head, token)`` strides of a ``[B, heads, N, D]`` tensor (D has unit stride)."""
+    return x.stride(0), x.stride(1), x.stride(2)
+
+
+def strides4(x: torch.Tensor) -> Tuple[int, int, int, int]:
+    """All four strides of a 4-D tensor (e.g. ``[B, C, H, W]`` in any memory layout)."""
+    return x.stride(0), x.stride(1), x.stride(2), x.stride(3)
+
+
+def token_offsets_fit(*tensors: torch.Tensor) -> bool:
+    """Whether the offsets inside one (batch, head) slice of these ``[B, heads, N, D]`` tensors
+    fit the kernels' int32 token arithmetic (batch and head offsets are int64)."""
+    return all((x.shape[2] - 1) * abs(x.stride(2)) + x.shape[3] < INT32_LIMIT for x in tensors)
+
+
+def sample_offsets_fit(*tensors: torch.Tensor) -> bool:
+    """Whether the offsets inside one sample (every dim but the first) of these tensors fit the
+    kernels' int32 arithmetic (the sample offset is int64)."""
+    return all(sum((s - 1) * abs(st) for s, st in zip(x.shape[1:], x.stride()[1:])) < INT32_LIMIT
+               for x in tensors)
+
+
+def check_token_offsets(*tensors: torch.Tensor) -> None:
+    """Raise ValueError when :func:`token_offsets_fit` fails (the launchers' last guard)."""
+    if not token_offsets_fit(*tensors):
+        raise ValueError('a [B, heads, N, D] tensor overflows the kernels\' int32 token offsets '
+                         '(N * token stride >= 2**31); use the reference backend')
+
+
+def offsets_reason(fits: Optional[bool], what: str) -> List[str]:
+    """``[reason]`` when an int32-offset check failed (``fits`` is False), else ``[]``; None
+    (the kernels did not import, so nothing was checked) gives no reason."""
+    if fits is None or fits:
+        return []
+    return [f'{what} (the kernels\' offsets are int32)']
+
+
+# ---------------------------------------------------------------------------------------------
+# the kernel-import guard of every op.py, and deprecated package aliases
+# ---------------------------------------------------------------------------------------------
+def import_kernels(package: str, *names: str) -> Tuple[Any, ...]:
+    """``(*objects, import_error)``: ``names`` from ``<package>.function`` when Triton is
+    installed and the module imports, else Nones and the error ('' when Triton is absent: its
+    own reason is given by ``can_run_triton``). ``op.py`` calls it once at import."""
+    if not HAS_TRITON:
+        return (None, ) * len(names) + ('', )
+    try:
+        module = importlib.import_module(f'{package}.function')
+    except Exception as e:  # pragma: no cover - e.g. a Triton release without an API we use
+        return (None, ) * len(names) + (f'{type(e).__name__}: {e}', )
+    return tuple(getattr(module, n) for n in names) + ('', )
+
+
+def alias_package(old: str, new: str,
+                  submodules: Sequence[str] = ('op', 'naive', 'spec', 'function', 'kernels')
+                  ) -> None:
+    """Make ``old`` (and ``old.<submodule>``) the very modules of ``new``, with a
+    DeprecationWarning; called by the ``__init__`` of a renamed op folder. The same module
+    objects (not copies), so patching ``old.op.x`` patches the op."""
+    warnings.warn(f'{old} is deprecated: import {new} (the folder is named after the op)',
+                  DeprecationWarning, stacklevel=3)
+    sys.modules[old] = importlib.import_module(new)
+    for sub in submodules:
+        try:
+            sys.modules[f'{old}.{sub}'] = importlib.import_module(f'{new}.{sub}')
+        except ImportError:  # function / kernels without Triton
+            pass

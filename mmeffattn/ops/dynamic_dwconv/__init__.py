@@ -1,0 +1,10 @@
+"""Per-sample dynamic depthwise convolution: one ``K x K`` kernel per sample and channel
+(optionally normalized and added to a static kernel, WeightFormer's ``DynamicDWConv``).
+
+``naive.py``: PyTorch reference (test oracle, CPU path); ``kernels.py``: Triton kernels;
+``function.py``: launchers and autograd Function; ``op.py``: the public, dispatching function.
+"""
+from .naive import dynamic_dwconv_naive
+from .op import dynamic_dwconv
+
+__all__ = ['dynamic_dwconv', 'dynamic_dwconv_naive']

@@ -1,0 +1,136 @@
+"""The Laplacian kernel's declarations for the cross-op tools (see :mod:`mmeffattn.ops._spec`).
+
+Its benchmark and attention kind are LaplacianFormer's whole Nystrom attention
+(``laplacian_nystrom``): the kernel matrices of this op and the inverse of ``newton_schulz``,
+both through the public ops.
+"""
+import math
+from typing import Any, Dict, Tuple
+
+import torch
+
+from .._spec import DTYPES, AotSpec, OpSpec, randn, square_grid
+from .naive import laplacian_kernel_naive
+from .op import laplacian_kernel, laplacian_triton_reasons
+
+#: LaplacianFormer's first stage: landmark cell, kernel width, Newton-Schulz steps and eps, and
+#: the landmark cap (larger grids pool larger cells)
+LANDMARK_CELL, LAMBDA, NS_ITERS, NS_EPS = 8, 4., 20, 0.01
+MAX_LANDMARKS = 128
+
+
+def macs(x: torch.Tensor, y: torch.Tensor, *args: Any, **kwargs: Any) -> int:
+    """An L1 distance (D differences and sums) for every (x_i, y_j) pair."""
+    B, nh, N, D = x.shape
+    return B * nh * N * y.shape[2] * D
+
+
+def _cell(hw: Tuple[int, int]) -> int:
+    from mmeffattn.models.backbones.laplacianformer import landmark_cell
+    return landmark_cell(hw, LANDMARK_CELL, MAX_LANDMARKS)
+
+
+def laplacian_nystrom(q: torch.Tensor, v: torch.Tensor, hw: Tuple[int, int],
+                      backend: Any) -> torch.Tensor:
+    """LaplacianFormer's attention: ``K(q, L) pinv(K(L, L)) K(L, q) v / N`` with landmarks
+    ``L`` pooled as the backbone pools them, right to left (nothing ``N x N``)."""
+    from mmeffattn.models.backbones.laplacianformer import pool_landmarks
+    from mmeffattn.ops import newton_schulz_pinv
+    lm = pool_landmarks(q, hw, _cell(hw))  # [B, h, M, D]
+    k_ql = laplacian_kernel(q, lm, LAMBDA, backend=backend)  # [B, h, N, M]
+    k_ll = laplacian_kernel(lm, lm, LAMBDA, backend=backend)  # [B, h, M, M]
+    pinv = newton_schulz_pinv(k_ll, NS_ITERS, NS_EPS, backend=backend)
+    return k_ql @ (pinv @ (k_ql.transpose(-2, -1) @ v)) / q.shape[-2]
+
+
+def benchmark(n: int, s: Any, device: torch.device, dtype: torch.dtype):
+    """``laplacian_nystrom`` on ``[B, heads, N, D]`` q, v (its keys are its queries)."""
+    from mmeffattn.analysis.flops import op_macs
+    hw = square_grid(n)
+    N = hw[0] * hw[1]
+    B, h, D = s.batch, s.heads, s.head_dim
+    q, v = (torch.randn(B, h, N, D, device=device, dtype=dtype) for _ in range(2))
+    M = math.ceil(hw[0] / _cell(hw)) * math.ceil(hw[1] / _cell(hw))
+    lm = torch.empty(B, h, M, D)
+    total = (macs(q, lm) + macs(lm, lm)
+             + op_macs('newton_schulz_pinv', torch.empty(B, h, M, M), NS_ITERS, NS_EPS)
+             + B * h * (2 * N * M * D + M * M * D))  # K^T v, pinv @ (.), K @ (.)
+    return (lambda b: laplacian_nystrom(q, v, hw, b), total, 3 * q.numel() * q.element_size(),
+            dict(N=N, grid=list(hw), tokens=N, landmarks=M))
+
+
+def gpu_check(B: int, h: int, N: int, M: int, D: int):
+    def make(device, dtype):
+        x = [randn(B, h, N, D, device=device, dtype=dtype, scale=0.3),
+             randn(B, h, M, D, device=device, dtype=dtype, scale=0.3)]
+        return lambda b, x, y: laplacian_kernel(x, y, LAMBDA, backend=b), x
+    return make
+
+
+def implied_weights(q: torch.Tensor, k: torch.Tensor, hw: Tuple[int, int], rows: torch.Tensor,
+                    landmark_cell: int = LANDMARK_CELL, lam: float = LAMBDA,
+                    ns_iters: int = NS_ITERS, ns_eps: float = NS_EPS,
+                    **_: Any) -> torch.Tensor:
+    """``K(q, L) pinv(K(L, L)) K(L, k) / N`` with landmarks ``L`` pooled over cells of the
+    queries; the Nystrom weights may be negative and need not sum to 1, so the distribution is
+    ``|w_ij| / sum_j |w_ij|``."""
+    from mmeffattn.analysis.dispersion import pool_grid
+    from mmeffattn.ops import newton_schulz_pinv_naive
+    qs = q[:, :, rows.to(q.device)]  # [B, h, R, D]
+    lm = pool_grid(q, hw, landmark_cell)  # landmarks from the queries, as LaplacianFormer
+    k_ql = laplacian_kernel_naive(qs, lm, lam)  # [B, h, R, M]
+    k_lk = laplacian_kernel_naive(lm, k, lam)  # [B, h, M, N]
+    pinv = newton_schulz_pinv_naive(laplacian_kernel_naive(lm, lm, lam), ns_iters, ns_eps)
+    w = (k_ql @ pinv @ k_lk).abs()
+    return w / w.sum(-1, keepdim=True).clamp_min(1e-30)
+
+
+# ---------------------------------------------------------------------------------------------
+# ahead-of-time compilation
+# ---------------------------------------------------------------------------------------------
+def aot_case(N, M, D, dtype, layout='contiguous') -> Dict[str, Any]:
+    """``layout``: ``'contiguous'`` or ``'tokens'`` (views of a ``[B, tokens, heads, D]``
+    projection)."""
+    return dict(op='laplacian_kernel', N=N, M=M, D=D, dtype=dtype, layout=layout)
+
+
+def aot_record(case: Dict[str, Any]) -> list:
+    """Forward + backward launches (dx and dy) of one case."""
+    from . import function
+    dtype = DTYPES[case['dtype']]
+    N, M, D = case['N'], case['M'], case['D']
+    if case.get('layout', 'contiguous') == 'tokens':
+        x = torch.empty(1, N, 2, D, dtype=dtype).transpose(1, 2)
+        y = torch.empty(1, M, 2, D, dtype=dtype).transpose(1, 2)
+    else:
+        x, y = torch.empty(1, 2, N, D, dtype=dtype), torch.empty(1, 2, M, D, dtype=dtype)
+    with function.record_launches() as launches:
+        out = function.laplacian_fwd(x, y, 1.0)
+        function.laplacian_bwd(torch.empty_like(out), x, y, out, 1.0)
+    return launches
+
+
+# The compiled code depends on the dtype, the D tiles (BD 8 / 16, or D < 8), and Triton's
+# alignment specialisation of D and the strides (the token layout's strides are heads * D); N
+# and M are runtime arguments. The subset: the token layout in fp16 with an odd D, a contiguous
+# bf16 case at the model's sizes (49 landmarks), a tiny D.
+AOT = AotSpec(
+    record=aot_record,
+    subset=[aot_case(37, 13, 24, 'fp16', 'tokens'), aot_case(3136, 49, 64, 'bf16'),
+            aot_case(37, 13, 5, 'fp32')],
+    full=[aot_case(N, M, D, dtype, layout)
+          for D in (5, 8, 24, 32, 40, 64)
+          for dtype in ('fp16', 'bf16', 'fp32')
+          for N, M in ((37, 13), (3136, 49))
+          for layout in ('contiguous', 'tokens')],
+    kernels=frozenset({'laplacian_fwd_kernel', 'laplacian_bwd_kernel'}))
+
+SPEC = OpSpec(
+    name='laplacian_kernel', macs=macs, can_run=laplacian_triton_reasons,
+    # LaplacianFormer-T stage 1 (landmarks in 8x8 cells) at 224 and 512
+    gpu_checks=[('laplacian_kernel B8-H1-N3136-M49-D64', gpu_check(8, 1, 3136, 49, 64)),
+                ('laplacian_kernel B2-H1-N16384-M256-D64', gpu_check(2, 1, 16384, 256, 64))],
+    benchmarks={'laplacian_nystrom': benchmark},
+    benchmark_settings=dict(landmark_cell=LANDMARK_CELL, max_landmarks=MAX_LANDMARKS,
+                            ns_iters=NS_ITERS),
+    attention_kinds={'laplacian_nystrom': implied_weights}, aot=AOT)

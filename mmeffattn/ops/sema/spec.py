@@ -1,0 +1,113 @@
+"""SEMA attention's declarations for the cross-op tools (see :mod:`mmeffattn.ops._spec`)."""
+from typing import Any, Dict, List, Sequence, Tuple
+
+import torch
+
+from .._spec import DTYPES, AotSpec, OpSpec, randn, square_grid
+from .op import sema_attention, sema_triton_reasons
+
+#: the backbone's window side (benchmarks, GPU checks)
+WINDOW = 7
+
+
+def window_sides(n: int, window: int) -> List[int]:
+    """Sides of the windows tiled from the start of a grid side ``n`` (the last may be short);
+    a side smaller than the window is one window of that side."""
+    w = min(window, n)
+    return [w] * (n // w) + ([n % w] if n % w else [])
+
+
+def macs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: Sequence[int],
+         window_size: int, **kwargs: Any) -> int:
+    """Softmax attention among the real tokens of each window (padded keys are no work of the
+    op; the reference computes them, the kernels mask them) plus the mean of the values."""
+    B, nh, N, D = q.shape
+    H, W = hw
+    pairs = sum((a * b) ** 2 for a in window_sides(H, window_size)
+                for b in window_sides(W, window_size))  # sum over windows of L_w^2
+    return B * nh * pairs * 2 * D + B * nh * N * D * int(kwargs.get('with_mean', True))
+
+
+def benchmark(n: int, s: Any, device: torch.device, dtype: torch.dtype):
+    """``[B, heads, N, D]`` q, k, v on a square grid, windows of :data:`WINDOW`."""
+    hw = square_grid(n)
+    q, k, v = (torch.randn(s.batch, s.heads, hw[0] * hw[1], s.head_dim, device=device,
+                           dtype=dtype) for _ in range(3))
+    return (lambda b: sema_attention(q, k, v, hw, WINDOW, backend=b),
+            macs(q, k, v, hw, WINDOW), 4 * q.numel() * q.element_size(),
+            dict(N=hw[0] * hw[1], grid=list(hw), tokens=hw[0] * hw[1]))
+
+
+def gpu_check(B: int, h: int, side: int, D: int):
+    def make(device, dtype):
+        x = [randn(B, h, side * side, D, device=device, dtype=dtype) for _ in range(3)]
+        return (lambda b, q, k, v: sema_attention(q, k, v, (side, side), WINDOW, backend=b), x)
+    return make
+
+
+def implied_weights(q: torch.Tensor, k: torch.Tensor, hw: Tuple[int, int],
+                    rows: torch.Tensor, window: int = WINDOW, **_: Any) -> torch.Tensor:
+    """``out_i = sum_j a_ij v_j + mean_j v_j`` weighs ``v_j`` by ``a_ij + 1/N`` (total 2),
+    halved to a distribution."""
+    from mmeffattn.analysis.dispersion import window_weights
+    return (window_weights(q, k, hw, rows, window) + 1.0 / q.shape[2]) / 2
+
+
+# ---------------------------------------------------------------------------------------------
+# ahead-of-time compilation
+# ---------------------------------------------------------------------------------------------
+def aot_case(D, window, H, W, dtype, with_mean=True, layout='backbone') -> Dict[str, Any]:
+    return dict(op='sema_attention', D=D, window=window, H=H, W=W, dtype=dtype,
+                with_mean=with_mean, layout=layout)
+
+
+def aot_record(case: Dict[str, Any]) -> list:
+    """The launches of one forward + backward, as the launchers issue them (``'backbone'``
+    layout: q, k views of a fused qk projection, v a transposed ``[B, N, heads, D]``)."""
+    from . import function
+    dtype = DTYPES[case['dtype']]
+    H, W, D = case['H'], case['W'], case['D']
+    if case.get('layout', 'backbone') == 'backbone':
+        qk = torch.empty(1, H * W, 2, 2, D, dtype=dtype)
+        q, k = qk.permute(2, 0, 3, 1, 4).unbind(0)
+        v = torch.empty(1, H * W, 2, D, dtype=dtype).transpose(1, 2)
+    else:  # 'contiguous' [B, heads, N, D]
+        q, k, v = (torch.empty(1, 2, H * W, D, dtype=dtype) for _ in range(3))
+    geom = function.window_geometry((H, W), case['window'])
+    scale = D ** -0.5
+    with function.record_launches() as launches:
+        o, lse, mean = function.sema_fwd(q, k, v, geom, scale, case['with_mean'])
+        function.sema_bwd(torch.empty_like(o), q, k, v, o, lse, mean, geom, scale,
+                          case['with_mean'])
+    return launches
+
+
+# Only the tile class changes the compiled code: dtype, padded head dim BD, whether D == BD,
+# one block per window or several, the block size, with/without the mean (plus Triton's
+# alignment specialisation of pointers and strides). Window token counts 12, 30, 49 and 144 hit
+# every block class (16, 32, 64 tokens in one block; several blocks), so the full list compiles
+# every tile class there is; the subset is the backbone's head dim 32 with window 7 in every
+# dtype plus one case of each other kind of tile.
+AOT = AotSpec(
+    record=aot_record,
+    subset=[aot_case(32, 7, 14, 14, 'fp16'), aot_case(32, 7, 14, 14, 'bf16'),
+            aot_case(32, 7, 14, 14, 'fp32'), aot_case(128, 7, 14, 14, 'bf16'),
+            aot_case(128, 7, 14, 14, 'fp32'), aot_case(40, 12, 24, 24, 'fp16', with_mean=False),
+            aot_case(128, 12, 24, 24, 'bf16'), aot_case(64, 12, 24, 24, 'fp32'),
+            aot_case(72, 7, 3, 4, 'fp16'), aot_case(24, 7, 5, 6, 'fp32')],
+    full=[aot_case(D, window, H, W, dtype, with_mean, layout)
+          for D in (16, 24, 32, 40, 64, 72, 128)  # each BD in {16, 32, 64, 128}, D == BD or not
+          for dtype in ('fp16', 'bf16', 'fp32')
+          for window, H, W in ((7, 3, 4), (7, 5, 6), (7, 14, 14), (12, 24, 24))
+          for with_mean in (True, False)
+          for layout in ('backbone', 'contiguous')],
+    kernels=frozenset({'sema_fwd_window_kernel', 'sema_bwd_window_kernel', 'sema_fwd_kernel',
+                       'sema_bwd_kernel', 'softmax_bwd_delta_kernel'}))
+
+SPEC = OpSpec(
+    name='sema_attention', macs=macs, can_run=sema_triton_reasons,
+    # SEMA-T stage 1 at 224 (batch 8) and 512
+    gpu_checks=[('sema B8-H2-56x56-D32', gpu_check(8, 2, 56, 32)),
+                ('sema B2-H2-128x128-D32', gpu_check(2, 2, 128, 32))],
+    benchmarks={'sema': benchmark}, benchmark_settings=dict(window=WINDOW),
+    attention_kinds={'sema': implied_weights}, aot=AOT)
