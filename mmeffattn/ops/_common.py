@@ -10,6 +10,7 @@ import warnings
 from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
+import torch.nn.functional as F
 
 from ._backend import HAS_TRITON
 
@@ -31,16 +32,26 @@ def window_attention(q_w: torch.Tensor, k_w: torch.Tensor, v_w: torch.Tensor,
     """Softmax attention inside each window: ``[BH, nW, L, D]`` -> ``[BH, nW, L, D]`` (any
     leading dims; a dense attention is one window).
 
-    ``mask`` (``[nW, 1, L]`` bool, True = real key) excludes padded keys. A plain matmul and
-    softmax (fp32 for 16-bit inputs), not torch's fused ``scaled_dot_product_attention``: the
-    fused CPU kernel drops a NaN query when there are few keys (a finite row came out), which
-    breaks the ops' NaN contract, and the plain form measured as fast on the CPU at the windows
-    the references use (and 3-5x faster for bf16 training; torch 2.14, 2 cores).
+    ``mask`` (``[nW, 1, L]`` bool, True = real key) excludes padded keys.
+
+    Two paths, one result (the NaN contract included): fp32 inputs with at least
+    :data:`FUSED_MIN_KEYS` keys go through torch's fused ``scaled_dot_product_attention`` (2x
+    faster than matmul + softmax on the CPU for VECA's patch-to-core attention, as fast at SEMA's
+    7x7 windows); everything else is a plain matmul and softmax (fp32 for 16-bit inputs). The fused
+    CPU kernel drops a NaN query below 8 keys (a finite row comes out) and a NaN key at 1 key, and
+    is 3-5x slower than the plain form for bf16 training (torch 2.14, 2 cores);
+    tests/reliability/test_nan_contract.py holds both paths to the contract.
     """
+    if q_w.dtype == torch.float32 and k_w.shape[-2] >= FUSED_MIN_KEYS:
+        return F.scaled_dot_product_attention(q_w, k_w, v_w, attn_mask=mask, scale=scale)
     logits = (q_w * scale) @ k_w.transpose(-1, -2)  # [BH, nW, L, L]
     if mask is not None:
         logits = logits.masked_fill(~mask, float('-inf'))
     return torch.softmax(logits, dim=-1, dtype=compute_dtype(q_w.dtype)).to(v_w.dtype) @ v_w
+
+
+#: the fewest keys for which :func:`window_attention` uses torch's fused attention (see there)
+FUSED_MIN_KEYS = 8
 
 
 # ---------------------------------------------------------------------------------------------

@@ -49,6 +49,14 @@ CASES = {
     'sema_attention': Case(
         lambda backend, q, k, v: ops.sema_attention(q, k, v, (3, 5), 2, backend=backend),
         lambda: dict(q=_randn(1, 2, 15, 16), k=_randn(1, 2, 15, 16), v=_randn(1, 2, 15, 16))),
+    # 3 x 3 windows (9 keys, partial ones at the edges): fp32 takes torch's fused attention there
+    'sema_attention-fused': Case(
+        lambda backend, q, k, v: ops.sema_attention(q, k, v, (5, 7), 3, backend=backend),
+        lambda: dict(q=_randn(1, 2, 35, 16), k=_randn(1, 2, 35, 16), v=_randn(1, 2, 35, 16))),
+    # C = 8 cores: the patch-to-core attention of the reference is fused too
+    'core_periphery_attention-fused': Case(
+        lambda backend, q, k, v: ops.core_periphery_attention(q, k, v, 8, backend=backend),
+        lambda: dict(q=_randn(1, 2, 13, 16), k=_randn(1, 2, 13, 16), v=_randn(1, 2, 13, 16))),
     # the case: a patch query attends over C = 2 core keys only
     'core_periphery_attention': Case(
         lambda backend, q, k, v: ops.core_periphery_attention(q, k, v, 2, backend=backend),
