@@ -1,5 +1,6 @@
 """Attention ops. Each op has a pure PyTorch reference and Triton kernels; the public function
 picks a backend and can always fall back to the reference."""
+from ._common import compute_dtype
 from .core_periphery import core_periphery_attention, core_periphery_attention_naive
 from .dynamic_dwconv import dynamic_dwconv, dynamic_dwconv_naive
 from .dynamic_weight import dynamic_weight, dynamic_weight_naive
@@ -11,4 +12,4 @@ __all__ = ['sema_attention', 'sema_attention_naive', 'dynamic_weight', 'dynamic_
            'dynamic_dwconv', 'dynamic_dwconv_naive',
            'core_periphery_attention', 'core_periphery_attention_naive',
            'laplacian_kernel', 'laplacian_kernel_naive', 'newton_schulz_pinv',
-           'newton_schulz_pinv_naive', 'newton_schulz_residual']
+           'newton_schulz_pinv_naive', 'newton_schulz_residual', 'compute_dtype']

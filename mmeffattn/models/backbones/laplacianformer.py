@@ -103,7 +103,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mmeffattn.ops import laplacian_kernel, newton_schulz_pinv
+from mmeffattn.ops import compute_dtype, laplacian_kernel, newton_schulz_pinv
 from mmeffattn.registry import MODELS
 from ..layers import DropPath, Mlp
 from ..layers.kernel_whitening import KernelWhitening
@@ -125,11 +125,6 @@ FEATURE_SCALES = ('sqrt_head_dim', )  # named scales (besides None and positive 
 # --------------------------------------------------------------------------------------------
 # helpers
 # --------------------------------------------------------------------------------------------
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float32 for 16-bit floats (the Nystrom core and the whitening statistics), else ``dtype``."""
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
-
-
 def pool_landmarks(x: torch.Tensor, hw: HWShape, sr: int) -> torch.Tensor:
     """Landmarks: per-head features average pooled over ``sr x sr`` cells of the token grid.
 

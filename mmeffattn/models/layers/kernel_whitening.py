@@ -26,12 +26,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from mmeffattn.ops import compute_dtype
+
 __all__ = ['KernelWhitening']
-
-
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float32 for 16-bit floats (statistics of sums over many tokens), else ``dtype``."""
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
 class KernelWhitening(nn.Module):
@@ -100,7 +97,7 @@ class KernelWhitening(nn.Module):
         """
         self._check(s)
         B, nh, N, M = s.shape
-        x = s.to(_compute_dtype(s.dtype))
+        x = s.to(compute_dtype(s.dtype))
         per_slot = self.num_landmarks is not None
         # channels of the batch norm: (head, slot) or head; samples: everything else
         if per_slot:

@@ -21,14 +21,11 @@ from typing import Tuple
 
 import torch
 
+from mmeffattn.ops import compute_dtype
+
 __all__ = ['conjugate_gradient_solve', 'cg_iterations']
 
 BACKWARDS = ('implicit', 'unrolled')
-
-
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float32 for 16-bit floats (CG's recurrences lose orthogonality fast in half precision)."""
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
 def _cg(a: torch.Tensor, b: torch.Tensor, eps: float, iters: int, tol: float
@@ -144,7 +141,7 @@ def conjugate_gradient_solve(a: torch.Tensor, b: torch.Tensor, eps: float = 0., 
         ``x [..., M, K]`` in b's dtype (computed in float32 for 16-bit inputs).
     """
     _validate(a, b, eps, iters, tol, backward)
-    dtype = _compute_dtype(torch.promote_types(a.dtype, b.dtype))
+    dtype = compute_dtype(torch.promote_types(a.dtype, b.dtype))
     a_c, b_c = a.to(dtype), b.to(dtype)
     if backward == 'unrolled':
         x, _ = _cg(a_c, b_c, float(eps), iters, float(tol))
@@ -159,6 +156,6 @@ def cg_iterations(a: torch.Tensor, b: torch.Tensor, eps: float = 0., iters: int 
     for the solver ablation's cost column."""
     _validate(a, b, eps, iters, tol, 'implicit')
     with torch.no_grad():
-        dtype = _compute_dtype(torch.promote_types(a.dtype, b.dtype))
+        dtype = compute_dtype(torch.promote_types(a.dtype, b.dtype))
         return _cg(a.to(dtype), b.to(dtype), float(eps), iters, float(tol))[1]
 

@@ -26,14 +26,11 @@ from typing import Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
+from mmeffattn.ops import compute_dtype
+
 __all__ = ['window_linear_attention', 'FEATURE_MAPS']
 
 FEATURE_MAPS = ('elu', 'relu')
-
-
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float32 for 16-bit floats (sums of up to ``window^2`` products and a division)."""
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
 def _feature_map(x: torch.Tensor, kind: str) -> torch.Tensor:
@@ -111,7 +108,7 @@ def window_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """
     H, W = _check(q, k, v, hw, window_size, feature_map, eps)
     win = (min(window_size, H), min(window_size, W))
-    dtype = _compute_dtype(v.dtype)
+    dtype = compute_dtype(v.dtype)
     fq = _feature_map(q.to(dtype), feature_map)
     fk = _feature_map(k.to(dtype), feature_map)
     vv = v.to(dtype)
