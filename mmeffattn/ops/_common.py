@@ -50,6 +50,14 @@ def window_attention(q_w: torch.Tensor, k_w: torch.Tensor, v_w: torch.Tensor,
     return torch.softmax(logits, dim=-1, dtype=compute_dtype(q_w.dtype)).to(v_w.dtype) @ v_w
 
 
+def is_eager() -> bool:
+    """Whether the caller runs eagerly, not inside a graph being captured (``torch.compile``,
+    ``torch.export`` and the ONNX exporter, ``torch.jit.trace``). Checks that read a tensor's
+    values (the references' non-finite guards, ``newton_schulz_pinv``'s convergence check) run
+    only eagerly: a graph cannot branch on a value."""
+    return not (torch.compiler.is_compiling() or torch.jit.is_tracing())
+
+
 #: the fewest keys for which :func:`window_attention` uses torch's fused attention (see there)
 FUSED_MIN_KEYS = 8
 

@@ -6,7 +6,7 @@ import torch
 
 from .._backend import KERNEL_DTYPES as SUPPORTED_DTYPES  # noqa: F401 (public)
 from .._backend import dispatch, triton_reasons
-from .._common import import_kernels
+from .._common import import_kernels, is_eager
 from .._validate import check_alike, check_int, check_real, check_tensor
 from .naive import newton_schulz_pinv_naive, newton_schulz_residual
 
@@ -106,8 +106,9 @@ def newton_schulz_pinv(a: torch.Tensor, iters: int, eps: float, *,
         check: compute the residual of the result and raise ``ValueError`` naming the
             matrices whose residual is NaN or ``>= 1`` (not invertible, e.g. zero, or not
             converged). ``None`` (default): check CPU inputs only, since on a GPU the check
-            waits for the result (a host synchronisation per call); pass ``True`` to check
-            there too, ``False`` to skip it.
+            waits for the result (a host synchronisation per call), and only eagerly (not while
+            torch.compile, torch.export or a trace captures the call: a graph cannot branch on
+            the residual); pass ``True`` to check there too, ``False`` to skip it.
         backend: ``None`` (automatic), ``'triton'`` or ``'reference'``; see
             :mod:`mmeffattn.ops._backend` (``$MMEFFATTN_OPS_BACKEND`` applies when None).
 
@@ -123,6 +124,6 @@ def newton_schulz_pinv(a: torch.Tensor, iters: int, eps: float, *,
     eps = float(eps)
     out = dispatch(_NAME, backend, lambda: newton_schulz_triton_reasons(a), (a, ),
                    newton_schulz_pinv_triton, newton_schulz_pinv_naive, a, iters, eps)
-    if check or (check is None and a.device.type == 'cpu'):
+    if check or (check is None and a.device.type == 'cpu' and is_eager()):
         check_converged(a, out.detach(), iters, eps)
     return out
