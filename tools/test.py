@@ -2,13 +2,20 @@
 """Evaluate a checkpoint on a config's test set and write the metrics to a JSON file.
 
     python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--out-json PATH] [--show-dir DIR]
+                         [--tta]
     bash tools/dist_test.sh CONFIG CHECKPOINT NUM_PROCS [args]
+
+``--tta`` evaluates with the config's own test-time augmentation, as the downstream tools do:
+the model is wrapped in ``tta_model`` and ``tta_pipeline`` replaces the test pipeline. The ADE20K
+UperNet configs inherit mmseg's (image ratios 0.5-1.75 x horizontal flip, the multi-scale mIoU);
+the RetinaNet configs inherit mmdet's ``retinanet/retinanet_tta.py`` (3 scales x flip, NMS).
 """
 import argparse
 import json
 import os
 import os.path as osp
 import sys
+from typing import Optional
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
@@ -27,6 +34,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('--out-json',
                         help='metrics JSON path (default: WORK_DIR/test_metrics.json)')
     parser.add_argument('--show-dir', help='draw predictions on the test images into this folder')
+    parser.add_argument('--tta', action='store_true',
+                        help="test-time augmentation from the config's tta_model/tta_pipeline")
     parser.add_argument('--cfg-options', nargs='+', action=DictAction,
                         help='override config entries, e.g. model.backbone.window_size=8')
     parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
@@ -54,6 +63,65 @@ def enable_visualization(cfg, show_dir: str) -> None:
         raise RuntimeError(f'--show-dir does not know the visualization hook {hook["type"]!r}')
 
 
+# What to add when a config has no test-time augmentation, per downstream library (default_scope).
+# mmdet's and mmpretrain's test.py would fall back to a flip-only default here; this tool does not,
+# so that "--tta" never reports a number from an augmentation nobody chose.
+TTA_HINTS = {
+    'mmseg': "tta_model = dict(type='SegTTAModel') (mmseg::_base_/default_runtime.py) and a "
+             "tta_pipeline like the one in mmseg::_base_/datasets/ade20k.py (Resize with "
+             "scale_factor in img_ratios x RandomFlip prob 0/1, then LoadAnnotations, "
+             "PackSegInputs, inside a TestTimeAug)",
+    'mmdet': "both at once with _base_ = [<your base>, 'mmdet::retinanet/retinanet_tta.py'] "
+             "(tta_model = dict(type='DetTTAModel', tta_cfg=dict(nms=..., max_per_img=100)) and "
+             "a TestTimeAug tta_pipeline of scales x RandomFlip prob 1/0)",
+    'mmpretrain': "tta_model = dict(type='mmpretrain.AverageClsScoreTTA') and a tta_pipeline "
+                  "that ends in dict(type='TestTimeAug', transforms=[[RandomFlip prob 1., "
+                  "RandomFlip prob 0.], [PackInputs]])",
+}
+
+
+def _innermost_dataset(dataset_cfg):
+    """The dataset under any wrappers (``dataset=dict(type='RepeatDataset', dataset=...)``)."""
+    while 'dataset' in dataset_cfg:
+        dataset_cfg = dataset_cfg['dataset']
+    return dataset_cfg
+
+
+def _has_mask_head(model_cfg) -> bool:
+    roi_head = model_cfg.get('roi_head') or {}
+    return bool(roi_head.get('mask_head')) or bool(model_cfg.get('mask_head'))
+
+
+def apply_tta(cfg, config_path: Optional[str] = None) -> None:
+    """Turn ``cfg`` into its test-time-augmented form, in place.
+
+    ``cfg.model`` becomes ``tta_model`` with the original model as its ``module``, and the test
+    dataset's pipeline becomes ``tta_pipeline`` (the data root, annotations and evaluator are
+    untouched). Raises ``ValueError`` naming what to add when the config has no
+    ``tta_model``/``tta_pipeline``, and for Mask R-CNN-style models, whose masks mmdet's
+    ``DetTTAModel`` cannot merge.
+    """
+    where = f'the config {config_path!r}' if config_path else 'the config'
+    scope = cfg.get('default_scope') or 'mmengine'
+    tta_type = str((cfg.get('tta_model') or {}).get('type', '')).split('.')[-1]
+    if scope == 'mmdet' and _has_mask_head(cfg.model) and tta_type in ('', 'DetTTAModel'):
+        raise ValueError(
+            f'--tta: {where} is an instance-segmentation model (it has a mask head), and mmdet\'s '
+            f'DetTTAModel merges boxes only (it refuses predictions with masks). Use --tta with a '
+            f'box detector (e.g. configs/*/retinanet_*.py), or test without --tta')
+    missing = [key for key in ('tta_model', 'tta_pipeline') if not cfg.get(key)]
+    if missing:
+        hint = TTA_HINTS.get(scope, 'tta_model (a BaseTTAModel subclass) and tta_pipeline (the '
+                                    'test pipeline with a TestTimeAug step)')
+        raise ValueError(f'--tta needs {" and ".join(missing)} in {where}, which has no '
+                         f'{" or ".join(missing)} (default_scope {scope!r}). Add {hint}')
+    from mmengine.config import ConfigDict
+    if cfg.get('test_dataloader') is None:
+        raise ValueError(f'--tta: {where} has no test_dataloader whose pipeline to replace')
+    _innermost_dataset(cfg.test_dataloader.dataset).pipeline = cfg.tta_pipeline
+    cfg.model = ConfigDict(**cfg.tta_model, module=cfg.model)
+
+
 def to_jsonable(value):
     try:
         return float(value) if not isinstance(value, (int, str, bool)) else value
@@ -75,6 +143,8 @@ def main(argv=None) -> dict:
     prepare_runtime()
     cfg = load_config(args.config, args.cfg_options)
     set_work_dir(cfg, args.config, args.work_dir)
+    if args.tta:  # before anything is loaded, so that a config without TTA fails at once
+        apply_tta(cfg, args.config)
     # A missing, truncated or refused file ends here with one line, before anything is built.
     load_checkpoint_file(args.checkpoint, mmap=True)
     cfg.load_from = args.checkpoint
@@ -101,7 +171,7 @@ def main(argv=None) -> dict:
     if is_main_process():
         out = args.out_json or osp.join(cfg.work_dir, 'test_metrics.json')
         os.makedirs(osp.dirname(osp.abspath(out)), exist_ok=True)
-        record = dict(config=args.config, checkpoint=args.checkpoint,
+        record = dict(config=args.config, checkpoint=args.checkpoint, tta=args.tta,
                       metrics={k: to_jsonable(v) for k, v in metrics.items()})
         with open(out, 'w') as f:
             json.dump(record, f, indent=2)

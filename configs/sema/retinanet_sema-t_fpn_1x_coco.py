@@ -1,6 +1,9 @@
 # RetinaNet + SEMA-T, 1x schedule. Stages 1-3 feed the FPN (as mmdet's Swin RetinaNet does), so
 # no backbone output goes unused. AdamW lr 1e-4, weight decay 0.05, no decay on norms.
-_base_ = 'mmdet::swin/retinanet_swin-t-p4-w7_fpn_1x_coco.py'
+# mmdet's own RetinaNet test-time augmentation (3 scales x flip, boxes merged by NMS) rides
+# along as tta_model/tta_pipeline; `python tools/test.py CONFIG CKPT --tta` switches it on.
+_base_ = ['mmdet::swin/retinanet_swin-t-p4-w7_fpn_1x_coco.py',
+          'mmdet::retinanet/retinanet_tta.py']
 
 custom_imports = dict(imports=['mmeffattn'], allow_failed_imports=False)
 

@@ -2,7 +2,10 @@
 # 2, 5, 8, 11), FPN from stride 8 with extra levels on its input (as RetinaNet R-50). AdamW lr
 # 1e-4, wd 0.05. Cores as in mask-rcnn_veca-s_fpn_1x_coco.py (nested dropout in training,
 # model.backbone.num_cores in evaluation).
-_base_ = 'mmdet::swin/retinanet_swin-t-p4-w7_fpn_1x_coco.py'
+# mmdet's own RetinaNet test-time augmentation (3 scales x flip, boxes merged by NMS) rides
+# along as tta_model/tta_pipeline; `python tools/test.py CONFIG CKPT --tta` switches it on.
+_base_ = ['mmdet::swin/retinanet_swin-t-p4-w7_fpn_1x_coco.py',
+          'mmdet::retinanet/retinanet_tta.py']
 
 custom_imports = dict(imports=['mmeffattn'], allow_failed_imports=False)
 

@@ -1,6 +1,9 @@
 # RetinaNet + WeightFormer-T, 1x schedule: the stride 4/8/16/32 pyramid of the isotropic trunk,
 # FPN from stride 8 with extra levels on its input (as RetinaNet R-50). AdamW lr 1e-4, wd 0.05.
-_base_ = 'mmdet::swin/retinanet_swin-t-p4-w7_fpn_1x_coco.py'
+# mmdet's own RetinaNet test-time augmentation (3 scales x flip, boxes merged by NMS) rides
+# along as tta_model/tta_pipeline; `python tools/test.py CONFIG CKPT --tta` switches it on.
+_base_ = ['mmdet::swin/retinanet_swin-t-p4-w7_fpn_1x_coco.py',
+          'mmdet::retinanet/retinanet_tta.py']
 
 custom_imports = dict(imports=['mmeffattn'], allow_failed_imports=False)
 
