@@ -77,9 +77,3 @@ def none_if_empty(t: torch.Tensor) -> Optional[torch.Tensor]:
     """The inverse of :func:`empty_like_none`."""
     return None if t.numel() == 0 else t
 
-
-def fresh(t: Optional[torch.Tensor], *inputs: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    """``t``, cloned if it is one of ``inputs`` (an operator output may not alias an input)."""
-    if t is not None and any(t is i for i in inputs if i is not None):
-        return t.clone()
-    return t
