@@ -106,14 +106,16 @@ def offsets_reason(fits: Optional[bool], what: str) -> List[str]:
 # ---------------------------------------------------------------------------------------------
 # the kernel-import guard of every op.py, and deprecated package aliases
 # ---------------------------------------------------------------------------------------------
-def import_kernels(package: str, *names: str) -> Tuple[Any, ...]:
-    """``(*objects, import_error)``: ``names`` from ``<package>.function`` when Triton is
+def import_kernels(package: str, *names: str, module: str = 'function') -> Tuple[Any, ...]:
+    """``(*objects, import_error)``: ``names`` from ``<package>.<module>`` when Triton is
     installed and the module imports, else Nones and the error ('' when Triton is absent: its
-    own reason is given by ``can_run_triton``). ``op.py`` calls it once at import."""
+    own reason is given by ``can_run_triton``). ``op.py`` calls it once at import, with
+    ``module='library'``: the Triton entry point that calls the op's registered custom operator
+    (``mmeffattn/ops/_library.py``)."""
     if not HAS_TRITON:
         return (None, ) * len(names) + ('', )
     try:
-        module = importlib.import_module(f'{package}.function')
+        module = importlib.import_module(f'{package}.{module}')
     except Exception as e:  # pragma: no cover - e.g. a Triton release without an API we use
         return (None, ) * len(names) + (f'{type(e).__name__}: {e}', )
     return tuple(getattr(module, n) for n in names) + ('', )

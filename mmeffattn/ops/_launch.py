@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
+from torch.library import wrap_triton
 
 
 @dataclass(frozen=True)
@@ -58,7 +60,12 @@ def launch(role: str, config: KernelConfig, grid: Tuple[int, ...], *args: Any) -
     if _recorder is not None:
         _recorder.append(Launch(role, config, grid, args))
         return
-    config.kernel[grid](*args, **config.constexprs, **config.launch_options)
+    kernel = config.kernel
+    if any(isinstance(a, torch.Tensor) and is_fake(a) for a in args):
+        # traced inside a ``torch.library.triton_op`` (torch.compile/export): the launch becomes
+        # a node of the graph (``_library.py``); eager calls launch the kernel directly
+        kernel = wrap_triton(kernel)
+    kernel[grid](*args, **config.constexprs, **config.launch_options)
 
 
 def next_pow2(x: int) -> int:

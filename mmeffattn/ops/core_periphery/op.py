@@ -14,7 +14,7 @@ from .naive import core_periphery_attention_naive
 #: the kernels pad the head dim to a power of two >= 16 with masks, up to this
 MAX_TRITON_HEAD_DIM = 128
 core_periphery_attention_triton, _KERNELS_IMPORT_ERROR = import_kernels(
-    __package__, 'core_periphery_attention_triton')
+    __package__, 'core_periphery_attention_triton', module='library')
 
 _NAME = 'core_periphery_attention'
 Rope = Tuple[torch.Tensor, torch.Tensor]

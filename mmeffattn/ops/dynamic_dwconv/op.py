@@ -14,7 +14,7 @@ from .naive import dynamic_dwconv_naive
 #: kernels run the reference
 MAX_KERNEL_SIZE = 9
 dynamic_dwconv_triton, _KERNELS_IMPORT_ERROR = import_kernels(
-    __package__, 'dynamic_dwconv_triton')
+    __package__, 'dynamic_dwconv_triton', module='library')
 
 _NAME = 'dynamic_dwconv'
 

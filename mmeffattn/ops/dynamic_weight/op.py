@@ -10,7 +10,7 @@ from .._validate import check_alike, check_real, check_tensor
 from .naive import dynamic_weight_naive
 
 dynamic_weight_triton, _KERNELS_IMPORT_ERROR = import_kernels(
-    __package__, 'dynamic_weight_triton')
+    __package__, 'dynamic_weight_triton', module='library')
 
 _NAME = 'dynamic_weight'
 

@@ -10,7 +10,7 @@ from .._validate import check_alike, check_real, check_tensor
 from .naive import laplacian_kernel_naive
 
 laplacian_kernel_triton, _KERNELS_IMPORT_ERROR = import_kernels(
-    __package__, 'laplacian_kernel_triton')
+    __package__, 'laplacian_kernel_triton', module='library')
 
 _NAME = 'laplacian_kernel'
 

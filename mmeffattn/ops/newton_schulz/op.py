@@ -11,7 +11,7 @@ from .._validate import check_alike, check_int, check_real, check_tensor
 from .naive import newton_schulz_pinv_naive, newton_schulz_residual
 
 newton_schulz_pinv_triton, _KERNELS_IMPORT_ERROR = import_kernels(
-    __package__, 'newton_schulz_pinv_triton')
+    __package__, 'newton_schulz_pinv_triton', module='library')
 
 _NAME = 'newton_schulz_pinv'
 

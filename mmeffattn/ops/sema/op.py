@@ -11,7 +11,7 @@ from .._validate import check_int, check_qkv, check_real
 from .naive import sema_attention_naive
 
 sema_attention_triton, _KERNELS_IMPORT_ERROR = import_kernels(
-    __package__, 'sema_attention_triton')
+    __package__, 'sema_attention_triton', module='library')
 
 #: head dims the op accepts (the kernels pad D to a power of two >= 16 with masks)
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 128

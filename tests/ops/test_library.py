@@ -1,0 +1,163 @@
+"""The ops as ``torch.library`` custom operators (``mmeffattn/ops/_library.py``): schema, fake
+implementation and autograd registration (``torch.library.opcheck``), one node per op in
+``torch.export``, and ``torch.compile(fullgraph=True)`` without graph breaks, on the Triton
+backend (compiled on a GPU, interpreted on the CPU)."""
+import importlib
+
+import pytest
+import torch
+
+from mmeffattn import ops
+from mmeffattn.ops import _backend
+
+from op_checks import DEVICE, needs_triton
+
+pytestmark = [pytest.mark.usefixtures('one_thread'), needs_triton]
+
+
+def _rand(*shape, seed=0):
+    g = torch.Generator().manual_seed(seed + sum(shape))
+    return torch.randn(*shape, generator=g, dtype=torch.float32).to(DEVICE)
+
+
+def _spd(b, h, m):
+    """Well-conditioned symmetric matrices (the iteration converges in a few steps)."""
+    a = _rand(b, h, m, m) * 0.1
+    return (a + a.transpose(-1, -2)) / 2 + torch.eye(m, device=DEVICE)
+
+
+def _cases():
+    """``name -> (library module, op name, tensors, call(*tensors) through the public op,
+    op args(*tensors))``; tiny shapes with odd sizes."""
+    cos, sin = _rand(1, 7, 16).cos(), _rand(1, 7, 16, seed=1).sin()
+    return {
+        'sema_attention': (
+            'sema', [_rand(1, 2, 15, 16), _rand(1, 2, 15, 16, seed=1), _rand(1, 2, 15, 16, seed=2)],
+            lambda q, k, v: ops.sema_attention(q, k, v, (3, 5), 2, backend='triton'),
+            lambda q, k, v: (q, k, v, [3, 5], 2, 0.25, True, 'ieee')),
+        'core_periphery_attention': (
+            'core_periphery',
+            [_rand(1, 2, 7, 16), _rand(1, 2, 7, 16, seed=1), _rand(1, 2, 7, 16, seed=2), cos, sin],
+            lambda q, k, v, c, s: ops.core_periphery_attention(q, k, v, 2, rope=(c, s),
+                                                               backend='triton'),
+            lambda q, k, v, c, s: (q, k, v, c, s, 2, 0.25, 'ieee', None)),
+        'laplacian_kernel': (
+            'laplacian', [_rand(1, 2, 5, 6), _rand(1, 2, 7, 6, seed=1)],
+            lambda x, y: ops.laplacian_kernel(x, y, 2.0, backend='triton'),
+            lambda x, y: (x, y, 2.0)),
+        'newton_schulz_pinv': (
+            'newton_schulz', [_spd(1, 2, 5)],
+            lambda a: ops.newton_schulz_pinv(a, 6, 0.01, check=False, backend='triton'),
+            lambda a: (a, 6, 0.01, True)),
+        'dynamic_weight': (
+            'dynamic_weight', [_rand(2, 5, 6), _rand(2, 5, 7, seed=1), _rand(7, 6, seed=2)],
+            lambda u, v, w: ops.dynamic_weight(u, v, 20.0, weight=w, backend='triton'),
+            lambda u, v, w: (u, v, w, 0.05, 'ieee')),
+        'dynamic_dwconv': (
+            'dynamic_dwconv',
+            [_rand(1, 3, 5, 6), _rand(1, 3, 3, 3, seed=1), _rand(3, seed=2),
+             _rand(3, 1, 3, 3, seed=3)],
+            lambda x, k, b, w: ops.dynamic_dwconv(x, k, b, w, normalize=True, backend='triton'),
+            lambda x, k, b, w: (x, k, b, w, True)),
+    }
+
+
+NAMES = list(_cases())
+
+
+def _op(name):
+    return getattr(torch.ops.mmeffattn, name)
+
+
+def _case(name):
+    folder, tensors, call, args = _cases()[name]
+    importlib.import_module(f'mmeffattn.ops.{folder}.library')  # registers the operators
+    return tensors, call, args
+
+
+@pytest.mark.parametrize('name', NAMES)
+def test_opcheck(name):
+    """Schema, fake implementation (against the real kernels), autograd registration and the
+    compiled-autograd path of ``mmeffattn::<op>``, with and without gradients."""
+    tensors, _, args = _case(name)
+    torch.library.opcheck(_op(name), args(*tensors))
+    grads = [t.detach().requires_grad_() for t in tensors]
+    torch.library.opcheck(_op(name), args(*grads))
+
+
+@pytest.mark.parametrize('name', NAMES)
+def test_public_op_dispatches_to_the_operator(name):
+    """The Triton backend of the public function is the registered operator (its backward is in
+    the autograd graph), with the reference's output and gradients."""
+    tensors, call, _ = _case(name)
+    x = [t.detach().requires_grad_() for t in tensors]
+    out = call(*x)
+    assert f'{name}' in out.grad_fn.name().lower(), out.grad_fn.name()
+    out.square().sum().backward()
+    r = [t.detach().requires_grad_() for t in tensors]
+    ref = _reference(call, r)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+    ref.square().sum().backward()
+    for a, b in zip(x, r):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5)
+
+
+def _reference(call, tensors):
+    """``call`` (which asks for ``backend='triton'``) run on the reference backend."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_backend, 'select_backend', lambda *a, **k: 'reference')
+        return call(*tensors)
+
+
+class _Call(torch.nn.Module):
+    def __init__(self, call):
+        super().__init__()
+        self.call = call
+
+    def forward(self, *tensors):
+        return self.call(*tensors)
+
+
+@pytest.mark.parametrize('name', NAMES)
+def test_export_one_node(name):
+    """``torch.export`` of a module calling the public op on the Triton backend holds exactly one
+    ``mmeffattn.<op>`` node (the call), and the exported program gives the eager output."""
+    tensors, call, _ = _case(name)
+    ep = torch.export.export(_Call(call), tuple(tensors))
+    targets = [str(n.target) for n in ep.graph.nodes if n.op == 'call_function']
+    ours = [t for t in targets if t.startswith('mmeffattn.')]
+    assert ours == [f'mmeffattn.{name}.default'], targets
+    torch.testing.assert_close(ep.module()(*tensors), call(*tensors))
+
+
+@pytest.mark.parametrize('name', NAMES)
+def test_compile_fullgraph(name):
+    """``torch.compile(fullgraph=True)`` of a function calling the registered operator (the
+    library entry point the public op dispatches to) gives the eager output and gradients."""
+    tensors, _, args = _case(name)
+    op = _op(name)
+
+    def fn(*t):
+        out = op(*args(*t))
+        return (out[0] if isinstance(out, (tuple, list)) else out).sin()
+
+    x_eager = [t.detach().requires_grad_() for t in tensors]
+    x_comp = [t.detach().requires_grad_() for t in tensors]
+    eager = fn(*x_eager)
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend='aot_eager', fullgraph=True)(*x_comp)
+    torch.testing.assert_close(compiled, eager)
+    eager.sum().backward()
+    compiled.sum().backward()
+    for a, b in zip(x_comp, x_eager):
+        torch.testing.assert_close(a.grad, b.grad)
+
+
+def test_reference_backend_is_plain_pytorch():
+    """The reference backend does not go through the operators: export sees aten ops only (the
+    path ONNX export takes)."""
+    x, y = _rand(1, 2, 5, 6), _rand(1, 2, 7, 6, seed=1)
+    ep = torch.export.export(
+        _Call(lambda a, b: ops.laplacian_kernel(a, b, 2.0, backend='reference')), (x, y))
+    targets = [str(n.target) for n in ep.graph.nodes if n.op == 'call_function']
+    assert targets and not any(t.startswith('mmeffattn.') for t in targets), targets
