@@ -107,9 +107,11 @@ def sass_stats(sass: str) -> Dict[str, Any]:
 # --------------------------------------------------------------------------------------------
 # the compile worker (subprocess, interpreter off)
 # --------------------------------------------------------------------------------------------
-def worker(cases: List[dict], archs: Sequence[int]) -> None:
-    """Print one JSON line per distinct (launch, arch) of ``cases`` (each with ``op``)."""
+def worker(cases: List[dict], archs: Sequence[int], root: str = ROOT) -> None:
+    """Print one JSON line per distinct (launch, arch) of ``cases`` (each with ``op``), with
+    the package of the checkout ``root``."""
     assert not os.environ.get('TRITON_INTERPRET'), "run with Triton's interpreter off"
+    sys.path.insert(0, root)
     import triton
     from triton.compiler import ASTSource
     # the JIT's specialisation of a recorded launch, shared with the AOT test
@@ -162,7 +164,7 @@ def compile_cases(cases: List[dict], archs: Sequence[int], root: str = ROOT,
     env = {k: v for k, v in os.environ.items() if k != 'TRITON_INTERPRET'}
     env['PYTHONPATH'] = os.pathsep.join([root] + [p for p in [env.get('PYTHONPATH')] if p])
     res = subprocess.run([sys.executable, osp.abspath(__file__), '--worker', json.dumps(cases),
-                          '--archs', *map(str, archs)], capture_output=True, text=True, env=env,
+                          '--root', root, '--archs', *map(str, archs)], capture_output=True, text=True, env=env,
                          cwd=root, timeout=timeout)
     if res.returncode != 0:
         raise RuntimeError(f'compilation failed:\n{res.stdout[-2000:]}\n{res.stderr[-6000:]}')
@@ -382,7 +384,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     archs = args.archs or ([90] if args.quick else [80, 90])
     if args.worker is not None:
-        worker(json.loads(args.worker), archs)
+        worker(json.loads(args.worker), archs, osp.abspath(args.root))
         return 0
     report = build_report(args.quick, archs, args.ops, osp.abspath(args.root))
     before = None

@@ -5,9 +5,8 @@ tensors and interpreted on CPU tensors when Triton's interpreter is on.
 
 Forward: one launch of ``laplacian_fwd_kernel``; the output is saved for the backward (it is the
 ``out_ij`` factor of the gradient, so nothing is recomputed). Backward: one launch of
-``laplacian_bwd_kernel`` reads ``g`` and ``out`` once and writes split partial sums of dx (one
-per block of y rows) and dy (one per split of the x rows), summed by torch (a single partial
-is used as it is).
+``laplacian_bwd_kernel`` reads ``g`` and ``out`` once, writes dx and split partial sums of dy
+(one per split of the x rows, summed by torch; a single one is used as it is).
 """
 import math
 from typing import Dict, Optional, Tuple
@@ -22,11 +21,11 @@ from .._launch import (KernelConfig, Launch, device_guard as _device_guard,  # n
 from . import kernels
 
 
-#: x rows per backward chunk, y rows per backward column block (at most), D columns per program
+#: x rows per backward chunk, y rows per backward tile (at most), D columns per program (at most)
 BWD_ROWS, BWD_MAX_COLS, BWD_MAX_D = 32, 64, 64
-#: aim for at least this many backward programs (a few per SM of an H100) before splitting
-#: the x rows less finely (fewer dy partial sums)
-BWD_TARGET_PROGRAMS = 528
+#: split the x rows into enough backward programs for this many (two per SM of an H100): more
+#: splits mean more dy partial sums to write and add
+BWD_TARGET_PROGRAMS = 264
 
 
 def laplacian_kernel_configs(D: int, M: int = 64) -> Dict[str, KernelConfig]:
@@ -34,8 +33,9 @@ def laplacian_kernel_configs(D: int, M: int = 64) -> Dict[str, KernelConfig]:
 
     Forward: a ``64 x 64`` (``BM`` down to 16 for few y rows) fp32 output tile on 8 warps, a
     16-value micro-tile per thread, accumulated one D column at a time (no reduction across
-    lanes; 4 warps held 32 values per thread and ptxas used 156 registers). Backward: ``BR = 32`` x rows by ``BD`` (D padded, at most 64) on 4 warps, and a
-    ``BM x BD`` y tile with ``BM`` the y rows padded (16 to 64). Compiled without spills for
+    lanes; 4 warps held 32 values per thread and ptxas used 156 registers). Backward: ``BR =
+    32`` x rows by ``BD`` (D padded to 16..64; wider D is a grid axis) on 4 warps, and
+    ``BM x BD`` tiles of y with ``BM`` the y rows padded (16 to 64). Compiled without spills for
     sm_80 and sm_90 (tests/ops/test_aot.py).
 
     Args:
@@ -100,24 +100,19 @@ def laplacian_bwd(g: torch.Tensor, x: torch.Tensor, y: torch.Tensor, out: torch.
     base = laplacian_kernel_configs(D, M)['bwd']
     cfg = KernelConfig(base.kernel, dict(base.constexprs, NEEDS_DX=needs_xy[0],
                                          NEEDS_DY=needs_xy[1]), base.num_warps, base.num_stages)
-    bm, bd = cfg.constexprs['BM'], cfg.constexprs['BD']
-    n_col, n_d = -(-M // bm), -(-D // bd)
-    rows = bwd_row_split(N, n_col * n_d * B * heads)
+    n_d = -(-D // cfg.constexprs['BD'])
+    rows = bwd_row_split(N, n_d * B * heads)
     n_split = -(-N // rows)
-    f32 = dict(dtype=torch.float32, device=x.device)
-    dx_part = torch.empty((n_col, B * heads, N, D), **f32) if needs_xy[0] else out
-    dy_part = torch.empty((n_split, B * heads, M, D), **f32) if needs_xy[1] else out
+    dx = torch.empty((B, heads, N, D), dtype=x.dtype, device=x.device) if needs_xy[0] else None
+    dy_part = (torch.empty((n_split, B * heads, M, D), dtype=torch.float32, device=x.device)
+               if needs_xy[1] else out)
     with _device_guard(x):
-        _launch('bwd', cfg, (n_split * n_col * n_d, B * heads), x, y, g, out, dx_part, dy_part,
-                *_bh_strides(x), *_bh_strides(y), *g.stride(), *out.stride(),
-                heads, N, M, D, -1.0 / lam, rows, n_col, n_d)
-
-    def total(part: torch.Tensor, rows_: int, like: torch.Tensor) -> torch.Tensor:
-        s = part[0] if part.shape[0] == 1 else part.sum(0)
-        return s.view(B, heads, rows_, D).to(like.dtype)
-
-    dx = total(dx_part, N, x) if needs_xy[0] else None
-    dy = total(dy_part, M, y) if needs_xy[1] else None
+        _launch('bwd', cfg, (n_split * n_d, B * heads), x, y, g, out,
+                out if dx is None else dx, dy_part, *_bh_strides(x), *_bh_strides(y),
+                *g.stride(), *out.stride(), heads, N, M, D, -1.0 / lam, rows, n_d)
+    dy = None
+    if needs_xy[1]:
+        dy = (dy_part[0] if n_split == 1 else dy_part.sum(0)).view(B, heads, M, D).to(y.dtype)
     return dx, dy
 
 

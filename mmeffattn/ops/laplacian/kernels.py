@@ -65,36 +65,33 @@ def laplacian_fwd_kernel(
 
 @triton.jit
 def laplacian_bwd_kernel(
-    x, y, g, out, dx_part, dy_part,
+    x, y, g, out, dx, dy_part,
     stride_xb, stride_xh, stride_xn,
     stride_yb, stride_yh, stride_yn,
     stride_gb, stride_gh, stride_gn, stride_gm,
     stride_ob, stride_oh, stride_on, stride_om,
-    heads, N, M, D, neg_inv_lam, rows_per_prog, n_col_blocks, n_d_blocks,
+    heads, N, M, D, neg_inv_lam, rows_per_prog, n_d_blocks,
     BR: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr,
     NEEDS_DX: tl.constexpr, NEEDS_DY: tl.constexpr,
 ):
-    """Both gradients from one pass over a block of ``g * out``, as split partial sums.
+    """Both gradients from one pass over ``g * out``, dy as split partial sums.
 
     With ``w = g * out`` and ``s = sign(x_id - y_jd)`` (sign(0) = 0)::
 
         dx[i, d] = -1/lam sum_j w_ij s_ijd        dy[j, d] = +1/lam sum_i w_ij s_ijd
 
-    (the partial sums are stored with their factor). A program owns ``rows_per_prog`` rows of x (one row
-    split), ``BM`` rows of y (one column block) and ``BD`` columns of D, and reads its block of
-    ``w`` from HBM once: phase 1 loops over its y rows one at a time on ``[BR, BD]`` x chunks
-    (``BR`` rows at a time), phase 2 over its x rows one at a time on the ``[BM, BD]`` y tile
-    (the block of ``w`` is then in L1/L2). Neither phase reduces over a tile axis.
+    A program owns ``rows_per_prog`` rows of x (one row split), all of y and ``BD`` columns
+    of D, and reads its rows of ``w`` from HBM once: phase 1 loops over the y rows one at a
+    time on ``[BR, BD]`` chunks of x rows (dx complete, stored in dx's dtype); phase 2 over its
+    x rows one at a time on ``[BM, BD]`` tiles of y (its rows of ``w`` are then in L1/L2),
+    giving this split's partial sum of dy. Neither phase reduces over a tile axis.
 
-    Grid: ``(n_row_splits * n_col_blocks * n_d_blocks, B * heads)``.
-    dx_part: ``[n_col_blocks, B * heads, N, D]`` fp32 (sum over axis 0 for dx);
-    dy_part: ``[n_row_splits, B * heads, M, D]`` fp32 (sum over axis 0 for dy).
+    Grid: ``(n_row_splits * n_d_blocks, B * heads)``. dx: ``[B * heads, N, D]`` contiguous;
+    dy_part: ``[n_row_splits, B * heads, M, D]`` fp32 (dy is its sum over axis 0).
     """
     i_bh = tl.program_id(1)
-    pid = tl.program_id(0)
-    i_d = pid % n_d_blocks
-    i_m = (pid // n_d_blocks) % n_col_blocks
-    i_r = pid // (n_d_blocks * n_col_blocks)
+    i_d = tl.program_id(0) % n_d_blocks
+    i_r = tl.program_id(0) // n_d_blocks
     x += bh_offset(i_bh, heads, stride_xb, stride_xh)
     y += bh_offset(i_bh, heads, stride_yb, stride_yh)
     g += bh_offset(i_bh, heads, stride_gb, stride_gh)
@@ -103,18 +100,16 @@ def laplacian_bwd_kernel(
     m_d = o_d < D
     r0 = i_r * rows_per_prog
     r1 = tl.minimum(r0 + rows_per_prog, N)
-    j0 = i_m * BM
-    j1 = tl.minimum(j0 + BM, M)
 
     if NEEDS_DX:  # phase 1: [BR, BD] chunks of x rows, one y row at a time
-        p_dx = dx_part + (i_m * tl.num_programs(1) + i_bh).to(tl.int64) * N * D
+        p_dx = dx + i_bh.to(tl.int64) * N * D
         for c0 in range(r0, r1, BR):
             o_n = c0 + tl.arange(0, BR)  # [BR]
             m_n = o_n < r1
             m_nd = m_n[:, None] & m_d[None, :]
             b_x = load_rows(x, o_n, stride_xn, o_d, m_nd).to(tl.float32)  # [BR, BD]
             b_dx = tl.zeros([BR, BD], dtype=tl.float32)
-            for j in range(j0, j1):
+            for j in range(0, M):
                 b_w = tl.load(g + o_n * stride_gn + j * stride_gm, mask=m_n,
                               other=0.).to(tl.float32)  # [BR]
                 b_w *= tl.load(out + o_n * stride_on + j * stride_om, mask=m_n,
@@ -127,20 +122,21 @@ def laplacian_bwd_kernel(
                 b_dx += b_w[:, None] * b_sgn
             store_rows(p_dx, o_n, D, o_d, b_dx * neg_inv_lam, m_nd)
 
-    if NEEDS_DY:  # phase 2: the [BM, BD] y tile, one x row at a time
-        o_m = j0 + tl.arange(0, BM)  # [BM]
-        m_m = o_m < j1
-        m_md = m_m[:, None] & m_d[None, :]
-        b_y = load_rows(y, o_m, stride_yn, o_d, m_md).to(tl.float32)  # [BM, BD]
-        b_dy = tl.zeros([BM, BD], dtype=tl.float32)
-        for i in range(r0, r1):
-            b_w = tl.load(g + i * stride_gn + o_m * stride_gm, mask=m_m,
-                          other=0.).to(tl.float32)  # [BM]
-            b_w *= tl.load(out + i * stride_on + o_m * stride_om, mask=m_m,
-                           other=0.).to(tl.float32)
-            b_xi = tl.load(x + i * stride_xn + o_d, mask=m_d, other=0.).to(tl.float32)
-            b_diff = b_xi[None, :] - b_y  # [BM, BD]
-            b_sgn = (b_diff > 0).to(tl.float32) - (b_diff < 0).to(tl.float32)
-            b_dy += b_w[:, None] * b_sgn
+    if NEEDS_DY:  # phase 2: [BM, BD] tiles of y, one x row at a time
         p_dy = dy_part + (i_r * tl.num_programs(1) + i_bh).to(tl.int64) * M * D
-        store_rows(p_dy, o_m, D, o_d, b_dy * -neg_inv_lam, m_md)
+        for j0 in range(0, M, BM):
+            o_m = j0 + tl.arange(0, BM)  # [BM]
+            m_m = o_m < M
+            m_md = m_m[:, None] & m_d[None, :]
+            b_y = load_rows(y, o_m, stride_yn, o_d, m_md).to(tl.float32)  # [BM, BD]
+            b_dy = tl.zeros([BM, BD], dtype=tl.float32)
+            for i in range(r0, r1):
+                b_w = tl.load(g + i * stride_gn + o_m * stride_gm, mask=m_m,
+                              other=0.).to(tl.float32)  # [BM]
+                b_w *= tl.load(out + i * stride_on + o_m * stride_om, mask=m_m,
+                               other=0.).to(tl.float32)
+                b_xi = tl.load(x + i * stride_xn + o_d, mask=m_d, other=0.).to(tl.float32)
+                b_diff = b_xi[None, :] - b_y  # [BM, BD]
+                b_sgn = (b_diff > 0).to(tl.float32) - (b_diff < 0).to(tl.float32)
+                b_dy += b_w[:, None] * b_sgn
+            store_rows(p_dy, o_m, D, o_d, b_dy * -neg_inv_lam, m_md)

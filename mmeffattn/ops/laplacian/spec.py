@@ -145,21 +145,18 @@ def roofline_costs(B: int, h: int, N: int, M: int, D: int, previous: bool = Fals
         if previous:
             return dict(fwd=fwd, bwd=Cost(bh * e * (2 * (2 * nm + N * D + M * D) + N * D + M * D),
                                           fp32=bh * nm * D * 14, launches=2))
-        from .function import BWD_MAX_D, bwd_row_split, laplacian_kernel_configs
-        bm = laplacian_kernel_configs(D, M)['bwd'].constexprs['BM']
-        n_col, n_d = -(-M // bm), -(-D // min(BWD_MAX_D, D))
-        n_split = -(-N // bwd_row_split(N, n_col * n_d * bh))
-        part = 4 * bh * D * (n_col * N + n_split * M)  # fp32 partial sums written
+        from .function import BWD_MAX_D, bwd_row_split
+        n_d = -(-D // min(BWD_MAX_D, D))
+        n_split = -(-N // bwd_row_split(N, n_d * bh))
         glue, launches = 0, 1
-        for n_part, rows in ((n_col, N), (n_split, M)):
-            if n_part > 1:  # summed (read, fp32 written) and cast
-                glue += 4 * bh * D * rows * (n_part + 1) + (e < 4) * bh * D * rows * (4 + e)
-                launches += 1 + (e < 4)
-            elif e < 4:  # cast only
-                glue += bh * D * rows * (4 + e)
-                launches += 1
-        bwd = Cost(bh * e * (2 * nm + N * D + M * D) + part + glue,
-                   fp32=bh * nm * D * 12, launches=launches)
+        if n_split > 1:  # dy's partial sums written, summed (read, fp32 written)
+            glue += 4 * bh * M * D * (2 * n_split + 1)
+            launches += 1
+        if e < 4:  # dy cast to the input dtype
+            glue += bh * M * D * (4 + e)
+            launches += 1
+        bwd = Cost(bh * e * (2 * nm + 2 * N * D + M * D) + glue, fp32=bh * nm * D * 12,
+                   launches=launches)
         return dict(fwd=fwd, bwd=bwd)
     return costs
 
