@@ -78,6 +78,19 @@ def test_laplacian_backward_models_one_pass() -> None:
     assert r.costs('bf16')['bwd'].launches <= 3 and r.previous('bf16')['bwd'].launches == 2
 
 
+def test_gpu_check_prints_measured_next_to_predicted(tmp_path, capsys) -> None:
+    """The harness times a case with a roofline and records both (here the reference on the
+    CPU stands in for the kernels on a GPU)."""
+    sys.path.insert(0, osp.join(ROOT, 'tools'))
+    import gpu_check
+    r = gpu_check.check_kernels(str(tmp_path), device='cpu', backend='reference',
+                                dtypes=('float32', ), only='dynamic_weight', timing=True)
+    assert r['status'] == 'ok'
+    row = json.loads((tmp_path / 'kernels.json').read_text())[0]
+    assert row['measured_us'] > 0 and row['predicted_us'] > 0 and row['predicted_for'] == 'H100'
+    assert 'predicted' in capsys.readouterr().out
+
+
 def _check_report(out_dir, quick: bool) -> dict:
     with open(osp.join(out_dir, 'kernels.json')) as f:
         report = json.load(f)
