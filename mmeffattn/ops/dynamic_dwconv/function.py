@@ -29,6 +29,9 @@ REDUCE_BLOCK_C = 32
 #: the backward sums the kernel-gradient partial sums of up to this many pixel tiles per
 #: program, keeping at least BWD_MIN_PROGRAMS programs (two per SM of an H100)
 BWD_MAX_TILES_PER_PROG, BWD_MIN_PROGRAMS = 16, 264
+#: register cap of the backward: without it ptxas chose 80 registers and an 8-byte stack frame
+#: for sm_80 (bf16 NCHW, 64 x 64); with it no case uses a stack frame
+BWD_MAXNREG = 128
 
 
 def bwd_tiles_per_prog(n_tiles: int, other_programs: int) -> int:
@@ -60,7 +63,7 @@ def dynamic_dwconv_kernel_configs(channels: int, kernel_size: int, normalize: bo
         'bwd': KernelConfig(kernels.dynamic_dwconv_bwd_kernel,
                             dict(common, BC=min(BWD_TILE[0], bc), BP=BWD_TILE[1], BKK=bkk,
                                  NEEDS_DX=needs_dx, NEEDS_DK=needs_dk),
-                            num_warps=NUM_WARPS, num_stages=1),
+                            num_warps=NUM_WARPS, num_stages=1, maxnreg=BWD_MAXNREG),
     }
     if needs_dk:
         configs['bwd_reduce'] = KernelConfig(

@@ -129,7 +129,7 @@ def dynamic_dwconv_bwd_kernel(
     if NEEDS_DK:
         b_part = tl.zeros([BKK, BC], dtype=tl.float32)  # [BKK, BC]
     tile_end = tl.minimum((i_g + 1) * tiles_per_prog, n_pix_tiles)
-    for i_p in range(i_g * tiles_per_prog, tile_end):
+    for i_p in tl.range(i_g * tiles_per_prog, tile_end, loop_unroll_factor=1):
         o_p = i_p * BP + tl.arange(0, BP)  # [BP]
         m_p = o_p < H * W
         o_h = o_p // W
