@@ -264,13 +264,11 @@ def before_after_table(before: dict, after: dict) -> List[str]:
     and after."""
     def per_op(report: dict) -> Dict[str, dict]:
         out: Dict[str, dict] = {}
-        first_case: Dict[str, str] = {}
-        for k in report['kernels']:
-            if k['arch'] != 90:
+        seen = set()
+        for k in report['kernels']:  # the first sm_90 compile of each launch role
+            if k['arch'] != 90 or (k['op'], k['role']) in seen:
                 continue
-            case = json.dumps(k['case'], sort_keys=True)
-            if first_case.setdefault(k['op'], case) != case:
-                continue
+            seen.add((k['op'], k['role']))
             o = out.setdefault(k['op'], dict(kernels=0, regs=0, instructions=0, shfl=0,
                                              shfl_in_loops=0, tc=0, ldg128=0, ldg_narrow=0,
                                              stack=0))
@@ -339,8 +337,11 @@ def markdown(report: dict, before: Optional[dict] = None) -> str:
            f"{len(report['kernels'])} compiled kernels"
            f"{' (quick run)' if report['quick'] else ''}.", '']
     if before is not None:
-        out += ['## Before / after (sm_90, first GPU-check shape; bytes and times: bf16 '
-                'forward + backward)', '',
+        out += ['## Before / after', '',
+                'Kernel columns: sm_90, the first compiled configuration of each launch role, '
+                'summed over the roles (max for registers); "kernels" counts the roles. Bytes '
+                'and times: the first GPU-check shape, bf16, forward + backward; "-" where the '
+                'op declares no roofline.', '',
                 f"Before: {before.get('source', 'earlier report')}; after: this tree.", '']
         out += before_after_table(before, report) + ['']
     out += ['## Rooflines (per call)', '',
