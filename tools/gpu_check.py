@@ -5,7 +5,9 @@
 
 1. ``kernels``: every Triton kernel against its PyTorch reference (evaluated in fp64) at the
    sizes the backbones really use (each op's ``gpu_checks``), forward and backward, in fp32 and
-   bf16, with the op's tolerance table (``mmeffattn/ops/<op>/spec.py``).
+   bf16, with the op's tolerance table (``mmeffattn/ops/<op>/spec.py``). Where the op's spec
+   declares a roofline for the check, the forward + backward call is also timed and printed
+   next to the predicted time (``docs/perf/kernels.md``, ``kernel_report.py``).
 2. ``op_tests``: the op test suite (``tests/ops``), whose CUDA-only cases (bf16 ``tl.dot``,
    compiled kernels) are skipped on a machine without a GPU.
 3. ``benchmark_ops``: ``tools/benchmark_ops.py --preset gpu`` (Triton vs reference vs SDPA and
@@ -25,7 +27,7 @@ import subprocess
 import sys
 import time
 import traceback
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -82,15 +84,57 @@ def _tolerances(name: str) -> Dict[Any, Any]:
                  if any(n == name for n, _ in spec.gpu_checks)), DEFAULT_TOLERANCES)
 
 
+def roofline_of(name: str):
+    """The :class:`~mmeffattn.ops._spec.Roofline` some spec declares for GPU check ``name``."""
+    return next((r for spec in _specs() for r in spec.rooflines if r.check == name), None)
+
+
+def gpu_name(device) -> str:
+    """The ``_spec.PEAKS`` entry closest to ``device`` (H200 or else H100)."""
+    import torch
+    name = torch.cuda.get_device_name(device) if device.type == 'cuda' else ''
+    return 'H200' if 'H200' in name else 'H100'
+
+
+def time_call(fn: Callable, inputs: List[Any], backend: str, reps: int = 20) -> float:
+    """Median seconds of one forward + backward of ``fn(backend, *inputs)`` (CUDA events on a
+    GPU, wall clock otherwise), after 3 warm-up calls."""
+    import torch
+    xs = [x.detach().requires_grad_() for x in inputs]
+    cuda = xs[0].is_cuda
+    grad = None
+    times = []
+    for i in range(reps + 3):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        t0 = time.perf_counter()
+        out = fn(backend, *xs)
+        if grad is None:
+            grad = torch.ones_like(out)
+        out.backward(grad)
+        if cuda:
+            end.record()
+            end.synchronize()
+            seconds = start.elapsed_time(end) / 1e3
+        else:
+            seconds = time.perf_counter() - t0
+        if i >= 3:
+            times.append(seconds)
+    return sorted(times)[len(times) // 2]
+
+
 def check_kernels(out_dir: str, device: str = 'cuda', backend: str = 'triton',
                   dtypes: Tuple[str, ...] = ('float32', 'bfloat16'),
-                  only: str = '') -> Dict[str, Any]:
+                  only: str = '', timing: Optional[bool] = None) -> Dict[str, Any]:
     """``backend`` (the Triton kernels; ``'reference'`` checks this harness itself on a CPU) in
     each of ``dtypes`` vs the reference in fp64: the output and every input gradient. ``only``
-    keeps the cases whose name contains it."""
+    keeps the cases whose name contains it. ``timing`` (default: on a CUDA device) times each
+    case that has a roofline and records it next to the prediction."""
     import torch
     from mmeffattn.ops._spec import check_close
     device = torch.device(device)
+    timing = device.type == 'cuda' if timing is None else timing
     os.makedirs(out_dir, exist_ok=True)
     rows = []
     for name, make in kernel_cases():
@@ -116,13 +160,29 @@ def check_kernels(out_dir: str, device: str = 'cuda', backend: str = 'triton',
                         assert x.grad is not None, f'input {i}: no gradient from the kernels'
                         check_close(x.grad, r.grad, dtype, f'grad of input {i}', tol)
                 row['status'] = 'ok'
+                roof = roofline_of(name)
+                if roof is not None and timing:  # measured next to predicted (fwd + bwd)
+                    from mmeffattn.ops._spec import Cost, predicted_seconds
+                    dname = {'float32': 'fp32', 'bfloat16': 'bf16'}.get(row['dtype'])
+                    if dname is not None:
+                        costs = roof.costs(dname).values()
+                        total = Cost(*(sum(getattr(c, f) for c in costs) for f in Cost._fields))
+                        gpu = gpu_name(device)
+                        row['measured_us'] = round(time_call(fn, inputs, backend) * 1e6, 1)
+                        row['predicted_us'] = round(predicted_seconds(total, gpu, dname) * 1e6, 1)
+                        row['predicted_for'] = gpu
+                        row['roofline_fraction'] = round(row['predicted_us']
+                                                         / max(row['measured_us'], 1e-3), 3)
             except Exception as e:
                 row['status'] = 'FAIL'
                 row['error'] = f'{type(e).__name__}: {e}'[:2000]
             row['seconds'] = round(time.time() - t0, 2)
             rows.append(row)
-            print(f'  {row["status"]:4} {name} [{row["dtype"]}] {row.get("error", "")[:200]}',
-                  flush=True)
+            timing = (f' measured {row["measured_us"]} us, predicted {row["predicted_us"]} us '
+                      f'({row["predicted_for"]} roofline; {row["roofline_fraction"]:.0%})'
+                      if 'measured_us' in row else '')
+            print(f'  {row["status"]:4} {name} [{row["dtype"]}]{timing} '
+                  f'{row.get("error", "")[:200]}', flush=True)
             if device.type == 'cuda':
                 torch.cuda.empty_cache()
     with open(osp.join(out_dir, 'kernels.json'), 'w') as f:

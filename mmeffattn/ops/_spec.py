@@ -53,6 +53,57 @@ Benchmark = Callable[[int, Any, torch.device, torch.dtype],
 AttentionKind = Callable[..., torch.Tensor]
 
 
+class Cost(NamedTuple):
+    """What one pass of an op moves and computes on a GPU, kernels and glue together.
+
+    ``bytes``: HBM bytes every call must read and write (inputs, outputs, saved and
+    intermediate tensors, each as often as the implementation touches it). ``fp32``: fp32
+    CUDA-core lane instructions (an FADD, FMUL, FFMA or MUFU counts 1, so the peak is half the
+    fp32 FLOP/s figure). ``tc``: tensor-core FLOPs (2 per MAC) at the op's dot precision.
+    ``launches``: kernel and glue launches (a floor of a few microseconds each)."""
+    bytes: int
+    fp32: int = 0
+    tc: int = 0
+    launches: int = 1
+
+
+#: peak rates per GPU: HBM bytes/s, fp32 lane instructions/s (fp32 FLOP/s / 2), dense tensor-core
+#: FLOP/s for 16-bit inputs and for tf32 (fp32 inputs; ``tf32x3`` is three tf32 products)
+PEAKS: Dict[str, Dict[str, float]] = {
+    'H100': dict(hbm=3.35e12, fp32=67e12 / 2, tc16=989e12, tf32=495e12),
+    'H200': dict(hbm=4.8e12, fp32=67e12 / 2, tc16=989e12, tf32=495e12),
+}
+
+
+def predicted_seconds(cost: Cost, gpu: str, dtype: str) -> float:
+    """The roofline time of ``cost`` on ``gpu``: the larger of the HBM time and the compute
+    time (CUDA-core and tensor-core work added, as they share issue slots); no launch
+    latency (``cost.launches`` says how many there are)."""
+    peak = PEAKS[gpu]
+    tc_peak = peak['tf32'] if dtype == 'fp32' else peak['tc16']
+    return max(cost.bytes / peak['hbm'], cost.fp32 / peak['fp32'] + cost.tc / tc_peak)
+
+
+@dataclass(frozen=True)
+class Roofline:
+    """An op's analytic roofline at one GPU-check shape (``tools/analysis_tools/
+    kernel_report.py``, ``tools/gpu_check.py``).
+
+    Args:
+        check: the name of the op's GPU check with these shapes (``OpSpec.gpu_checks``); the
+            GPU script times that call (forward + backward) against the prediction.
+        costs: ``costs(dtype_name) -> {'fwd': Cost, 'bwd': Cost}`` at those shapes.
+        aot_case: an ``aot.record`` case at those shapes: the launches the launchers really
+            issue there (what the kernel report compiles).
+        previous: the same for the op's previous kernel design, when a change to the kernels
+            changed it (the report's before/after table); None otherwise.
+    """
+    check: str
+    costs: Callable[[str], Dict[str, 'Cost']]
+    aot_case: Dict[str, Any]
+    previous: Optional[Callable[[str], Dict[str, 'Cost']]] = None
+
+
 @dataclass(frozen=True)
 class AotSpec:
     """Ahead-of-time compilation (``tests/ops/aot_worker.py``): ``record(case)`` runs the real
@@ -80,6 +131,7 @@ class OpSpec:
         attention_kinds: dispersion kind -> :data:`AttentionKind`, for ops that imply
             attention weights (``analysis/dispersion.py``).
         aot: what the AOT worker compiles (None: no kernels to compile).
+        rooflines: analytic bytes/FLOPs per call at GPU-check shapes (:class:`Roofline`).
     """
     name: str
     macs: Callable[..., int]
@@ -91,6 +143,7 @@ class OpSpec:
     benchmark_settings: Dict[str, Any] = field(default_factory=dict)
     attention_kinds: Dict[str, AttentionKind] = field(default_factory=dict)
     aot: Optional[AotSpec] = None
+    rooflines: Sequence[Roofline] = ()
 
 
 _SPECS: Optional[List[OpSpec]] = None

@@ -116,6 +116,20 @@ def test_triton_matches_reference(case: Case) -> None:
 
 
 @needs_triton
+@pytest.mark.parametrize('case', [Case(2, 40, 13, 17, 3, 'fp32', layout='tokens'),
+                                  Case(1, 6, 15, 16, 5, 'fp16')], ids=lambda c: c.id)
+def test_triton_backward_sums_several_tiles_per_program(monkeypatch, case: Case) -> None:
+    """At the test sizes a program has one pixel tile; with the program floor lowered, each
+    backward program sums the partial sums of up to 3 tiles (the last group partial: 4 tiles)."""
+    from mmeffattn.ops.dynamic_dwconv import function
+    monkeypatch.setattr(function, 'BWD_MIN_PROGRAMS', 1)
+    monkeypatch.setattr(function, 'BWD_MAX_TILES_PER_PROG', 3)
+    n_tiles = -(-case.H * case.W // function.BWD_TILE[1])
+    assert n_tiles == 4 and function.bwd_tiles_per_prog(n_tiles, 1) == 3
+    check_against_reference(case, backend='triton')
+
+
+@needs_triton
 def test_triton_keeps_the_token_layout() -> None:
     """A token tensor's channels-last view comes back in the same layout (no copy needed to
     return to tokens), NCHW stays NCHW."""

@@ -5,7 +5,7 @@ tensors and interpreted on CPU tensors when Triton's interpreter is on.
 
 Forward: one launch of ``dynamic_dwconv_fwd_kernel`` (kernel normalization, static-kernel add,
 convolution, bias and cast fused). Backward: ``dynamic_dwconv_bwd_kernel`` gives ``dx`` and
-per-tile partial sums of the kernel and bias gradients (deterministic, no atomics);
+partial sums of the kernel and bias gradients, one per group of pixel tiles (deterministic, no atomics);
 ``dynamic_dwconv_bwd_reduce_kernel`` reduces them per sample and back-propagates the
 normalization; the static kernel's and the bias's gradients are sums over the samples (torch).
 """
@@ -26,6 +26,18 @@ BWD_TILE = (32, 64)
 NUM_WARPS = 8
 #: channels per program of the reduction kernel
 REDUCE_BLOCK_C = 32
+#: the backward sums the kernel-gradient partial sums of up to this many pixel tiles per
+#: program, keeping at least BWD_MIN_PROGRAMS programs (two per SM of an H100)
+BWD_MAX_TILES_PER_PROG, BWD_MIN_PROGRAMS = 16, 264
+#: register cap of the backward: without it ptxas chose 80 registers and an 8-byte stack frame
+#: for sm_80 (bf16 NCHW, 64 x 64); with it no case uses a stack frame
+BWD_MAXNREG = 128
+
+
+def bwd_tiles_per_prog(n_tiles: int, other_programs: int) -> int:
+    """Pixel tiles per backward program (a program writes one set of partial sums)."""
+    return max(1, min(n_tiles, BWD_MAX_TILES_PER_PROG,
+                      n_tiles * other_programs // BWD_MIN_PROGRAMS))
 
 
 def dynamic_dwconv_kernel_configs(channels: int, kernel_size: int, normalize: bool,
@@ -49,9 +61,9 @@ def dynamic_dwconv_kernel_configs(channels: int, kernel_size: int, normalize: bo
                             dict(common, BC=bc, BP=FWD_TILE[1], HAS_BIAS=has_bias),
                             num_warps=NUM_WARPS, num_stages=1),
         'bwd': KernelConfig(kernels.dynamic_dwconv_bwd_kernel,
-                            dict(common, BC=min(BWD_TILE[0], bc), BP=BWD_TILE[1],
+                            dict(common, BC=min(BWD_TILE[0], bc), BP=BWD_TILE[1], BKK=bkk,
                                  NEEDS_DX=needs_dx, NEEDS_DK=needs_dk),
-                            num_warps=NUM_WARPS, num_stages=1),
+                            num_warps=NUM_WARPS, num_stages=1, maxnreg=BWD_MAXNREG),
     }
     if needs_dk:
         configs['bwd_reduce'] = KernelConfig(
@@ -113,21 +125,24 @@ def dynamic_dwconv_bwd(dy: torch.Tensor, x: torch.Tensor, kernel: torch.Tensor,
         dy = dy.contiguous()
     cfg = cfgs['bwd']
     n_tiles = -(-H * W // cfg.constexprs['BP'])
+    n_cb = -(-C // cfg.constexprs['BC'])
+    per_prog = bwd_tiles_per_prog(n_tiles, n_cb * B)
+    n_groups = -(-n_tiles // per_prog)
     dx = torch.empty_like(x) if needs_dx else None
     dx_arg = dx if needs_dx else x
-    part = (torch.empty((B, n_tiles, C, K * K + 1), dtype=torch.float32, device=x.device)
+    part = (torch.empty((B, n_groups, C, K * K + 1), dtype=torch.float32, device=x.device)
             if needs_dk else k)
     dkernel = dbias = dweight = None
     with _device_guard(x):
-        _launch('bwd', cfg, (n_tiles, -(-C // cfg.constexprs['BC']), B),
+        _launch('bwd', cfg, (n_groups, n_cb, B),
                 x, k, w, dy, dx_arg, part, *_strides4(x), k.stride(0), *_strides4(dy),
-                *_strides4(dx_arg), C, H, W, n_tiles)
+                *_strides4(dx_arg), C, H, W, n_tiles, per_prog, n_groups)
         if needs_dk:
             red_cfg = cfgs['bwd_reduce']
             dk = torch.empty_like(k)
             red = torch.empty((B, C, K * K + 1), dtype=torch.float32, device=x.device)
             _launch('bwd_reduce', red_cfg, (-(-C // red_cfg.constexprs['BC']), B),
-                    k, part, dk, red, k.stride(0), C, n_tiles)
+                    k, part, dk, red, k.stride(0), C, n_groups)
             if needs[1]:
                 dkernel = dk.reshape(kernel.shape)
             if needs[2]:

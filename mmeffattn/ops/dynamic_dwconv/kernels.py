@@ -13,7 +13,8 @@ Only ``@triton.jit`` functions live here; launchers and the autograd Function ar
 * Stride 1, zero padding ``P = K // 2``: ``out[h, w] = sum_t x[h + ky - P, w + kx - P] tap_t``
   with ``t = ky * K + kx``; the taps are a loop (``loop_unroll_factor=1``: unrolled, every
   tap's tile was loaded up front and ptxas spilled).
-* One program per (block of ``BP`` pixels, block of ``BC`` channels, sample) on a 3-D grid;
+* The forward runs one program per (block of ``BP`` pixels, block of ``BC`` channels,
+  sample) on a 3-D grid, the backward one per (group of consecutive pixel blocks, ...);
   pixels are the flattened ``H*W`` grid in row-major order. Out-of-grid neighbours load as zero.
 * Arithmetic is fp32 whatever the storage dtypes.
 """
@@ -97,66 +98,85 @@ def dynamic_dwconv_bwd_kernel(
     stride_kb,
     stride_dyb, stride_dyc, stride_dyh, stride_dyw,
     stride_dxb, stride_dxc, stride_dxh, stride_dxw,
-    C, H, W, n_pix_tiles,
-    K: tl.constexpr, BC: tl.constexpr, BP: tl.constexpr,
+    C, H, W, n_pix_tiles, tiles_per_prog, n_groups,
+    K: tl.constexpr, BC: tl.constexpr, BP: tl.constexpr, BKK: tl.constexpr,
     NORMALIZE: tl.constexpr, HAS_WEIGHT: tl.constexpr, NEEDS_DX: tl.constexpr,
     NEEDS_DK: tl.constexpr,
 ):
-    """dx of one ``BP x BC`` tile, and this tile's partial sums of the kernel and bias gradients.
+    """dx of ``tiles_per_prog`` consecutive ``BP x BC`` tiles, and their summed partial sums of
+    the kernel and bias gradients.
 
     ``dx[p] = sum_t dy[p - off_t] tap_t`` (the transposed convolution); ``part`` is
-    ``[B, n_pix_tiles, C, K*K + 1]`` fp32: slot ``t < K*K`` holds ``sum_p dy[p] x[p + off_t]``
-    over the tile's pixels, slot ``K*K`` holds ``sum_p dy[p]`` (written only if NEEDS_DK; the
-    finalize kernel reduces them over tiles).
+    ``[B, n_groups, C, K*K + 1]`` fp32 (one group = one program's tiles): slot ``t < K*K``
+    holds ``sum_p dy[p] x[p + off_t]`` over the group's pixels, slot ``K*K`` ``sum_p dy[p]``
+    (written only if NEEDS_DK; the reduce kernel sums the groups). The sums stay in a
+    ``[BKK, BC]`` register tile across the group's tiles, so a program writes them once.
+    Grid: ``(n_groups, channel tiles, B)``.
     """
-    o_c, m_c, o_p, m_p, o_h, o_w, i_b = _pixel_channel_tile(C, H, W, BC, BP)
+    i_g = tl.program_id(0)
+    o_c = tl.program_id(1) * BC + tl.arange(0, BC)  # [BC]
+    m_c = o_c < C
+    i_b = tl.program_id(2).to(tl.int64)
     x += i_b * stride_xb
     kernel += i_b * stride_kb
     dy += i_b * stride_dyb
     dx += i_b * stride_dxb
     KK: tl.constexpr = K * K
     PAD: tl.constexpr = K // 2
-    m_pc = m_p[:, None] & m_c[None, :]  # [BP, BC]
-    if NEEDS_DK:
-        b_dy = tl.load(dy + (o_h * stride_dyh + o_w * stride_dyw)[:, None]
-                       + o_c[None, :] * stride_dyc, mask=m_pc, other=0.).to(tl.float32)  # [BP, BC]
-        p_part = part + ((i_b * n_pix_tiles + tl.program_id(0)) * C + o_c) * (KK + 1)  # [BC]
-        tl.store(p_part + KK, tl.sum(b_dy, 0), mask=m_c)
+    o_t = tl.arange(0, BKK)  # [BKK] taps, then the bias slot
     if NEEDS_DX:
         b_inv = _inv_norm(kernel, o_c, m_c, BC, KK) if NORMALIZE else 1.
-        b_dx = tl.zeros([BP, BC], dtype=tl.float32)  # [BP, BC]
-
-    for t in tl.range(0, KK, loop_unroll_factor=1):
-        if NEEDS_DX:
-            b_tap = _tap(kernel, weight, o_c, m_c, b_inv, t, KK, NORMALIZE, HAS_WEIGHT)  # [BC]
-            o_hh = o_h - (t // K - PAD)  # [BP]
-            o_ww = o_w - (t % K - PAD)  # [BP]
-            m_s = m_p & (o_hh >= 0) & (o_hh < H) & (o_ww >= 0) & (o_ww < W)  # [BP]
-            b_dys = tl.load(dy + (o_hh * stride_dyh + o_ww * stride_dyw)[:, None]
-                            + o_c[None, :] * stride_dyc, mask=m_s[:, None] & m_c[None, :],
-                            other=0.).to(tl.float32)  # [BP, BC]
-            b_dx += tl.where(m_s[:, None], b_dys * b_tap[None, :], 0.)
+    if NEEDS_DK:
+        b_part = tl.zeros([BKK, BC], dtype=tl.float32)  # [BKK, BC]
+    tile_end = tl.minimum((i_g + 1) * tiles_per_prog, n_pix_tiles)
+    for i_p in tl.range(i_g * tiles_per_prog, tile_end, loop_unroll_factor=1):
+        o_p = i_p * BP + tl.arange(0, BP)  # [BP]
+        m_p = o_p < H * W
+        o_h = o_p // W
+        o_w = o_p % W
+        m_pc = m_p[:, None] & m_c[None, :]  # [BP, BC]
         if NEEDS_DK:
-            o_hh = o_h + (t // K - PAD)  # [BP]
-            o_ww = o_w + (t % K - PAD)  # [BP]
-            m_s = m_p & (o_hh >= 0) & (o_hh < H) & (o_ww >= 0) & (o_ww < W)  # [BP]
-            b_xs = tl.load(x + (o_hh * stride_xh + o_ww * stride_xw)[:, None]
-                           + o_c[None, :] * stride_xc, mask=m_s[:, None] & m_c[None, :],
+            b_dy = tl.load(dy + (o_h * stride_dyh + o_w * stride_dyw)[:, None]
+                           + o_c[None, :] * stride_dyc, mask=m_pc,
                            other=0.).to(tl.float32)  # [BP, BC]
-            tl.store(p_part + t, tl.sum(b_dy * b_xs, 0), mask=m_c)
-    if NEEDS_DX:
-        tl.store(dx + (o_h * stride_dxh + o_w * stride_dxw)[:, None] + o_c[None, :] * stride_dxc,
-                 b_dx.to(dx.dtype.element_ty), mask=m_pc)
+            b_part += tl.where(o_t[:, None] == KK, tl.sum(b_dy, 0)[None, :], 0.)
+        if NEEDS_DX:
+            b_dx = tl.zeros([BP, BC], dtype=tl.float32)  # [BP, BC]
+        for t in tl.range(0, KK, loop_unroll_factor=1):
+            if NEEDS_DX:
+                b_tap = _tap(kernel, weight, o_c, m_c, b_inv, t, KK, NORMALIZE,
+                             HAS_WEIGHT)  # [BC]
+                o_hh = o_h - (t // K - PAD)  # [BP]
+                o_ww = o_w - (t % K - PAD)  # [BP]
+                m_s = m_p & (o_hh >= 0) & (o_hh < H) & (o_ww >= 0) & (o_ww < W)  # [BP]
+                b_dys = tl.load(dy + (o_hh * stride_dyh + o_ww * stride_dyw)[:, None]
+                                + o_c[None, :] * stride_dyc, mask=m_s[:, None] & m_c[None, :],
+                                other=0.).to(tl.float32)  # [BP, BC]
+                b_dx += tl.where(m_s[:, None], b_dys * b_tap[None, :], 0.)
+            if NEEDS_DK:
+                o_hh = o_h + (t // K - PAD)  # [BP]
+                o_ww = o_w + (t % K - PAD)  # [BP]
+                m_s = m_p & (o_hh >= 0) & (o_hh < H) & (o_ww >= 0) & (o_ww < W)  # [BP]
+                b_xs = tl.load(x + (o_hh * stride_xh + o_ww * stride_xw)[:, None]
+                               + o_c[None, :] * stride_xc, mask=m_s[:, None] & m_c[None, :],
+                               other=0.).to(tl.float32)  # [BP, BC]
+                b_part += tl.where(o_t[:, None] == t, tl.sum(b_dy * b_xs, 0)[None, :], 0.)
+        if NEEDS_DX:
+            tl.store(dx + (o_h * stride_dxh + o_w * stride_dxw)[:, None]
+                     + o_c[None, :] * stride_dxc, b_dx.to(dx.dtype.element_ty), mask=m_pc)
+    if NEEDS_DK:
+        p_part = part + ((i_b * n_groups + i_g) * C + o_c[None, :]) * (KK + 1) + o_t[:, None]
+        tl.store(p_part, b_part, mask=(o_t < KK + 1)[:, None] & m_c[None, :])
 
 
 @triton.jit
 def dynamic_dwconv_bwd_reduce_kernel(
     kernel, part, dkernel, red,
     stride_kb,
-    C, n_pix_tiles,
+    C, n_groups,
     K: tl.constexpr, BC: tl.constexpr, BKK: tl.constexpr, NORMALIZE: tl.constexpr,
 ):
-    """Reduce the per-tile partial sums of one sample and back-propagate the normalization.
+    """Reduce the per-group partial sums of one sample and back-propagate the normalization.
 
     ``red [B, C, K*K + 1]`` fp32 receives ``G`` (the effective kernel's gradient, slots
     ``< K*K``) and the bias gradient of the sample (slot ``K*K``); the launcher sums it over the
@@ -175,9 +195,9 @@ def dynamic_dwconv_bwd_reduce_kernel(
     m_c = o_c < C  # [BC]
     o_t = tl.arange(0, BKK)  # [BKK]
     m_t1 = m_c[:, None] & (o_t < KK + 1)[None, :]  # [BC, BKK] taps and the bias slot
-    p_part = part + (i_b * n_pix_tiles * C + o_c[:, None]) * (KK + 1) + o_t[None, :]  # [BC, BKK]
+    p_part = part + (i_b * n_groups * C + o_c[:, None]) * (KK + 1) + o_t[None, :]  # [BC, BKK]
     b_acc = tl.zeros([BC, BKK], dtype=tl.float32)  # [BC, BKK]
-    for i_t in range(n_pix_tiles):
+    for i_t in range(n_groups):
         b_acc += tl.load(p_part + i_t * C * (KK + 1), mask=m_t1, other=0.)
     tl.store(red + (i_b * C + o_c[:, None]) * (KK + 1) + o_t[None, :], b_acc, mask=m_t1)
 

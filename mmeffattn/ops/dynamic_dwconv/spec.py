@@ -4,7 +4,7 @@ from typing import Any, Dict
 
 import torch
 
-from .._spec import DTYPES, AotSpec, OpSpec, randn, square_grid
+from .._spec import DTYPES, AotSpec, Cost, OpSpec, Roofline, randn, square_grid
 from .op import MAX_KERNEL_SIZE, dynamic_dwconv, dynamic_dwconv_triton_reasons
 
 #: WeightFormer's dynamic convolution kernel side
@@ -88,8 +88,42 @@ AOT = AotSpec(
     kernels=frozenset({'dynamic_dwconv_fwd_kernel', 'dynamic_dwconv_bwd_kernel',
                        'dynamic_dwconv_bwd_reduce_kernel'}))
 
+def roofline_costs(B: int, C: int, side: int, K: int = KERNEL, previous: bool = False):
+    """``costs(dtype) -> {'fwd': Cost, 'bwd': Cost}`` of one normalized call with static kernel
+    and bias (the GPU check): x, dy, out, dx once each through HBM (the shifted re-reads hit
+    L1/L2), the kernel-gradient partial sums written and re-read, the per-sample sums summed
+    by torch. fp32 lane instructions: 3 per tap and output (multiply, select, add) forward,
+    5 backward (dx's 3, the dk product and its sum).
+
+    ``previous``: one partial sum per 64-pixel tile (before issue 14)."""
+    def costs(dtype: str) -> Dict[str, Cost]:
+        from .function import BWD_TILE, bwd_tiles_per_prog
+        e = DTYPES[dtype].itemsize
+        P, KK = side * side, K * K
+        bcp = B * C * P
+        n_tiles = -(-P // BWD_TILE[1])
+        n_cb = -(-C // BWD_TILE[0])
+        groups = n_tiles if previous else -(-n_tiles // bwd_tiles_per_prog(n_tiles, n_cb * B))
+        small = B * C * KK * e + C * KK * 4 + C * 4  # kernel, static kernel, bias
+        fwd = Cost(2 * bcp * e + small, fp32=3 * KK * bcp)
+        part = B * groups * C * (KK + 1) * 4
+        red = B * C * (KK + 1) * 4
+        bwd = Cost(3 * bcp * e + small + 2 * part + 2 * red + B * C * KK * e + C * (KK + 1) * 4,
+                   fp32=5 * KK * bcp, launches=4)
+        return dict(fwd=fwd, bwd=bwd)
+    return costs
+
+
+def roofline(B: int, C: int, side: int) -> Roofline:
+    return Roofline(check=f'dynamic_dwconv B{B}-C{C}-{side}x{side}',
+                    costs=roofline_costs(B, C, side),
+                    aot_case=aot_case(C, side, side, KERNEL, 'bf16', layout='nchw', B=B),
+                    previous=roofline_costs(B, C, side, previous=True))
+
+
 SPEC = OpSpec(
     name='dynamic_dwconv', macs=macs, can_run=dynamic_dwconv_triton_reasons,
-    gpu_checks=[('dynamic_dwconv B8-C768-14x14', gpu_check(8, 768, 14))],
+    gpu_checks=[('dynamic_dwconv B8-C768-14x14', gpu_check(8, 768, 14)),
+                ('dynamic_dwconv B2-C384-64x64', gpu_check(2, 384, 64))],
     benchmarks={'dynamic_dwconv': benchmark}, benchmark_settings=dict(weightformer_kernel=KERNEL),
-    aot=AOT)
+    aot=AOT, rooflines=[roofline(8, 768, 14), roofline(2, 384, 64)])

@@ -5,7 +5,7 @@ from typing import Any, Dict
 
 import torch
 
-from .._spec import DTYPES, AotSpec, OpSpec, randn, square_grid
+from .._spec import DTYPES, AotSpec, Cost, OpSpec, Roofline, randn, square_grid
 from .op import dynamic_weight, dynamic_weight_triton_reasons
 
 #: WeightFormer pools the tokens 2x2 for the dynamic weight
@@ -84,9 +84,34 @@ AOT = AotSpec(
     kernels=frozenset({'dynamic_weight_fwd_kernel', 'dynamic_weight_bwd_dp_kernel',
                        'dynamic_weight_bmm_kernel'}))
 
+
+def roofline_costs(B: int, M: int, c_in: int, c_out: int):
+    """``costs(dtype) -> {'fwd': Cost, 'bwd': Cost}`` of one call with an fp32 static weight
+    (the GPU check): forward u, v and the weight read, the ``[B, c_out, c_in]`` weight written;
+    backward its gradient read (twice: the row-norm term, then du and dv), u and v read,
+    du, dv written. Tensor-core FLOPs: 2 per MAC (``v^T u`` forward; ``dp``, du, dv backward);
+    fp32 lane instructions: about 3 per output weight each way (norm, scale, add)."""
+    def costs(dtype: str) -> Dict[str, Cost]:
+        e = DTYPES[dtype].itemsize
+        uv = B * M * (c_in + c_out) * e
+        w_out = B * c_out * c_in * e
+        mac = B * M * c_in * c_out
+        fwd = Cost(uv + 4 * c_out * c_in + w_out, fp32=3 * B * c_out * c_in, tc=2 * mac)
+        bwd = Cost(2 * w_out + 2 * uv + 8 * B * c_out, fp32=3 * B * c_out * c_in,
+                   tc=2 * 2 * mac + 2 * B * c_out * c_in, launches=3)
+        return dict(fwd=fwd, bwd=bwd)
+    return costs
+
+
+def roofline(B: int, M: int, c_in: int, c_out: int) -> Roofline:
+    return Roofline(check=f'dynamic_weight B{B}-M{M}-{c_in}x{c_out}',
+                    costs=roofline_costs(B, M, c_in, c_out),
+                    aot_case=aot_case(M, c_in, c_out, 'bf16', B=B))
+
+
 SPEC = OpSpec(
     name='dynamic_weight', macs=macs, can_run=dynamic_weight_triton_reasons,
     # WeightFormer-T's dynamic layers at 224
     gpu_checks=[('dynamic_weight B8-M49-192x768', gpu_check(8, 49, 192, 768))],
     benchmarks={'dynamic_linear': benchmark}, benchmark_settings=dict(weightformer_pool=POOL),
-    aot=AOT)
+    aot=AOT, rooflines=[roofline(8, 49, 192, 768)])

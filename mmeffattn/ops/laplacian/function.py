@@ -4,8 +4,9 @@ Importing this module needs Triton (``op.py`` guards it). The kernels run compil
 tensors and interpreted on CPU tensors when Triton's interpreter is on.
 
 Forward: one launch of ``laplacian_fwd_kernel``; the output is saved for the backward (it is the
-``out_ij`` factor of the gradient, so nothing is recomputed). Backward: two launches of
-``laplacian_bwd_kernel``, for dx and, with the roles swapped, for dy.
+``out_ij`` factor of the gradient, so nothing is recomputed). Backward: one launch of
+``laplacian_bwd_kernel`` reads ``g`` and ``out`` once, writes dx and split partial sums of dy
+(one per split of the x rows, summed by torch; a single one is used as it is).
 """
 import math
 from typing import Dict, Optional, Tuple
@@ -20,27 +21,42 @@ from .._launch import (KernelConfig, Launch, device_guard as _device_guard,  # n
 from . import kernels
 
 
-def laplacian_kernel_configs(D: int) -> Dict[str, KernelConfig]:
-    """The configurations the launchers use, by role: ``'fwd'``, ``'bwd_dx'``, ``'bwd_dy'``
-    (the last two are the same kernel).
+#: x rows per backward chunk, y rows per backward tile (at most), D columns per program (at most)
+BWD_ROWS, BWD_MAX_COLS, BWD_MAX_D = 32, 64, 64
+#: split the x rows into enough backward programs for this many (two per SM of an H100): more
+#: splits mean more dy partial sums to write and add
+BWD_TARGET_PROGRAMS = 264
 
-    A 3-D difference block of ``BN x BM x BD`` fp32 values is live in registers: 8192 of them,
-    over 4 warps in the forward (64 per thread) and 8 warps in the backward (32 per thread: it
-    also holds the ``g * out`` weights and the sign block; at 4 warps ptxas spilled some
-    specialisations on sm_90), compiled without spills for sm_80 and sm_90
-    (tests/ops/test_laplacian_aot.py). The forward sweeps D in chunks of at most 8 so that the
-    token tile stays 32 x 32; the backward's D tile (a grid axis) is up to 16 wide.
+
+def laplacian_kernel_configs(D: int, M: int = 64) -> Dict[str, KernelConfig]:
+    """The configurations the launchers use, by role: ``'fwd'`` and ``'bwd'``.
+
+    Forward: a ``64 x 64`` (``BM`` down to 16 for few y rows) fp32 output tile on 8 warps, a
+    16-value micro-tile per thread, accumulated one D column at a time (no reduction across
+    lanes; 4 warps held 32 values per thread and ptxas used 156 registers). Backward: ``BR =
+    32`` x rows by ``BD`` (D padded to 16..64; wider D is a grid axis) on 4 warps, and
+    ``BM x BD`` tiles of y with ``BM`` the y rows padded (16 to 64). Compiled without spills for
+    sm_80 and sm_90 (tests/ops/test_aot.py).
 
     Args:
-        D: the head dim.
+        D: the head dim. M: the y rows (the forward's and backward's column tile).
     """
-    bd_fwd = min(8, _next_pow2(D))
-    bd_bwd = min(16, _next_pow2(D))
-    fwd = KernelConfig(kernels.laplacian_fwd_kernel, dict(BN=32, BM=32, BD=bd_fwd),
-                       num_warps=4, num_stages=2)
-    bwd = KernelConfig(kernels.laplacian_bwd_kernel, dict(BN=32, BM=16, BD=bd_bwd),
-                       num_warps=8, num_stages=2)
-    return {'fwd': fwd, 'bwd_dx': bwd, 'bwd_dy': bwd}
+    bm = min(BWD_MAX_COLS, max(16, _next_pow2(M)))
+    fwd = KernelConfig(kernels.laplacian_fwd_kernel, dict(BN=64, BM=bm), num_warps=8,
+                       num_stages=1)
+    bwd = KernelConfig(kernels.laplacian_bwd_kernel,
+                       dict(BR=BWD_ROWS, BM=bm, BD=min(BWD_MAX_D, max(16, _next_pow2(D))),
+                            NEEDS_DX=True, NEEDS_DY=True),
+                       num_warps=4, num_stages=1)
+    return {'fwd': fwd, 'bwd': bwd}
+
+
+def bwd_row_split(N: int, other_programs: int) -> int:
+    """x rows per backward program: a multiple of ``BWD_ROWS``, as many as keeps at least
+    :data:`BWD_TARGET_PROGRAMS` programs (fewer rows means more dy partial sums)."""
+    splits = max(1, min(-(-N // BWD_ROWS), -(-BWD_TARGET_PROGRAMS // max(1, other_programs))))
+    rows = -(-N // splits)
+    return -(-rows // BWD_ROWS) * BWD_ROWS
 
 
 def int32_offsets_fit(x: torch.Tensor, y: torch.Tensor) -> bool:
@@ -60,7 +76,7 @@ def laplacian_fwd(x: torch.Tensor, y: torch.Tensor, lam: float) -> torch.Tensor:
     """
     B, heads, N, D = x.shape
     M = y.shape[2]
-    cfg = laplacian_kernel_configs(D)['fwd']
+    cfg = laplacian_kernel_configs(D, M)['fwd']
     out = torch.empty((B, heads, N, M), dtype=x.dtype, device=x.device)
     bn, bm = cfg.constexprs['BN'], cfg.constexprs['BM']
     grid = (-(-N // bn) * -(-M // bm), B * heads)
@@ -81,23 +97,22 @@ def laplacian_bwd(g: torch.Tensor, x: torch.Tensor, y: torch.Tensor, out: torch.
     """
     B, heads, N, D = x.shape
     M = y.shape[2]
-    cfgs = laplacian_kernel_configs(D)
-    dx = dy = None
-    gs, os_ = g.stride(), out.stride()
+    base = laplacian_kernel_configs(D, M)['bwd']
+    cfg = KernelConfig(base.kernel, dict(base.constexprs, NEEDS_DX=needs_xy[0],
+                                         NEEDS_DY=needs_xy[1]), base.num_warps, base.num_stages)
+    n_d = -(-D // cfg.constexprs['BD'])
+    rows = bwd_row_split(N, n_d * B * heads)
+    n_split = -(-N // rows)
+    dx = torch.empty((B, heads, N, D), dtype=x.dtype, device=x.device) if needs_xy[0] else None
+    dy_part = (torch.empty((n_split, B * heads, M, D), dtype=torch.float32, device=x.device)
+               if needs_xy[1] else out)
     with _device_guard(x):
-        if needs_xy[0]:
-            cfg = cfgs['bwd_dx']
-            dx = torch.empty((B, heads, N, D), dtype=x.dtype, device=x.device)
-            grid = (-(-N // cfg.constexprs['BN']) * -(-D // cfg.constexprs['BD']), B * heads)
-            _launch('bwd_dx', cfg, grid, x, y, g, out, dx, *_bh_strides(x), *_bh_strides(y),
-                    *gs, *os_, *_bh_strides(dx), heads, N, M, D, -1.0 / lam)
-        if needs_xy[1]:  # the same kernel with x <-> y and g, out transposed (strides swapped)
-            cfg = cfgs['bwd_dy']
-            dy = torch.empty((B, heads, M, D), dtype=y.dtype, device=y.device)
-            grid = (-(-M // cfg.constexprs['BN']) * -(-D // cfg.constexprs['BD']), B * heads)
-            _launch('bwd_dy', cfg, grid, y, x, g, out, dy, *_bh_strides(y), *_bh_strides(x),
-                    gs[0], gs[1], gs[3], gs[2], os_[0], os_[1], os_[3], os_[2],
-                    *_bh_strides(dy), heads, M, N, D, -1.0 / lam)
+        _launch('bwd', cfg, (n_split * n_d, B * heads), x, y, g, out,
+                out if dx is None else dx, dy_part, *_bh_strides(x), *_bh_strides(y),
+                *g.stride(), *out.stride(), heads, N, M, D, -1.0 / lam, rows, n_d)
+    dy = None
+    if needs_xy[1]:
+        dy = (dy_part[0] if n_split == 1 else dy_part.sum(0)).view(B, heads, M, D).to(y.dtype)
     return dx, dy
 
 

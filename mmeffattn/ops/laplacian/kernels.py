@@ -6,9 +6,11 @@ Only ``@triton.jit`` functions live here; launchers and the autograd Function ar
 * Token tensors ``[B, heads, tokens, D]`` have arbitrary sample/head/token strides and unit
   stride on D; a program finds its ``(sample, head)`` from ``program_id(1) = b * heads + h``
   (int64 base offsets, int32 offsets inside one matrix).
-* The L1 distance is not a matmul, so there is no ``tl.dot``: a tile's pairwise differences are
-  a 3-D ``[rows, rows, BD]`` block reduced over D (forward) or over the other token set
-  (backward), chunk by chunk, so ``[N, M, D]`` never exists outside one chunk in registers.
+* The L1 distance is not a matmul, so there is no ``tl.dot``, and no reduction over a tile axis
+  either (that compiles to shuffle rounds and layout conversions): the forward holds a
+  ``[rows, cols]`` output tile in registers, each thread its own micro-tile, and loops over D
+  one column at a time (``acc += |x[:, d, None] - y[None, :, d]|``); the backward loops over
+  one token set one token at a time, accumulating into ``[tokens, D]`` register tiles.
 * All arithmetic is fp32 whatever the storage dtype: an fp16 sum of D distances overflows (and
   its exponential underflows) long before the fp32 result stops being representable.
 """
@@ -36,7 +38,7 @@ def laplacian_fwd_kernel(
     stride_yb, stride_yh, stride_yn,
     stride_ob, stride_oh, stride_on,
     heads, N, M, D, neg_log2e_over_lam,
-    BN: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr,
+    BN: tl.constexpr, BM: tl.constexpr,
 ):
     """out[b, h, i, j] = exp2(-log2(e) / lam * sum_d |x_id - y_jd|) for one ``BN x BM`` tile.
 
@@ -47,14 +49,15 @@ def laplacian_fwd_kernel(
     x += bh_offset(i_bh, heads, stride_xb, stride_xh)
     y += bh_offset(i_bh, heads, stride_yb, stride_yh)
     out += bh_offset(i_bh, heads, stride_ob, stride_oh)
-    b_dist = tl.zeros([BN, BM], dtype=tl.float32)
-    for d0 in range(0, D, BD):
-        o_d = d0 + tl.arange(0, BD)  # [BD]
-        m_d = o_d < D
-        # padded D columns load 0 on both sides and add |0 - 0| = 0
-        b_x = load_rows(x, o_n, stride_xn, o_d, m_n[:, None] & m_d[None, :]).to(tl.float32)
-        b_y = load_rows(y, o_m, stride_yn, o_d, m_m[:, None] & m_d[None, :]).to(tl.float32)
-        b_dist += tl.sum(tl.abs(b_x[:, None, :] - b_y[None, :, :]), 2)  # [BN, BM]
+    b_dist = tl.zeros([BN, BM], dtype=tl.float32)  # [BN, BM]
+    p_x = x + o_n * stride_xn  # [BN]
+    p_y = y + o_m * stride_yn  # [BM]
+    # one column of x and y per step (cached lines: the tiles' rows are read once from HBM);
+    # padded rows load 0 and are masked at the store
+    for d in range(0, D):
+        b_xd = tl.load(p_x + d, mask=m_n, other=0.).to(tl.float32)  # [BN]
+        b_yd = tl.load(p_y + d, mask=m_m, other=0.).to(tl.float32)  # [BM]
+        b_dist += tl.abs(b_xd[:, None] - b_yd[None, :])
     b_out = tl.exp2(b_dist * neg_log2e_over_lam)  # [BN, BM]
     tl.store(out + o_n[:, None] * stride_on + o_m[None, :], b_out.to(out.dtype.element_ty),
              mask=m_n[:, None] & m_m[None, :])
@@ -62,42 +65,78 @@ def laplacian_fwd_kernel(
 
 @triton.jit
 def laplacian_bwd_kernel(
-    x, y, g, out, dx,
+    x, y, g, out, dx, dy_part,
     stride_xb, stride_xh, stride_xn,
     stride_yb, stride_yh, stride_yn,
     stride_gb, stride_gh, stride_gn, stride_gm,
     stride_ob, stride_oh, stride_on, stride_om,
-    stride_db, stride_dh, stride_dn,
-    heads, N, M, D, neg_inv_lam,
-    BN: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr,
+    heads, N, M, D, neg_inv_lam, rows_per_prog, n_d_blocks,
+    BR: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr,
+    NEEDS_DX: tl.constexpr, NEEDS_DY: tl.constexpr,
 ):
-    """dx[i, d] = -1/lam * sum_j g_ij out_ij sign(x_id - y_jd) for a ``BN x BD`` tile of dx.
+    """Both gradients from one pass over ``g * out``, dy as split partial sums.
 
-    The same kernel gives dy with the roles swapped (x <-> y, and g, out transposed by swapping
-    their strides): ``dy[j, d] = -1/lam * sum_i g_ij out_ij sign(y_jd - x_id)``.
-    Grid: ``(cdiv(N, BN) * cdiv(D, BD), B * heads)``, tiles numbered along D fastest.
-    g, out: ``[B, heads, N, M]`` (any strides); dx: x's shape, unit stride on D.
+    With ``w = g * out`` and ``s = sign(x_id - y_jd)`` (sign(0) = 0)::
+
+        dx[i, d] = -1/lam sum_j w_ij s_ijd        dy[j, d] = +1/lam sum_i w_ij s_ijd
+
+    A program owns ``rows_per_prog`` rows of x (one row split), all of y and ``BD`` columns
+    of D, and reads its rows of ``w`` from HBM once: phase 1 loops over the y rows one at a
+    time on ``[BR, BD]`` chunks of x rows (dx complete, stored in dx's dtype); phase 2 over its
+    x rows one at a time on ``[BM, BD]`` tiles of y (its rows of ``w`` are then in L1/L2),
+    giving this split's partial sum of dy. Neither phase reduces over a tile axis.
+
+    Grid: ``(n_row_splits * n_d_blocks, B * heads)``. dx: ``[B * heads, N, D]`` contiguous;
+    dy_part: ``[n_row_splits, B * heads, M, D]`` fp32 (dy is its sum over axis 0).
     """
-    o_n, m_n, o_d, m_d, i_bh = _tile(N, D, BN, BD)
+    i_bh = tl.program_id(1)
+    i_d = tl.program_id(0) % n_d_blocks
+    i_r = tl.program_id(0) // n_d_blocks
     x += bh_offset(i_bh, heads, stride_xb, stride_xh)
     y += bh_offset(i_bh, heads, stride_yb, stride_yh)
     g += bh_offset(i_bh, heads, stride_gb, stride_gh)
     out += bh_offset(i_bh, heads, stride_ob, stride_oh)
-    dx += bh_offset(i_bh, heads, stride_db, stride_dh)
-    b_x = load_rows(x, o_n, stride_xn, o_d, m_n[:, None] & m_d[None, :]).to(tl.float32)
-    b_dx = tl.zeros([BN, BD], dtype=tl.float32)
-    for m0 in range(0, M, BM):
-        o_m = m0 + tl.arange(0, BM)  # [BM]
-        m_m = o_m < M
-        m_nm = m_n[:, None] & m_m[None, :]  # [BN, BM]
-        # w = g * out, zero on padded pairs, so they add nothing whatever their sign
-        b_w = tl.load(g + o_n[:, None] * stride_gn + o_m[None, :] * stride_gm, mask=m_nm,
-                      other=0.).to(tl.float32)  # [BN, BM]
-        b_w *= tl.load(out + o_n[:, None] * stride_on + o_m[None, :] * stride_om, mask=m_nm,
-                       other=0.).to(tl.float32)
-        b_y = load_rows(y, o_m, stride_yn, o_d, m_m[:, None] & m_d[None, :]).to(tl.float32)
-        b_diff = b_x[:, None, :] - b_y[None, :, :]  # [BN, BM, BD]
-        # sign with sign(0) = 0 (torch.sign / cdist's convention)
-        b_sgn = (b_diff > 0).to(tl.float32) - (b_diff < 0).to(tl.float32)  # [BN, BM, BD]
-        b_dx += tl.sum(b_w[:, :, None] * b_sgn, 1)  # [BN, BD]
-    store_rows(dx, o_n, stride_dn, o_d, b_dx * neg_inv_lam, m_n[:, None] & m_d[None, :])
+    o_d = i_d * BD + tl.arange(0, BD)  # [BD]
+    m_d = o_d < D
+    r0 = i_r * rows_per_prog
+    r1 = tl.minimum(r0 + rows_per_prog, N)
+
+    if NEEDS_DX:  # phase 1: [BR, BD] chunks of x rows, one y row at a time
+        p_dx = dx + i_bh.to(tl.int64) * N * D
+        for c0 in range(r0, r1, BR):
+            o_n = c0 + tl.arange(0, BR)  # [BR]
+            m_n = o_n < r1
+            m_nd = m_n[:, None] & m_d[None, :]
+            b_x = load_rows(x, o_n, stride_xn, o_d, m_nd).to(tl.float32)  # [BR, BD]
+            b_dx = tl.zeros([BR, BD], dtype=tl.float32)
+            for j in range(0, M):
+                b_w = tl.load(g + o_n * stride_gn + j * stride_gm, mask=m_n,
+                              other=0.).to(tl.float32)  # [BR]
+                b_w *= tl.load(out + o_n * stride_on + j * stride_om, mask=m_n,
+                               other=0.).to(tl.float32)
+                b_yj = tl.load(y + j * stride_yn + o_d, mask=m_d, other=0.).to(tl.float32)
+                b_diff = b_x - b_yj[None, :]  # [BR, BD]
+                # sign with sign(0) = 0 (torch.sign / cdist's convention); a product, so a
+                # NaN weight reaches the gradient as in the reference
+                b_sgn = (b_diff > 0).to(tl.float32) - (b_diff < 0).to(tl.float32)
+                b_dx += b_w[:, None] * b_sgn
+            store_rows(p_dx, o_n, D, o_d, b_dx * neg_inv_lam, m_nd)
+
+    if NEEDS_DY:  # phase 2: [BM, BD] tiles of y, one x row at a time
+        p_dy = dy_part + (i_r * tl.num_programs(1) + i_bh).to(tl.int64) * M * D
+        for j0 in range(0, M, BM):
+            o_m = j0 + tl.arange(0, BM)  # [BM]
+            m_m = o_m < M
+            m_md = m_m[:, None] & m_d[None, :]
+            b_y = load_rows(y, o_m, stride_yn, o_d, m_md).to(tl.float32)  # [BM, BD]
+            b_dy = tl.zeros([BM, BD], dtype=tl.float32)
+            for i in range(r0, r1):
+                b_w = tl.load(g + i * stride_gn + o_m * stride_gm, mask=m_m,
+                              other=0.).to(tl.float32)  # [BM]
+                b_w *= tl.load(out + i * stride_on + o_m * stride_om, mask=m_m,
+                               other=0.).to(tl.float32)
+                b_xi = tl.load(x + i * stride_xn + o_d, mask=m_d, other=0.).to(tl.float32)
+                b_diff = b_xi[None, :] - b_y  # [BM, BD]
+                b_sgn = (b_diff > 0).to(tl.float32) - (b_diff < 0).to(tl.float32)
+                b_dy += b_w[:, None] * b_sgn
+            store_rows(p_dy, o_m, D, o_d, b_dy * -neg_inv_lam, m_md)

@@ -9,7 +9,7 @@ from typing import Any, Dict, Tuple
 
 import torch
 
-from .._spec import DTYPES, AotSpec, OpSpec, randn, square_grid
+from .._spec import DTYPES, AotSpec, Cost, OpSpec, Roofline, randn, square_grid
 from .naive import laplacian_kernel_naive
 from .op import laplacian_kernel, laplacian_triton_reasons
 
@@ -99,11 +99,12 @@ def aot_record(case: Dict[str, Any]) -> list:
     from . import function
     dtype = DTYPES[case['dtype']]
     N, M, D = case['N'], case['M'], case['D']
+    B, H = case.get('B', 1), case.get('H', 2)  # the launch grid depends on them
     if case.get('layout', 'contiguous') == 'tokens':
-        x = torch.empty(1, N, 2, D, dtype=dtype).transpose(1, 2)
-        y = torch.empty(1, M, 2, D, dtype=dtype).transpose(1, 2)
+        x = torch.empty(B, N, H, D, dtype=dtype).transpose(1, 2)
+        y = torch.empty(B, M, H, D, dtype=dtype).transpose(1, 2)
     else:
-        x, y = torch.empty(1, 2, N, D, dtype=dtype), torch.empty(1, 2, M, D, dtype=dtype)
+        x, y = torch.empty(B, H, N, D, dtype=dtype), torch.empty(B, H, M, D, dtype=dtype)
     with function.record_launches() as launches:
         out = function.laplacian_fwd(x, y, 1.0)
         function.laplacian_bwd(torch.empty_like(out), x, y, out, 1.0)
@@ -125,6 +126,48 @@ AOT = AotSpec(
           for layout in ('contiguous', 'tokens')],
     kernels=frozenset({'laplacian_fwd_kernel', 'laplacian_bwd_kernel'}))
 
+
+# ---------------------------------------------------------------------------------------------
+# roofline
+# ---------------------------------------------------------------------------------------------
+def roofline_costs(B: int, h: int, N: int, M: int, D: int, previous: bool = False):
+    """``costs(dtype) -> {'fwd': Cost, 'bwd': Cost}`` of one call on ``[B, h, N, D]`` x and
+    ``[B, h, M, D]`` y (fp32 lane instructions: forward 2 per (i, j, d), a difference and an
+    absolute-value add; backward 6 per (i, j, d) per gradient: difference, two compares, their
+    difference, a multiply-add).
+
+    ``previous``: the design before issue 14 (two backward launches, each reading ``g`` and
+    ``out``, writing dx / dy in the input dtype)."""
+    def costs(dtype: str) -> Dict[str, Cost]:
+        e = DTYPES[dtype].itemsize
+        bh, nm = B * h, N * M
+        fwd = Cost(bh * e * (N * D + M * D + nm), fp32=bh * nm * (2 * D + 2))
+        if previous:
+            return dict(fwd=fwd, bwd=Cost(bh * e * (2 * (2 * nm + N * D + M * D) + N * D + M * D),
+                                          fp32=bh * nm * D * 14, launches=2))
+        from .function import BWD_MAX_D, bwd_row_split
+        n_d = -(-D // min(BWD_MAX_D, D))
+        n_split = -(-N // bwd_row_split(N, n_d * bh))
+        glue, launches = 0, 1
+        if n_split > 1:  # dy's partial sums written, summed (read, fp32 written)
+            glue += 4 * bh * M * D * (2 * n_split + 1)
+            launches += 1
+        if e < 4:  # dy cast to the input dtype
+            glue += bh * M * D * (4 + e)
+            launches += 1
+        bwd = Cost(bh * e * (2 * nm + 2 * N * D + M * D) + glue, fp32=bh * nm * D * 12,
+                   launches=launches)
+        return dict(fwd=fwd, bwd=bwd)
+    return costs
+
+
+def roofline(B: int, h: int, N: int, M: int, D: int) -> Roofline:
+    return Roofline(check=f'laplacian_kernel B{B}-H{h}-N{N}-M{M}-D{D}',
+                    costs=roofline_costs(B, h, N, M, D),
+                    aot_case=dict(aot_case(N, M, D, 'bf16'), B=B, H=h),
+                    previous=roofline_costs(B, h, N, M, D, previous=True))
+
+
 SPEC = OpSpec(
     name='laplacian_kernel', macs=macs, can_run=laplacian_triton_reasons,
     # LaplacianFormer-T stage 1 (landmarks in 8x8 cells) at 224 and 512
@@ -133,4 +176,5 @@ SPEC = OpSpec(
     benchmarks={'laplacian_nystrom': benchmark},
     benchmark_settings=dict(landmark_cell=LANDMARK_CELL, max_landmarks=MAX_LANDMARKS,
                             ns_iters=NS_ITERS),
-    attention_kinds={'laplacian_nystrom': implied_weights}, aot=AOT)
+    attention_kinds={'laplacian_nystrom': implied_weights}, aot=AOT,
+    rooflines=[roofline(8, 1, 3136, 49, 64), roofline(2, 1, 16384, 256, 64)])

@@ -3,7 +3,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 import torch
 
-from .._spec import DTYPES, AotSpec, OpSpec, randn, square_grid
+from .._spec import DTYPES, AotSpec, Cost, OpSpec, Roofline, randn, square_grid
 from .op import sema_attention, sema_triton_reasons
 
 #: the backbone's window side (benchmarks, GPU checks)
@@ -67,12 +67,13 @@ def aot_record(case: Dict[str, Any]) -> list:
     from . import function
     dtype = DTYPES[case['dtype']]
     H, W, D = case['H'], case['W'], case['D']
+    B, nh = case.get('B', 1), case.get('heads', 2)  # the launch grid depends on them
     if case.get('layout', 'backbone') == 'backbone':
-        qk = torch.empty(1, H * W, 2, 2, D, dtype=dtype)
+        qk = torch.empty(B, H * W, 2, nh, D, dtype=dtype)
         q, k = qk.permute(2, 0, 3, 1, 4).unbind(0)
-        v = torch.empty(1, H * W, 2, D, dtype=dtype).transpose(1, 2)
+        v = torch.empty(B, H * W, nh, D, dtype=dtype).transpose(1, 2)
     else:  # 'contiguous' [B, heads, N, D]
-        q, k, v = (torch.empty(1, 2, H * W, D, dtype=dtype) for _ in range(3))
+        q, k, v = (torch.empty(B, nh, H * W, D, dtype=dtype) for _ in range(3))
     geom = function.window_geometry((H, W), case['window'])
     scale = D ** -0.5
     with function.record_launches() as launches:
@@ -104,10 +105,38 @@ AOT = AotSpec(
     kernels=frozenset({'sema_fwd_window_kernel', 'sema_bwd_window_kernel', 'sema_fwd_kernel',
                        'sema_bwd_kernel', 'softmax_bwd_delta_kernel'}))
 
+def roofline_costs(B: int, h: int, side: int, D: int):
+    """``costs(dtype) -> {'fwd': Cost, 'bwd': Cost}`` of one call on ``[B, h, side**2, D]``
+    q, k, v in windows of :data:`WINDOW`, as the kernels and their glue run now (issue 14):
+    forward q, k, v read, o written, the log-sum-exp (fp32) written, and the mean of v a
+    separate pass; backward q, k, v, o, dO read, the delta pre-pass (o, dO again), dq, dk, dv
+    written and the mean's gradient (a ``dO.sum`` pass). Tensor-core FLOPs: 2 per MAC, two
+    products forward, five backward (S recomputed, dP, dV, dQ, dK); fp32 lane instructions:
+    about 4 per score forward (scale, max, exp, sum) and 6 backward."""
+    def costs(dtype: str) -> Dict[str, Cost]:
+        e = DTYPES[dtype].itemsize
+        N = side * side
+        t = B * h * N * D * e
+        pairs = B * h * sum((a * b) ** 2 for a in window_sides(side, WINDOW)
+                            for b in window_sides(side, WINDOW))
+        fwd = Cost(5 * t + 4 * B * h * N, fp32=4 * pairs, tc=2 * 2 * pairs * D, launches=2)
+        bwd = Cost(12 * t + 3 * 4 * B * h * N, fp32=6 * pairs, tc=5 * 2 * pairs * D,
+                   launches=3)
+        return dict(fwd=fwd, bwd=bwd)
+    return costs
+
+
+def roofline(B: int, h: int, side: int, D: int) -> Roofline:
+    return Roofline(check=f'sema B{B}-H{h}-{side}x{side}-D{D}',
+                    costs=roofline_costs(B, h, side, D),
+                    aot_case=dict(aot_case(D, WINDOW, side, side, 'bf16'), B=B, heads=h))
+
+
 SPEC = OpSpec(
     name='sema_attention', macs=macs, can_run=sema_triton_reasons,
     # SEMA-T stage 1 at 224 (batch 8) and 512
     gpu_checks=[('sema B8-H2-56x56-D32', gpu_check(8, 2, 56, 32)),
                 ('sema B2-H2-128x128-D32', gpu_check(2, 2, 128, 32))],
     benchmarks={'sema': benchmark}, benchmark_settings=dict(window=WINDOW),
-    attention_kinds={'sema': implied_weights}, aot=AOT)
+    attention_kinds={'sema': implied_weights}, aot=AOT,
+    rooflines=[roofline(8, 2, 56, 32), roofline(2, 2, 128, 32)])

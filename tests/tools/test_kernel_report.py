@@ -1,0 +1,131 @@
+"""tools/analysis_tools/kernel_report.py: the SASS reader, the rooflines the specs declare, and
+the compiled kernels' targets (issue 14): no shuffle in the Laplacian kernels, no spills.
+
+The quick run compiles the Laplacian and dynamic-dwconv launches at their first GPU-check
+shape for sm_90 (about 20 s); ``--run-slow`` runs the full report (every op, sm_80 and sm_90).
+"""
+import json
+import os.path as osp
+import sys
+
+import pytest
+
+from mmeffattn.ops._spec import PEAKS, Cost, all_specs, predicted_seconds
+
+ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+sys.path.insert(0, osp.join(ROOT, 'tools', 'analysis_tools'))
+import kernel_report  # noqa: E402
+
+SASS = """
+        /*0000*/                   LDC R1, c[0x0][0x28] ;
+        /*0010*/                   LDG.E.128 R4, desc[UR4][R2.64] ;
+        /*0020*/              @!P0 LDG.E.U16 R8, desc[UR4][R2.64] ;
+        /*0030*/                   SHFL.BFLY PT, R22, R25, 0x4, 0x1f ;
+        /*0040*/                   FADD R0, R1, -R2 ;
+        /*0050*/                   SHFL.BFLY PT, R22, R25, 0x2, 0x1f ;
+        /*0060*/                   HMMA.16816.F32.BF16 R8, R12, R16, R8 ;
+        /*0070*/              @!P0 BRA 0x20 ;
+        /*0080*/                   STG.E desc[UR4][R2.64], R0 ;
+        /*0090*/                   SHFL.IDX PT, R3, R3, RZ, 0x1f ;
+        /*00a0*/                   EXIT ;
+        /*00b0*/                   BRA 0xb0;
+"""
+
+
+def test_sass_stats_counts_opcodes_and_loops() -> None:
+    s = kernel_report.sass_stats(SASS)
+    assert s['instructions'] == 12
+    assert s['ldg'] == {'128': 1, '16': 1} and s['stg'] == {'32': 1}
+    assert s['tensor_core'] == 1 and s['wgmma'] == 0
+    # the backward branch 0x70 -> 0x20 is a loop holding two of the three shuffles; the
+    # branch to itself at the end (the trap) is not a loop
+    assert s['shfl'] == 3 and s['shfl_in_loops'] == 2 and s['loops'] == 1
+
+
+def test_rooflines_name_gpu_checks_and_predict_positive_times() -> None:
+    specs = [s for s in all_specs() if s.rooflines]
+    assert {'laplacian_kernel', 'dynamic_dwconv', 'sema_attention',
+            'dynamic_weight'} <= {s.name for s in specs}
+    for spec in specs:
+        checks = {name for name, _ in spec.gpu_checks}
+        for r in spec.rooflines:
+            assert r.check in checks, (spec.name, r.check)
+            assert r.aot_case['op'] == spec.name
+            for dtype in ('bf16', 'fp32'):
+                costs = r.costs(dtype)
+                assert set(costs) == {'fwd', 'bwd'}
+                for cost in costs.values():
+                    assert cost.bytes > 0 and cost.launches >= 1
+                    assert predicted_seconds(cost, 'H200', dtype) <= \
+                        predicted_seconds(cost, 'H100', dtype)
+
+
+def test_predicted_seconds_is_the_roofline() -> None:
+    hbm = PEAKS['H100']['hbm']
+    assert predicted_seconds(Cost(int(hbm)), 'H100', 'bf16') == pytest.approx(1.0)
+    compute = Cost(1, fp32=int(PEAKS['H100']['fp32']), tc=int(PEAKS['H100']['tc16']))
+    assert predicted_seconds(compute, 'H100', 'bf16') == pytest.approx(2.0)
+    # fp32 inputs run their dots as tf32
+    assert predicted_seconds(Cost(1, tc=int(PEAKS['H100']['tf32'])), 'H100',
+                             'fp32') == pytest.approx(1.0)
+
+
+def test_laplacian_backward_models_one_pass() -> None:
+    """The fused backward reads g and out once (the previous design twice): fewer bytes at the
+    larger check, where the N x M weights dominate the dy partial sums."""
+    r = next(s for s in all_specs() if s.name == 'laplacian_kernel').rooflines[-1]
+    assert r.costs('bf16')['bwd'].bytes < r.previous('bf16')['bwd'].bytes
+    assert r.costs('bf16')['bwd'].launches <= 3 and r.previous('bf16')['bwd'].launches == 2
+
+
+def test_gpu_check_prints_measured_next_to_predicted(tmp_path, capsys) -> None:
+    """The harness times a case with a roofline and records both (here the reference on the
+    CPU stands in for the kernels on a GPU)."""
+    sys.path.insert(0, osp.join(ROOT, 'tools'))
+    import gpu_check
+    r = gpu_check.check_kernels(str(tmp_path), device='cpu', backend='reference',
+                                dtypes=('float32', ), only='dynamic_weight', timing=True)
+    assert r['status'] == 'ok'
+    row = json.loads((tmp_path / 'kernels.json').read_text())[0]
+    assert row['measured_us'] > 0 and row['predicted_us'] > 0 and row['predicted_for'] == 'H100'
+    assert 'predicted' in capsys.readouterr().out
+
+
+def _check_report(out_dir, quick: bool) -> dict:
+    with open(osp.join(out_dir, 'kernels.json')) as f:
+        report = json.load(f)
+    kernels = report['kernels']
+    assert kernels
+    print('\n'.join(kernel_report.kernel_table(kernels)))
+    spills = [k for k in kernels if k['stack'] or k['local']]
+    assert not spills, spills
+    lap = [k for k in kernels if k['op'] == 'laplacian_kernel']
+    assert {k['kernel'] for k in lap} == {'laplacian_fwd_kernel', 'laplacian_bwd_kernel'}
+    # the L1 distance and both gradients accumulate in per-thread registers: no shuffle at all
+    assert all(k['shfl'] == 0 and k['shfl_in_loops'] == 0 for k in lap), lap
+    # the fused backward is one launch
+    assert len({k['role'] for k in lap}) == 2
+    md = open(osp.join(out_dir, 'kernels.md')).read()
+    assert 'predictions' in md and 'laplacian_bwd_kernel' in md
+    assert any(r['op'] == 'laplacian_kernel' and r['pass_'] == 'fwd+bwd'
+               and r['predicted_us']['H100'] > 0 for r in report['rooflines'])
+    assert {k['arch'] for k in kernels} == ({90} if quick else {80, 90})
+    return report
+
+
+def test_quick_report(tmp_path) -> None:
+    pytest.importorskip('triton')
+    rc = kernel_report.main(['--quick', '--ops', 'laplacian_kernel', 'dynamic_dwconv',
+                             '--out-dir', str(tmp_path)])
+    assert rc == 0
+    report = _check_report(tmp_path, quick=True)
+    dw = [k for k in report['kernels'] if k['kernel'] == 'dynamic_dwconv_bwd_kernel']
+    assert dw and all(k['programs'] >= 1 for k in dw)
+
+
+@pytest.mark.slow
+def test_full_report(tmp_path) -> None:
+    pytest.importorskip('triton')
+    assert kernel_report.main(['--out-dir', str(tmp_path)]) == 0
+    report = _check_report(tmp_path, quick=False)
+    assert {k['op'] for k in report['kernels']} == {s.name for s in all_specs() if s.aot}

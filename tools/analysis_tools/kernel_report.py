@@ -1,0 +1,408 @@
+#!/usr/bin/env python
+"""What the compiled Triton kernels look like, and how fast each op could be, without a GPU.
+
+    python tools/analysis_tools/kernel_report.py                      # docs/perf/kernels.{md,json}
+    python tools/analysis_tools/kernel_report.py --quick --out-dir /tmp/kr   # a few, sm_90 only
+
+1. **Compiled code.** Every launch the launchers really issue at each op's GPU-check shapes
+   (the ``aot_case`` of each :class:`~mmeffattn.ops._spec.Roofline` in ``<op>/spec.py``; ops
+   without a roofline: their ``aot.subset``) is recorded with ``_launch.record_launches()`` and
+   compiled ahead of time for sm_80 and sm_90 in a subprocess with Triton's interpreter off (the
+   same specialisation as the JIT: ``tests/ops/aot_worker.py``). Per kernel: registers, stack
+   (spills), shared memory, from ``cuobjdump -res-usage``; and from ``cuobjdump -sass``: the
+   instruction count, tensor-core instructions (HMMA, HGMMA), shuffles (SHFL; also those inside
+   a loop, i.e. between a backward branch and its target), barriers, and global loads/stores
+   by width (128-bit ``LDG.E.128`` vs 64, 32 and 16/8-bit).
+2. **Roofline.** Per op and dtype, the bytes and work of one call (forward, backward; glue
+   included) declared by its spec, and the predicted time at H100 and H200 peaks
+   (``_spec.PEAKS``): ``max(bytes / HBM bandwidth, compute time)``. These are predictions;
+   ``tools/gpu_check.py`` measures the same calls on a GPU and prints both.
+
+``--before FILE.json`` adds a before/after table against an earlier report (e.g. one made with
+``--root`` pointing at a checkout of an older commit: its kernels are compiled, while the
+roofline comes from this checkout's specs unless they declare the older design's ``previous``
+costs).
+"""
+import argparse
+import json
+import math
+import os
+import os.path as osp
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+GPUS = ('H100', 'H200')
+DTYPES = ('bf16', 'fp32')
+
+
+# --------------------------------------------------------------------------------------------
+# SASS reading
+# --------------------------------------------------------------------------------------------
+_INSTR = re.compile(r'^\s*/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)(.*?);')
+_BRA = re.compile(r'BRA\s+(?:`?\(?)?(0x[0-9a-f]+)')
+
+
+def sass_stats(sass: str) -> Dict[str, Any]:
+    """Opcode counts of one kernel's SASS (``cuobjdump -sass`` text of one function).
+
+    A loop is the address range from a backward branch's target to the branch (a branch to
+    itself, the trap at the end, is none); ``shfl_in_loops`` counts SHFL inside any loop."""
+    instrs: List[Tuple[int, str, str]] = []
+    for line in sass.splitlines():
+        m = _INSTR.match(line)
+        if m:
+            instrs.append((int(m.group(1), 16), m.group(2), m.group(3)))
+    loops = []
+    for addr, op, rest in instrs:
+        if op == 'BRA':
+            b = _BRA.search(op + rest)
+            if b and int(b.group(1), 16) < addr:
+                loops.append((int(b.group(1), 16), addr))
+
+    def count(pred) -> int:
+        return sum(1 for _, op, _ in instrs if pred(op))
+
+    def in_loop(addr: int) -> bool:
+        return any(lo <= addr <= hi for lo, hi in loops)
+
+    def width(op: str) -> str:
+        parts = op.split('.')[1:]
+        for p in parts:
+            if p in ('128', '64'):
+                return p
+            if p in ('U16', 'S16', 'U8', 'S8'):
+                return '16' if '16' in p else '8'
+        return '32'
+
+    stats: Dict[str, Any] = dict(
+        instructions=len(instrs),
+        tensor_core=count(lambda o: o.startswith(('HMMA', 'HGMMA', 'IMMA'))),
+        wgmma=count(lambda o: o.startswith('HGMMA')),
+        shfl=count(lambda o: o.startswith('SHFL')),
+        shfl_in_loops=sum(1 for a, o, _ in instrs if o.startswith('SHFL') and in_loop(a)),
+        loops=len(loops),
+        bar=count(lambda o: o.startswith('BAR')),
+        lds=count(lambda o: o.startswith('LDS') or o.startswith('LDSM')),
+        sts=count(lambda o: o.startswith('STS')),
+        fp32=count(lambda o: o.split('.')[0] in ('FADD', 'FMUL', 'FFMA', 'FMNMX', 'MUFU',
+                                                  'FSETP', 'FSEL')),
+    )
+    for kind in ('LDG', 'STG'):
+        w: Dict[str, int] = {}
+        for _, op, _ in instrs:
+            if op.startswith(kind + '.'):
+                w[width(op)] = w.get(width(op), 0) + 1
+        stats[kind.lower()] = dict(sorted(w.items(), key=lambda kv: -int(kv[0])))
+    return stats
+
+
+# --------------------------------------------------------------------------------------------
+# the compile worker (subprocess, interpreter off)
+# --------------------------------------------------------------------------------------------
+def worker(cases: List[dict], archs: Sequence[int], root: str = ROOT) -> None:
+    """Print one JSON line per distinct (launch, arch) of ``cases`` (each with ``op``), with
+    the package of the checkout ``root``."""
+    assert not os.environ.get('TRITON_INTERPRET'), "run with Triton's interpreter off"
+    sys.path.insert(0, root)
+    import triton
+    from triton.compiler import ASTSource
+    # the JIT's specialisation of a recorded launch, shared with the AOT test
+    sys.path.insert(0, osp.join(ROOT, 'tests', 'ops'))
+    from aot_worker import specialise
+    from mmeffattn.ops._spec import get_spec
+
+    cuobjdump = triton.knobs.nvidia.cuobjdump.path
+    seen = set()
+    for case in cases:
+        for launch in get_spec(case['op']).aot.record(case):
+            cfg = launch.config
+            for arch in archs:
+                target, signature, constexprs, attrs, options = specialise(launch, arch)
+                key = (cfg.kernel.__name__, repr((signature, constexprs, attrs)),
+                       repr(cfg.launch_options), arch)
+                if key in seen:
+                    continue
+                seen.add(key)
+                t0 = time.time()
+                compiled = triton.compile(ASTSource(cfg.kernel, signature, constexprs, attrs),
+                                          target=target, options=options.__dict__)
+                with tempfile.NamedTemporaryFile(suffix='.cubin') as f:
+                    f.write(compiled.asm['cubin'])
+                    f.flush()
+                    usage = subprocess.run([cuobjdump, '-res-usage', f.name], check=True,
+                                           capture_output=True, text=True).stdout
+                    sass = subprocess.run([cuobjdump, '-sass', f.name], check=True,
+                                          capture_output=True, text=True).stdout
+                m = re.search(r'REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)', usage)
+                if m is None:
+                    raise RuntimeError(f'cannot parse cuobjdump output:\n{usage}')
+                ptx = compiled.asm.get('ptx', '')
+                grid = [int(g) for g in launch.grid]
+                print(json.dumps(dict(
+                    op=case['op'], case=case, role=launch.role, kernel=cfg.kernel.__name__,
+                    arch=arch, grid=grid, programs=math.prod(grid),
+                    constexprs={k: v for k, v in cfg.constexprs.items()},
+                    num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                    regs=int(m.group(1)), stack=int(m.group(2)), local=int(m.group(4)),
+                    shared=compiled.metadata.shared,
+                    ptx_mma=ptx.count('mma.sync') + ptx.count('wgmma.mma_async'),
+                    seconds=round(time.time() - t0, 2), **sass_stats(sass))), flush=True)
+
+
+def compile_cases(cases: List[dict], archs: Sequence[int], root: str = ROOT,
+                  timeout: int = 3600) -> List[dict]:
+    """Run :func:`worker` in a subprocess (Triton's interpreter off) with ``root``'s package
+    first on the path; one dict per compiled (launch, arch)."""
+    env = {k: v for k, v in os.environ.items() if k != 'TRITON_INTERPRET'}
+    env['PYTHONPATH'] = os.pathsep.join([root] + [p for p in [env.get('PYTHONPATH')] if p])
+    res = subprocess.run([sys.executable, osp.abspath(__file__), '--worker', json.dumps(cases),
+                          '--root', root, '--archs', *map(str, archs)], capture_output=True, text=True, env=env,
+                         cwd=root, timeout=timeout)
+    if res.returncode != 0:
+        raise RuntimeError(f'compilation failed:\n{res.stdout[-2000:]}\n{res.stderr[-6000:]}')
+    return [json.loads(line) for line in res.stdout.splitlines() if line.startswith('{')]
+
+
+# --------------------------------------------------------------------------------------------
+# the report
+# --------------------------------------------------------------------------------------------
+def plan(quick: bool, ops: Optional[Sequence[str]] = None) -> List[dict]:
+    """The AOT cases to compile: each roofline's shape (ops without one: their AOT subset);
+    ``quick`` keeps one case per op."""
+    from mmeffattn.ops._spec import all_specs
+    cases = []
+    for spec in all_specs():
+        if spec.aot is None or (ops and spec.name not in ops):
+            continue
+        mine = [r.aot_case for r in spec.rooflines] or list(spec.aot.subset)
+        cases += mine[:1] if quick else mine
+    return cases
+
+
+def cost_dict(cost) -> Dict[str, Any]:
+    return dict(bytes=int(cost.bytes), fp32=int(cost.fp32), tc=int(cost.tc),
+                launches=int(cost.launches))
+
+
+def rooflines(ops: Optional[Sequence[str]] = None) -> List[dict]:
+    """One row per (op, GPU check, dtype, pass): bytes, work and the predicted times."""
+    from mmeffattn.ops._spec import Cost, all_specs, predicted_seconds
+    rows = []
+    for spec in all_specs():
+        if ops and spec.name not in ops:
+            continue
+        for r in spec.rooflines:
+            for dtype in DTYPES:
+                for design, fn in (('current', r.costs), ('previous', r.previous)):
+                    if fn is None:
+                        continue
+                    costs = fn(dtype)
+                    total = Cost(*(sum(getattr(c, f) for c in costs.values())
+                                   for f in Cost._fields))
+                    for pas, cost in list(costs.items()) + [('fwd+bwd', total)]:
+                        rows.append(dict(
+                            op=spec.name, check=r.check, dtype=dtype, design=design, pass_=pas,
+                            **cost_dict(cost),
+                            predicted_us={g: round(predicted_seconds(cost, g, dtype) * 1e6, 2)
+                                          for g in GPUS}))
+    return rows
+
+
+def _fmt_bytes(n: int) -> str:
+    return f'{n / 1e6:.2f} MB' if n >= 1e5 else f'{n / 1e3:.1f} kB'
+
+
+def _widths(d: Dict[str, int]) -> str:
+    return ' '.join(f'{k}:{v}' for k, v in d.items()) or '-'
+
+
+def kernel_table(kernels: List[dict]) -> List[str]:
+    lines = ['| op | role | kernel | sm | config | programs | regs | stack | shared | instr |'
+             ' TC | SHFL (in loops) | BAR | LDG bits:count | STG bits:count |',
+             '|' + '---|' * 15]
+    for k in kernels:
+        c = {a: b for a, b in k['constexprs'].items() if a != 'INPUT_PRECISION'}
+        cfg = ' '.join(f'{a}={b}' for a, b in c.items()) + f" w{k['num_warps']}s{k['num_stages']}"
+        lines.append(
+            f"| {k['op']} | {k['role']} | `{k['kernel']}` | {k['arch']} | {cfg} | "
+            f"{k['programs']} | {k['regs']} | {k['stack']} | {k['shared']} | "
+            f"{k['instructions']} | {k['tensor_core']} | {k['shfl']} ({k['shfl_in_loops']}) | "
+            f"{k['bar']} | {_widths(k['ldg'])} | {_widths(k['stg'])} |")
+    return lines
+
+
+def roofline_table(rows: List[dict]) -> List[str]:
+    lines = ['| op | GPU check | dtype | pass | bytes | fp32 inst | TC FLOP | launches | '
+             'H100 µs | H200 µs | bound |', '|' + '---|' * 11]
+    for r in rows:
+        if r['design'] != 'current':
+            continue
+        from mmeffattn.ops._spec import PEAKS
+        mem = r['bytes'] / PEAKS['H100']['hbm']
+        bound = 'memory' if mem * 1e6 >= r['predicted_us']['H100'] - 1e-9 else 'compute'
+        lines.append(f"| {r['op']} | {r['check']} | {r['dtype']} | {r['pass_']} | "
+                     f"{_fmt_bytes(r['bytes'])} | {r['fp32']:.3g} | {r['tc']:.3g} | "
+                     f"{r['launches']} | {r['predicted_us']['H100']} | "
+                     f"{r['predicted_us']['H200']} | {bound} |")
+    return lines
+
+
+def _kernel_key(k: dict) -> Tuple:
+    return (k['op'], k['role'], k['kernel'], k['arch'], json.dumps(k['case'], sort_keys=True))
+
+
+def before_after_table(before: dict, after: dict) -> List[str]:
+    """Per op (sm_90, the first GPU-check shape): summed kernel figures and the roofline, before
+    and after."""
+    def per_op(report: dict) -> Dict[str, dict]:
+        out: Dict[str, dict] = {}
+        seen = set()
+        for k in report['kernels']:  # the first sm_90 compile of each launch role
+            if k['arch'] != 90 or (k['op'], k['role']) in seen:
+                continue
+            seen.add((k['op'], k['role']))
+            o = out.setdefault(k['op'], dict(kernels=0, regs=0, instructions=0, shfl=0,
+                                             shfl_in_loops=0, tc=0, ldg128=0, ldg_narrow=0,
+                                             stack=0))
+            o['kernels'] += 1
+            o['regs'] = max(o['regs'], k['regs'])
+            o['stack'] += k['stack']
+            o['instructions'] += k['instructions']
+            o['shfl'] += k['shfl']
+            o['shfl_in_loops'] += k['shfl_in_loops']
+            o['tc'] += k['tensor_core']
+            o['ldg128'] += k['ldg'].get('128', 0)
+            o['ldg_narrow'] += sum(v for w, v in k['ldg'].items() if w not in ('128', '64'))
+        return out
+
+    def roof(report: dict, design: str) -> Dict[str, dict]:
+        out: Dict[str, dict] = {}
+        for r in report.get('rooflines', []):
+            if r['pass_'] == 'fwd+bwd' and r['dtype'] == 'bf16' and r['design'] == design:
+                out.setdefault(r['op'], r)
+        return out
+
+    b, a = per_op(before), per_op(after)
+    rb = roof(after, 'previous')
+    ra = roof(after, 'current')
+    lines = ['| op | kernels | max regs | stack | SASS instr | SHFL (in loops) | TC instr | '
+             'LDG 128-bit / narrow | bytes fwd+bwd (bf16) | H100 µs | H200 µs |',
+             '|' + '---|' * 11]
+
+    def cell(x, y, fmt=str):
+        x = '-' if x is None else fmt(x)
+        y = '-' if y is None else fmt(y)
+        return y if x == y else f'{x} → {y}'
+
+    for op in sorted(set(a) | set(b)):
+        kb, ka = b.get(op, {}), a.get(op, {})
+        r_new = ra.get(op)
+        r_old = rb.get(op, r_new)
+        lines.append('| ' + ' | '.join([
+            op, cell(kb.get('kernels'), ka.get('kernels')),
+            cell(kb.get('regs'), ka.get('regs')), cell(kb.get('stack'), ka.get('stack')),
+            cell(kb.get('instructions'), ka.get('instructions')),
+            cell(f"{kb['shfl']} ({kb['shfl_in_loops']})" if kb else None,
+                 f"{ka['shfl']} ({ka['shfl_in_loops']})" if ka else None),
+            cell(kb.get('tc'), ka.get('tc')),
+            cell(f"{kb['ldg128']} / {kb['ldg_narrow']}" if kb else None,
+                 f"{ka['ldg128']} / {ka['ldg_narrow']}" if ka else None),
+            cell(r_old and r_old['bytes'], r_new and r_new['bytes'], _fmt_bytes),
+            cell(r_old and r_old['predicted_us']['H100'], r_new and r_new['predicted_us']['H100']),
+            cell(r_old and r_old['predicted_us']['H200'], r_new and r_new['predicted_us']['H200']),
+        ]) + ' |')
+    return lines
+
+
+def markdown(report: dict, before: Optional[dict] = None) -> str:
+    out = ['# Compiled kernels and rooflines', '',
+           'Generated by `tools/analysis_tools/kernel_report.py` from ahead-of-time compiles '
+           '(no GPU). **All times are predictions** from the analytic rooflines the op specs '
+           'declare (`mmeffattn/ops/<op>/spec.py`, `rooflines`), at peak rates '
+           + ', '.join(f"{g}: {p['hbm'] / 1e12:g} TB/s HBM, {p['fp32'] * 2 / 1e12:g} TFLOP/s fp32, "
+                       f"{p['tc16'] / 1e12:g} TFLOP/s bf16 TC, {p['tf32'] / 1e12:g} tf32"
+                       for g, p in report['peaks'].items())
+           + '; launch latency (a few µs per launch) is not included. '
+           '`tools/gpu_check.py` measures the same calls on a GPU and prints measured next to '
+           'predicted time; until it has run, no figure here is a measurement.', '',
+           f"Targets: {', '.join('sm_%d' % a for a in report['archs'])}; "
+           f"{len(report['kernels'])} compiled kernels"
+           f"{' (quick run)' if report['quick'] else ''}.", '']
+    if before is not None:
+        out += ['## Before / after', '',
+                'Kernel columns: sm_90, the first compiled configuration of each launch role, '
+                'summed over the roles (max for registers); "kernels" counts the roles. Bytes '
+                'and times: the first GPU-check shape, bf16, forward + backward; "-" where the '
+                'op declares no roofline.', '',
+                f"Before: {before.get('source', 'earlier report')}; after: this tree.", '']
+        out += before_after_table(before, report) + ['']
+    out += ['## Rooflines (per call)', '',
+            '"fp32 inst": fp32 CUDA-core lane instructions; "TC FLOP": tensor-core FLOPs; '
+            'the predicted time is max(bytes / HBM, compute).', '']
+    out += roofline_table(report['rooflines']) + ['']
+    out += ['## Compiled kernels', '',
+            '"TC": HMMA/HGMMA instructions; "SHFL (in loops)": shuffles, and those between a '
+            'backward branch and its target; LDG/STG: global loads/stores by bit width '
+            '(128 = vectorised).', '']
+    out += kernel_table(report['kernels']) + ['']
+    return '\n'.join(out)
+
+
+def build_report(quick: bool, archs: Sequence[int], ops: Optional[Sequence[str]] = None,
+                 root: str = ROOT) -> dict:
+    from mmeffattn.ops._spec import PEAKS
+    t0 = time.time()
+    kernels = compile_cases(plan(quick, ops), archs, root)
+    kernels.sort(key=lambda k: (k['op'], json.dumps(k['case'], sort_keys=True), k['arch']))
+    return dict(source=root, quick=quick, archs=list(archs), peaks=PEAKS, kernels=kernels,
+                rooflines=rooflines(ops), seconds=round(time.time() - t0, 1))
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument('--out-dir', default=osp.join(ROOT, 'docs', 'perf'))
+    p.add_argument('--name', default='kernels', help='output file stem')
+    p.add_argument('--quick', action='store_true',
+                   help='one case per op, sm_90 only (the default test run)')
+    p.add_argument('--archs', nargs='+', type=int, default=None)
+    p.add_argument('--ops', nargs='+', default=None, help='only these ops')
+    p.add_argument('--root', default=ROOT,
+                   help='checkout whose kernels are compiled (e.g. an older commit)')
+    p.add_argument('--before', default=None, help='an earlier report JSON to compare against')
+    p.add_argument('--worker', default=None, help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    archs = args.archs or ([90] if args.quick else [80, 90])
+    if args.worker is not None:
+        worker(json.loads(args.worker), archs, osp.abspath(args.root))
+        return 0
+    report = build_report(args.quick, archs, args.ops, osp.abspath(args.root))
+    before = None
+    if args.before:
+        with open(args.before) as f:
+            before = json.load(f)
+    os.makedirs(args.out_dir, exist_ok=True)
+    stem = osp.join(args.out_dir, args.name)
+    with open(stem + '.json', 'w') as f:
+        json.dump(report, f, indent=1)
+    with open(stem + '.md', 'w') as f:
+        f.write(markdown(report, before))
+    bad = [k for k in report['kernels'] if k['stack'] or k['local']]
+    print(f"{len(report['kernels'])} kernels compiled in {report['seconds']} s; "
+          f"{len(bad)} with spills; {stem}.md / .json")
+    return 1 if bad else 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
