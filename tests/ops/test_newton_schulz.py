@@ -159,6 +159,81 @@ def test_triton_strided_input_and_no_grad() -> None:
     assert_close(at.grad, at64.grad, torch.float32, 'da')
 
 
+@needs_triton
+@pytest.mark.parametrize('iters', [0, 1, 3])
+def test_triton_multi_program_inference(iters: int) -> None:
+    """The multi-program forward without a gradient: V_0 straight to the output (0 steps), or
+    the steps ping-ponging between two slots, the last one writing the output."""
+    a = kernel_matrix(1, 2, 40).float().to(DEVICE)
+    with torch.no_grad():
+        out = newton_schulz_pinv(a, iters, EPS, check=False, backend='triton')
+    assert_close(out, newton_schulz_pinv_naive(a.double(), iters, EPS), torch.float32, 'out')
+
+
+@pytest.mark.parametrize('M, per_matrix', [(13, 1), (32, 1), (33, 4), (49, 4), (100, 8)])
+def test_programs_per_matrix(M: int, per_matrix: int) -> None:
+    """Past M = 32 every launch spreads each matrix over several programs (row blocks), so more
+    than B * heads SMs work; forward 1 + iters launches, backward 2 iters + 1."""
+    pytest.importorskip('triton')
+    from mmeffattn.ops.newton_schulz import function
+    B, H, iters = 2, 3, 4
+    a = torch.empty(B, H, M, M)
+    with function.record_launches() as launches:
+        out, ws = function.newton_schulz_fwd(a, iters, EPS, True)
+        n_fwd = len(launches)
+        function.newton_schulz_bwd(torch.empty_like(out), a, ws, iters, EPS)
+    assert (n_fwd, len(launches) - n_fwd) == ((1, 1) if per_matrix == 1 else
+                                              (1 + iters, 2 * iters + 1))
+    for launch in launches:
+        assert math.prod(launch.grid) == B * H * per_matrix, (launch.role, launch.grid)
+        if 'INPUT_PRECISION' in launch.config.constexprs:
+            assert launch.config.constexprs['INPUT_PRECISION'] == 'tf32x3'
+
+
+_PTX_SCRIPT = """
+import sys, torch, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from mmeffattn.ops.newton_schulz import function, kernels
+sys.path.insert(0, 'tests/ops')
+from aot_worker import specialise
+a = torch.empty(1, 2, int(sys.argv[1]), int(sys.argv[1]))
+with function.record_launches() as launches:
+    out, ws = function.newton_schulz_fwd(a, 2, 0.01, True)
+    function.newton_schulz_bwd(torch.empty_like(out), a, ws, 2, 0.01)
+seen = set()
+for launch in launches:
+    if launch.role not in ('fwd', 'bwd') or launch.role in seen:
+        continue
+    seen.add(launch.role)
+    target, sig, constexprs, attrs, options = specialise(launch, int(sys.argv[2]))
+    c = triton.compile(ASTSource(launch.config.kernel, sig, constexprs, attrs), target=target,
+                       options=options.__dict__)
+    print(launch.config.kernel.__name__, c.asm['ptx'].count('mma.sync'),
+          c.asm['ptx'].count('wgmma.mma_async'))
+"""
+
+
+@pytest.mark.parametrize('M, arch', [(13, 90), (49, 80)])
+def test_compiled_kernels_use_tensor_cores(M: int, arch: int) -> None:
+    """Compiled ahead of time (interpreter off), the step kernels' 'tf32x3' products are
+    tensor-core instructions (``mma.sync`` / ``wgmma`` in the PTX), not fp32 FMA loops."""
+    pytest.importorskip('triton')
+    import os
+    import subprocess
+    import sys
+    from op_checks import ROOT
+    env = {k: v for k, v in os.environ.items() if k != 'TRITON_INTERPRET'}
+    env['PYTHONPATH'] = os.pathsep.join([ROOT] + [p for p in [env.get('PYTHONPATH')] if p])
+    res = subprocess.run([sys.executable, '-c', _PTX_SCRIPT, str(M), str(arch)], cwd=ROOT,
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    counts = [line.split() for line in res.stdout.splitlines()]
+    assert len(counts) == 2, res.stdout
+    for name, mma, wgmma in counts:
+        assert int(mma) + int(wgmma) > 0, f'{name}: no tensor-core instruction in the PTX'
+
+
 # ------------------------------------------------------------------------------------------
 # the reference alone: semantics, gradient, convergence
 # ------------------------------------------------------------------------------------------

@@ -4,19 +4,23 @@ inverse.
 Importing this module needs Triton (``op.py`` guards it). The kernels run compiled on CUDA
 tensors and interpreted on CPU tensors when Triton's interpreter is on.
 
-Matrices up to :data:`MAX_ONCHIP_M` run on chip, one program per matrix, one launch forward
-and one backward: small ones entirely in registers (``newton_schulz_fwd_kernel``,
-``newton_schulz_bwd_kernel``, up to :data:`MAX_REGISTER_MP`), larger ones with the iterates in a
-per-program fp32 scratch that stays in L1/L2 and tiles in registers (the ``*_tiled_kernel`` ones).
-Beyond ``MAX_ONCHIP_M`` the same iteration and the same hand-written backward run with batched
-matmuls in PyTorch (fp32 for 16-bit inputs).
+Matrices up to :data:`MAX_ONCHIP_M` run in the kernels, in fp32 with ``tl.dot`` at
+'tf32x3' (tensor cores at about fp32 accuracy): small ones (padded size up to
+:data:`MAX_REGISTER_MP`) one program per matrix, entirely in registers, one launch forward
+and one backward (``newton_schulz_fwd_kernel``, ``newton_schulz_bwd_kernel``); larger ones
+spread over ``MP / BR`` programs per matrix (row blocks) with one launch per step, the iterates
+in global memory (L2-resident): forward ``1 + iters`` launches (``newton_schulz_init_kernel``,
+then ``newton_schulz_step_kernel`` per step), backward ``2 iters + 1``
+(``newton_schulz_bwd_q_kernel`` and ``newton_schulz_bwd_step_kernel`` per step, then
+``newton_schulz_bwd_alpha_kernel``). Beyond ``MAX_ONCHIP_M`` the same iteration and the same
+hand-written backward run with batched matmuls in PyTorch (fp32 for 16-bit inputs).
 
 Memory: every path stores the ``iters`` iterates in the forward when a gradient is needed
 (the kernels: ``iters * B * heads * MP * MP`` fp32 values, MP = M padded to a power of two >= 16;
-the tiled forward one more slot, and a 2-slot scratch when no gradient is needed; the tiled
-backward a 4-slot scratch; the PyTorch path: ``iters * B * heads * M * M`` in the compute dtype).
-Recomputing them in the backward would cost a forward per step walked back (or checkpointing),
-and the iteration cannot be run backwards.
+the multi-program forward ping-pongs in 2 slots when no gradient is needed, and its backward
+uses 4 ``MP x MP`` buffers per matrix; the PyTorch path: ``iters * B * heads * M * M`` in the
+compute dtype). Recomputing them in the backward would cost a forward per step walked back (or
+checkpointing), and the iteration cannot be run backwards.
 """
 from typing import Dict, Optional, Tuple
 
@@ -28,29 +32,31 @@ from .._launch import (KernelConfig, Launch, device_guard as _device_guard,  # n
 from . import kernels
 from .naive import ALPHA_NUM, compute_dtype, initial_iterate, regularized
 
-#: default ``tl.dot`` input precision: exact fp32 ('ieee'); TF32 rounds the operands to ~1e-3
-#: relative, which would bound how close the iteration can get to the inverse.
-DEFAULT_INPUT_PRECISION = 'ieee'
-#: largest M kept on chip (one program per matrix); larger matrices take the batched-matmul
-#: path
+#: default ``tl.dot`` input precision: 'tf32x3', three TF32 tensor-core products per fp32
+#: product (high x high + high x low + low x high) for about fp32 accuracy; plain TF32 (~1e-3
+#: relative) would bound how close the iteration can get to the inverse. 'ieee' (exact fp32,
+#: CUDA cores) remains available through ``newton_schulz_kernel_configs``.
+DEFAULT_INPUT_PRECISION = 'tf32x3'
+#: largest M run by the kernels; larger matrices take the batched-matmul path
 MAX_ONCHIP_M = 128
-#: largest padded size MP whose forward / backward keeps whole matrices in registers; larger
-#: ones use the tiled kernels (iterates in an L2-resident fp32 scratch, BT x BT tiles in
-#: registers). Whole-matrix kernels spilled beyond these sizes in ahead-of-time compiles for
-#: sm_80 / sm_90 (MP = 128 forward: 192 KB of shared memory for the tl.dot operands and a
-#: stack; MP = 64 backward, which holds P, G, dP and V_k: a 1.6-6.7 KB stack at 8 warps,
-#: 1.9 KB at 16).
-MAX_REGISTER_MP = {'fwd': 64, 'bwd': 32}
-#: warps of the whole-matrix kernels by MP, and of the tiled ones
-REGISTER_WARPS = {'fwd': {16: 4, 32: 4, 64: 8}, 'bwd': {16: 4, 32: 8}}
-TILED_WARPS = {'fwd': 4, 'bwd': 8}
+#: largest padded size MP whose forward / backward keeps whole matrices in registers, one
+#: program per matrix; larger ones use the multi-program kernels (MP / BR programs per
+#: matrix). Whole-matrix kernels spilled beyond these sizes in ahead-of-time compiles for
+#: sm_80 / sm_90 (MP = 128 forward; MP = 64 backward, which holds P, G, dP and V_k), and at
+#: MP = 64 one program per matrix leaves most SMs idle at LaplacianFormer's B * heads.
+MAX_REGISTER_MP = {'fwd': 32, 'bwd': 32}
+#: warps of the whole-matrix kernels by MP, and of the multi-program ones
+REGISTER_WARPS = {'fwd': {16: 4, 32: 4}, 'bwd': {16: 2, 32: 8}}
+TILED_WARPS = {"fwd": 4, "bwd": 4}
 #: the kernels' only storage dtype: the launchers convert matrices and gradients to fp32
 #: ``[B*heads, MP, MP]`` zero-padded buffers and the results back (an M x M copy next to the
 #: iteration's ~4 iters MP^3 flops); with a row stride M not a multiple of 16, ptxas spilled
 #: (MP = 64 forward at M = 33 or 40: a 5.9 KB stack on sm_80)
 KERNEL_DTYPE = torch.float32
-#: tile side of the tiled kernels (a [BT, MP] row block is their largest register block)
-TILE = 32
+#: rows per program (BR) of the multi-program kernels, and the width of the chunks (BK) their
+#: products are accumulated over; MP / BR programs per matrix (4 at MP = 64, 8 at MP = 128)
+ROW_BLOCK = 16
+CHUNK = 32
 
 
 def padded_size(M: int) -> int:
@@ -62,8 +68,9 @@ def newton_schulz_kernel_configs(M: int, store_iterates: bool = True,
                                  input_precision: str = DEFAULT_INPUT_PRECISION
                                  ) -> Dict[str, KernelConfig]:
     """The configurations the launchers use for ``M <= MAX_ONCHIP_M``, by role: ``'fwd'``,
-    ``'bwd'``; whole-matrix kernels up to :data:`MAX_REGISTER_MP`, tiled ones beyond (tell
-    them apart by ``config.kernel``).
+    ``'bwd'``: the whole-matrix kernels up to :data:`MAX_REGISTER_MP`; beyond, the
+    multi-program step kernels, with ``'fwd_init'`` (V_0) and ``'bwd_q'`` (Q = V^T G per
+    step) and ``'bwd_alpha'`` (the final alpha term) beside them.
 
     Args:
         M: matrix size.
@@ -72,25 +79,33 @@ def newton_schulz_kernel_configs(M: int, store_iterates: bool = True,
     """
     mp = padded_size(M)
     common = dict(MP=mp, INPUT_PRECISION=input_precision)
-    tiled = dict(common, BT=min(TILE, mp))
+    tiled = dict(common, BR=min(ROW_BLOCK, mp), BK=min(CHUNK, mp))
+    small = dict(MP=mp, BR=min(ROW_BLOCK, mp))
+    configs = {}
     if mp <= MAX_REGISTER_MP['fwd']:
-        fwd = KernelConfig(kernels.newton_schulz_fwd_kernel,
-                           dict(common, STORE_ITERATES=store_iterates),
-                           num_warps=REGISTER_WARPS['fwd'][mp], num_stages=1)
+        configs['fwd'] = KernelConfig(kernels.newton_schulz_fwd_kernel,
+                                      dict(common, STORE_ITERATES=store_iterates),
+                                      num_warps=REGISTER_WARPS['fwd'][mp], num_stages=1)
     else:
-        fwd = KernelConfig(kernels.newton_schulz_fwd_tiled_kernel, tiled,
-                           num_warps=TILED_WARPS['fwd'], num_stages=1)
+        configs['fwd_init'] = KernelConfig(kernels.newton_schulz_init_kernel, small,
+                                           num_warps=TILED_WARPS['fwd'], num_stages=1)
+        configs['fwd'] = KernelConfig(kernels.newton_schulz_step_kernel, tiled,
+                                      num_warps=TILED_WARPS['fwd'], num_stages=1)
     if mp <= MAX_REGISTER_MP['bwd']:
-        bwd = KernelConfig(kernels.newton_schulz_bwd_kernel, common,
-                           num_warps=REGISTER_WARPS['bwd'][mp], num_stages=1)
+        configs['bwd'] = KernelConfig(kernels.newton_schulz_bwd_kernel, common,
+                                      num_warps=REGISTER_WARPS['bwd'][mp], num_stages=1)
     else:
-        bwd = KernelConfig(kernels.newton_schulz_bwd_tiled_kernel, tiled,
-                           num_warps=TILED_WARPS['bwd'], num_stages=1)
-    return {'fwd': fwd, 'bwd': bwd}
+        configs['bwd_q'] = KernelConfig(kernels.newton_schulz_bwd_q_kernel, tiled,
+                                        num_warps=TILED_WARPS['bwd'], num_stages=1)
+        configs['bwd'] = KernelConfig(kernels.newton_schulz_bwd_step_kernel, tiled,
+                                      num_warps=TILED_WARPS['bwd'], num_stages=1)
+        configs['bwd_alpha'] = KernelConfig(kernels.newton_schulz_bwd_alpha_kernel, small,
+                                            num_warps=TILED_WARPS['bwd'], num_stages=1)
+    return configs
 
 
 def _is_tiled(cfg: KernelConfig) -> bool:
-    return 'BT' in cfg.constexprs
+    return 'BR' in cfg.constexprs
 
 
 def _padded(x: torch.Tensor, mp: int) -> torch.Tensor:
@@ -117,35 +132,45 @@ def _unpadded(x: torch.Tensor, shape: torch.Size, dtype: torch.dtype) -> torch.T
 # ---------------------------------------------------------------------------------------------
 # on-chip launchers (M <= MAX_ONCHIP_M)
 # ---------------------------------------------------------------------------------------------
-def newton_schulz_fwd(a: torch.Tensor, iters: int, eps: float, store_iterates: bool
+def newton_schulz_fwd(a: torch.Tensor, iters: int, eps: float, store_iterates: bool,
+                      input_precision: str = DEFAULT_INPUT_PRECISION
                       ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Forward launcher: ``(out, ws)``.
 
     Args:
         a: ``[B, heads, M, M]``, any strides, ``M <= MAX_ONCHIP_M``.
     Returns:
-        out ``[B, heads, M, M]`` contiguous in a's dtype; ws fp32 ``[B*heads, n_slots, MP, MP]``
-        with ``V_k`` in slot ``k < iters`` (None unless ``store_iterates``).
+        out ``[B, heads, M, M]`` contiguous in a's dtype; ws fp32 ``[B*heads, iters, MP, MP]``
+        with ``V_k`` in slot ``k`` (None unless ``store_iterates``).
     """
     B, heads, M, _ = a.shape
-    cfg = newton_schulz_kernel_configs(M, store_iterates)['fwd']
+    BH = B * heads
+    cfgs = newton_schulz_kernel_configs(M, store_iterates, input_precision)
+    cfg = cfgs['fwd']
     mp = cfg.constexprs['MP']
     a_pad = _padded(a, mp)
     out = torch.empty_like(a_pad)
     with _device_guard(a):
-        if _is_tiled(cfg):  # also keeps V_iters, or ping-pongs in 2 slots
-            n_slots = iters + 1 if store_iterates else 2
-            ws = a_pad.new_zeros((B * heads, n_slots, mp, mp))
-            _launch('fwd', cfg, (B * heads,), a_pad, out, ws, M, iters, n_slots, eps,
+        if _is_tiled(cfg):
+            # V_k in slot k (kept) or ping-pong slots; the last step writes straight to out
+            ws = a_pad.new_empty((BH, iters if store_iterates else min(iters, 2), mp, mp))
+            grid = (mp // cfg.constexprs['BR'], BH)
+            slot = (lambda k: ws[:, k]) if store_iterates else (lambda k: ws[:, k % 2])
+            dst = out if iters == 0 else slot(0)
+            _launch('fwd_init', cfgs['fwd_init'], grid, a_pad, dst, dst.stride(0), M, eps,
                     ALPHA_NUM)
+            for k in range(iters):
+                src, dst = dst, (out if k == iters - 1 else slot(k + 1))
+                _launch('fwd', cfg, grid, a_pad, src, dst, src.stride(0), dst.stride(0), M, eps)
         else:
-            ws = a_pad.new_empty((B * heads, iters if store_iterates else 0, mp, mp))
-            _launch('fwd', cfg, (B * heads,), a_pad, out, ws, M, iters, eps, ALPHA_NUM)
+            ws = a_pad.new_empty((BH, iters if store_iterates else 0, mp, mp))
+            _launch('fwd', cfg, (BH,), a_pad, out, ws, M, iters, eps, ALPHA_NUM)
     return _unpadded(out, a.shape, a.dtype), (ws if store_iterates else None)
 
 
 def newton_schulz_bwd(g: torch.Tensor, a: torch.Tensor, ws: Optional[torch.Tensor], iters: int,
-                      eps: float) -> torch.Tensor:
+                      eps: float, input_precision: str = DEFAULT_INPUT_PRECISION
+                      ) -> torch.Tensor:
     """Backward launcher: dL/da ``[B, heads, M, M]`` contiguous in a's dtype.
 
     Args:
@@ -153,19 +178,35 @@ def newton_schulz_bwd(g: torch.Tensor, a: torch.Tensor, ws: Optional[torch.Tenso
             ``iters == 0``).
     """
     B, heads, M, _ = a.shape
-    cfg = newton_schulz_kernel_configs(M)['bwd']
+    BH = B * heads
+    cfgs = newton_schulz_kernel_configs(M, True, input_precision)
+    cfg = cfgs['bwd']
     mp = cfg.constexprs['MP']
     a_pad, g_pad = _padded(a, mp), _padded(g, mp)
-    da = torch.empty_like(a_pad)
     if ws is None:  # iters == 0: nothing stored, nothing read
-        ws = a_pad.new_empty((B * heads, 0, mp, mp))
-    args = (M, iters, ws.shape[1], eps, ALPHA_NUM)
+        ws = a_pad.new_empty((BH, 0, mp, mp))
     with _device_guard(a):
         if _is_tiled(cfg):
-            scratch = a_pad.new_zeros((B * heads, 4, mp, mp))
-            _launch('bwd', cfg, (B * heads,), a_pad, g_pad, ws, scratch, da, *args)
+            # G ping-pongs between two buffers (g_pad is G at the start), Q = V^T G of the
+            # current step, dP accumulated in place (and then turned into da in place)
+            scratch = a_pad.new_empty((3, BH, mp, mp))
+            s_q, da = scratch[2], a_pad.new_zeros((BH, mp, mp))
+            grid = (mp // cfg.constexprs['BR'], BH)
+            s_g = g_pad
+            for kk in range(iters):
+                s_v = ws[:, iters - 1 - kk]
+                s_gn = scratch[kk % 2]
+                _launch('bwd_q', cfgs['bwd_q'], grid, s_v, s_g, s_q, s_v.stride(0),
+                        s_g.stride(0))
+                _launch('bwd', cfg, grid, a_pad, s_v, s_g, s_q, s_gn, da, s_v.stride(0),
+                        s_g.stride(0), M, eps)
+                s_g = s_gn
+            _launch('bwd_alpha', cfgs['bwd_alpha'], grid, a_pad, s_g, da, da, s_g.stride(0), M,
+                    eps, ALPHA_NUM)
         else:
-            _launch('bwd', cfg, (B * heads,), a_pad, g_pad, ws, da, *args)
+            da = torch.empty_like(a_pad)
+            _launch('bwd', cfg, (BH,), a_pad, g_pad, ws, da, M, iters, ws.shape[1], eps,
+                    ALPHA_NUM)
     return _unpadded(da, a.shape, a.dtype)
 
 

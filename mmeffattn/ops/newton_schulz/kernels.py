@@ -3,9 +3,14 @@
 Only ``@triton.jit`` functions live here; launchers, the large-matrix PyTorch path and the
 autograd Function are in ``function.py``. Conventions shared by the kernels:
 
-* One program per matrix (``program_id(0) = b * heads + h``) runs the whole iteration of one
-  matrix, in fp32 with ``tl.dot`` at ``INPUT_PRECISION`` ('ieee': exact fp32, as the iteration
-  squares its own rounding errors).
+* The whole-matrix kernels (small matrices) run one program per matrix
+  (``program_id(0) = b * heads + h``), the whole iteration in one launch; the multi-program
+  kernels (larger ones) spread each matrix over row blocks, one launch per step (below).
+  Everything is fp32, ``tl.dot`` at ``INPUT_PRECISION``: 'tf32x3' (the launchers' default)
+  splits each fp32 operand into a TF32 high part and a TF32 remainder and sums three tensor-core
+  products, for about fp32 accuracy (the iteration squares its own rounding errors, so plain
+  'tf32', ~1e-3, would bound how close it gets to the inverse); 'ieee' is exact fp32 on CUDA
+  cores. The interpreter computes every precision as plain fp32.
 * Every matrix is a contiguous fp32 ``MP x MP`` buffer (``MP``: M padded to a power of two
   >= 16, the smallest ``tl.dot`` tile), zero outside the real ``M x M`` block: the launchers
   pad and convert (a non-constant row stride M made ptxas spill, and so did 16-bit loads),
@@ -16,8 +21,8 @@ autograd Function are in ``function.py``. Conventions shared by the kernels:
   never mixes into the real one (the result is that of the unpadded iteration); ``alpha`` takes the maximum over the real rows only, and the padded
   block of every gradient stays zero.
 * Iterates ``V_0 .. V_{iters-1}`` (the input of each step) go to slot ``k`` of an fp32
-  workspace ``[B*heads, n_slots, MP, MP]`` when the forward is told to keep them; the backward
-  walks them in reverse.
+  workspace ``[B*heads, n_slots, MP, MP]`` when the forward is told to keep them (either
+  forward; either backward reads them); the backward walks them in reverse.
 """
 import triton
 import triton.language as tl
@@ -132,15 +137,15 @@ def newton_schulz_bwd_kernel(
 
 
 # ---------------------------------------------------------------------------------------------
-# Tiled variants for the larger matrices: still one program per matrix, but the iterates live
-# in an fp32 scratch in global memory (a few matrices, L1/L2-resident while the program runs)
-# and only BT-row / BT-column tiles are in registers. Held whole, MP = 128 needed more registers
-# and shared memory (192 KB for the tl.dot operands) than one program has, and spilled.
-# Row/column loops run to M (rounded up to BT): tiles past it are padding. Scratch buffers are
-# zero-initialised by the launcher, so the rows a loop never writes read as zero.
-# A program writes a scratch slot, passes a block barrier (``tl.debug_barrier``, which makes
-# its global writes visible to all its threads), then reads it; reads of the previous slot and
-# writes of the next one never alias within a step.
+# Multi-program kernels for the larger matrices (MP >= 64): each matrix is spread over MP / BR
+# programs, program ``(i_r, bh)`` owning the rows ``[i_r * BR, (i_r + 1) * BR)`` of one matrix,
+# and one launch runs one step (the launcher launches once per step: a step needs all of the
+# previous iterate, and programs of one launch cannot wait for each other). Every buffer is a
+# contiguous ``MP x MP`` fp32 matrix (``stride_*``: its batch*head stride, so a slot of the
+# iterate workspace is passed as is), identity-padded like the whole-matrix kernels (P and every
+# iterate are block diagonal, the padded block stays I), so the loops run over the whole padded
+# size with compile-time bounds and no masks. Operands are read in BK-wide chunks from L2
+# (loops, not unrolled: unrolled, MP = 128 needed over 255 registers and spilled).
 # ---------------------------------------------------------------------------------------------
 @triton.jit
 def _p_tile(a, o_r, o_c, M, eps, MP: tl.constexpr):
@@ -150,153 +155,169 @@ def _p_tile(a, o_r, o_c, M, eps, MP: tl.constexpr):
 
 @triton.jit
 def _pt_tile(a, o_r, o_c, M, eps, MP: tl.constexpr):
-    """Tile ``P^T[o_r, o_c]`` (a strided read of P)."""
-    return (tl.load(a + o_r[:, None] + o_c[None, :] * MP) + _diag_term(o_r, o_c, M, eps))
+    """Tile ``P^T[o_r, o_c]``: the contiguous tile ``P[o_c, o_r]`` transposed in registers."""
+    return tl.trans(_p_tile(a, o_c, o_r, M, eps, MP))
 
 
 @triton.jit
-def _max_row_sum(a, M, eps, MP: tl.constexpr, BT: tl.constexpr):
-    """``(s, n_top)``: the largest row sum of the real rows of P and how many rows reach it."""
+def _max_row_sum(a, M, eps, MP: tl.constexpr, BR: tl.constexpr):
+    """``(s, n_top)``: the largest row sum of the real rows of P and how many rows reach it
+    (each program of a matrix recomputes them: ``MP^2`` reads, next to its ``BR MP^2`` MACs)."""
     o_all = tl.arange(0, MP)
     b_s = tl.full([], float('-inf'), tl.float32)
-    for i0 in range(0, M, BT):
-        o_r = i0 + tl.arange(0, BT)
-        b_rows = tl.sum(_p_tile(a, o_r, o_all, M, eps, MP), 1)  # [BT]
+    for i0 in tl.static_range(0, MP, BR):
+        o_r = i0 + tl.arange(0, BR)
+        b_rows = tl.sum(_p_tile(a, o_r, o_all, M, eps, MP), 1)  # [BR]
         b_s = tl.maximum(b_s, tl.max(tl.where(o_r < M, b_rows, float('-inf')), 0))
     b_n = tl.full([], 0., tl.float32)
-    for i0 in range(0, M, BT):
-        o_r = i0 + tl.arange(0, BT)
-        b_rows = tl.sum(_p_tile(a, o_r, o_all, M, eps, MP), 1)  # [BT]
+    for i0 in tl.static_range(0, MP, BR):
+        o_r = i0 + tl.arange(0, BR)
+        b_rows = tl.sum(_p_tile(a, o_r, o_all, M, eps, MP), 1)  # [BR]
         b_n += tl.sum(((o_r < M) & (b_rows == b_s)).to(tl.float32), 0)
     return b_s, b_n
 
 
 @triton.jit
-def newton_schulz_fwd_tiled_kernel(
-    a, out, ws,
-    M, iters, n_slots, eps, alpha_num,
-    MP: tl.constexpr, BT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+def newton_schulz_init_kernel(
+    a, dst, stride_dst, M, eps, alpha_num,
+    MP: tl.constexpr, BR: tl.constexpr,
 ):
-    """``newton_schulz_fwd_kernel`` in tiles: iterate ``k`` is scratch slot ``k % n_slots`` of
-    ``ws`` (zero-initialised ``[B*heads, n_slots, MP, MP]``): ``n_slots = iters + 1`` keeps
-    every iterate for the backward, 2 ping-pongs. Per step and block of BT rows ``i``:
-    ``T_i = V_i P`` (``[BT, MP]`` in registers, accumulated over BT-wide chunks), then each
-    ``BT x BT`` tile of ``V_new[i] = 2 V_i - T_i V``.
-    """
-    i_bh = tl.program_id(0).to(tl.int64)
-    a += i_bh * MP * MP
-    out += i_bh * MP * MP
-    ws += i_bh * n_slots * MP * MP
-    o_all = tl.arange(0, MP)  # [MP]
+    """``dst = V_0 = alpha P`` (I on the padding) for the rows of program ``(i_r, bh)``.
 
-    b_s, _ = _max_row_sum(a, M, eps, MP, BT)
+    a: ``[B*heads, MP, MP]``; dst: batch*head stride ``stride_dst``.
+    """
+    i_r = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    a += i_bh * MP * MP
+    dst += i_bh * stride_dst
+    b_s, _ = _max_row_sum(a, M, eps, MP, BR)
     b_r1, b_r2 = _initial_factors(b_s, alpha_num)
-    for i0 in range(0, M, BT):  # V_0 = alpha P, I on the padding (see the whole-matrix kernel)
-        o_r = i0 + tl.arange(0, BT)
-        b_p = _p_tile(a, o_r, o_all, M, eps, MP)  # [BT, MP]
-        _store_mat_tile(ws, o_r, o_all, tl.where((o_r < M)[:, None], b_p * b_r1 * b_r2, b_p), MP)
-    tl.debug_barrier()
-    for k in range(iters):
-        src = ws + (k % n_slots) * MP * MP
-        dst = ws + ((k + 1) % n_slots) * MP * MP
-        for i0 in range(0, M, BT):
-            o_r = i0 + tl.arange(0, BT)  # [BT] rows of this block
-            b_t = tl.zeros([BT, MP], dtype=tl.float32)  # T_i = V_i P
-            for k0 in range(0, M, BT):
-                o_k = k0 + tl.arange(0, BT)
-                b_t += tl.dot(_mat_tile(src, o_r, o_k, MP), _p_tile(a, o_k, o_all, M, eps, MP),
-                              input_precision=INPUT_PRECISION)
-            for j0 in range(0, M, BT):
-                o_c = j0 + tl.arange(0, BT)
-                b_w = tl.dot(b_t, _mat_tile(src, o_all, o_c, MP),
-                             input_precision=INPUT_PRECISION)  # [BT, BT] (T_i V)[:, j]
-                _store_mat_tile(dst, o_r, o_c, 2. * _mat_tile(src, o_r, o_c, MP) - b_w, MP)
-        tl.debug_barrier()
-    src = ws + (iters % n_slots) * MP * MP
-    for i0 in range(0, M, BT):
-        o_r = i0 + tl.arange(0, BT)
-        _store_mat_tile(out, o_r, o_all, _mat_tile(src, o_r, o_all, MP), MP)
+    o_r = i_r * BR + tl.arange(0, BR)
+    o_all = tl.arange(0, MP)
+    b_p = _p_tile(a, o_r, o_all, M, eps, MP)  # [BR, MP]
+    _store_mat_tile(dst, o_r, o_all, tl.where((o_r < M)[:, None], b_p * b_r1 * b_r2, b_p), MP)
 
 
 @triton.jit
-def newton_schulz_bwd_tiled_kernel(
-    a, g, ws, scratch, da,
-    M, iters, n_slots, eps, alpha_num,
-    MP: tl.constexpr, BT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+def newton_schulz_step_kernel(
+    a, src, dst, stride_src, stride_dst, M, eps,
+    MP: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):
-    """``newton_schulz_bwd_kernel`` in tiles. ``ws``: the forward's iterates (``V_k`` in slot
-    k); ``scratch``: zero-initialised ``[B*heads, 4, MP, MP]`` holding G (slots 0/1,
-    ping-pong), ``Q = V^T G`` (slot 2) and the running ``dL/dP`` (slot 3). Per step walked
-    back, two passes over blocks of BT rows ``i`` with a barrier after each: (1)
-    ``Q_i = (V^T G)_i`` (stored); (2) ``R_i = G_i V^T`` (in registers), then tile by tile
-    ``G_new[i, j] = 2 G_ij - (P^T Q)_ij - (R_i P^T)_j`` and ``dP_ij -= (Q V^T)_ij`` (they need
-    all of Q, hence the barrier; Q is read back in BT-wide chunks: a full-width Q_i as a
-    tl.dot operand spilled).
+    """One step ``dst = 2 V - (V P) V`` with ``V = src``, for the BR rows ``i`` of program
+    ``(i_r, bh)``: ``T_i = V_i P`` (``[BR, MP]``, in registers), then each BK-wide column chunk
+    ``j`` of ``2 V_ij - T_i V[:, j]``.
     """
-    i_bh = tl.program_id(0).to(tl.int64)
+    i_r = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
     a += i_bh * MP * MP
-    g += i_bh * MP * MP
-    da += i_bh * MP * MP
-    ws += i_bh * n_slots * MP * MP
-    scratch += i_bh * 4 * MP * MP
-    s_q = scratch + 2 * MP * MP
-    s_dp = scratch + 3 * MP * MP
-    o_all = tl.arange(0, MP)  # [MP]
+    src += i_bh * stride_src
+    dst += i_bh * stride_dst
+    o_r = i_r * BR + tl.arange(0, BR)
+    o_all = tl.arange(0, MP)
+    b_t = tl.zeros([BR, MP], dtype=tl.float32)
+    for k0 in range(0, MP, BK):
+        o_k = k0 + tl.arange(0, BK)
+        b_t += tl.dot(_mat_tile(src, o_r, o_k, MP), _p_tile(a, o_k, o_all, M, eps, MP),
+                      input_precision=INPUT_PRECISION)
+    for j0 in range(0, MP, BK):
+        o_c = j0 + tl.arange(0, BK)
+        b_w = tl.dot(b_t, _mat_tile(src, o_all, o_c, MP), input_precision=INPUT_PRECISION)
+        _store_mat_tile(dst, o_r, o_c, 2. * _mat_tile(src, o_r, o_c, MP) - b_w, MP)
 
-    for i0 in range(0, M, BT):  # G = g (dP starts at zero: the scratch is zeroed)
-        o_r = i0 + tl.arange(0, BT)
-        _store_mat_tile(scratch, o_r, o_all, _mat_tile(g, o_r, o_all, MP), MP)
-    tl.debug_barrier()
-    for kk in range(iters):
-        s_v = ws + (iters - 1 - kk) * MP * MP
-        s_g = scratch + (kk % 2) * MP * MP
-        s_gn = scratch + ((kk + 1) % 2) * MP * MP
-        for i0 in range(0, M, BT):  # pass 1: Q_i = sum_k V[k, i]^T G[k, :]
-            o_r = i0 + tl.arange(0, BT)
-            b_q = tl.zeros([BT, MP], dtype=tl.float32)
-            for k0 in range(0, M, BT):
-                o_k = k0 + tl.arange(0, BT)
-                b_q += tl.dot(tl.trans(_mat_tile(s_v, o_k, o_r, MP)),
-                              _mat_tile(s_g, o_k, o_all, MP), input_precision=INPUT_PRECISION)
-            _store_mat_tile(s_q, o_r, o_all, b_q, MP)
-        tl.debug_barrier()
-        for i0 in range(0, M, BT):  # pass 2
-            o_r = i0 + tl.arange(0, BT)
-            b_r = tl.zeros([BT, MP], dtype=tl.float32)  # R_i = G_i V^T
-            for k0 in range(0, M, BT):
-                o_k = k0 + tl.arange(0, BT)
-                b_r += tl.dot(_mat_tile(s_g, o_r, o_k, MP),
-                              tl.trans(_mat_tile(s_v, o_all, o_k, MP)),
-                              input_precision=INPUT_PRECISION)
-            for j0 in range(0, M, BT):
-                o_c = j0 + tl.arange(0, BT)
-                b_acc = tl.dot(b_r, _pt_tile(a, o_all, o_c, M, eps, MP),
-                               input_precision=INPUT_PRECISION)  # [BT, BT] (R_i P^T)[:, j]
-                b_qvt = tl.zeros([BT, BT], dtype=tl.float32)
-                for k0 in range(0, M, BT):  # (P^T Q)[i, j] and (Q V^T)[i, j]
-                    o_k = k0 + tl.arange(0, BT)
-                    b_acc += tl.dot(_pt_tile(a, o_r, o_k, M, eps, MP),
-                                    _mat_tile(s_q, o_k, o_c, MP), input_precision=INPUT_PRECISION)
-                    b_qvt += tl.dot(_mat_tile(s_q, o_r, o_k, MP),
-                                    tl.trans(_mat_tile(s_v, o_c, o_k, MP)),
-                                    input_precision=INPUT_PRECISION)
-                _store_mat_tile(s_gn, o_r, o_c, 2. * _mat_tile(s_g, o_r, o_c, MP) - b_acc, MP)
-                _store_mat_tile(s_dp, o_r, o_c, _mat_tile(s_dp, o_r, o_c, MP) - b_qvt, MP)
-        tl.debug_barrier()
-    # V_0 = alpha P: dP += alpha G_0 + dL/ds [i is a largest row] / n_top
-    s_g = scratch + (iters % 2) * MP * MP
-    b_s, b_n = _max_row_sum(a, M, eps, MP, BT)
+
+@triton.jit
+def newton_schulz_bwd_q_kernel(
+    v, g, q, stride_v, stride_g,
+    MP: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+):
+    """``Q = V^T G`` for the BR rows ``i`` of program ``(i_r, bh)``:
+    ``Q_i = sum_k V[k, i]^T G[k, :]``. q: ``[B*heads, MP, MP]``."""
+    i_r = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    v += i_bh * stride_v
+    g += i_bh * stride_g
+    q += i_bh * MP * MP
+    o_r = i_r * BR + tl.arange(0, BR)
+    o_all = tl.arange(0, MP)
+    b_q = tl.zeros([BR, MP], dtype=tl.float32)
+    for k0 in range(0, MP, BK):
+        o_k = k0 + tl.arange(0, BK)
+        b_q += tl.dot(tl.trans(_mat_tile(v, o_k, o_r, MP)), _mat_tile(g, o_k, o_all, MP),
+                      input_precision=INPUT_PRECISION)
+    _store_mat_tile(q, o_r, o_all, b_q, MP)
+
+
+@triton.jit
+def newton_schulz_bwd_step_kernel(
+    a, v, g, q, g_new, dp, stride_v, stride_g, M, eps,
+    MP: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+):
+    """One step walked back, for the BR rows ``i`` of program ``(i_r, bh)``, given
+    ``Q = V^T G`` (``newton_schulz_bwd_q_kernel``)::
+
+        R_i = G_i V^T                                   ([BR, MP], in registers)
+        G_new[i, j] = 2 G_ij - (R_i P^T)_j - (P^T Q)_ij  (= dL/dV_k)
+        dP[i, j]   -= (Q V^T)_ij
+
+    per BK-wide column chunk ``j``. dp is updated in place (each program owns its rows).
+    q, g_new, dp: ``[B*heads, MP, MP]``; v, g: batch*head strides ``stride_v``, ``stride_g``.
+    """
+    i_r = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    a += i_bh * MP * MP
+    v += i_bh * stride_v
+    g += i_bh * stride_g
+    q += i_bh * MP * MP
+    g_new += i_bh * MP * MP
+    dp += i_bh * MP * MP
+    o_r = i_r * BR + tl.arange(0, BR)
+    o_all = tl.arange(0, MP)
+    b_r = tl.zeros([BR, MP], dtype=tl.float32)
+    for k0 in range(0, MP, BK):
+        o_k = k0 + tl.arange(0, BK)
+        b_r += tl.dot(_mat_tile(g, o_r, o_k, MP), tl.trans(_mat_tile(v, o_all, o_k, MP)),
+                      input_precision=INPUT_PRECISION)
+    for j0 in range(0, MP, BK):
+        o_c = j0 + tl.arange(0, BK)
+        b_acc = tl.dot(b_r, _pt_tile(a, o_all, o_c, M, eps, MP),
+                       input_precision=INPUT_PRECISION)  # [BR, BK] (R_i P^T)[:, j]
+        b_qvt = tl.zeros([BR, BK], dtype=tl.float32)
+        for k0 in range(0, MP, BK):
+            o_k = k0 + tl.arange(0, BK)
+            b_acc += tl.dot(_pt_tile(a, o_r, o_k, M, eps, MP), _mat_tile(q, o_k, o_c, MP),
+                            input_precision=INPUT_PRECISION)
+            b_qvt += tl.dot(_mat_tile(q, o_r, o_k, MP), tl.trans(_mat_tile(v, o_c, o_k, MP)),
+                            input_precision=INPUT_PRECISION)
+        _store_mat_tile(g_new, o_r, o_c, 2. * _mat_tile(g, o_r, o_c, MP) - b_acc, MP)
+        _store_mat_tile(dp, o_r, o_c, _mat_tile(dp, o_r, o_c, MP) - b_qvt, MP)
+
+
+@triton.jit
+def newton_schulz_bwd_alpha_kernel(
+    a, g, dp, da, stride_g, M, eps, alpha_num,
+    MP: tl.constexpr, BR: tl.constexpr,
+):
+    """``da = dP + alpha G_0 + dL/ds [i is a largest row] / n_top`` (``V_0 = alpha P``, see
+    ``newton_schulz_bwd_kernel``) for the rows of program ``(i_r, bh)``; ``g`` is ``G_0``
+    (batch*head stride ``stride_g``), whose padded block is zero. dp may alias da."""
+    i_r = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    a += i_bh * MP * MP
+    g += i_bh * stride_g
+    dp += i_bh * MP * MP
+    da += i_bh * MP * MP
+    o_all = tl.arange(0, MP)
+    b_s, b_n = _max_row_sum(a, M, eps, MP, BR)
     b_alpha = alpha_num / (b_s * b_s)
     b_c = tl.full([], 0., tl.float32)
-    for i0 in range(0, M, BT):  # sum(G_0 * P), padded G is zero
-        o_r = i0 + tl.arange(0, BT)
-        b_c += tl.sum(tl.sum(_mat_tile(s_g, o_r, o_all, MP)
-                             * _p_tile(a, o_r, o_all, M, eps, MP), 1), 0)
+    for i0 in tl.static_range(0, MP, BR):  # sum(G_0 * P)
+        o_i = i0 + tl.arange(0, BR)
+        b_c += tl.sum(tl.sum(_mat_tile(g, o_i, o_all, MP) * _p_tile(a, o_i, o_all, M, eps, MP),
+                             1), 0)
     b_ds = -2. * b_alpha / b_s * b_c
-    for i0 in range(0, M, BT):
-        o_r = i0 + tl.arange(0, BT)
-        b_rows = tl.sum(_p_tile(a, o_r, o_all, M, eps, MP), 1)  # [BT]
-        b_top = ((o_r < M) & (b_rows == b_s)).to(tl.float32)
-        b_dp = (_mat_tile(s_dp, o_r, o_all, MP) + b_alpha * _mat_tile(s_g, o_r, o_all, MP)
-                + (b_ds / b_n * b_top)[:, None])
-        _store_mat_tile(da, o_r, o_all, b_dp, MP)
+    o_r = i_r * BR + tl.arange(0, BR)
+    b_rows = tl.sum(_p_tile(a, o_r, o_all, M, eps, MP), 1)  # [BR]
+    b_top = ((o_r < M) & (b_rows == b_s)).to(tl.float32)
+    b_da = (_mat_tile(dp, o_r, o_all, MP) + b_alpha * _mat_tile(g, o_r, o_all, MP)
+            + (b_ds / b_n * b_top)[:, None])
+    _store_mat_tile(da, o_r, o_all, b_da, MP)

@@ -93,11 +93,13 @@ def newton_schulz_pinv(a: torch.Tensor, iters: int, eps: float, *,
     Differentiable w.r.t. ``a``: the gradient is the exact derivative of the returned iterate
     (``alpha`` included, not detached), not the gradient of the true inverse.
 
-    The Triton backend keeps the whole iteration of one matrix on chip (one program per matrix,
-    ``M`` padded to a power of two with the identity, fp32 accumulation) for ``M <= 128``;
-    larger matrices run the same iteration with batched matmuls in PyTorch (fp32), with the same
-    hand-written backward. Either way the forward stores the ``iters`` iterates when a gradient
-    is needed (``iters * B * heads * M * M`` fp32) and the backward reverses the iteration.
+    The Triton backend runs ``M <= 128`` in its kernels (``M`` padded to a power of two with
+    the identity, fp32, tensor cores at about fp32 accuracy through 'tf32x3'): up to ``M = 32``
+    one program per matrix for the whole iteration, beyond that ``MP / 16`` programs per matrix
+    (MP: M padded to a power of two) and one launch per step; larger matrices run the same
+    iteration with batched matmuls in PyTorch (fp32), with the same hand-written backward. Either way the forward stores the
+    ``iters`` iterates when a gradient is needed (``iters * B * heads * M * M`` fp32) and the
+    backward reverses the iteration.
 
     Args:
         a: ``[B, heads, M, M]``; any strides.

@@ -30,7 +30,7 @@ def aot_case(M, iters=3, dtype='fp32') -> Dict[str, Any]:
 
 
 def aot_record(case: Dict[str, Any]) -> list:
-    """On-chip forward (keeping its iterates, and for inference) + backward launches."""
+    """Kernel forward (keeping its iterates, and for inference) + backward launches."""
     from . import function
     M, iters = case['M'], case['iters']
     assert M <= function.MAX_ONCHIP_M, 'larger matrices run batched matmuls, no kernel'
@@ -43,16 +43,18 @@ def aot_record(case: Dict[str, Any]) -> list:
 
 
 # The kernels only ever see fp32 padded buffers, so the code depends on the padded size MP (16,
-# 32, 64, 128: whole-matrix or tiled kernels), whether the forward keeps its iterates, and
-# Triton's specialisation of M and iters (== 1, divisible by 16). The subset: MP 16
-# (whole-matrix both ways), 64 (whole-matrix forward, tiled backward) and 128 (tiled both ways).
+# 32: whole-matrix kernels; 64, 128: multi-program kernels), whether the forward keeps its
+# iterates, and Triton's specialisation of M and iters (== 1, divisible by 16) and of the
+# workspace strides. The subset: MP 16 (whole-matrix both ways), 64 and 128 (multi-program).
 AOT = AotSpec(
     record=aot_record,
     subset=[aot_case(13), aot_case(40), aot_case(100)],
     full=[aot_case(M, iters) for M in (1, 13, 16, 17, 32, 33, 49, 64, 100, 128)
           for iters in (1, 3)],
     kernels=frozenset({'newton_schulz_fwd_kernel', 'newton_schulz_bwd_kernel',
-                       'newton_schulz_fwd_tiled_kernel', 'newton_schulz_bwd_tiled_kernel'}))
+                       'newton_schulz_init_kernel', 'newton_schulz_step_kernel',
+                       'newton_schulz_bwd_q_kernel', 'newton_schulz_bwd_step_kernel',
+                       'newton_schulz_bwd_alpha_kernel'}))
 
 SPEC = OpSpec(
     name='newton_schulz_pinv', macs=macs, can_run=newton_schulz_triton_reasons,
