@@ -75,7 +75,9 @@ def dynamic_dwconv_naive(x: torch.Tensor, kernel: torch.Tensor,
     if not torch.is_autocast_enabled(x.device.type):  # (autocast casts them itself)
         k = k.to(x.dtype)
         b = None if b is None else b.to(x.dtype)
-    if not bool(torch.isfinite(k).all()):  # rare: see _conv_by_taps
+    # rare: see _conv_by_taps. A host-side decision on the data, which torch.compile and
+    # torch.export cannot trace (a graph break, an export error): they take the convolution
+    if not torch.compiler.is_compiling() and not bool(torch.isfinite(k).all()):
         return _conv_by_taps(x, k, b)
     out = F.conv2d(x.reshape(1, B * C, H, W), k, b, padding=K // 2, groups=B * C)
     return out.reshape(B, C, H, W)

@@ -106,8 +106,9 @@ def newton_schulz_pinv(a: torch.Tensor, iters: int, eps: float, *,
         check: compute the residual of the result and raise ``ValueError`` naming the
             matrices whose residual is NaN or ``>= 1`` (not invertible, e.g. zero, or not
             converged). ``None`` (default): check CPU inputs only, since on a GPU the check
-            waits for the result (a host synchronisation per call); pass ``True`` to check
-            there too, ``False`` to skip it.
+            waits for the result (a host synchronisation per call), and not under
+            ``torch.compile``/``torch.export`` (a graph break); pass ``True`` to check there
+            too, ``False`` to skip it.
         backend: ``None`` (automatic), ``'triton'`` or ``'reference'``; see
             :mod:`mmeffattn.ops._backend` (``$MMEFFATTN_OPS_BACKEND`` applies when None).
 
@@ -123,6 +124,7 @@ def newton_schulz_pinv(a: torch.Tensor, iters: int, eps: float, *,
     eps = float(eps)
     out = dispatch(_NAME, backend, lambda: newton_schulz_triton_reasons(a), (a, ),
                    newton_schulz_pinv_triton, newton_schulz_pinv_naive, a, iters, eps)
-    if check or (check is None and a.device.type == 'cpu'):
+    # not while torch.compile / torch.export trace: the check decides on the data on the host
+    if check or (check is None and a.device.type == 'cpu' and not torch.compiler.is_compiling()):
         check_converged(a, out.detach(), iters, eps)
     return out
