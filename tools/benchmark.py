@@ -85,6 +85,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument('--no-flops', action='store_true', default=None,
                    help='skip the FLOP count (one traced forward per model and size)')
     p.add_argument('--no-plots', action='store_true')
+    p.add_argument('--compile', action='store_true',
+                   help='also time each model under torch.compile (inductor, one static graph '
+                        'per size), interleaved with eager: fwd compiled (ms), eager/compiled')
+    p.add_argument('--compile-backend', default='inductor',
+                   help="torch.compile backend of --compile ('aot_eager' to check the path)")
     p.add_argument('--out-dir', default='work_dirs/benchmark')
     args = p.parse_args(argv)
     for key, value in PRESETS[args.preset].items():
@@ -102,8 +107,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 class Runner:
     """Forward / forward+backward closures of one built backbone at one input size."""
 
-    def __init__(self, model: torch.nn.Module, x: torch.Tensor, dtype: torch.dtype) -> None:
-        self.model, self.x, self.dtype = model, x, dtype
+    def __init__(self, model: torch.nn.Module, x: torch.Tensor, dtype: torch.dtype,
+                 compiled: Optional[torch.nn.Module] = None) -> None:
+        self.model, self.x, self.dtype, self.compiled = model, x, dtype, compiled
         self.autocast = dtype != torch.float32
 
     def _autocast(self):
@@ -112,6 +118,10 @@ class Runner:
     def forward(self) -> None:
         with torch.no_grad(), self._autocast():
             self.model(self.x)
+
+    def forward_compiled(self) -> None:
+        with torch.no_grad(), self._autocast():
+            self.compiled(self.x)
 
     def forward_backward(self) -> None:
         with self._autocast():
@@ -156,6 +166,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
 
     results: List[Dict[str, Any]] = []
     models: Dict[str, torch.nn.Module] = {}
+    compiled: Dict[str, torch.nn.Module] = {}
     info: Dict[str, Dict[str, Any]] = {}
     for name in names:
         entry = get_model(name)
@@ -165,6 +176,11 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         if reason is None:
             try:
                 models[name] = build_backbone(name).to(device)
+                if getattr(args, 'compile', False):
+                    # static: one graph per size (the fair comparison at each size); a compile
+                    # error surfaces at the first call and is recorded per size
+                    compiled[name] = torch.compile(models[name], dynamic=False,
+                                                   backend=args.compile_backend)
                 info[name]['params_m'] = count_parameters(models[name]) / 1e6
             except Exception as e:  # a peer whose constructor changed, say
                 reason = f'build failed: {type(e).__name__}: {e}'
@@ -182,6 +198,9 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
                        status=info[name]['status'], fwd_ms=None, fwd_bwd_ms=None,
                        images_per_s=None, peak_mem_mb=None, fwd_bwd_peak_mem_mb=None,
                        gmacs=None, params_m=info[name]['params_m'])
+            if getattr(args, 'compile', False):
+                rec.update(fwd_compiled_ms=None, compile_s=None, compiled_speedup=None,
+                           compile_status=None)
             records[name] = rec
             if name not in models:
                 continue
@@ -195,8 +214,10 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
                 rec['status'] = 'skipped (time limit)'
             else:
                 x = torch.randn(args.batch, 3, *hw, device=device)
-                runners[name] = Runner(models[name], x, dtype)
+                runners[name] = Runner(models[name], x, dtype, compiled.get(name))
         _measure(runners, records, info, args, device, backward=False)
+        if getattr(args, 'compile', False):
+            _measure_compiled(runners, records, args, device)
         if max(hw) <= args.backward_max_side:
             _measure(runners, records, info, args, device, backward=True)
         for name, runner in runners.items():
@@ -221,6 +242,11 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         for name in names:
             rec = records[name]
             shown = f'{rec["fwd_ms"]:.1f} ms' if rec['fwd_ms'] is not None else rec['status']
+            if rec.get('fwd_compiled_ms') is not None:
+                shown += (f', compiled {rec["fwd_compiled_ms"]:.1f} ms '
+                          f'({rec["compiled_speedup"]:.2f}x, compiled in {rec["compile_s"]:.0f} s)')
+            elif rec.get('compile_status'):
+                shown += f', compiled: {rec["compile_status"]}'
             print(f'[{hw[0]}x{hw[1]}] {name}: {shown}', flush=True)
         results += records.values()
         del runners
@@ -235,6 +261,8 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
                                               'max_memory_gb', 'reference')}
     settings['sizes'] = [list(s) for s in sizes]
     settings['ops_backend'] = os.environ.get('MMEFFATTN_OPS_BACKEND', 'auto')
+    settings['compile'] = getattr(args, 'compile_backend', 'inductor') \
+        if getattr(args, 'compile', False) else False
     return dict(environment=bm.environment(device, dtype), settings=settings,
                 models={n: dict(attention=i['attention'], ours=i['ours'],
                                 params_m=i['params_m']) for n, i in info.items()},
@@ -284,6 +312,38 @@ def _measure(runners: Dict[str, Runner], records: Dict[str, Dict[str, Any]],
                 rec['images_per_s'] = args.batch / bm.median(ts)
                 info[name]['time_hist'].append((rec['size'][0] * rec['size'][1],
                                                 bm.median(ts)))
+
+
+def _measure_compiled(runners: Dict[str, Runner], records: Dict[str, Dict[str, Any]],
+                      args: argparse.Namespace, device: torch.device) -> None:
+    """The compiled forward of every runner: the first call compiles (its time is
+    ``compile_s``), then warm-up and ``repeats`` rounds, each timing eager and compiled back to
+    back, so that both see the same machine load; ``compiled_speedup`` = eager / compiled
+    (medians of these rounds)."""
+    from mmeffattn.analysis import benchmarking as bm
+    ok = {}
+    for name, runner in runners.items():
+        rec = records[name]
+        if rec['status'] != 'ok' or runner.compiled is None:
+            continue
+        t0 = time.time()
+        try:
+            runner.forward_compiled()
+            for _ in range(args.warmup):
+                runner.forward_compiled()
+        except Exception as e:
+            rec['compile_status'] = f'error: {type(e).__name__}: {str(e).splitlines()[0]}'
+            continue
+        rec['compile_s'] = time.time() - t0
+        ok[name] = ([], [])
+    for _ in range(args.repeats):
+        for name, (eager, comp) in ok.items():
+            eager.append(bm.time_once(runners[name].forward, device))
+            comp.append(bm.time_once(runners[name].forward_compiled, device))
+    for name, (eager, comp) in ok.items():
+        rec = records[name]
+        rec['fwd_compiled_ms'] = bm.median(comp) * 1e3
+        rec['compiled_speedup'] = bm.median(eager) / bm.median(comp)
 
 
 def exponents(results: List[Dict[str, Any]]) -> Dict[str, Dict[str, Optional[float]]]:
@@ -339,6 +399,20 @@ def markdown(report: Dict[str, Any]) -> str:
                 f'| {r["model"]} | {_fmt(r["params_m"])} | {_fmt(r["gmacs"], 2)} | '
                 f'{_fmt(r["fwd_ms"])} | {_fmt(r["fwd_bwd_ms"])} | {_fmt(r["images_per_s"], 2)} | '
                 f'{_fmt(r["peak_mem_mb"], 0)} | {_fmt(ratio_t, 2)}x | {_fmt(ratio_m, 2)}x |')
+        lines.append('')
+    if report['settings'].get('compile'):
+        lines += [f'### torch.compile ({report["settings"]["compile"]}) vs eager, forward', '',
+                  '| model | size | eager (ms) | compiled (ms) | eager / compiled | compile (s) |',
+                  '|---|---|---:|---:|---:|---:|']
+        for r in report['results']:
+            if r.get('fwd_compiled_ms') is not None:
+                eager = r['fwd_compiled_ms'] * r['compiled_speedup']
+                lines.append(f'| {r["model"]} | {r["size"][0]}x{r["size"][1]} | {_fmt(eager)} | '
+                             f'{_fmt(r["fwd_compiled_ms"])} | {_fmt(r["compiled_speedup"], 2)}x | '
+                             f'{_fmt(r["compile_s"], 0)} |')
+            elif r.get('compile_status'):
+                lines.append(f'| {r["model"]} | {r["size"][0]}x{r["size"][1]} | '
+                             f'{r["compile_status"]} |||| ')
         lines.append('')
     lines += ['### Scaling exponents (y ~ tokens^k over the square sizes)', '',
               '| model | attention | latency k | memory k | FLOPs k |', '|---|---|---:|---:|---:|']

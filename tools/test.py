@@ -138,6 +138,14 @@ def keep_test_config_dump(runner, config_path: str) -> None:
         os.replace(dumped, osp.join(runner.log_dir, 'test_' + osp.basename(config_path)))
 
 
+def maybe_compile_test(runner, cfg) -> None:
+    """``compile=True`` (or a dict of ``torch.compile`` options, ``--cfg-options compile=True``)
+    compiles the model's ``test_step``, as mmengine's Runner compiles ``train_step`` for
+    training (its ``test()`` ignores the option)."""
+    if cfg.get('compile'):
+        runner._maybe_compile('test_step')
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
     prepare_runtime()
@@ -163,6 +171,7 @@ def main(argv=None) -> dict:
     cfg = Config(cfg.to_dict(), filename=None)
     runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
     keep_test_config_dump(runner, args.config)
+    maybe_compile_test(runner, cfg)
     metrics = runner.test()
     if not metrics:
         runner.logger.warning('the evaluator returned no metrics (for detection: no prediction '

@@ -18,6 +18,13 @@ from ._backend import HAS_TRITON
 INT32_LIMIT = 2 ** 31
 
 
+def is_symbolic(*sizes: Any) -> bool:
+    """Whether a size is symbolic (a ``torch.SymInt``: torch.export or torch.compile with a
+    dynamic shape). A Python branch or ``int()`` on such a size pins it in the graph, so the
+    references then take the branch-free path (e.g. a zero pad that is a no-op)."""
+    return any(isinstance(s, torch.SymInt) for s in sizes)
+
+
 # ---------------------------------------------------------------------------------------------
 # numerics shared by the references
 # ---------------------------------------------------------------------------------------------

@@ -54,16 +54,33 @@ def test_every_family_exports_and_matches(family, tmp_path):
     assert rec['size'] == (64, 96) and rec['rel_err'] <= 1e-4, rec
 
 
-def test_laplacianformer_dynamic_at_odd_sizes(tmp_path):
-    """The two causes of LaplacianFormer's failures: ``aten._cdist_forward`` has no ONNX
-    translation, and ``//`` on sizes truncated (wrong landmark count on odd grids)."""
-    wrapper = E.ExportWrapper(small_backbone('laplacianformer')).eval()
-    out = E.export(wrapper, (64, 96), str(tmp_path / 'lf.onnx'), dynamic=True)
-    assert E.input_dims(out)[2:] == ['height', 'width']
+@pytest.mark.parametrize('family', sorted(SMALL))
+def test_every_family_exports_dynamic_and_matches_at_odd_sizes(family, tmp_path):
+    """One file at three sizes, one of them odd. What pinned the size before: LaplacianFormer's
+    ``cdist`` (no translation) and truncating ``//``; Python branches and ``int()`` on sizes
+    (every family's padding, SEMA's window layout and size checks, MILA's RoPE cache);
+    ``adaptive_avg_pool2d`` (WeightFormer, LaplacianFormer: gather indices of the export size);
+    data-dependent checks in the references (WeightFormer, LaplacianFormer)."""
+    wrapper = E.ExportWrapper(small_backbone(family)).eval()
+    out = E.export(wrapper, (64, 96), str(tmp_path / f'{family}.onnx'), dynamic=True)
+    dims = E.input_dims(out)
+    assert dims[:2] == [1, 3] and all(isinstance(d, str) for d in dims[2:]), dims
     sizes = E.check_sizes((64, 96), dynamic=True)
     assert len(sizes) == 3 and any(h % 2 and w % 2 for h, w in sizes)
     for rec in E.check_parity(out, wrapper, sizes):
         assert rec['rel_err'] <= 1e-4, rec
+
+
+def test_a_pinned_size_is_refused_by_name(tmp_path):
+    """A model that branches on its input size cannot become a dynamic file: the export names
+    the guard instead of writing a static file silently (what torch.onnx.export does)."""
+
+    class Pins(torch.nn.Module):
+        def forward(self, x):
+            return x * 2 if x.shape[2] == 64 else x
+
+    with pytest.raises(Exception, match='height'):
+        E.export(Pins(), (64, 96), str(tmp_path / 'pins.onnx'), dynamic=True)
 
 
 def test_floordiv_translation_floors_negative_numbers(tmp_path):

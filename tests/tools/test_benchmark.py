@@ -116,3 +116,22 @@ def test_fit_and_prediction_of_power_laws():
     assert bm.parse_size('512x768') == (512, 768) and bm.parse_size('64') == (64, 64)
     with pytest.raises(ValueError, match='512x'):
         bm.parse_size('512x')
+
+
+def test_compile_reports_eager_and_compiled_side_by_side(tmp_path, monkeypatch):
+    """``--compile`` on a tiny stand-in backbone (the aot_eager backend: the path, not
+    inductor's speed, which tools/benchmark.py --compile measures)."""
+    import mmeffattn.analysis.model_zoo as zoo
+
+    def tiny(name):
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.GELU()).eval()
+
+    monkeypatch.setattr(zoo, 'build_backbone', tiny)
+    report = benchmark.main(TINY + ['--models', 'SEMA-T', '--sizes', '32', '--no-flops',
+                                    '--no-plots', '--compile', '--compile-backend', 'aot_eager',
+                                    '--backward-max-side', '0', '--out-dir', str(tmp_path)])
+    (rec, ) = report['results']
+    assert rec['fwd_compiled_ms'] > 0 and rec['compiled_speedup'] > 0 and rec['compile_s'] >= 0
+    table = (tmp_path / 'benchmark.md').read_text()
+    assert 'torch.compile (aot_eager) vs eager' in table and '| SEMA-T | 32x32 |' in table

@@ -43,8 +43,11 @@ import torch.nn.functional as F  # noqa: E402
 PARTS = ('auto', 'backbone')
 DEFAULT_OPSET = 18
 DEFAULT_TOLERANCE = 1e-4
-#: smallest image side a dynamic export accepts (every backbone of ours has a stride of 32)
+#: smallest image side an export accepts (every backbone of ours has a stride of 32)
 MIN_SIDE = 32
+#: smallest side of a dynamic export: a last-stage grid of one token (32 px) is a size-1 special
+#: case that torch.export would otherwise have to pin
+MIN_DYNAMIC_SIDE = 64
 
 
 def require_onnx() -> None:
@@ -207,8 +210,8 @@ def export(wrapper: ExportWrapper, shape: Sequence[int], out: str, dynamic: bool
     """Export ``wrapper`` at ``shape`` (H, W) to ``out`` and return ``out``.
 
     With ``dynamic`` the height and width are symbolic (height and width at least
-    :data:`MIN_SIDE`); a model whose code pins a size (a Python int taken from a shape, say)
-    makes the exporter raise, naming the dimension.
+    :data:`MIN_DYNAMIC_SIDE`); a model whose code pins a size (a Python int taken from a shape,
+    a branch on it) makes ``torch.export`` raise, naming the guard.
     """
     import onnx
     require_onnx()
@@ -216,12 +219,18 @@ def export(wrapper: ExportWrapper, shape: Sequence[int], out: str, dynamic: bool
     dynamic_shapes = None
     if dynamic:
         # the batch stays 1: a dimension exported at size 1 is specialised by torch.export
-        dynamic_shapes = ({2: torch.export.Dim('height', min=MIN_SIDE, max=16384),
-                           3: torch.export.Dim('width', min=MIN_SIDE, max=16384)}, )
+        dynamic_shapes = ({2: torch.export.Dim('height', min=MIN_DYNAMIC_SIDE, max=16384),
+                           3: torch.export.Dim('width', min=MIN_DYNAMIC_SIDE, max=16384)}, )
     from mmeffattn.analysis.flops import reference_backend
 
     # the ops' PyTorch references: a Triton kernel (or the interpreter) cannot be exported
     with torch.no_grad(), reference_backend():
+        if dynamic:
+            # torch.export first: torch.onnx.export falls back to a static graph when the model
+            # pins a size, silently; torch.export raises and names the guard that pins it
+            wrapper = torch.export.export(wrapper, (x, ), dynamic_shapes=dynamic_shapes,
+                                          strict=False)
+            dynamic_shapes = None
         program = torch.onnx.export(
             wrapper, (x, ), dynamo=True, opset_version=opset, dynamic_shapes=dynamic_shapes,
             custom_translation_table=translation_table(), input_names=['image'],

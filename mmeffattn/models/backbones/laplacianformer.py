@@ -108,6 +108,7 @@ from mmeffattn.registry import MODELS
 from ..layers import DropPath, Mlp
 from ..layers.kernel_whitening import KernelWhitening
 from ..layers.linear_solve import conjugate_gradient_solve
+from ..layers.pool import adaptive_avg_pool2d
 from ..layers.tokens import map_to_tokens, tokens_to_map
 from ..utils import init_linear_and_norm
 from .base import BaseBackbone, HWShape, drop_path_rates, run_block
@@ -162,7 +163,7 @@ def pool_landmarks_grid(x: torch.Tensor, hw: HWShape, grid: int) -> torch.Tensor
     """
     B, nh, N, D = x.shape
     fmap = x.transpose(-2, -1).reshape(B * nh, D, hw[0], hw[1])  # [B*nh, D, H, W]
-    pooled = F.adaptive_avg_pool2d(fmap, grid)  # [B*nh, D, grid, grid]
+    pooled = adaptive_avg_pool2d(fmap, grid)  # [B*nh, D, grid, grid]
     return pooled.flatten(2).transpose(-2, -1).reshape(B, nh, grid * grid, D)
 
 

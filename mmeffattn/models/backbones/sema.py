@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from mmeffattn.ops import sema_attention
 from mmeffattn.registry import MODELS
 from ..layers import ConvNormAct, DropPath, Mlp
-from ..layers.tokens import map_to_tokens, tokens_to_map
+from ..layers.tokens import is_symbolic, map_to_tokens, pad_to_multiple, tokens_to_map
 from ..layers.window_linear import window_linear_attention
 from ..utils import init_linear_and_norm, strip_module_prefix, unwrap_state_dict
 from .attention_zoo import build_mixer, mixer_names, register_mixer
@@ -76,10 +76,11 @@ def _rope_angles_cached(h: int, w: int, dim: int, base: float,
 def rope_rotation(h: int, w: int, dim: int, base: float, device: torch.device) -> torch.Tensor:
     """The RoPE table for an ``h x w`` grid, cached per ``(h, w, dim, base, device)``.
 
-    Under ``torch.jit.trace`` or ``torch.compile`` it is computed inline instead (sizes may be
-    symbolic there, and the graph then owns the computation).
+    Under ``torch.jit.trace``, ``torch.compile`` or ``torch.export`` it is computed inline
+    instead (sizes may be symbolic there: ``int(h)`` would pin them, and the graph then owns the
+    computation).
     """
-    if torch.jit.is_tracing() or torch.compiler.is_compiling():
+    if torch.jit.is_tracing() or torch.compiler.is_compiling() or is_symbolic(h, w):
         return _rope_angles(h, w, dim, base, device)
     return _rope_angles_cached(int(h), int(w), int(dim), float(base), device)
 
@@ -378,10 +379,7 @@ class Stem(nn.Module):
             ConvNormAct(embed_dims * 4, embed_dims, 1, act_cfg=None, **kw))
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, HWShape]:
-        H, W = x.shape[-2:]
-        p = self.patch_size
-        if H % p or W % p:
-            x = F.pad(x, (0, (-W) % p, 0, (-H) % p))
+        x = pad_to_multiple(x, self.patch_size)
         x = self.conv1(x)  # [B, C/2, H/2, W/2]
         x = self.conv2(x) + x
         x = self.conv3(x)  # [B, C, H/4, W/4]
@@ -414,8 +412,7 @@ class PatchMerging(nn.Module):
 
     def forward(self, x: torch.Tensor, hw: HWShape) -> Tuple[torch.Tensor, HWShape]:
         x = tokens_to_map(x, hw)  # [B, C, H, W]
-        if hw[0] % 2 or hw[1] % 2:
-            x = F.pad(x, (0, hw[1] % 2, 0, hw[0] % 2))
+        x = pad_to_multiple(x, 2)
         x = self.conv(x)  # [B, 2C, ceil(H/2), ceil(W/2)]
         return map_to_tokens(x), (x.shape[2], x.shape[3])
 

@@ -53,7 +53,7 @@ import torch.nn.functional as F
 from mmeffattn.ops import core_periphery_attention
 from mmeffattn.registry import MODELS
 from ..layers import DropPath
-from ..layers.tokens import map_to_tokens, tokens_to_map
+from ..layers.tokens import map_to_tokens, pad_to_multiple, tokens_to_map
 from ..layers.vit_pyramid import build_vit_pyramid
 from ..utils import (clip_keys, deprecated_alias, init_linear_and_norm,
                      strip_key_prefix, strip_module_prefix, unwrap_state_dict)
@@ -312,10 +312,7 @@ class PatchEmbed(nn.Module):
         self.norm = nn.LayerNorm(embed_dims) if norm else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, HWShape]:
-        p = self.patch_size
-        H, W = x.shape[-2:]
-        if H % p or W % p:
-            x = F.pad(x, (0, (-W) % p, 0, (-H) % p))
+        x = pad_to_multiple(x, self.patch_size)
         x = self.proj(x)  # [B, D, ceil(H/p), ceil(W/p)]
         hw = (x.shape[2], x.shape[3])
         return self.norm(map_to_tokens(x)), hw  # [B, N, D]

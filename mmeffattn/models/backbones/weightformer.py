@@ -46,7 +46,8 @@ import torch.nn.functional as F
 from mmeffattn.ops import dynamic_dwconv, dynamic_weight
 from mmeffattn.registry import MODELS
 from ..layers import DropPath, Mlp
-from ..layers.tokens import map_to_tokens, tokens_to_map
+from ..layers.pool import adaptive_avg_pool2d
+from ..layers.tokens import map_to_tokens, pad_to_multiple, tokens_to_map
 from ..layers.vit_pyramid import build_vit_pyramid
 from ..utils import (clip_keys, deprecated_alias, init_linear_and_norm, strip_module_prefix,
                      unwrap_state_dict)
@@ -192,7 +193,7 @@ class DynamicDWConv(nn.Module):
 
     def raw_kernel(self, x: torch.Tensor) -> torch.Tensor:
         """The predicted kernels before normalization, ``[B, C, K, K]``, for the map ``x``."""
-        return self.kernel_gen(F.adaptive_avg_pool2d(x, self.kernel_size))
+        return self.kernel_gen(adaptive_avg_pool2d(x, self.kernel_size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [B, C, H, W]; normalized predicted kernel + static kernel, then the convolution
@@ -279,10 +280,7 @@ class PatchEmbed(nn.Module):
         self.norm = nn.LayerNorm(embed_dims, eps=LN_EPS)
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, HWShape]:
-        p = self.patch_size
-        H, W = x.shape[-2:]
-        if H % p or W % p:
-            x = F.pad(x, (0, (-W) % p, 0, (-H) % p))
+        x = pad_to_multiple(x, self.patch_size)
         x = self.proj(x)  # [B, C, ceil(H/p), ceil(W/p)]
         hw = (x.shape[2], x.shape[3])
         return self.norm(map_to_tokens(x)), hw

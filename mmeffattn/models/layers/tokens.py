@@ -1,7 +1,31 @@
 """Token sequences <-> feature maps, without copies where the layout allows."""
-from typing import Tuple
+from typing import Any, Tuple
 
 import torch
+import torch.nn.functional as F
+
+
+def is_symbolic(*sizes: Any) -> bool:
+    """Whether a size is symbolic (a ``torch.SymInt``: torch.export or torch.compile with a
+    dynamic shape). A Python branch or ``int()`` on such a size pins it in the graph (the
+    exported file then takes only that size), so the models take the branch-free path then (a
+    zero pad is a no-op) and keep the cheaper branch for known sizes."""
+    return any(isinstance(s, torch.SymInt) for s in sizes)
+
+
+def pad_to_multiple(x: torch.Tensor, multiple: int) -> torch.Tensor:
+    """Zero pad ``[..., H, W]`` on the bottom/right to multiples of ``multiple``.
+
+    Returns ``x`` itself when nothing is missing; a symbolic size is always padded (see
+    :func:`is_symbolic`), with the padding written as ``(n + m - 1) // m * m - n`` so that the
+    padded side is a plain multiple of ``m`` for torch.export's symbolic shapes (``(-n) % m``
+    gives expressions whose later ``!= 1`` guards it cannot decide).
+    """
+    H, W = x.shape[-2:]
+    if not is_symbolic(H, W) and not (H % multiple or W % multiple):
+        return x
+    m = multiple
+    return F.pad(x, (0, (W + m - 1) // m * m - W, 0, (H + m - 1) // m * m - H))
 
 
 def tokens_to_map(x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:

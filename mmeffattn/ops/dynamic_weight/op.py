@@ -29,8 +29,9 @@ def _check_inputs(u: torch.Tensor, v: torch.Tensor, n_tokens: float,
         raise ValueError(f'{_NAME}: u and v need at least one token and channel, got '
                          f'u {tuple(u.shape)}, v {tuple(v.shape)}')
     check_alike(_NAME, (('u', u), ('v', v)))
-    check_real(_NAME, 'n_tokens', n_tokens, 'the H * W tokens the factors were pooled from',
-               positive=True)
+    if not isinstance(n_tokens, torch.SymInt):  # a symbolic H * W (torch.export) is a size
+        check_real(_NAME, 'n_tokens', n_tokens, 'the H * W tokens the factors were pooled from',
+                   positive=True)
     check_real(_NAME, 'scale', scale, 'the multiplier, C_in ** -0.5 by default', optional=True)
     if weight is not None:
         expected = (v.shape[2], u.shape[2])

@@ -4,6 +4,7 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 
+from .._common import is_symbolic
 from .._common import window_attention  # noqa: F401  (also this module's public helper)
 
 
@@ -52,6 +53,53 @@ def window_key_mask(hw: Tuple[int, int], window_size: int,
     return valid.view(n_h, win_h, n_w, win_w).transpose(1, 2).reshape(n_h * n_w, 1, win_h * win_w)
 
 
+def window_gather_index(hw: Tuple[int, int], window_size: int,
+                        device: Optional[torch.device] = None
+                        ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The window partition as indices, for a symbolic grid (torch.export with a dynamic size).
+
+    Returns ``(idx, inv)``: ``idx`` ``[n_windows, window_size**2]`` holds the token index at each
+    window position (``N = H * W`` where the window runs past the grid: a zero token is put
+    there), ``inv`` ``[N]`` the flat window position of each token. Always full windows: the
+    masked padding gives the same attention as :func:`_window_layout`'s smaller windows, and
+    computing the layout with tensors instead of Python branches (pad or not, one window or
+    several) keeps the height and width symbolic in the graph.
+    """
+    H, W = hw
+    ws = window_size
+    n_h, n_w = (H + ws - 1) // ws, (W + ws - 1) // ws
+    # every index from one flat arange and scalar arithmetic: broadcasting two symbolic dims
+    # against each other would make the exporter guard on each being 1
+    t = torch.arange(n_h * n_w * ws * ws, device=device)  # (window, row in it, col in it)
+    # (and ``a - a // n * n`` for ``a % n`` with a symbolic n: ONNX export has no such remainder)
+    win, row, col = t // (ws * ws), (t // ws) % ws, t % ws
+    row, col = (win // n_w) * ws + row, (win - win // n_w * n_w) * ws + col  # grid position
+    idx = torch.where((row < H) & (col < W), row * W + col, H * W)
+    t = torch.arange(H * W, device=device)
+    row = t // W
+    col = t - row * W
+    inv = ((row // ws) * n_w + col // ws) * (ws * ws) + (row % ws) * ws + col % ws
+    return idx.view(n_h * n_w, ws * ws), inv
+
+
+def _sema_attention_symbolic(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                             hw: Tuple[int, int], window_size: int, scale: float) -> torch.Tensor:
+    """The windowed softmax of :func:`sema_attention_naive` by gathering windows with
+    :func:`window_gather_index` (no mean): ``[B, heads, N, D]`` -> ``[B*heads, N, D]``."""
+    B, nh, N, D = q.shape
+    idx, inv = window_gather_index(hw, window_size, q.device)
+    nW, L = idx.shape  # (the -1 below is nW)
+
+    def windows(x: torch.Tensor) -> torch.Tensor:
+        x = torch.cat([x.reshape(B * nh, N, D), x.new_zeros(B * nh, 1, D)], dim=1)  # [BH, N+1, D]
+        return x.index_select(1, idx.flatten()).view(B * nh, -1, L, D)
+
+    mask = (idx < N).view(nW, 1, L)  # True = real key
+    out = window_attention(windows(q), windows(k), windows(v), mask, scale)  # [BH, nW, L, D]
+    # -1, not nW * L: onnxscript's optimizer turned that symbolic shape into the export size's
+    return out.reshape(B * nh, -1, D).index_select(1, inv)  # [BH, N, D]
+
+
 def sema_attention_naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: Tuple[int, int],
                          window_size: int, scale: Optional[float] = None,
                          with_mean: bool = True) -> torch.Tensor:
@@ -73,6 +121,11 @@ def sema_attention_naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: 
     """
     B, nh, N, D = q.shape
     scale = D ** -0.5 if scale is None else scale
+    if is_symbolic(*hw):
+        out = _sema_attention_symbolic(q, k, v, hw, window_size, scale)  # [BH, N, D]
+        if with_mean:
+            out = out + v.mean(dim=2).reshape(B * nh, 1, D)
+        return out.reshape(B, nh, N, D)
     q_w, k_w, v_w = (window_partition(x, hw, window_size) for x in (q, k, v))  # [BH, nW, L, D]
     mask = window_key_mask(hw, window_size, q.device)  # [nW, 1, L] or None
     out = window_attention(q_w, k_w, v_w, mask, scale)  # [BH, nW, L, D]

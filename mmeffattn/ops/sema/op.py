@@ -25,7 +25,11 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: Sequenc
     """Raise ValueError naming the problem and the fix; return ``(H, W)``."""
     check_qkv(_NAME, q, k, v)
     try:
-        H, W = (operator.index(s) for s in hw)
+        # a symbolic size (torch.export, torch.compile with a dynamic H x W) stays symbolic:
+        # index() would pin it, and torch.compile would recompile for every new input size
+        # (dynamo shows a symbolic size as an int, hence is_compiling)
+        H, W = (s if torch.compiler.is_compiling() or isinstance(s, torch.SymInt)
+                else operator.index(s) for s in hw)
     except (TypeError, ValueError):
         H = W = 0
     if H < 1 or W < 1 or any(isinstance(s, bool) for s in hw):

@@ -1,0 +1,35 @@
+"""Adaptive average pooling that keeps a symbolic input size symbolic (torch.export / ONNX)."""
+from typing import Tuple, Union
+
+import torch
+import torch.nn.functional as F
+
+from .tokens import is_symbolic
+
+
+def _pool_matrix(length, n: int, like: torch.Tensor) -> torch.Tensor:
+    """``[n, length]``: row ``i`` averages bins ``floor(i L / n) .. ceil((i + 1) L / n) - 1``,
+    the bins of ``adaptive_avg_pool``."""
+    i = torch.arange(n, device=like.device).unsqueeze(1)  # [n, 1]
+    start = (i * length) // n
+    end = ((i + 1) * length + n - 1) // n
+    pos = torch.arange(length, device=like.device).unsqueeze(0)  # [1, L]
+    inside = ((pos >= start) & (pos < end)).to(like.dtype)  # [n, L]
+    return inside / (end - start).to(like.dtype)
+
+
+def adaptive_avg_pool2d(x: torch.Tensor, output_size: Union[int, Tuple[int, int]]
+                        ) -> torch.Tensor:
+    """``F.adaptive_avg_pool2d`` (``[B, C, H, W]`` -> ``[B, C, h, w]``), itself for known sizes.
+
+    For a symbolic ``H`` or ``W`` it averages with two small pooling matrices instead: torch's
+    ONNX export of ``adaptive_avg_pool2d`` computes its gather indices at the export size, so
+    the file reads out of bounds at any other size ("Gather ... indices element out of data
+    bounds"). Same bins, same result up to float rounding.
+    """
+    H, W = x.shape[-2:]
+    if not is_symbolic(H, W):
+        return F.adaptive_avg_pool2d(x, output_size)
+    oh, ow = (output_size, output_size) if isinstance(output_size, int) else output_size
+    x = x @ _pool_matrix(W, ow, x).transpose(0, 1)  # [B, C, H, ow]
+    return _pool_matrix(H, oh, x) @ x  # [B, C, oh, ow]

@@ -1,0 +1,87 @@
+"""torch.compile on every registered backbone family (mini archs, reference ops on the CPU):
+no graph break inside the backbone, compiled outputs equal to eager ones, and the ``compile``
+option of tools/test.py."""
+import importlib.util
+import os.path as osp
+
+import pytest
+import torch
+
+from mmeffattn.models.backbones.base import backbone_families
+
+pytestmark = pytest.mark.usefixtures('one_thread')
+
+FAMILIES = backbone_families()
+NAMES = sorted(FAMILIES)
+ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+
+
+@pytest.fixture(autouse=True)
+def reference_ops(monkeypatch):
+    """The ops' PyTorch references (what runs on the CPU)."""
+    monkeypatch.setenv('MMEFFATTN_OPS_BACKEND', 'reference')
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def build(name: str) -> torch.nn.Module:
+    cls = FAMILIES[name]
+    torch.manual_seed(0)
+    return cls(arch=cls.mini_arch, **{**cls.mini_kwargs, 'drop_path_rate': 0.}).eval()
+
+
+@pytest.mark.parametrize('name', NAMES)
+def test_no_graph_break_inside_the_backbone(name):
+    model = build(name)
+    with torch.no_grad():
+        report = torch._dynamo.explain(model)(torch.randn(1, 3, 64, 96))
+    reasons = [f'{r.reason.splitlines()[0]} at {r.user_stack[-1].filename}:'
+               f'{r.user_stack[-1].lineno}' for r in report.break_reasons]
+    assert report.graph_break_count == 0 and report.graph_count == 1, reasons
+
+
+@pytest.mark.parametrize('name', NAMES)
+def test_compiled_equals_eager(name):
+    """aot_eager runs the traced graph (with its decompositions) without inductor's codegen,
+    fast; an odd size exercises the padding paths."""
+    model = build(name)
+    x = torch.randn(1, 3, 45, 61)
+    with torch.no_grad():
+        ref = model(x)
+        got = torch.compile(model, backend='aot_eager', fullgraph=True)(x)
+    assert len(got) == len(ref)
+    for g, r in zip(got, ref):
+        torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_inductor_equals_eager_on_the_smallest_backbone():
+    """Inductor's generated code on one family (a minute of compilation on a shared CPU)."""
+    model = build('VECA')
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        ref = model(x)
+        got = torch.compile(model)(x)
+    for g, r in zip(got, ref):
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-4)
+
+
+def test_test_py_honours_compile_option():
+    """``--cfg-options compile=True`` compiles ``test_step`` (mmengine's Runner compiles only
+    ``train_step``, for training)."""
+    # by path: ``import test`` could find the standard library's test package
+    spec = importlib.util.spec_from_file_location('mmeffattn_test_tool',
+                                                  osp.join(ROOT, 'tools', 'test.py'))
+    test_tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(test_tool)
+    compiled = []
+
+    class FakeRunner:
+        def _maybe_compile(self, target):
+            compiled.append(target)
+
+    test_tool.maybe_compile_test(FakeRunner(), dict(compile=False))
+    assert compiled == []
+    test_tool.maybe_compile_test(FakeRunner(), dict(compile=True))
+    assert compiled == ['test_step']
