@@ -5,7 +5,7 @@ built; here it fails at once with the path, the config key and how to fix it.
 """
 import json
 import os.path as osp
-from typing import Iterable, List
+from typing import Iterable, Iterator, List, Tuple
 
 from mmengine.config import Config, ConfigDict
 
@@ -80,18 +80,23 @@ def check_annotation_json(path: str, key: str = 'ann_file') -> None:
             f'ends with {tail!r}: truncated or not JSON): {fix}')
 
 
+def _loader_paths(cfg: Config, phases: Iterable[str]) -> Iterator[Tuple[str, str]]:
+    """``(config key, path)`` of every dataset path of the dataloaders ``phases`` use."""
+    for phase in phases:
+        for loader_key in PHASE_LOADERS[phase]:
+            loader = cfg.get(loader_key)
+            if isinstance(loader, (dict, ConfigDict)) and loader.get('dataset') is not None:
+                yield from _dataset_paths(loader['dataset'], f'{loader_key}.dataset')
+
+
 def check_annotation_files(cfg: Config, phases: Iterable[str]) -> None:
     """Check every existing ``*.json`` annotation file of ``phases`` (datasets and evaluators)
     with :func:`check_annotation_json`."""
     seen = set()
+    for key, path in _loader_paths(cfg, phases):
+        if key.endswith('ann_file'):
+            _check_json_once(path, key, seen)
     for phase in phases:
-        for loader_key in PHASE_LOADERS[phase]:
-            loader = cfg.get(loader_key)
-            if not isinstance(loader, (dict, ConfigDict)) or loader.get('dataset') is None:
-                continue
-            for key, path in _dataset_paths(loader['dataset'], f'{loader_key}.dataset'):
-                if key.endswith('ann_file'):
-                    _check_json_once(path, key, seen)
         for ev_key in PHASE_EVALUATORS[phase]:
             evaluators = cfg.get(ev_key)
             for i, ev in enumerate(evaluators if isinstance(evaluators, (list, tuple))
@@ -114,17 +119,12 @@ def check_dataset_paths(cfg: Config, phases: Iterable[str]) -> None:
     :class:`AnnotationFileError` naming an annotation JSON file that is not valid JSON."""
     missing = []
     seen = set()
-    for phase in phases:
-        for loader_key in PHASE_LOADERS[phase]:
-            loader = cfg.get(loader_key)
-            if not isinstance(loader, (dict, ConfigDict)) or loader.get('dataset') is None:
-                continue
-            for key, path in _dataset_paths(loader['dataset'], f'{loader_key}.dataset'):
-                if path.startswith(('s3:', 'http:', 'https:', 'petrel:')) or (key, path) in seen:
-                    continue
-                seen.add((key, path))
-                if not osp.exists(path):
-                    missing.append((key, path))
+    for key, path in _loader_paths(cfg, phases):
+        if path.startswith(('s3:', 'http:', 'https:', 'petrel:')) or (key, path) in seen:
+            continue
+        seen.add((key, path))
+        if not osp.exists(path):
+            missing.append((key, path))
     if missing:
         lines = '\n'.join(f'  {key} = {path!r}' for key, path in missing)
         raise FileNotFoundError(

@@ -37,6 +37,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from mmeffattn.ops import core_periphery_attention
+from ..layers.heads import check_heads
 from ..layers.tokens import map_to_tokens, tokens_to_map
 from .base import HWShape
 from .laplacianformer import LaplacianAttention
@@ -136,8 +137,7 @@ class GlobalSoftmaxAttention(nn.Module):
 
     def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True) -> None:
         super().__init__()
-        if dim % num_heads != 0:
-            raise ValueError(f'dim {dim} is not divisible by num_heads {num_heads}')
+        check_heads(dim, num_heads)
         self.dim = dim
         self.num_heads = num_heads
         self.qk = nn.Linear(dim, dim * 2, bias=qkv_bias)
@@ -185,8 +185,7 @@ class CorePeripheryMixer(nn.Module):
     def __init__(self, dim: int, num_heads: int, num_cores: int = 16, qkv_bias: bool = True,
                  backend: Optional[str] = None) -> None:
         super().__init__()
-        if dim % num_heads != 0:
-            raise ValueError(f'dim {dim} is not divisible by num_heads {num_heads}')
+        check_heads(dim, num_heads)
         if isinstance(num_cores, bool) or not isinstance(num_cores, int) or num_cores < 1:
             raise ValueError(f'num_cores must be an integer >= 1, got {num_cores!r}')
         self.dim = dim

@@ -106,6 +106,7 @@ import torch.nn.functional as F
 from mmeffattn.ops import compute_dtype, laplacian_kernel, newton_schulz_pinv
 from mmeffattn.registry import MODELS
 from ..layers import DropPath, Mlp
+from ..layers.heads import check_heads
 from ..layers.kernel_whitening import KernelWhitening
 from ..layers.linear_solve import conjugate_gradient_solve
 from ..layers.pool import adaptive_avg_pool2d
@@ -368,8 +369,7 @@ class LaplacianAttention(nn.Module):
                  max_landmarks: Optional[int] = None, dwc_kernel: int = 3, qkv_bias: bool = True,
                  backend: Optional[str] = None) -> None:
         super().__init__()
-        if dim % num_heads != 0:
-            raise ValueError(f'dim {dim} is not divisible by num_heads {num_heads}')
+        check_heads(dim, num_heads)
         if kernel not in KERNELS:
             raise ValueError(f'kernel must be one of {KERNELS}, got {kernel!r}')
         if dwc_kernel % 2 != 1:
@@ -500,8 +500,7 @@ class SoftmaxAttention(nn.Module):
 
     def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True) -> None:
         super().__init__()
-        if dim % num_heads != 0:
-            raise ValueError(f'dim {dim} is not divisible by num_heads {num_heads}')
+        check_heads(dim, num_heads)
         self.dim = dim
         self.num_heads = num_heads
         self.q = nn.Linear(dim, dim, bias=qkv_bias)

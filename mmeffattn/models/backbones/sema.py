@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from mmeffattn.ops import sema_attention
 from mmeffattn.registry import MODELS
 from ..layers import ConvNormAct, DropPath, Mlp
+from ..layers.heads import check_heads
 from ..layers.tokens import is_symbolic, map_to_tokens, pad_to_multiple, tokens_to_map
 from ..layers.window_linear import window_linear_attention
 from ..utils import init_linear_and_norm, strip_module_prefix, unwrap_state_dict
@@ -145,8 +146,7 @@ class LinearAttention(nn.Module):
                  rope_base: float = 10000., *, with_mean: bool = False,
                  value_proj: bool = False) -> None:
         super().__init__()
-        if dim % num_heads != 0:
-            raise ValueError(f'dim {dim} is not divisible by num_heads {num_heads}')
+        check_heads(dim, num_heads)
         self.dim = dim
         self.num_heads = num_heads
         self.rope_base = rope_base
@@ -217,8 +217,7 @@ class SEMAttention(nn.Module):
                  backend: Optional[str] = None, *, with_mean: bool = True,
                  value_proj: bool = True, local_attn: str = 'softmax') -> None:
         super().__init__()
-        if dim % num_heads != 0:
-            raise ValueError(f'dim {dim} is not divisible by num_heads {num_heads}')
+        check_heads(dim, num_heads)
         if local_attn not in LOCAL_ATTNS:
             raise ValueError(f'local_attn must be one of {LOCAL_ATTNS}, got {local_attn!r}')
         self.dim = dim

@@ -81,26 +81,26 @@ def newton_schulz_kernel_configs(M: int, store_iterates: bool = True,
     common = dict(MP=mp, INPUT_PRECISION=input_precision)
     tiled = dict(common, BR=min(ROW_BLOCK, mp), BK=min(CHUNK, mp))
     small = dict(MP=mp, BR=min(ROW_BLOCK, mp))
+    def config(kernel, constexprs: dict, num_warps: int) -> KernelConfig:
+        return KernelConfig(kernel, constexprs, num_warps=num_warps, num_stages=1)
+
     configs = {}
-    if mp <= MAX_REGISTER_MP['fwd']:
-        configs['fwd'] = KernelConfig(kernels.newton_schulz_fwd_kernel,
-                                      dict(common, STORE_ITERATES=store_iterates),
-                                      num_warps=REGISTER_WARPS['fwd'][mp], num_stages=1)
-    else:
-        configs['fwd_init'] = KernelConfig(kernels.newton_schulz_init_kernel, small,
-                                           num_warps=TILED_WARPS['fwd'], num_stages=1)
-        configs['fwd'] = KernelConfig(kernels.newton_schulz_step_kernel, tiled,
-                                      num_warps=TILED_WARPS['fwd'], num_stages=1)
+    if mp <= MAX_REGISTER_MP['fwd']:  # one program per matrix, the iteration in registers
+        configs['fwd'] = config(kernels.newton_schulz_fwd_kernel,
+                                dict(common, STORE_ITERATES=store_iterates),
+                                REGISTER_WARPS['fwd'][mp])
+    else:  # row blocks of each matrix over several programs, one launch per step
+        configs['fwd_init'] = config(kernels.newton_schulz_init_kernel, small, TILED_WARPS['fwd'])
+        configs['fwd'] = config(kernels.newton_schulz_step_kernel, tiled, TILED_WARPS['fwd'])
     if mp <= MAX_REGISTER_MP['bwd']:
-        configs['bwd'] = KernelConfig(kernels.newton_schulz_bwd_kernel, common,
-                                      num_warps=REGISTER_WARPS['bwd'][mp], num_stages=1)
+        configs['bwd'] = config(kernels.newton_schulz_bwd_kernel, common,
+                                REGISTER_WARPS['bwd'][mp])
     else:
-        configs['bwd_q'] = KernelConfig(kernels.newton_schulz_bwd_q_kernel, tiled,
-                                        num_warps=TILED_WARPS['bwd'], num_stages=1)
-        configs['bwd'] = KernelConfig(kernels.newton_schulz_bwd_step_kernel, tiled,
-                                      num_warps=TILED_WARPS['bwd'], num_stages=1)
-        configs['bwd_alpha'] = KernelConfig(kernels.newton_schulz_bwd_alpha_kernel, small,
-                                            num_warps=TILED_WARPS['bwd'], num_stages=1)
+        for role, kernel, constexprs in (('bwd_q', kernels.newton_schulz_bwd_q_kernel, tiled),
+                                         ('bwd', kernels.newton_schulz_bwd_step_kernel, tiled),
+                                         ('bwd_alpha', kernels.newton_schulz_bwd_alpha_kernel,
+                                          small)):
+            configs[role] = config(kernel, constexprs, TILED_WARPS['bwd'])
     return configs
 
 
