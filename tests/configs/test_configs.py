@@ -20,7 +20,15 @@ def test_main_config_exists():
     assert osp.isfile(osp.join(ROOT, 'configs', 'mask_rcnn_sema_t_3x.py'))
 
 
-@pytest.mark.parametrize('path', CONFIGS, ids=[_id(p) for p in CONFIGS])
+def _param(path: str):
+    # the zoo's Mask R-CNN configs differ from the zoo classifiers only in the downstream model,
+    # and tests/models/test_attention_zoo.py builds every mixer in mmdet: sweep them with the
+    # slow tests to keep the default suite short
+    slow = 'zoo' in _id(path).split(osp.sep)[0] and 'mask-rcnn' in osp.basename(path)
+    return pytest.param(path, id=_id(path), marks=[pytest.mark.slow] if slow else [])
+
+
+@pytest.mark.parametrize('path', [_param(p) for p in CONFIGS])
 def test_config_builds(path):
     cfg = Config.fromfile(path)
     assert cfg.custom_imports['imports'] == ['mmeffattn']

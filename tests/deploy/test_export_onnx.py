@@ -45,6 +45,7 @@ def small_backbone(family: str) -> torch.nn.Module:
     return MODELS.build(bb).eval()
 
 
+@pytest.mark.slow  # the dynamic test below also checks each family at its export size
 @pytest.mark.parametrize('family', sorted(SMALL))
 def test_every_family_exports_and_matches(family, tmp_path):
     wrapper = E.ExportWrapper(small_backbone(family)).eval()
