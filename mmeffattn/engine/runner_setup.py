@@ -1,6 +1,5 @@
 """What tools/train.py and tools/test.py share: config loading and the runtime set-up that makes
 one set of tools serve mmdet, mmseg and mmpretrain configs on GPUs and CPUs alike."""
-import logging
 import os
 import os.path as osp
 import sys
@@ -93,9 +92,11 @@ def configure_resume(cfg: Config, resume: Optional[str]) -> None:
     if resume == 'auto':
         path = find_resume_checkpoint(cfg.work_dir)
         if path is None:
-            print_log(f'--resume: there is no checkpoint to resume from in {cfg.work_dir!r} (no '
-                      f'last_checkpoint record and no *.pth): training starts from scratch',
-                      logger='current', level=logging.WARNING)
+            # printed, not logged: no Runner (and so no logger of this run) exists yet, and an
+            # MMLogger left current by an earlier run in the process would swallow the warning
+            print_log(f'WARNING: --resume: there is no checkpoint to resume from in '
+                      f'{cfg.work_dir!r} (no last_checkpoint record and no *.pth): training starts '
+                      f'from scratch', logger=None)
             cfg.resume = False
             return
         print_log(f'--resume: resuming from {path}', logger='current')
