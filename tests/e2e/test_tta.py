@@ -4,6 +4,7 @@ import glob
 import importlib.util
 import json
 import os.path as osp
+from typing import Tuple
 
 import pytest
 import torch
@@ -111,6 +112,19 @@ def _random_checkpoint(cfg_path: str, registry, path) -> str:
     return str(path)
 
 
+def _test_with_tta(cfg: str, registry, tmp_path) -> Tuple[dict, Config, str]:
+    """Run ``tools/test.py --tta`` on a random checkpoint of ``cfg``.
+
+    Returns the metrics it wrote, the config its Runner really ran (dumped) and the log."""
+    ckpt = _random_checkpoint(cfg, registry, tmp_path / 'random.pth')
+    out_json, work = str(tmp_path / 'metrics.json'), str(tmp_path / 'work')
+    proc = run_tool(['tools/test.py', cfg, ckpt, '--tta', '--work-dir', work, '--out-json',
+                     out_json])
+    record = json.load(open(out_json))
+    assert record['tta'] is True
+    return record['metrics'], Config.fromfile(_dumped_config(work)), proc.stdout + proc.stderr
+
+
 SMALL_ADE_TTA = '''
 data_root = {root!r}
 model = dict(
@@ -146,15 +160,8 @@ def test_upernet_tta_on_ade20k_sample(tmp_path, shared_data):
     register_all_modules(init_default_scope=False)
     root = shared_data('ade20k_sample') + '/'
     cfg = write_config(tmp_path / 'cfg.py', ADE_UPERNET, SMALL_ADE_TTA.format(root=root))
-    ckpt = _random_checkpoint(cfg, MODELS, tmp_path / 'random.pth')
-    out_json, work = str(tmp_path / 'metrics.json'), str(tmp_path / 'work')
-    proc = run_tool(['tools/test.py', cfg, ckpt, '--tta', '--work-dir', work, '--out-json',
-                     out_json])
-    record = json.load(open(out_json))
-    assert record['tta'] is True
-    assert 0.0 <= record['metrics']['mIoU'] <= 100.0
-    log = proc.stdout + proc.stderr
-    dumped = Config.fromfile(_dumped_config(work))  # what the Runner really ran
+    metrics, dumped, log = _test_with_tta(cfg, MODELS, tmp_path)
+    assert 0.0 <= metrics['mIoU'] <= 100.0
     assert dumped.model.type == 'SegTTAModel' and dumped.model.module.type == 'EncoderDecoder'
     resizes = _tta_step(dumped.test_dataloader.dataset.pipeline)['transforms'][0]
     assert [r['scale_factor'] for r in resizes] == [0.25, 0.375]
@@ -191,13 +198,8 @@ def test_retinanet_tta_on_coco_tiny(tmp_path, shared_data):
     register_all_modules(init_default_scope=False)
     root = shared_data('coco_tiny') + '/'
     cfg = write_config(tmp_path / 'cfg.py', RETINANET, SMALL_COCO_TTA.format(root=root))
-    ckpt = _random_checkpoint(cfg, MODELS, tmp_path / 'random.pth')
-    out_json, work = str(tmp_path / 'metrics.json'), str(tmp_path / 'work')
-    run_tool(['tools/test.py', cfg, ckpt, '--tta', '--work-dir', work, '--out-json', out_json])
-    record = json.load(open(out_json))
-    assert record['tta'] is True
-    assert 0.0 <= record['metrics']['coco/bbox_mAP'] <= 1.0
-    dumped = Config.fromfile(_dumped_config(work))
+    metrics, dumped, _ = _test_with_tta(cfg, MODELS, tmp_path)
+    assert 0.0 <= metrics['coco/bbox_mAP'] <= 1.0
     assert dumped.model.type == 'DetTTAModel' and dumped.model.module.type == 'RetinaNet'
     scales = _tta_step(dumped.test_dataloader.dataset.pipeline)['transforms'][0]
     assert [tuple(r['scale']) for r in scales] == [(320, 224), (224, 160)]
