@@ -12,6 +12,13 @@ import torch
 from torch._subclasses.fake_tensor import is_fake
 from torch.library import wrap_triton
 
+from ._backend import TRITON_INTERPRET
+
+#: the profiler range around an interpreted launch: the interpreter emulates the kernel with
+#: aten calls, which a profile of the glue around an op (tests/ops/test_sema_attention.py)
+#: leaves out by this name
+INTERPRETED_LAUNCH = 'mmeffattn::interpreted_launch'
+
 
 @dataclass(frozen=True)
 class KernelConfig:
@@ -65,6 +72,10 @@ def launch(role: str, config: KernelConfig, grid: Tuple[int, ...], *args: Any) -
         # traced inside a ``torch.library.triton_op`` (torch.compile/export): the launch becomes
         # a node of the graph (``_library.py``); eager calls launch the kernel directly
         kernel = wrap_triton(kernel)
+    elif TRITON_INTERPRET:
+        with torch.profiler.record_function(INTERPRETED_LAUNCH):
+            kernel[grid](*args, **config.constexprs, **config.launch_options)
+        return
     kernel[grid](*args, **config.constexprs, **config.launch_options)
 
 

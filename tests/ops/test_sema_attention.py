@@ -158,6 +158,134 @@ def test_triton_strided_inputs() -> None:
 
 
 @needs_triton
+@pytest.mark.parametrize('case', [Case(2, 2, 9, 10, 7, 40, 'fp16'),  # one block per window
+                                  Case(1, 2, 7, 9, 5, 40, 'fp32'),  # several (fp32: 16 tokens)
+                                  Case(1, 2, 8, 8, 4, 24, 'fp32', with_mean=False),
+                                  Case(1, 1, 9, 10, 9, 72, 'fp16', with_mean=False)],
+                         ids=lambda c: c.id)
+def test_triton_tokens_major_output(case: Case) -> None:
+    """``out_layout='bnhd'`` with the backbone's strided inputs: the kernels store
+    ``[B, N, heads, D]`` straight (contiguous), read its gradient in that layout, and return dv in
+    v's layout; values and every gradient match the fp64 reference, one block per window and
+    several, with and without the mean."""
+    B, nh, N, D, hw = case.B, case.heads, case.H * case.W, case.D, (case.H, case.W)
+    dtype = DTYPES[case.dtype]
+    g = torch.Generator().manual_seed(0)
+    qk = torch.randn(B, N, 2, nh, D, generator=g).to(DEVICE, dtype).requires_grad_()
+    v_tok = (torch.randn(B, N, nh, D, generator=g) + 1).to(DEVICE, dtype).requires_grad_()
+    q, k = (t.transpose(1, 2) for t in qk.unbind(2))
+    out = sema_attention(q, k, v_tok.transpose(1, 2), hw, case.window, with_mean=case.with_mean,
+                         out_layout='bnhd', backend='triton')
+    assert out.shape == (B, N, nh, D) and out.is_contiguous()
+    do = torch.randn(out.shape, generator=g).to(DEVICE, dtype)
+    out.backward(do)
+    assert v_tok.grad.is_contiguous()  # dv came back in v's layout: its views' backward copied nothing
+
+    qk64, v64 = (x.detach().double().requires_grad_() for x in (qk, v_tok))
+    q64, k64 = (t.transpose(1, 2) for t in qk64.unbind(2))
+    ref = sema_attention_naive(q64, k64, v64.transpose(1, 2), hw, case.window,
+                               with_mean=case.with_mean)  # [B, nh, N, D]
+    ref.transpose(1, 2).backward(do.double())
+    assert_close(out, ref.transpose(1, 2), dtype, 'out')
+    assert_close(qk.grad, qk64.grad, dtype, 'dqk')
+    assert_close(v_tok.grad, v64.grad, dtype, 'dv')
+
+
+@pytest.mark.parametrize('case', [Case(2, 3, 13, 17, 7, 40, 'fp32'),
+                                  Case(1, 2, 14, 14, 7, 16, 'fp32', with_mean=False),
+                                  Case(1, 2, 9, 10, 4, 32, 'fp16')], ids=lambda c: c.id)
+def test_reference_tokens_major_output(case: Case) -> None:
+    """The reference's ``out_layout='bnhd'`` (windows merged straight into ``[B, N, heads, D]``)
+    is the ``'bhnd'`` result transposed, forward and backward, padded grids or not."""
+    q, k, v = (x.requires_grad_() for x in make_qkv(case, 'cpu'))
+    hw = (case.H, case.W)
+    out = sema_attention(q, k, v, hw, case.window, with_mean=case.with_mean, out_layout='bnhd',
+                         backend='reference')
+    assert out.shape == (case.B, case.H * case.W, case.heads, case.D) and out.is_contiguous()
+    do = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out.dtype)
+    grads = torch.autograd.grad(out, (q, k, v), do)
+    ref = sema_attention(q, k, v, hw, case.window, with_mean=case.with_mean,
+                         backend='reference')
+    ref_grads = torch.autograd.grad(ref, (q, k, v), do.transpose(1, 2))
+    torch.testing.assert_close(out, ref.transpose(1, 2), rtol=0, atol=0)
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a, b)
+
+
+#: aten calls that move no data (allocations, views): not glue passes
+_NO_DATA_OPS = frozenset(f'aten::{n}' for n in (
+    'empty', 'empty_like', 'empty_strided', 'new_empty', 'new_empty_strided', 'view', 'reshape',
+    '_unsafe_view', '_reshape_alias', 'as_strided', 'transpose', 'permute', 'unbind', 'select',
+    'slice', 'expand', 'unsqueeze', 'squeeze', 'split', 'chunk', 'narrow', 't', 'detach',
+    'alias', 'set_', 'to', 'contiguous', 'lift_fresh', 'result_type'))
+
+
+def glue_calls(fn) -> list:
+    """The data-moving aten calls (copies, reductions, elementwise, fills) that ``fn()`` makes
+    outside the kernels, outermost only (a ``clone`` inside ``reshape`` counts once, its
+    ``copy_`` not again), profiled on the CPU; the interpreter's emulation of the kernels (under
+    ``_launch.INTERPRETED_LAUNCH``) is left out."""
+    from torch.profiler import ProfilerActivity, profile
+    from mmeffattn.ops._launch import INTERPRETED_LAUNCH
+
+    def counted(event) -> bool:
+        if not event.name.startswith('aten::') or event.name in _NO_DATA_OPS:
+            return False
+        parent = event.cpu_parent
+        while parent is not None:
+            if parent.name == INTERPRETED_LAUNCH or (parent.name.startswith('aten::') and
+                                                     parent.name not in _NO_DATA_OPS):
+                return False
+            parent = parent.cpu_parent
+        return True
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    return sorted(e.name for e in prof.events() if counted(e))
+
+
+@pytest.mark.skipif(not _backend.TRITON_INTERPRET or not _backend.HAS_TRITON,
+                    reason='counts the glue around the interpreted kernels on the CPU')
+@pytest.mark.parametrize('dtype,window,with_mean', [('fp16', 4, True), ('fp32', 7, True),
+                                                    ('fp16', 4, False)],
+                         ids=['one-block', 'several-blocks', 'one-block-nomean'])
+def test_triton_glue_call_count(dtype: str, window: int, with_mean: bool) -> None:
+    """One forward + backward as the backbone makes it (q, k views of the fused qk projection,
+    v of the value projection, the output read tokens-major by the next projection) leaves
+    only the calls the design needs around the kernels:
+
+    * forward, ``mean``: the value mean (with the mean), the one pass every window's output
+      needs before any is stored (the kernels add it);
+    * backward, ``sum``: ``sum_n dO`` (with the mean), the mean's gradient that reaches every
+      dv (the kernels divide it by N);
+    * backward, ``stack``: autograd's backward of the backbone's ``unbind`` of the qk
+      projection, which packs dq and dk into that projection's gradient (the reshape after it
+      is then a view, and dv comes back in v's layout, so its views need no copy).
+
+    No output transpose copy, no ``div_``, no zero-filled gradients for the op's extra outputs
+    (lse, mean), no reshape copies of the gradients (main had 9 calls, with the mean)."""
+    B, nh, D, (H, W) = 1, 2, 16, (5, 6)
+    N, C = H * W, nh * D
+    g = torch.Generator().manual_seed(0)
+    qk_tok = torch.randn(B, N, 2 * C, generator=g).to(DTYPES[dtype]).requires_grad_()
+    v_tok = torch.randn(B, N, C, generator=g).to(DTYPES[dtype]).requires_grad_()
+    do = torch.randn(B, N, C, generator=g).to(DTYPES[dtype])
+
+    def step() -> None:
+        q, k = (t.transpose(1, 2) for t in qk_tok.reshape(B, N, 2, nh, D).unbind(2))
+        v = v_tok.reshape(B, N, nh, D).transpose(1, 2)
+        out = sema_attention(q, k, v, (H, W), window, with_mean=with_mean, out_layout='bnhd',
+                             backend='triton')
+        out.reshape(B, N, C).backward(do)
+
+    step()  # first call: compilation and caches outside the profile
+    qk_tok.grad = v_tok.grad = None  # (accumulating into existing grads would add an add_)
+    expected = (['aten::mean', 'aten::stack', 'aten::sum'] if with_mean else ['aten::stack'])
+    assert glue_calls(step) == expected
+    assert qk_tok.grad.shape == qk_tok.shape and v_tok.grad.shape == v_tok.shape
+
+
+@needs_triton
 def test_triton_no_grad_and_partial_grad() -> None:
     """Inference mode needs no saved tensors; gradients only for the inputs that require them."""
     case = Case(1, 2, 9, 8, 7, 32, 'fp32')
@@ -425,6 +553,12 @@ def _bad_inputs():
         ('int', (x.long(),) * 3 + ((5, 6), 4), r'floating point'),
         ('device', (x, x.to('meta'), x, (5, 6), 4), r'one device'),
     ]
+
+
+def test_invalid_out_layout() -> None:
+    x = torch.zeros(1, 2, 30, 16)
+    with pytest.raises(ValueError, match=r"out_layout must be one of \('bhnd', 'bnhd'\)"):
+        sema_attention(x, x, x, (5, 6), 4, out_layout='bnc')
 
 
 @pytest.mark.parametrize('args,match', [(a, m) for _, a, m in _bad_inputs()],

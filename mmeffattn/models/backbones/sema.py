@@ -235,17 +235,20 @@ class SEMAttention(nn.Module):
     def forward(self, x: torch.Tensor, hw: HWShape) -> torch.Tensor:
         B, N, C = x.shape
         nh, hd = self.num_heads, C // self.num_heads
-        qk = self.qk(x).reshape(B, N, 2, nh, hd).permute(2, 0, 3, 1, 4)  # [2, B, nh, N, hd]
-        q, k = qk.unbind(0)  # views; the op accepts any strides
+        # views (the op accepts any strides); unbinding the [B, N, 2, nh, hd] view keeps the
+        # backward at one stack into the projection's gradient layout (a reshape, no copy)
+        q, k = (t.transpose(1, 2) for t in self.qk(x).reshape(B, N, 2, nh, hd).unbind(2))
         v = self.v(x) if self.v is not None else x  # [B, N, C]
         vh = v.reshape(B, N, nh, hd).transpose(1, 2)  # [B, nh, N, hd]
         if self.local_attn == 'softmax':
+            # tokens-major output: the reshape below is a view (the op's dv comes back in vh's
+            # layout, so the backward of these views is views too)
             out = sema_attention(q, k, vh, hw, self.window_size, with_mean=self.with_mean,
-                                 backend=self.backend)  # [B, nh, N, hd]
+                                 out_layout='bnhd', backend=self.backend)  # [B, N, nh, hd]
         else:
             out = window_linear_attention(q, k, vh, hw, self.window_size,
-                                          with_mean=self.with_mean)
-        out = out.transpose(1, 2).reshape(B, N, C)
+                                          with_mean=self.with_mean).transpose(1, 2)
+        out = out.reshape(B, N, C)
         return out + map_to_tokens(self.lepe(tokens_to_map(v, hw)))
 
     def extra_repr(self) -> str:

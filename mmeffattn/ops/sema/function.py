@@ -108,22 +108,44 @@ def sema_kernel_configs(head_dim: int, window_tokens: int, dtype: torch.dtype, w
 # ---------------------------------------------------------------------------------------------
 # launchers
 # ---------------------------------------------------------------------------------------------
+def empty_out(q: torch.Tensor, out_layout: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(out, o)``: a new output tensor in ``out_layout`` (``'bhnd'`` ``[B, heads, N, D]`` or
+    ``'bnhd'`` ``[B, N, heads, D]``, whose ``reshape(B, N, heads * D)`` for a following
+    projection is a view) and its ``[B, heads, N, D]`` view, through whose strides the kernels
+    store (so no transpose copy follows)."""
+    B, nh, N, D = q.shape
+    if out_layout == 'bnhd':
+        out = torch.empty((B, N, nh, D), dtype=q.dtype, device=q.device)
+        return out, out.transpose(1, 2)
+    out = torch.empty((B, nh, N, D), dtype=q.dtype, device=q.device)
+    return out, out
+
+
+def as_bhnd(x: torch.Tensor, out_layout: str) -> torch.Tensor:
+    """The ``[B, heads, N, D]`` view of a tensor in ``out_layout`` (the output, its gradient)."""
+    return x.transpose(1, 2) if out_layout == 'bnhd' else x
+
+
 def sema_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, geom: WindowGeometry,
-             scale: float, with_mean: bool, input_precision: str = DEFAULT_INPUT_PRECISION
+             scale: float, with_mean: bool, input_precision: str = DEFAULT_INPUT_PRECISION,
+             out_layout: str = 'bhnd'
              ) -> Tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
     """Forward launcher.
 
     Args:
         q, k, v: ``[B, heads, N, D]``, unit stride on D.
+        out_layout: ``'bhnd'`` or ``'bnhd'``, the layout of ``o`` (:func:`empty_out`).
     Returns:
-        o ``[B, heads, N, D]`` (contiguous, q's dtype); lse ``[B*heads, N]`` fp32 log2-sum-exp
+        o (contiguous in ``out_layout``, q's dtype); lse ``[B*heads, N]`` fp32 log2-sum-exp
         (only when a window spans several blocks, else None); the value mean ``[B*heads, D]``
-        fp32 (None without ``with_mean``).
+        fp32 (None without ``with_mean``), added to every token inside the kernels.
     """
     B, nh, N, D = q.shape
     n_blocks, cfgs = sema_kernel_configs(D, geom.window_tokens, q.dtype, with_mean,
                                          input_precision)
-    o = torch.empty((B, nh, N, D), dtype=q.dtype, device=q.device)
+    out, o = empty_out(q, out_layout)
+    # the one reduction the mean needs: every window's output adds it, so it must exist before
+    # any window is stored (per-window partial sums would need a second pass over the output)
     mean = v.mean(dim=2, dtype=torch.float32).reshape(B * nh, D) if with_mean else None
     lse = (torch.empty((B * nh, N), dtype=torch.float32, device=q.device)
            if n_blocks > 1 else None)
@@ -138,40 +160,41 @@ def sema_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, geom: WindowGeom
         else:
             _launch('fwd', cfgs['fwd'], (B * nh * geom.n_win * n_blocks,),
                     q, k, v, o, mean_arg, lse, *strides, *geometry, n_blocks, scale, D)
-    return o, lse, mean
+    return out, lse, mean
 
 
 def sema_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              o: Optional[torch.Tensor], lse: Optional[torch.Tensor], mean: Optional[torch.Tensor],
              geom: WindowGeometry, scale: float, with_mean: bool,
-             input_precision: str = DEFAULT_INPUT_PRECISION
+             input_precision: str = DEFAULT_INPUT_PRECISION, out_layout: str = 'bhnd'
              ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Backward launcher: ``(dq, dk, dv)``, each ``[B, heads, N, D]`` contiguous.
+    """Backward launcher: ``(dq, dk, dv)``, each ``[B, heads, N, D]`` with v's strides when v is
+    dense (``torch.empty_like``; e.g. the transposed ``[B, N, heads, D]`` view a backbone passes,
+    so that the views' backward is a view again), else contiguous.
 
-    ``o``, ``lse`` (and ``mean`` with ``with_mean``) are the forward's outputs; ``o`` and ``lse``
-    are only read when a window spans several blocks.
+    ``do`` and ``o`` are in ``out_layout``; ``o``, ``lse`` (and ``mean`` with ``with_mean``) are
+    the forward's outputs; ``o`` and ``lse`` are only read when a window spans several blocks.
     """
     B, nh, N, D = q.shape
     n_blocks, cfgs = sema_kernel_configs(D, geom.window_tokens, q.dtype, with_mean,
                                          input_precision)
-    do = _unit_last_stride(do)
-    dq = torch.empty((B, nh, N, D), dtype=q.dtype, device=q.device)
-    dk = torch.empty_like(dq)
-    dv = torch.empty_like(dq)
-    # d(mean of v)/dv_j = 1/N for every token: every dv gets sum_n dO_n / N
-    mean_do = (do.sum(dim=2, dtype=torch.float32).div_(N).reshape(B * nh, D)
-               if with_mean else dq)
+    do = _unit_last_stride(as_bhnd(do, out_layout))
+    # one layout for the three (the kernels take one set of gradient strides)
+    dq, dk, dv = (torch.empty_like(v, dtype=q.dtype) for _ in range(3))
+    # the mean's gradient sum_n dO / N reaches every dv: the one reduction of the backward
+    # (the kernels divide by N)
+    sum_do = do.sum(dim=2, dtype=torch.float32).reshape(B * nh, D) if with_mean else dq
     _check_int32_offsets(q, k, v, do, dq)
     strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq))
     geometry = (nh, geom.H, geom.W, geom.win_h, geom.win_w, geom.n_win_w, geom.n_win)
     with _device_guard(q):
         if n_blocks == 1:
             _launch('bwd', cfgs['bwd'], (B * nh * geom.n_win,),
-                    q, k, v, do, dq, dk, dv, mean_do, *strides, *geometry, scale, D)
+                    q, k, v, do, dq, dk, dv, sum_do, *strides, *geometry, scale, D)
         else:
-            delta = softmax_bwd_delta(cfgs['bwd_preprocess'], o, do, mean)
+            delta = softmax_bwd_delta(cfgs['bwd_preprocess'], as_bhnd(o, out_layout), do, mean)
             _launch('bwd', cfgs['bwd'], (B * nh * geom.n_win * n_blocks,),
-                    q, k, v, do, dq, dk, dv, lse, delta, mean_do, *strides, *geometry,
+                    q, k, v, do, dq, dk, dv, lse, delta, sum_do, *strides, *geometry,
                     n_blocks, scale, D)
     return dq, dk, dv
 

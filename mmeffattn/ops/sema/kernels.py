@@ -3,8 +3,9 @@
 Only ``@triton.jit`` functions live here; launchers and the autograd Function are in
 ``function.py``. Layout and conventions shared by every kernel:
 
-* q, k, v, do are ``[B, heads, N, D]`` with arbitrary batch/head/token strides and unit stride
-  on the head dim; outputs o, dq, dk, dv are contiguous ``[B, heads, N, D]``.
+* q, k, v, do and the outputs o, dq, dk, dv are ``[B, heads, N, D]`` with arbitrary
+  batch/head/token strides and unit stride on the head dim (the launchers store o straight into
+  the layout its consumer reads, and dq, dk, dv, which share their strides, in v's layout).
 * The token grid ``H x W`` is tiled by ``win_h x win_w`` windows from the top-left corner
   (``win_h = min(window_size, H)``, ``win_w = min(window_size, W)``); window ``i_w`` is at
   window-row ``i_w // n_win_w`` and window-column ``i_w % n_win_w``. Inside a window tokens are
@@ -39,6 +40,19 @@ def _window_tokens(i_w, i_blk, H, W, win_h, win_w, n_win_w, BLOCK: tl.constexpr)
     m_n = (o_t < win_h * win_w) & (o_r < H) & (o_c < W)  # [BLOCK]
     o_n = o_r * W + o_c  # [BLOCK]
     return o_n, m_n
+
+
+@triton.jit
+def _bwd_slices(q, k, v, do, dq, dk, dv, i_bh, n_heads, stride_qb, stride_qh, stride_kb,
+                stride_kh, stride_vb, stride_vh, stride_dob, stride_doh, stride_gb, stride_gh):
+    """The backward kernels' pointers moved to the (batch, head) slice ``i_bh``; dq, dk, dv
+    share the strides ``stride_g*`` (the launcher allocates them alike)."""
+    g_off = bh_offset(i_bh, n_heads, stride_gb, stride_gh)
+    return (q + bh_offset(i_bh, n_heads, stride_qb, stride_qh),
+            k + bh_offset(i_bh, n_heads, stride_kb, stride_kh),
+            v + bh_offset(i_bh, n_heads, stride_vb, stride_vh),
+            do + bh_offset(i_bh, n_heads, stride_dob, stride_doh),
+            dq + g_off, dk + g_off, dv + g_off)
 
 
 @triton.jit(do_not_specialize=_GEOMETRY[:-1])
@@ -142,7 +156,7 @@ def sema_fwd_kernel(
 
 @triton.jit(do_not_specialize=_GEOMETRY[:-1])
 def sema_bwd_window_kernel(
-    q, k, v, do, dq, dk, dv, mean_do,
+    q, k, v, do, dq, dk, dv, sum_do,
     stride_qb, stride_qh, stride_qn,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
@@ -157,18 +171,14 @@ def sema_bwd_window_kernel(
     Recomputes the window's softmax from scratch (no saved statistics) and takes the softmax
     backward's row term from ``delta_i = sum_j P_ij dP_ij`` (= dO_i . O_i without the mean), so
     it needs neither o nor lse. dq, dk, dv share the contiguous strides ``stride_g*``;
-    mean_do: ``[B*heads, D]`` fp32 ``sum_n dO / N`` added to every dv (read only if WITH_MEAN).
+    sum_do: ``[B*heads, D]`` fp32 ``sum_n dO``; the mean's gradient ``sum_do / N`` is added to
+    every dv (read only if WITH_MEAN).
     """
     i_w = tl.program_id(0) % n_win
     i_bh = tl.program_id(0) // n_win
-    q += bh_offset(i_bh, n_heads, stride_qb, stride_qh)
-    k += bh_offset(i_bh, n_heads, stride_kb, stride_kh)
-    v += bh_offset(i_bh, n_heads, stride_vb, stride_vh)
-    do += bh_offset(i_bh, n_heads, stride_dob, stride_doh)
-    g_off = bh_offset(i_bh, n_heads, stride_gb, stride_gh)  # dq, dk, dv share strides
-    dq += g_off
-    dk += g_off
-    dv += g_off
+    q, k, v, do, dq, dk, dv = _bwd_slices(
+        q, k, v, do, dq, dk, dv, i_bh, n_heads, stride_qb, stride_qh, stride_kb, stride_kh,
+        stride_vb, stride_vh, stride_dob, stride_doh, stride_gb, stride_gh)
 
     o_d, m_d = head_dim_mask(D, BD, EVEN_D)  # [BD]
     o_n, m_n = _window_tokens(i_w, 0, H, W, win_h, win_w, n_win_w, BLOCK)  # [BLOCK]
@@ -187,7 +197,7 @@ def sema_bwd_window_kernel(
     b_dv = tl.dot(tl.trans(b_p.to(b_do.dtype)), b_do,
                   input_precision=INPUT_PRECISION)  # [BLOCK, BD]
     if WITH_MEAN:
-        b_dv += tl.load(mean_do + i_bh * D + o_d, mask=m_d, other=0.)[None, :]
+        b_dv += (tl.load(sum_do + i_bh * D + o_d, mask=m_d, other=0.) / (H * W))[None, :]
     store_rows(dv, o_n, stride_gn, o_d, b_dv, m_nd)
 
     b_dp = tl.dot(b_do, tl.trans(b_v), input_precision=INPUT_PRECISION)  # [BLOCK, BLOCK]
@@ -201,7 +211,7 @@ def sema_bwd_window_kernel(
 
 @triton.jit(do_not_specialize=_GEOMETRY)
 def sema_bwd_kernel(
-    q, k, v, do, dq, dk, dv, lse, delta, mean_do,
+    q, k, v, do, dq, dk, dv, lse, delta, sum_do,
     stride_qb, stride_qh, stride_qn,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
@@ -220,14 +230,9 @@ def sema_bwd_kernel(
     i_blk = i_prog % n_blocks
     i_w = (i_prog // n_blocks) % n_win
     i_bh = i_prog // (n_blocks * n_win)
-    q += bh_offset(i_bh, n_heads, stride_qb, stride_qh)
-    k += bh_offset(i_bh, n_heads, stride_kb, stride_kh)
-    v += bh_offset(i_bh, n_heads, stride_vb, stride_vh)
-    do += bh_offset(i_bh, n_heads, stride_dob, stride_doh)
-    g_off = bh_offset(i_bh, n_heads, stride_gb, stride_gh)  # dq, dk, dv share strides
-    dq += g_off
-    dk += g_off
-    dv += g_off
+    q, k, v, do, dq, dk, dv = _bwd_slices(
+        q, k, v, do, dq, dk, dv, i_bh, n_heads, stride_qb, stride_qh, stride_kb, stride_kh,
+        stride_vb, stride_vh, stride_dob, stride_doh, stride_gb, stride_gh)
     lse += i_bh.to(tl.int64) * (H * W)
     delta += i_bh.to(tl.int64) * (H * W)
     qk_scale = scale * 1.4426950408889634
@@ -258,7 +263,7 @@ def sema_bwd_kernel(
         b_dst = b_pt * (b_dpt - b_delta[None, :])  # [BLOCK(k), BLOCK(q)]
         b_dk += tl.dot(b_dst.to(b_q.dtype), b_q, input_precision=INPUT_PRECISION)
     if WITH_MEAN:
-        b_dv += tl.load(mean_do + i_bh * D + o_d, mask=m_d, other=0.)[None, :]
+        b_dv += (tl.load(sum_do + i_bh * D + o_d, mask=m_d, other=0.) / (H * W))[None, :]
     store_rows(dv, o_nj, stride_gn, o_d, b_dv, m_j)
     store_rows(dk, o_nj, stride_gn, o_d, b_dk * scale, m_j)
 

@@ -100,9 +100,22 @@ def _sema_attention_symbolic(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return out.reshape(B * nh, -1, D).index_select(1, inv)  # [BH, N, D]
 
 
+def _merge_tokens_major(x: torch.Tensor, B: int, nh: int, hw: Tuple[int, int],
+                        window_size: int) -> torch.Tensor:
+    """``[B*heads, n_windows, win_h*win_w, D]`` -> ``[B, H, W, heads, D]`` in one copy (the
+    window merge and the heads-to-tokens transpose as one permute; possibly a sliced view)."""
+    _, _, _, D = x.shape
+    H, W = hw
+    win_h, win_w, pad_h, pad_w = _window_layout(H, W, window_size)
+    n_h, n_w = (H + pad_h) // win_h, (W + pad_w) // win_w
+    x = x.view(B, nh, n_h, n_w, win_h, win_w, D).permute(0, 2, 4, 3, 5, 1, 6)
+    x = x.reshape(B, H + pad_h, W + pad_w, nh, D)
+    return x[:, :H, :W] if pad_h or pad_w else x
+
+
 def sema_attention_naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: Tuple[int, int],
                          window_size: int, scale: Optional[float] = None,
-                         with_mean: bool = True) -> torch.Tensor:
+                         with_mean: bool = True, out_layout: str = 'bhnd') -> torch.Tensor:
     """Windowed softmax attention plus the broadcast mean of all values.
 
     Does not validate its inputs (``sema_attention`` does); works for any float dtype and
@@ -111,13 +124,15 @@ def sema_attention_naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: 
     Args:
         q, k, v: ``[B, heads, N, D]`` with ``N = H * W`` tokens in row-major order.
         hw: the token grid ``(H, W)``.
-        window_size: side of the non-overlapping windows tiled from the top-left corner; the last
-            row/column of windows may be partial (padded keys get zero weight).
+        window_size: side of the non-overlapping windows tiled from the top-left corner; the
+            last row/column of windows may be partial (padded keys get zero weight).
         scale: logit scale, ``D ** -0.5`` by default.
         with_mean: add ``mean_j v_j`` over the N real tokens to every output token.
+        out_layout: ``'bhnd'`` for ``[B, heads, N, D]``, ``'bnhd'`` for ``[B, N, heads, D]``
+            (contiguous: the window merge writes that layout directly).
 
     Returns:
-        ``[B, heads, N, D]``.
+        ``[B, heads, N, D]`` or ``[B, N, heads, D]``.
     """
     B, nh, N, D = q.shape
     scale = D ** -0.5 if scale is None else scale
@@ -125,10 +140,16 @@ def sema_attention_naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: 
         out = _sema_attention_symbolic(q, k, v, hw, window_size, scale)  # [BH, N, D]
         if with_mean:
             out = out + v.mean(dim=2).reshape(B * nh, 1, D)
-        return out.reshape(B, nh, N, D)
+        out = out.reshape(B, nh, N, D)
+        return out.transpose(1, 2).contiguous() if out_layout == 'bnhd' else out
     q_w, k_w, v_w = (window_partition(x, hw, window_size) for x in (q, k, v))  # [BH, nW, L, D]
     mask = window_key_mask(hw, window_size, q.device)  # [nW, 1, L] or None
     out = window_attention(q_w, k_w, v_w, mask, scale)  # [BH, nW, L, D]
+    if out_layout == 'bnhd':
+        out = _merge_tokens_major(out, B, nh, hw, window_size)  # [B, H, W, nh, D]
+        if with_mean:
+            out = out + v.mean(dim=2).reshape(B, 1, 1, nh, D)
+        return out.reshape(B, N, nh, D)
     out = window_merge(out, hw, window_size)  # [BH, H, W, D]
     if with_mean:
         # the add also materialises the (maybe strided) merged view

@@ -16,14 +16,20 @@ sema_attention_triton, _KERNELS_IMPORT_ERROR = import_kernels(
 #: head dims the op accepts (the kernels pad D to a power of two >= 16 with masks)
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 128
 
+#: the output layouts: ``'bhnd'`` ``[B, heads, N, D]``, ``'bnhd'`` ``[B, N, heads, D]``
+OUT_LAYOUTS = ('bhnd', 'bnhd')
+
 
 _NAME = 'sema_attention'
 
 
 def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: Sequence[int],
-                  window_size: int, scale: Optional[float]) -> Tuple[int, int]:
+                  window_size: int, scale: Optional[float], out_layout: str) -> Tuple[int, int]:
     """Raise ValueError naming the problem and the fix; return ``(H, W)``."""
     check_qkv(_NAME, q, k, v)
+    if out_layout not in OUT_LAYOUTS:
+        raise ValueError(f'{_NAME}: out_layout must be one of {OUT_LAYOUTS} ([B, heads, N, D] '
+                         f'or [B, N, heads, D]), got {out_layout!r}')
     try:
         # a symbolic size (torch.export, torch.compile with a dynamic H x W) stays symbolic:
         # index() would pin it, and torch.compile would recompile for every new input size
@@ -61,7 +67,7 @@ def sema_triton_reasons(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 def sema_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: Tuple[int, int],
                    window_size: int, *, scale: Optional[float] = None, with_mean: bool = True,
-                   backend: Optional[str] = None) -> torch.Tensor:
+                   out_layout: str = 'bhnd', backend: Optional[str] = None) -> torch.Tensor:
     """SEMA attention: softmax attention inside non-overlapping windows + the mean of all values.
 
     Windows of ``window_size x window_size`` tokens are tiled from the top-left corner of the
@@ -82,18 +88,24 @@ def sema_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: Tuple[
         window_size: window side, ``>= 1``.
         scale: logit scale, ``D ** -0.5`` by default.
         with_mean: add the mean of all value vectors to every output token.
+        out_layout: ``'bhnd'`` returns ``[B, heads, N, D]``; ``'bnhd'`` returns
+            ``[B, N, heads, D]``, so that ``reshape(B, N, heads * D)`` for a following projection
+            is a view (the kernels store that layout directly, the reference merges its windows
+            into it: no transpose copy either way).
         backend: ``None`` (automatic), ``'triton'`` or ``'reference'``; see
             :mod:`mmeffattn.ops._backend` (``$MMEFFATTN_OPS_BACKEND`` applies when None).
 
     Returns:
-        ``[B, heads, N, D]`` in the inputs' dtype (contiguous from the Triton backend).
+        ``[B, heads, N, D]`` or ``[B, N, heads, D]`` (``out_layout``) in the inputs' dtype
+        (contiguous from the Triton backend).
 
     Raises:
         ValueError: malformed inputs (the message says what to change).
         RuntimeError: ``backend='triton'`` on inputs the kernels cannot run (lists the reasons).
     """
-    hw = _check_inputs(q, k, v, hw, window_size, scale)
+    hw = _check_inputs(q, k, v, hw, window_size, scale, out_layout)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     return dispatch(_NAME, backend, lambda: sema_triton_reasons(q, k, v), (q, k, v),
                     sema_attention_triton, sema_attention_naive, q, k, v, hw,
-                    operator.index(window_size), scale=scale, with_mean=with_mean)
+                    operator.index(window_size), scale=scale, with_mean=with_mean,
+                    out_layout=out_layout)

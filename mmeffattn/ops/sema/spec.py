@@ -39,9 +39,20 @@ def benchmark(n: int, s: Any, device: torch.device, dtype: torch.dtype):
 
 
 def gpu_check(B: int, h: int, side: int, D: int):
+    """The call as the SEMA backbone makes it (what the roofline models): q, k views of a fused
+    qk projection ``[B, N, 2 * h * D]``, v of a value projection ``[B, N, h * D]``, the output
+    tokens-major ``[B, N, h * D]``."""
+    N = side * side
+
+    def call(b, qk, v_tok):
+        q, k = (t.transpose(1, 2) for t in qk.reshape(B, N, 2, h, D).unbind(2))
+        v = v_tok.reshape(B, N, h, D).transpose(1, 2)
+        return sema_attention(q, k, v, (side, side), WINDOW, out_layout='bnhd',
+                              backend=b).reshape(B, N, h * D)
+
     def make(device, dtype):
-        x = [randn(B, h, side * side, D, device=device, dtype=dtype) for _ in range(3)]
-        return (lambda b, q, k, v: sema_attention(q, k, v, (side, side), WINDOW, backend=b), x)
+        return call, [randn(B, N, 2 * h * D, device=device, dtype=dtype),
+                      randn(B, N, h * D, device=device, dtype=dtype)]
     return make
 
 
@@ -63,23 +74,27 @@ def aot_case(D, window, H, W, dtype, with_mean=True, layout='backbone') -> Dict[
 
 def aot_record(case: Dict[str, Any]) -> list:
     """The launches of one forward + backward, as the launchers issue them (``'backbone'``
-    layout: q, k views of a fused qk projection, v a transposed ``[B, N, heads, D]``)."""
+    layout: q, k views of a fused qk projection, v a transposed ``[B, N, heads, D]``, the output
+    stored tokens-major, ``out_layout='bnhd'``)."""
     from . import function
     dtype = DTYPES[case['dtype']]
     H, W, D = case['H'], case['W'], case['D']
     B, nh = case.get('B', 1), case.get('heads', 2)  # the launch grid depends on them
+    out_layout = 'bhnd'
     if case.get('layout', 'backbone') == 'backbone':
         qk = torch.empty(B, H * W, 2, nh, D, dtype=dtype)
-        q, k = qk.permute(2, 0, 3, 1, 4).unbind(0)
+        q, k = (t.transpose(1, 2) for t in qk.unbind(2))
         v = torch.empty(B, H * W, nh, D, dtype=dtype).transpose(1, 2)
+        out_layout = 'bnhd'
     else:  # 'contiguous' [B, heads, N, D]
         q, k, v = (torch.empty(B, nh, H * W, D, dtype=dtype) for _ in range(3))
     geom = function.window_geometry((H, W), case['window'])
     scale = D ** -0.5
     with function.record_launches() as launches:
-        o, lse, mean = function.sema_fwd(q, k, v, geom, scale, case['with_mean'])
+        o, lse, mean = function.sema_fwd(q, k, v, geom, scale, case['with_mean'],
+                                         out_layout=out_layout)
         function.sema_bwd(torch.empty_like(o), q, k, v, o, lse, mean, geom, scale,
-                          case['with_mean'])
+                          case['with_mean'], out_layout=out_layout)
     return launches
 
 
@@ -105,31 +120,55 @@ AOT = AotSpec(
     kernels=frozenset({'sema_fwd_window_kernel', 'sema_bwd_window_kernel', 'sema_fwd_kernel',
                        'sema_bwd_kernel', 'softmax_bwd_delta_kernel'}))
 
-def roofline_costs(B: int, h: int, side: int, D: int):
+def roofline_costs(B: int, h: int, side: int, D: int, previous: bool = False):
     """``costs(dtype) -> {'fwd': Cost, 'bwd': Cost}`` of one call on ``[B, h, side**2, D]``
-    q, k, v in windows of :data:`WINDOW`, as the kernels and their glue run now (issue 14):
-    forward q, k, v read, o written, the log-sum-exp (fp32) written, and the mean of v a
-    separate pass; backward q, k, v, o, dO read, the delta pre-pass (o, dO again), dq, dk, dv
-    written and the mean's gradient (a ``dO.sum`` pass). Tensor-core FLOPs: 2 per MAC, two
+    q, k, v in windows of :data:`WINDOW`, with the glue around it as the SEMA backbone calls it
+    (q, k unbound from the qk projection, the output read tokens-major by the next projection).
+
+    Now (issue 14): forward, the value-mean pass (reads v) and the kernel (reads q, k, v, stores
+    o straight into ``[B, N, heads, D]``; with several blocks per window, the fp32 log-sum-exp);
+    backward, the ``sum_n dO`` pass, the delta pre-pass with several blocks (o, dO; delta
+    written), the kernel (q, k, v, dO read; lse and delta with several blocks; dq, dk, dv
+    written, dv in v's layout), and autograd's stack of dq, dk into the projection's gradient.
+    ``previous``: the design before, which added the output's transpose copy forward, and
+    backward a ``div_``, zero-filled gradients for lse and mean, and the reshape copies of the
+    dq/dk and dv gradients.
+
+    A window of 49 tokens is one block in 16-bit dtypes (one-block kernels: no lse, no delta,
+    no pre-pass) and several 16-token blocks in fp32. Tensor-core FLOPs: 2 per MAC, two
     products forward, five backward (S recomputed, dP, dV, dQ, dK); fp32 lane instructions:
     about 4 per score forward (scale, max, exp, sum) and 6 backward."""
     def costs(dtype: str) -> Dict[str, Cost]:
         e = DTYPES[dtype].itemsize
         N = side * side
-        t = B * h * N * D * e
+        t = B * h * N * D * e  # one [B, h, N, D] tensor
+        row = 4 * B * h * N  # one fp32 value per token (lse, delta)
         pairs = B * h * sum((a * b) ** 2 for a in window_sides(side, WINDOW)
                             for b in window_sides(side, WINDOW))
-        fwd = Cost(5 * t + 4 * B * h * N, fp32=4 * pairs, tc=2 * 2 * pairs * D, launches=2)
-        bwd = Cost(12 * t + 3 * 4 * B * h * N, fp32=6 * pairs, tc=5 * 2 * pairs * D,
-                   launches=3)
-        return dict(fwd=fwd, bwd=bwd)
+        several = dtype == 'fp32' or min(WINDOW, side) ** 2 > 64
+        fwd_bytes = t + 4 * t + (row if several else 0)  # mean pass; kernel
+        fwd_launches = 2
+        # dO sum; kernel; dq, dk stacked (read 2t, write 2t)
+        bwd_bytes = t + 7 * t + 4 * t + (2 * t + 3 * row if several else 0)  # pre-pass
+        bwd_launches = 3 + int(several)
+        if previous:
+            fwd_bytes += 2 * t  # the output's transpose copy
+            fwd_launches += 1
+            # dv and dqk reshape copies; zero-filled lse gradient
+            bwd_bytes += 2 * t + 4 * t + (row if several else 0)
+            bwd_launches += 4 + int(several)  # + div_ and the mean's zero gradient
+        return dict(fwd=Cost(fwd_bytes, fp32=4 * pairs, tc=2 * 2 * pairs * D,
+                             launches=fwd_launches),
+                    bwd=Cost(bwd_bytes, fp32=6 * pairs, tc=5 * 2 * pairs * D,
+                             launches=bwd_launches))
     return costs
 
 
 def roofline(B: int, h: int, side: int, D: int) -> Roofline:
     return Roofline(check=f'sema B{B}-H{h}-{side}x{side}-D{D}',
                     costs=roofline_costs(B, h, side, D),
-                    aot_case=dict(aot_case(D, WINDOW, side, side, 'bf16'), B=B, heads=h))
+                    aot_case=dict(aot_case(D, WINDOW, side, side, 'bf16'), B=B, heads=h),
+                    previous=roofline_costs(B, h, side, D, previous=True))
 
 
 SPEC = OpSpec(
