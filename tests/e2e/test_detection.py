@@ -46,20 +46,30 @@ KEEP_ALL = {
 }
 
 
-@pytest.mark.parametrize('config', ['configs/mask_rcnn_sema_t_3x.py',
-                                    'configs/sema/retinanet_sema-t_fpn_1x_coco.py',
-                                    'configs/weightformer/mask-rcnn_weightformer-t_fpn_1x_coco.py',
-                                    'configs/weightformer/retinanet_weightformer-t_fpn_1x_coco.py',
-                                    'configs/laplacianformer/'
-                                    'mask-rcnn_laplacianformer-t_fpn_1x_coco.py',
-                                    'configs/laplacianformer/'
-                                    'retinanet_laplacianformer-t_fpn_1x_coco.py',
-                                    'configs/veca/mask-rcnn_veca-s_fpn_1x_coco.py',
-                                    'configs/veca/retinanet_veca-s_fpn_1x_coco.py'],
-                         ids=['mask-rcnn-sema-t-3x', 'retinanet-sema-t-1x',
-                              'mask-rcnn-weightformer-t-1x', 'retinanet-weightformer-t-1x',
-                              'mask-rcnn-laplacianformer-t-1x', 'retinanet-laplacianformer-t-1x',
-                              'mask-rcnn-veca-s-1x', 'retinanet-veca-s-1x'])
+# Each family is also covered in-process by tests/models/test_backbone_contract.py; end to end,
+# the default suite runs one Mask R-CNN (with the resume) and one RetinaNet of another family,
+# and --run-slow runs every family under both detectors (about a minute each on 2 CPU cores).
+SLOW = pytest.mark.slow
+DETECTORS = [
+    pytest.param('configs/mask_rcnn_sema_t_3x.py', id='mask-rcnn-sema-t-3x'),
+    pytest.param('configs/sema/retinanet_sema-t_fpn_1x_coco.py', id='retinanet-sema-t-1x',
+                 marks=SLOW),
+    pytest.param('configs/weightformer/mask-rcnn_weightformer-t_fpn_1x_coco.py',
+                 id='mask-rcnn-weightformer-t-1x', marks=SLOW),
+    pytest.param('configs/weightformer/retinanet_weightformer-t_fpn_1x_coco.py',
+                 id='retinanet-weightformer-t-1x', marks=SLOW),
+    pytest.param('configs/laplacianformer/mask-rcnn_laplacianformer-t_fpn_1x_coco.py',
+                 id='mask-rcnn-laplacianformer-t-1x', marks=SLOW),
+    pytest.param('configs/laplacianformer/retinanet_laplacianformer-t_fpn_1x_coco.py',
+                 id='retinanet-laplacianformer-t-1x'),
+    pytest.param('configs/veca/mask-rcnn_veca-s_fpn_1x_coco.py', id='mask-rcnn-veca-s-1x',
+                 marks=SLOW),
+    pytest.param('configs/veca/retinanet_veca-s_fpn_1x_coco.py', id='retinanet-veca-s-1x',
+                 marks=SLOW),
+]
+
+
+@pytest.mark.parametrize('config', DETECTORS)
 def test_train_test_resume_on_coco_tiny(tmp_path, config, shared_data):
     root = shared_data('coco_tiny') + '/'
     extra = KEEP_ALL['mask' if 'mask' in config else 'retinanet']
