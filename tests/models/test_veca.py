@@ -532,7 +532,7 @@ def test_tools_test_num_cores_override(tmp_path, shared_data):
     cfg_path = write_config(tmp_path / 'cfg.py', 'configs/veca/veca-s_8xb128_in1k.py', f'''
 data_root = {root!r}
 val_dataloader = dict(batch_size=8, num_workers=0, persistent_workers=False,
-    dataset=dict(data_root=data_root, split='val', indices=16))
+    dataset=dict(data_root=data_root, split='val', indices=8))
 test_dataloader = val_dataloader
 ''')
     torch.manual_seed(0)
