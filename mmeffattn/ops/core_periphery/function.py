@@ -40,14 +40,15 @@ class Tiles(NamedTuple):
     stages: int
 
 
-#: ``(block, warps, stages)`` by (fp32 or not, padded head dim BD, D == BD, rope): the first
-#: candidate in (64, 4, 2), (64, 8, 2), (64, 8, 1), (32, 4, 2), (32, 4, 1), (32, 8, 1),
-#: (16, 4, 1) (fp32: (32, 4, 2), (32, 8, 2), (16, 4, 2), (16, 4, 1)) whose three attention
-#: kernels compile for sm_80 and sm_90 (ptxas of Triton 3.8) without a register spill, for fp16
-#: and bf16, 8, 20 and 64 cores, per-sample and shared tables, with and without a split: every
-#: specialisation of ``tests/ops/test_core_periphery_aot.py``'s full matrix. Rotating q/k tiles
-#: on load holds the tile, its pair partner and both tables at once, and a head dim below BD
-#: adds masks: both need more warps or smaller tiles.
+#: the forward's ``(block, warps, stages)`` by (fp32 or not, padded head dim BD, D == BD,
+#: rope): the first candidate in (64, 4, 2), (64, 8, 2), (64, 8, 1), (32, 4, 2), (32, 4, 1),
+#: (32, 8, 1), (16, 4, 1) (fp32: (32, 4, 2), (32, 8, 2), (16, 4, 2), (16, 4, 1)) whose
+#: attention kernels compiled for sm_80 and sm_90 (ptxas of Triton 3.8) without a register
+#: spill, for fp16 and bf16, 8, 20 and 64 cores, per-sample and shared tables, with and without
+#: a split: every specialisation of the spec's full AOT matrix (``tests/ops/test_aot.py``).
+#: Rotating q/k tiles on load holds the tile and both tables at once, and a head dim below BD
+#: adds masks: both need more warps or smaller tiles. The backward has its own table
+#: (:data:`BWD_TILE_TABLE`).
 TILE_TABLE = {
     # fp16 / bf16
     (False, 16, True, False): (64, 8, 2), (False, 16, True, True): (64, 4, 2),
@@ -95,10 +96,16 @@ class BwdTiles(NamedTuple):
 #: dk/dv kernel (two fp32 accumulators) within 128 registers (two CTAs per SM): see
 #: ``tests/ops/test_aot.py`` and ``tests/tools/test_kernel_report.py``. The loop block is the
 #: smaller one: on sm_80 every warp holds a whole ``[loop_block, BD]`` operand of each product.
-BWD_TILE_TABLE = {
-    (fp32, bd, even, rope): ((32, 16, 4, 1) if not fp32 else (32, 16, 4, 1))
-    for fp32 in (False, True) for bd in (16, 32, 64, 128) for even in (False, True)
-    for rope in (False, True)}
+def _bwd_tiles(fp32: bool, bd: int, even: bool) -> Tuple[int, int, int, int]:
+    if not fp32:  # tensor cores: 16-row query / key steps, 4 warps (8 for the widest head)
+        return (32, 16, 8, 1) if (bd == 128 and even) else (32 if even else 16, 16, 4, 1)
+    # fp32 'ieee' dots are FMA loops: 8 warps share the products
+    return (16 if bd == 128 or not even else 32, 16, 8, 1)
+
+
+BWD_TILE_TABLE = {(fp32, bd, even, rope): _bwd_tiles(fp32, bd, even)
+                  for fp32 in (False, True) for bd in (16, 32, 64, 128)
+                  for even in (False, True) for rope in (False, True)}
 
 
 def core_periphery_bwd_tiles(bd: int, even_d: bool, dtype: torch.dtype, rope: bool) -> BwdTiles:
@@ -178,6 +185,26 @@ def _table_strides(t: torch.Tensor) -> Tuple[int, int]:
     return (t.stride(0) if t.shape[0] > 1 else 0), t.stride(1)
 
 
+def _pair_aligned(x: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """x with every row of its last dim starting at an even element (even strides, pair-aligned
+    start): the rope kernels declare it (``kernels._rows``) so that a channel pair is one load;
+    a copy only for unusual views (a contiguous tensor with an even D qualifies)."""
+    if x is None:
+        return None
+    if all(st % 2 == 0 for st in x.stride()[:-1]) and x.data_ptr() % (2 * x.element_size()) == 0:
+        return x
+    return x.contiguous()
+
+
+def _pair_aligned_inputs(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+                         sin: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+    """:func:`_pair_aligned` q, k and tables (the tables keep one set of strides)."""
+    q, k, cos, sin = (_pair_aligned(x) for x in (q, k, cos, sin))
+    if _table_strides(cos) != _table_strides(sin):
+        cos, sin = cos.contiguous(), sin.contiguous()
+    return q, k, cos, sin
+
+
 def _rope_args(q: torch.Tensor, cos: Optional[torch.Tensor], sin: Optional[torch.Tensor]
                ) -> Tuple[torch.Tensor, torch.Tensor, int, int]:
     """``(cos, sin, stride_rb, stride_rn)`` kernel arguments (q stands in when rope is off)."""
@@ -208,6 +235,8 @@ def core_periphery_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     B, nh, L, D = q.shape
     C, N, BH = num_cores, L - num_cores, B * q.shape[1]
     cfgs = core_periphery_kernel_configs(D, C, q.dtype, cos is not None, input_precision)
+    if cos is not None:
+        q, k, cos, sin = _pair_aligned_inputs(q, k, cos, sin)
     o = torch.empty((B, nh, L, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((BH, L), dtype=torch.float32, device=q.device)
     _check_int32_offsets(q, k, v, o)
@@ -263,6 +292,8 @@ def core_periphery_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     rope_grad = rope and rope_grad
     cfgs = core_periphery_kernel_configs(D, C, q.dtype, rope, input_precision, rope_grad)
     do = _unit_last_stride(do)
+    if rope:
+        q, k, cos, sin = _pair_aligned_inputs(q, k, cos, sin)
     dq = torch.empty((B, nh, L, D), dtype=q.dtype, device=q.device)
     dk, dv = torch.empty_like(dq), torch.empty_like(dq)
     # per-(batch, head) table gradients: [source (q, k), table (cos, sin), B*heads, L, D]

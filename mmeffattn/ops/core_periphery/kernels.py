@@ -69,23 +69,48 @@ def _interleave(a, b):
 
 
 @triton.jit
+def _head_dim_mask_rope(D, BD: tl.constexpr, EVEN_D: tl.constexpr, ROPE: tl.constexpr):
+    """``_common_kernels.head_dim_mask``, with rope written per channel pair (D is even then):
+    the compiler sees the mask constant over each pair, so a thread loads both channels of a
+    pair and :func:`_halves` moves no data (with a per-channel mask below BD the loads were
+    scalar and the split reshuffled tiles across threads, spilling)."""
+    if ROPE and not EVEN_D:
+        o_d = tl.arange(0, BD)
+        return o_d, (o_d // 2) < (D // 2)
+    else:
+        return _head_dim_mask(D, BD, EVEN_D)
+
+
+@triton.jit
+def _rows(x, o_t, stride_xn, ROPE: tl.constexpr):
+    """Pointers to the starts of rows ``o_t`` of x; with rope declared aligned to a channel
+    pair (the launchers make the strides even), so a pair is one load even when D < BD."""
+    p = x + o_t * stride_xn
+    if ROPE:
+        p = tl.multiple_of(p, x.dtype.element_ty.primitive_bitwidth // 4)
+    return p
+
+
+@triton.jit
 def _load_rows(x, o_t, m_t, stride_xn, cos, sin, stride_rn, o_d, m_d, ROPE: tl.constexpr):
     """Load the ``[len(o_t), BD]`` tile of rows ``o_t`` of x (zero where masked), rotated by the
     rope tables when ``ROPE``; returned in x's dtype."""
     m_x = m_t[:, None] & m_d[None, :]  # [BT, BD]
-    b_x = tl.load(x + o_t[:, None] * stride_xn + o_d[None, :], mask=m_x, other=0.)
+    b_x = tl.load(_rows(x, o_t, stride_xn, ROPE)[:, None] + o_d[None, :], mask=m_x, other=0.)
     if ROPE:
-        o_r = o_t[:, None] * stride_rn + o_d[None, :]
         x_e, x_o = _halves(b_x.to(tl.float32))
-        c_e, c_o = _halves(tl.load(cos + o_r, mask=m_x, other=0.).to(tl.float32))
-        s_e, s_o = _halves(tl.load(sin + o_r, mask=m_x, other=0.).to(tl.float32))
+        p_c = _rows(cos, o_t, stride_rn, ROPE)[:, None] + o_d[None, :]
+        p_s = _rows(sin, o_t, stride_rn, ROPE)[:, None] + o_d[None, :]
+        c_e, c_o = _halves(tl.load(p_c, mask=m_x, other=0.).to(tl.float32))
+        s_e, s_o = _halves(tl.load(p_s, mask=m_x, other=0.).to(tl.float32))
         # rotate_pairs(x)[2i] = -x[2i+1], rotate_pairs(x)[2i+1] = x[2i]. The row mask again (a
         # no-op on values already zero) stops the compiler from moving the tl.dot operand's
         # layout conversion up to the loads: on sm_80 that rotated the whole tile in every warp
         # (an mma operand layout replicates a tile across warps) and spilled.
         m_h = m_t[:, None]
-        b_x = _interleave(tl.where(m_h, x_e * c_e - x_o * s_e, 0.),
-                          tl.where(m_h, x_o * c_o + x_e * s_o, 0.)).to(x.dtype.element_ty)
+        dt = x.dtype.element_ty
+        b_x = _interleave(tl.where(m_h, x_e * c_e - x_o * s_e, 0.).to(dt),
+                          tl.where(m_h, x_o * c_o + x_e * s_o, 0.).to(dt))
     return b_x
 
 
@@ -99,23 +124,25 @@ def _store_rows_grad(b_g, x, o_t, m_t, stride_xn, cos, sin, stride_rn, o_d, m_d,
     ``dx = g cos - R(g sin)``, and with ``ROPE_GRAD`` the table gradients ``g x`` and ``g R x``
     at rows ``o_r`` of the two planes of ``dtab`` (fp32)."""
     m_x = m_t[:, None] & m_d[None, :]  # [BT, BD]
-    o_g = o_r[:, None] * stride_gn + o_d[None, :]
+    p_g = _rows(dx, o_r, stride_gn, ROPE)[:, None] + o_d[None, :]
     if ROPE:
         g_e, g_o = _halves(b_g)
-        o_c = o_t[:, None] * stride_rn + o_d[None, :]
-        c_e, c_o = _halves(tl.load(cos + o_c, mask=m_x, other=0.).to(tl.float32))
-        s_e, s_o = _halves(tl.load(sin + o_c, mask=m_x, other=0.).to(tl.float32))
+        p_c = _rows(cos, o_t, stride_rn, ROPE)[:, None] + o_d[None, :]
+        p_s = _rows(sin, o_t, stride_rn, ROPE)[:, None] + o_d[None, :]
+        c_e, c_o = _halves(tl.load(p_c, mask=m_x, other=0.).to(tl.float32))
+        s_e, s_o = _halves(tl.load(p_s, mask=m_x, other=0.).to(tl.float32))
         # x_rot[2i] = x[2i] c[2i] - x[2i+1] s[2i], x_rot[2i+1] = x[2i+1] c[2i+1] + x[2i] s[2i+1]
         b_dx = _interleave(g_e * c_e + g_o * s_o, g_o * c_o - g_e * s_e)
-        tl.store(dx + o_g, b_dx.to(dx.dtype.element_ty), mask=m_x)
+        tl.store(p_g, b_dx.to(dx.dtype.element_ty), mask=m_x)
         if ROPE_GRAD:
-            b_x = tl.load(x + o_t[:, None] * stride_xn + o_d[None, :], mask=m_x, other=0.)
+            b_x = tl.load(_rows(x, o_t, stride_xn, ROPE)[:, None] + o_d[None, :], mask=m_x,
+                          other=0.)
             x_e, x_o = _halves(b_x.to(tl.float32))
-            o_p = dtab + o_r[:, None] * stride_tn + o_d[None, :]
+            o_p = _rows(dtab, o_r, stride_tn, ROPE)[:, None] + o_d[None, :]
             tl.store(o_p, _interleave(g_e * x_e, g_o * x_o), mask=m_x)
             tl.store(o_p + stride_tk, _interleave(-g_e * x_o, g_o * x_e), mask=m_x)
     else:
-        tl.store(dx + o_g, b_g.to(dx.dtype.element_ty), mask=m_x)
+        tl.store(p_g, b_g.to(dx.dtype.element_ty), mask=m_x)
 
 
 @triton.jit
@@ -164,7 +191,7 @@ def core_periphery_fwd_kernel(
     lse += i_s.to(tl.int64) * stride_ls + i_bh.to(tl.int64) * stride_lbh
     qk_scale = scale * 1.4426950408889634
 
-    o_d, m_d = _head_dim_mask(D, BD, EVEN_D)  # [BD]
+    o_d, m_d = _head_dim_mask_rope(D, BD, EVEN_D, ROPE)  # [BD]
     o_i = i_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] query index inside the range
     m_i = o_i < n_q
     b_q = _load_rows(q, q_start + o_i, m_i, stride_qn, cos, sin, stride_rn, o_d, m_d, ROPE)
@@ -231,7 +258,7 @@ def core_periphery_bwd_dq_kernel(
     dtab += i_s.to(tl.int64) * stride_ts + i_bh.to(tl.int64) * stride_tbh
     qk_scale = scale * 1.4426950408889634
 
-    o_d, m_d = _head_dim_mask(D, BD, EVEN_D)  # [BD]
+    o_d, m_d = _head_dim_mask_rope(D, BD, EVEN_D, ROPE)  # [BD]
     o_i = i_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] query index inside the range
     m_i = o_i < n_q
     o_t = q_start + o_i  # [BLOCK_M] token rows
@@ -297,7 +324,7 @@ def core_periphery_bwd_dkdv_kernel(
     dtab += i_s.to(tl.int64) * stride_ts + i_bh.to(tl.int64) * stride_tbh
     qk_scale = scale * 1.4426950408889634
 
-    o_d, m_d = _head_dim_mask(D, BD, EVEN_D)  # [BD]
+    o_d, m_d = _head_dim_mask_rope(D, BD, EVEN_D, ROPE)  # [BD]
     o_j = i_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] key index inside the range
     m_j = o_j < n_k
     o_t = k_start + o_j  # [BLOCK_N] token rows
