@@ -191,7 +191,8 @@ def _pair_aligned(x: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     a copy only for unusual views (a contiguous tensor with an even D qualifies)."""
     if x is None:
         return None
-    if all(st % 2 == 0 for st in x.stride()[:-1]) and x.data_ptr() % (2 * x.element_size()) == 0:
+    # (the storage offset, not data_ptr: allocations are aligned, and fake tensors have none)
+    if all(st % 2 == 0 for st in x.stride()[:-1]) and x.storage_offset() % 2 == 0:
         return x
     return x.contiguous()
 

@@ -82,25 +82,31 @@ def _head_dim_mask_rope(D, BD: tl.constexpr, EVEN_D: tl.constexpr, ROPE: tl.cons
 
 
 @triton.jit
-def _rows(x, o_t, stride_xn, ROPE: tl.constexpr):
-    """Pointers to the starts of rows ``o_t`` of x; with rope declared aligned to a channel
-    pair (the launchers make the strides even), so a pair is one load even when D < BD."""
+def _rows(x, o_t, stride_xn, ROPE: tl.constexpr, EVEN_D: tl.constexpr):
+    """Pointers to the starts of rows ``o_t`` of x. With rope and D < BD declared aligned to a
+    channel pair (the launchers make the strides even), so that a pair is one load: an odd-
+    looking D (40, 72) leaves the strides without Triton's divisibility specialisation, and the
+    scalar loads made the pair split reshuffle tiles across threads (spills). Not with D == BD,
+    where the specialisation already proves more (and a hint would replace it)."""
     p = x + o_t * stride_xn
     if ROPE:
-        p = tl.multiple_of(p, x.dtype.element_ty.primitive_bitwidth // 4)
+        if not EVEN_D:
+            p = tl.multiple_of(p, x.dtype.element_ty.primitive_bitwidth // 4)
     return p
 
 
 @triton.jit
-def _load_rows(x, o_t, m_t, stride_xn, cos, sin, stride_rn, o_d, m_d, ROPE: tl.constexpr):
+def _load_rows(x, o_t, m_t, stride_xn, cos, sin, stride_rn, o_d, m_d, ROPE: tl.constexpr,
+               EVEN_D: tl.constexpr):
     """Load the ``[len(o_t), BD]`` tile of rows ``o_t`` of x (zero where masked), rotated by the
     rope tables when ``ROPE``; returned in x's dtype."""
     m_x = m_t[:, None] & m_d[None, :]  # [BT, BD]
-    b_x = tl.load(_rows(x, o_t, stride_xn, ROPE)[:, None] + o_d[None, :], mask=m_x, other=0.)
+    p_x = _rows(x, o_t, stride_xn, ROPE, EVEN_D)[:, None] + o_d[None, :]
+    b_x = tl.load(p_x, mask=m_x, other=0.)
     if ROPE:
         x_e, x_o = _halves(b_x.to(tl.float32))
-        p_c = _rows(cos, o_t, stride_rn, ROPE)[:, None] + o_d[None, :]
-        p_s = _rows(sin, o_t, stride_rn, ROPE)[:, None] + o_d[None, :]
+        p_c = _rows(cos, o_t, stride_rn, ROPE, EVEN_D)[:, None] + o_d[None, :]
+        p_s = _rows(sin, o_t, stride_rn, ROPE, EVEN_D)[:, None] + o_d[None, :]
         c_e, c_o = _halves(tl.load(p_c, mask=m_x, other=0.).to(tl.float32))
         s_e, s_o = _halves(tl.load(p_s, mask=m_x, other=0.).to(tl.float32))
         # rotate_pairs(x)[2i] = -x[2i+1], rotate_pairs(x)[2i+1] = x[2i]. The row mask again (a
@@ -117,28 +123,28 @@ def _load_rows(x, o_t, m_t, stride_xn, cos, sin, stride_rn, o_d, m_d, ROPE: tl.c
 @triton.jit
 def _store_rows_grad(b_g, x, o_t, m_t, stride_xn, cos, sin, stride_rn, o_d, m_d,
                      dx, o_r, stride_gn, dtab, stride_tk, stride_tn,
-                     ROPE: tl.constexpr, ROPE_GRAD: tl.constexpr):
+                     ROPE: tl.constexpr, ROPE_GRAD: tl.constexpr, EVEN_D: tl.constexpr):
     """Store the gradient ``b_g`` (fp32 ``[len(o_t), BD]``) of rows ``o_t`` of x at rows
     ``o_r`` of dx, in dx's dtype. With ``ROPE`` it is the gradient of the rotated rows
     ``x_rot = x cos + R x sin`` (``R = rotate_pairs``, ``R^T = -R``): store
     ``dx = g cos - R(g sin)``, and with ``ROPE_GRAD`` the table gradients ``g x`` and ``g R x``
     at rows ``o_r`` of the two planes of ``dtab`` (fp32)."""
     m_x = m_t[:, None] & m_d[None, :]  # [BT, BD]
-    p_g = _rows(dx, o_r, stride_gn, ROPE)[:, None] + o_d[None, :]
+    p_g = _rows(dx, o_r, stride_gn, ROPE, EVEN_D)[:, None] + o_d[None, :]
     if ROPE:
         g_e, g_o = _halves(b_g)
-        p_c = _rows(cos, o_t, stride_rn, ROPE)[:, None] + o_d[None, :]
-        p_s = _rows(sin, o_t, stride_rn, ROPE)[:, None] + o_d[None, :]
+        p_c = _rows(cos, o_t, stride_rn, ROPE, EVEN_D)[:, None] + o_d[None, :]
+        p_s = _rows(sin, o_t, stride_rn, ROPE, EVEN_D)[:, None] + o_d[None, :]
         c_e, c_o = _halves(tl.load(p_c, mask=m_x, other=0.).to(tl.float32))
         s_e, s_o = _halves(tl.load(p_s, mask=m_x, other=0.).to(tl.float32))
         # x_rot[2i] = x[2i] c[2i] - x[2i+1] s[2i], x_rot[2i+1] = x[2i+1] c[2i+1] + x[2i] s[2i+1]
         b_dx = _interleave(g_e * c_e + g_o * s_o, g_o * c_o - g_e * s_e)
         tl.store(p_g, b_dx.to(dx.dtype.element_ty), mask=m_x)
         if ROPE_GRAD:
-            b_x = tl.load(_rows(x, o_t, stride_xn, ROPE)[:, None] + o_d[None, :], mask=m_x,
-                          other=0.)
+            p_x = _rows(x, o_t, stride_xn, ROPE, EVEN_D)[:, None] + o_d[None, :]
+            b_x = tl.load(p_x, mask=m_x, other=0.)
             x_e, x_o = _halves(b_x.to(tl.float32))
-            o_p = _rows(dtab, o_r, stride_tn, ROPE)[:, None] + o_d[None, :]
+            o_p = _rows(dtab, o_r, stride_tn, ROPE, EVEN_D)[:, None] + o_d[None, :]
             tl.store(o_p, _interleave(g_e * x_e, g_o * x_o), mask=m_x)
             tl.store(o_p + stride_tk, _interleave(-g_e * x_o, g_o * x_e), mask=m_x)
     else:
@@ -194,7 +200,8 @@ def core_periphery_fwd_kernel(
     o_d, m_d = _head_dim_mask_rope(D, BD, EVEN_D, ROPE)  # [BD]
     o_i = i_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] query index inside the range
     m_i = o_i < n_q
-    b_q = _load_rows(q, q_start + o_i, m_i, stride_qn, cos, sin, stride_rn, o_d, m_d, ROPE)
+    b_q = _load_rows(q, q_start + o_i, m_i, stride_qn, cos, sin, stride_rn, o_d, m_d, ROPE,
+                     EVEN_D)
 
     b_acc = tl.zeros([BLOCK_M, BD], dtype=tl.float32)
     b_m = tl.full([BLOCK_M], float('-inf'), dtype=tl.float32)  # running max (log2 domain)
@@ -203,7 +210,7 @@ def core_periphery_fwd_kernel(
     for i_kb in range(kb_start, kb_end):
         o_j = i_kb * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] key index
         m_j = o_j < n_k
-        b_k = _load_rows(k, o_j, m_j, stride_kn, cos, sin, stride_rn, o_d, m_d, ROPE)
+        b_k = _load_rows(k, o_j, m_j, stride_kn, cos, sin, stride_rn, o_d, m_d, ROPE, EVEN_D)
         b_v = tl.load(v + o_j[:, None] * stride_vn + o_d[None, :],
                       mask=m_j[:, None] & m_d[None, :], other=0.)  # [BLOCK_N, BD]
         b_s = tl.dot(b_q, tl.trans(b_k), input_precision=INPUT_PRECISION) * qk_scale
@@ -262,7 +269,7 @@ def core_periphery_bwd_dq_kernel(
     o_i = i_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] query index inside the range
     m_i = o_i < n_q
     o_t = q_start + o_i  # [BLOCK_M] token rows
-    b_q = _load_rows(q, o_t, m_i, stride_qn, cos, sin, stride_rn, o_d, m_d, ROPE)
+    b_q = _load_rows(q, o_t, m_i, stride_qn, cos, sin, stride_rn, o_d, m_d, ROPE, EVEN_D)
     b_do = tl.load(do + o_t[:, None] * stride_don + o_d[None, :],
                    mask=m_i[:, None] & m_d[None, :], other=0.)
     b_lse = tl.load(lse + o_t, mask=m_i, other=0.)  # [BLOCK_M]
@@ -273,7 +280,7 @@ def core_periphery_bwd_dq_kernel(
     for i_kb in range(kb_start, kb_end):
         o_j = i_kb * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] key index
         m_j = o_j < n_k
-        b_k = _load_rows(k, o_j, m_j, stride_kn, cos, sin, stride_rn, o_d, m_d, ROPE)
+        b_k = _load_rows(k, o_j, m_j, stride_kn, cos, sin, stride_rn, o_d, m_d, ROPE, EVEN_D)
         b_v = tl.load(v + o_j[:, None] * stride_vn + o_d[None, :],
                       mask=m_j[:, None] & m_d[None, :], other=0.)  # [BLOCK_N, BD]
         b_s = tl.dot(b_q, tl.trans(b_k), input_precision=INPUT_PRECISION) * qk_scale
@@ -284,7 +291,7 @@ def core_periphery_bwd_dq_kernel(
         b_dq += tl.dot(b_ds.to(b_k.dtype), b_k, input_precision=INPUT_PRECISION)
     _store_rows_grad(b_dq * scale, q, o_t, m_i, stride_qn, cos, sin, stride_rn,
                      o_d, m_d, dq, o_row0 + o_i, stride_gn, dtab, stride_tk, stride_tn,
-                     ROPE, ROPE_GRAD)
+                     ROPE, ROPE_GRAD, EVEN_D)
 
 
 @triton.jit(do_not_specialize=_SIZES + ['k_start', 'L'])
@@ -329,7 +336,7 @@ def core_periphery_bwd_dkdv_kernel(
     m_j = o_j < n_k
     o_t = k_start + o_j  # [BLOCK_N] token rows
     m_jd = m_j[:, None] & m_d[None, :]
-    b_k = _load_rows(k, o_t, m_j, stride_kn, cos, sin, stride_rn, o_d, m_d, ROPE)
+    b_k = _load_rows(k, o_t, m_j, stride_kn, cos, sin, stride_rn, o_d, m_d, ROPE, EVEN_D)
     b_v = tl.load(v + o_t[:, None] * stride_vn + o_d[None, :], mask=m_jd, other=0.)
 
     b_dk = tl.zeros([BLOCK_N, BD], dtype=tl.float32)  # of the rotated k with rope
@@ -338,7 +345,7 @@ def core_periphery_bwd_dkdv_kernel(
     for i_qb in range(qb_start, qb_end):
         o_i = i_qb * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] query index
         m_i = o_i < n_q
-        b_q = _load_rows(q, o_i, m_i, stride_qn, cos, sin, stride_rn, o_d, m_d, ROPE)
+        b_q = _load_rows(q, o_i, m_i, stride_qn, cos, sin, stride_rn, o_d, m_d, ROPE, EVEN_D)
         b_do = tl.load(do + o_i[:, None] * stride_don + o_d[None, :],
                        mask=m_i[:, None] & m_d[None, :], other=0.)
         b_lse = tl.load(lse + o_i, mask=m_i, other=0.)  # [BLOCK_M]
@@ -355,4 +362,5 @@ def core_periphery_bwd_dkdv_kernel(
     tl.store(dv + o_r[:, None] * stride_gn + o_d[None, :], b_dv.to(dv.dtype.element_ty),
              mask=m_jd)
     _store_rows_grad(b_dk * scale, k, o_t, m_j, stride_kn, cos, sin, stride_rn,
-                     o_d, m_d, dk, o_r, stride_gn, dtab, stride_tk, stride_tn, ROPE, ROPE_GRAD)
+                     o_d, m_d, dk, o_r, stride_gn, dtab, stride_tk, stride_tn, ROPE, ROPE_GRAD,
+                     EVEN_D)
