@@ -65,7 +65,7 @@ TILE_TABLE = {
     (True, 64, True, False): (32, 8, 2), (True, 64, True, True): (32, 8, 2),
     (True, 64, False, False): (16, 4, 2), (True, 64, False, True): (16, 4, 1),
     (True, 128, True, False): (16, 4, 1), (True, 128, True, True): (16, 4, 1),
-    (True, 128, False, False): (16, 4, 2), (True, 128, False, True): (16, 4, 1),
+    (True, 128, False, False): (16, 4, 2), (True, 128, False, True): (16, 8, 1),
 }
 
 
@@ -97,10 +97,13 @@ class BwdTiles(NamedTuple):
 #: ``tests/ops/test_aot.py`` and ``tests/tools/test_kernel_report.py``. The loop block is the
 #: smaller one: on sm_80 every warp holds a whole ``[loop_block, BD]`` operand of each product.
 def _bwd_tiles(fp32: bool, bd: int, even: bool) -> Tuple[int, int, int, int]:
-    if not fp32:  # tensor cores: 16-row query / key steps, 4 warps (8 for the widest head)
-        return (32, 16, 8, 1) if (bd == 128 and even) else (32 if even else 16, 16, 4, 1)
-    # fp32 'ieee' dots are FMA loops: 8 warps share the products
-    return (16 if bd == 128 or not even else 32, 16, 8, 1)
+    """16-row loop steps; 32-row programs where the head is narrow and D == BD, 16 otherwise;
+    8 warps for fp32 (its 'ieee' dots are FMA loops) except at BD = 128, where 8 warps spilled
+    on sm_90 and 4 warps need 141-143 registers (over the dk/dv budget, see the report)."""
+    row = 32 if (even and bd < 128) else 16
+    if not fp32:
+        return row, 16, 4, 1
+    return row, 16, 4 if bd == 128 else 8, 1
 
 
 BWD_TILE_TABLE = {(fp32, bd, even, rope): _bwd_tiles(fp32, bd, even)
