@@ -98,12 +98,12 @@ class BwdTiles(NamedTuple):
 #: smaller one: on sm_80 every warp holds a whole ``[loop_block, BD]`` operand of each product.
 def _bwd_tiles(fp32: bool, bd: int, even: bool) -> Tuple[int, int, int, int]:
     """16-row loop steps; 32-row programs where the head is narrow and D == BD, 16 otherwise;
-    8 warps for fp32 (its 'ieee' dots are FMA loops) except at BD = 128, where 8 warps spilled
-    on sm_90 and 4 warps need 141-143 registers (over the dk/dv budget, see the report)."""
+    8 warps for fp32 (its 'ieee' dots are FMA loops) except at BD = D = 128, where 8 warps
+    spilled on sm_90 and 4 warps need 141-143 registers (over the dk/dv budget)."""
     row = 32 if (even and bd < 128) else 16
     if not fp32:
         return row, 16, 4, 1
-    return row, 16, 4 if bd == 128 else 8, 1
+    return row, 16, 4 if (bd == 128 and even) else 8, 1
 
 
 BWD_TILE_TABLE = {(fp32, bd, even, rope): _bwd_tiles(fp32, bd, even)
