@@ -44,8 +44,8 @@ def test_sass_stats_counts_opcodes_and_loops() -> None:
 
 def test_rooflines_name_gpu_checks_and_predict_positive_times() -> None:
     specs = [s for s in all_specs() if s.rooflines]
-    assert {'laplacian_kernel', 'dynamic_dwconv', 'sema_attention',
-            'dynamic_weight'} <= {s.name for s in specs}
+    assert {'laplacian_kernel', 'dynamic_dwconv', 'sema_attention', 'dynamic_weight',
+            'core_periphery_attention', 'newton_schulz_pinv'} <= {s.name for s in specs}
     for spec in specs:
         checks = {name for name, _ in spec.gpu_checks}
         for r in spec.rooflines:
@@ -76,6 +76,17 @@ def test_laplacian_backward_models_one_pass() -> None:
     r = next(s for s in all_specs() if s.name == 'laplacian_kernel').rooflines[-1]
     assert r.costs('bf16')['bwd'].bytes < r.previous('bf16')['bwd'].bytes
     assert r.costs('bf16')['bwd'].launches <= 3 and r.previous('bf16')['bwd'].launches == 2
+
+
+def test_core_periphery_backward_models_no_rope_glue() -> None:
+    """The inverse rope moved into the dq / dk kernels' epilogues (dq, dk written in the input
+    dtype): the backward moves several times fewer bytes than the fp32 gradients plus the
+    PyTorch ``rope_backward`` passes did, in fewer launches."""
+    for r in next(s for s in all_specs() if s.name == 'core_periphery_attention').rooflines:
+        for dtype in ('bf16', 'fp32'):
+            now, before = r.costs(dtype)['bwd'], r.previous(dtype)['bwd']
+            assert 2 * now.bytes < before.bytes and now.launches < before.launches
+            assert r.costs(dtype)['fwd'] == r.previous(dtype)['fwd']
 
 
 def test_gpu_check_prints_measured_next_to_predicted(tmp_path, capsys) -> None:

@@ -8,7 +8,9 @@ core rows over all keys, optionally split over the keys); one backward is the ``
 pre-pass (``_common_kernels.softmax_bwd_delta``) and four launches (dq and dk/dv, each for the
 patch side and the core side). Nothing needs atomics: each output row is owned by one program,
 except the core rows' long loops when they are split, whose fp32 partials are reduced here with
-PyTorch (C rows only).
+PyTorch (C rows only). With rope the dq and dk/dv kernels map their gradients back through it
+in their epilogues and write q's dtype; the tables' gradients (when asked for) are per-head
+fp32 partials those epilogues write, summed here by one reduction.
 """
 import math
 from typing import Dict, NamedTuple, Optional, Tuple
@@ -38,14 +40,15 @@ class Tiles(NamedTuple):
     stages: int
 
 
-#: ``(block, warps, stages)`` by (fp32 or not, padded head dim BD, D == BD, rope): the first
-#: candidate in (64, 4, 2), (64, 8, 2), (64, 8, 1), (32, 4, 2), (32, 4, 1), (32, 8, 1),
-#: (16, 4, 1) (fp32: (32, 4, 2), (32, 8, 2), (16, 4, 2), (16, 4, 1)) whose three attention
-#: kernels compile for sm_80 and sm_90 (ptxas of Triton 3.8) without a register spill, for fp16
-#: and bf16, 8, 20 and 64 cores, per-sample and shared tables, with and without a split: every
-#: specialisation of ``tests/ops/test_core_periphery_aot.py``'s full matrix. Rotating q/k tiles
-#: on load holds the tile, its pair partner and both tables at once, and a head dim below BD
-#: adds masks: both need more warps or smaller tiles.
+#: the forward's ``(block, warps, stages)`` by (fp32 or not, padded head dim BD, D == BD,
+#: rope): the first candidate in (64, 4, 2), (64, 8, 2), (64, 8, 1), (32, 4, 2), (32, 4, 1),
+#: (32, 8, 1), (16, 4, 1) (fp32: (32, 4, 2), (32, 8, 2), (16, 4, 2), (16, 4, 1)) whose
+#: attention kernels compiled for sm_80 and sm_90 (ptxas of Triton 3.8) without a register
+#: spill, for fp16 and bf16, 8, 20 and 64 cores, per-sample and shared tables, with and without
+#: a split: every specialisation of the spec's full AOT matrix (``tests/ops/test_aot.py``).
+#: Rotating q/k tiles on load holds the tile and both tables at once, and a head dim below BD
+#: adds masks: both need more warps or smaller tiles. The backward has its own table
+#: (:data:`BWD_TILE_TABLE`).
 TILE_TABLE = {
     # fp16 / bf16
     (False, 16, True, False): (64, 8, 2), (False, 16, True, True): (64, 4, 2),
@@ -62,7 +65,7 @@ TILE_TABLE = {
     (True, 64, True, False): (32, 8, 2), (True, 64, True, True): (32, 8, 2),
     (True, 64, False, False): (16, 4, 2), (True, 64, False, True): (16, 4, 1),
     (True, 128, True, False): (16, 4, 1), (True, 128, True, True): (16, 4, 1),
-    (True, 128, False, False): (16, 4, 2), (True, 128, False, True): (16, 4, 1),
+    (True, 128, False, False): (16, 4, 2), (True, 128, False, True): (16, 8, 1),
 }
 
 
@@ -81,29 +84,79 @@ def core_periphery_tiles(bd: int, even_d: bool, num_cores: int, dtype: torch.dty
     return Tiles(min(block, max(16, _next_pow2(num_cores))), block, warps, stages)
 
 
+class BwdTiles(NamedTuple):
+    row_block: int  # rows a backward program owns (its fp32 accumulators)
+    loop_block: int  # rows per step of its loop (on sm_80 the mma B operands, whole per warp)
+    warps: int
+    stages: int
+
+
+#: backward ``(row_block, loop_block, warps, stages)`` by (fp32 or not, BD, D == BD, rope),
+#: chosen so that every backward kernel compiles for sm_80 and sm_90 without a spill and the
+#: dk/dv kernel (two fp32 accumulators) within 128 registers (two CTAs per SM): see
+#: ``tests/ops/test_aot.py`` and ``tests/tools/test_kernel_report.py``. The loop block is the
+#: smaller one: on sm_80 every warp holds a whole ``[loop_block, BD]`` operand of each product.
+def _bwd_tiles(fp32: bool, bd: int, even: bool) -> Tuple[int, int, int, int]:
+    """16-row loop steps; 32-row programs where the head is narrow and D == BD, 16 otherwise;
+    8 warps for fp32 (its 'ieee' dots are FMA loops) except at BD = D = 128, where 8 warps
+    spilled on sm_90 and 4 warps need 141-143 registers (over the dk/dv budget)."""
+    row = 32 if (even and bd < 128) else 16
+    if not fp32:
+        return row, 16, 4, 1
+    return row, 16, 4 if (bd == 128 and even) else 8, 1
+
+
+BWD_TILE_TABLE = {(fp32, bd, even, rope): _bwd_tiles(fp32, bd, even)
+                  for fp32 in (False, True) for bd in (16, 32, 64, 128)
+                  for even in (False, True) for rope in (False, True)}
+
+
+def core_periphery_bwd_tiles(bd: int, even_d: bool, dtype: torch.dtype, rope: bool) -> BwdTiles:
+    """The backward kernels' tiles for padded head dim ``bd`` (:data:`BWD_TILE_TABLE`)."""
+    return BwdTiles(*BWD_TILE_TABLE[(dtype == torch.float32, bd, even_d, rope)])
+
+
+def padded_head_dim(head_dim: int) -> int:
+    """BD: the head dim padded to a power of two, at least 16 (a ``tl.dot`` operand)."""
+    return max(16, _next_pow2(head_dim))
+
+
 def core_periphery_kernel_configs(head_dim: int, num_cores: int, dtype: torch.dtype, rope: bool,
-                      input_precision: str = DEFAULT_INPUT_PRECISION) -> Dict[str, KernelConfig]:
+                      input_precision: str = DEFAULT_INPUT_PRECISION,
+                      rope_grad: bool = False) -> Dict[str, KernelConfig]:
     """The configurations the launchers use, by role: ``fwd_patches``, ``fwd_cores``,
     ``bwd_preprocess``, ``bwd_dq_patches``, ``bwd_dq_cores``, ``bwd_dkdv_patches``,
     ``bwd_dkdv_cores``. ``*_patches`` have the patch tokens on the program's rows,
-    ``*_cores`` the core tokens (and the long loop)."""
-    bd = max(16, _next_pow2(head_dim))
+    ``*_cores`` the core tokens (and the long loop). ``rope_grad``: the backward kernels also
+    write the rope tables' gradients (``ROPE_GRAD``)."""
+    bd = padded_head_dim(head_dim)
     t = core_periphery_tiles(bd, head_dim == bd, num_cores, dtype, rope)
     common = dict(BD=bd, EVEN_D=head_dim == bd, ROPE=rope, INPUT_PRECISION=input_precision)
+    grad = dict(ROPE_GRAD=rope and rope_grad)
+
+    bt = core_periphery_bwd_tiles(bd, head_dim == bd, dtype, rope)
+    core = max(16, _next_pow2(num_cores))  # the core side, padded
 
     def cfg(kernel, block_m: int, block_n: int) -> KernelConfig:
         return KernelConfig(kernel, dict(common, BLOCK_M=block_m, BLOCK_N=block_n), t.warps,
                             t.stages)
 
+    def bwd(kernel, block_m: int, block_n: int) -> KernelConfig:
+        return KernelConfig(kernel, dict(common, **grad, BLOCK_M=block_m, BLOCK_N=block_n),
+                            bt.warps, bt.stages)
+
+    dq, dkdv = kernels.core_periphery_bwd_dq_kernel, kernels.core_periphery_bwd_dkdv_kernel
+    row, loop = bt.row_block, bt.loop_block
     return {
         # BLOCK_M: query rows, BLOCK_N: key rows
         'fwd_patches': cfg(kernels.core_periphery_fwd_kernel, t.long_block, t.core_block),
         'fwd_cores': cfg(kernels.core_periphery_fwd_kernel, t.core_block, t.long_block),
         'bwd_preprocess': delta_config(head_dim, with_mean=False),
-        'bwd_dq_patches': cfg(kernels.core_periphery_bwd_dq_kernel, t.long_block, t.core_block),
-        'bwd_dq_cores': cfg(kernels.core_periphery_bwd_dq_kernel, t.core_block, t.long_block),
-        'bwd_dkdv_patches': cfg(kernels.core_periphery_bwd_dkdv_kernel, t.core_block, t.long_block),
-        'bwd_dkdv_cores': cfg(kernels.core_periphery_bwd_dkdv_kernel, t.long_block, t.core_block)}
+        # programs own the first block's rows and loop over the second's
+        'bwd_dq_patches': bwd(dq, row, min(core, loop)),
+        'bwd_dq_cores': bwd(dq, min(core, row), loop),
+        'bwd_dkdv_patches': bwd(dkdv, min(core, loop), row),
+        'bwd_dkdv_cores': bwd(dkdv, loop, min(core, row))}
 
 
 def num_splits(n_programs: int, n_loop_blocks: int, device: torch.device,
@@ -133,6 +186,27 @@ def _table_strides(t: torch.Tensor) -> Tuple[int, int]:
     """``(stride_rb, stride_rn)`` of a ``[B or 1, L, D]`` rope table; a ``[1, L, D]`` table
     broadcasts over the batch with a zero batch stride."""
     return (t.stride(0) if t.shape[0] > 1 else 0), t.stride(1)
+
+
+def _pair_aligned(x: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """x with every row of its last dim starting at an even element (even strides, pair-aligned
+    start): the rope kernels declare it (``kernels._rows``) so that a channel pair is one load;
+    a copy only for unusual views (a contiguous tensor with an even D qualifies)."""
+    if x is None:
+        return None
+    # (the storage offset, not data_ptr: allocations are aligned, and fake tensors have none)
+    if all(st % 2 == 0 for st in x.stride()[:-1]) and x.storage_offset() % 2 == 0:
+        return x
+    return x.contiguous()
+
+
+def _pair_aligned_inputs(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+                         sin: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+    """:func:`_pair_aligned` q, k and tables (the tables keep one set of strides)."""
+    q, k, cos, sin = (_pair_aligned(x) for x in (q, k, cos, sin))
+    if _table_strides(cos) != _table_strides(sin):
+        cos, sin = cos.contiguous(), sin.contiguous()
+    return q, k, cos, sin
 
 
 def _rope_args(q: torch.Tensor, cos: Optional[torch.Tensor], sin: Optional[torch.Tensor]
@@ -165,6 +239,8 @@ def core_periphery_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     B, nh, L, D = q.shape
     C, N, BH = num_cores, L - num_cores, B * q.shape[1]
     cfgs = core_periphery_kernel_configs(D, C, q.dtype, cos is not None, input_precision)
+    if cos is not None:
+        q, k, cos, sin = _pair_aligned_inputs(q, k, cos, sin)
     o = torch.empty((B, nh, L, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((BH, L), dtype=torch.float32, device=q.device)
     _check_int32_offsets(q, k, v, o)
@@ -204,28 +280,50 @@ def core_periphery_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
                        cos: Optional[torch.Tensor], sin: Optional[torch.Tensor], o: torch.Tensor,
                        lse: torch.Tensor, num_cores: int, scale: float,
                        input_precision: str = DEFAULT_INPUT_PRECISION,
-                       splits: Optional[int] = None
-                       ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Backward launcher: ``(dq, dk, dv)``, each ``[B, heads, C + N, D]`` contiguous.
+                       splits: Optional[int] = None, rope_grad: bool = False
+                       ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                  Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """Backward launcher: ``(dq, dk, dv, dcos, dsin)``.
 
-    With rope (``cos`` given) dq and dk are the gradients with respect to the *rotated* q and k,
-    in fp32 (the caller maps them back); otherwise they are in q's dtype. dv is in q's dtype.
+    dq, dk, dv are ``[B, heads, C + N, D]`` contiguous in q's dtype (with rope: the gradients of
+    the unrotated q and k; the kernels map them back). dcos, dsin are the gradients of the rope
+    tables (``[B or 1, C + N, D]``, cos's dtype) when rope is on and ``rope_grad``, else None.
     ``o`` and ``lse`` are the forward's outputs.
     """
     B, nh, L, D = q.shape
     C, N, BH = num_cores, L - num_cores, B * q.shape[1]
     rope = cos is not None
-    cfgs = core_periphery_kernel_configs(D, C, q.dtype, rope, input_precision)
+    rope_grad = rope and rope_grad
+    cfgs = core_periphery_kernel_configs(D, C, q.dtype, rope, input_precision, rope_grad)
     do = _unit_last_stride(do)
-    g_dtype = torch.float32 if rope else q.dtype
-    dq = torch.empty((B, nh, L, D), dtype=g_dtype, device=q.device)
-    dk = torch.empty_like(dq)
-    dv = torch.empty((B, nh, L, D), dtype=q.dtype, device=q.device)
+    if rope:
+        q, k, cos, sin = _pair_aligned_inputs(q, k, cos, sin)
+    dq = torch.empty((B, nh, L, D), dtype=q.dtype, device=q.device)
+    dk, dv = torch.empty_like(dq), torch.empty_like(dq)
+    # per-(batch, head) table gradients: [source (q, k), table (cos, sin), B*heads, L, D]
+    dtab = (torch.empty((2, 2, BH, L, D), dtype=torch.float32, device=q.device) if rope_grad
+            else dq.new_empty(0))
     _check_int32_offsets(q, k, v, do, dq)
+    tables = cos
     cos, sin, stride_rb, stride_rn = _rope_args(q, cos, sin)
     inputs = (q, k, v, cos, sin, do, lse)
     strides = (*_strides(q), *_strides(k), *_strides(v), stride_rb, stride_rn, *_strides(do))
     out_strides = (0, L * D, D)
+    # (split, batch*head, cos / sin plane, row) strides of a table-gradient plane
+    tab_strides = (0, L * D, BH * L * D, D) if rope_grad else (0, 0, 0, 0)
+
+    def tab(i: int) -> torch.Tensor:
+        return dtab[i] if rope_grad else dtab
+
+    def partials(n_splits: int, n: int) -> Tuple[torch.Tensor, ...]:
+        """fp32 ``[n_splits, BH, C, D]`` partial outputs and the table partials
+        ``[n_splits, 2, BH, C, D]``, and their strides."""
+        part = torch.empty((n, n_splits, BH, C, D), dtype=torch.float32, device=q.device)
+        t_part = (torch.empty((n_splits, 2, BH, C, D), dtype=torch.float32, device=q.device)
+                  if rope_grad else dtab)
+        t_strides = (2 * BH * C * D, C * D, BH * C * D, D) if rope_grad else tab_strides
+        return part, t_part, (BH * C * D, C * D, D), t_strides
+
     with _device_guard(q):
         delta = softmax_bwd_delta(cfgs['bwd_preprocess'], o, do)
 
@@ -233,14 +331,16 @@ def core_periphery_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
         cfg = cfgs['bwd_dq_patches']
         bm, bn = cfg.constexprs['BLOCK_M'], cfg.constexprs['BLOCK_N']
         n_blocks = -(-N // bm)
-        _launch('bwd_dq_patches', cfg, (n_blocks * BH,), *inputs, delta, dq, *strides,
-                *out_strides, nh, C, N, C, n_blocks, 1, -(-C // bn), C, L, scale, D)
+        _launch('bwd_dq_patches', cfg, (n_blocks * BH,), *inputs, delta, dq, tab(0), *strides,
+                *out_strides, *tab_strides, nh, C, N, C, n_blocks, 1, -(-C // bn), C, L, scale,
+                D)
         # dk, dv of the patch keys [C, L): only the core queries [0, C) attend them
         cfg = cfgs['bwd_dkdv_patches']
         bm, bn = cfg.constexprs['BLOCK_M'], cfg.constexprs['BLOCK_N']
         n_blocks = -(-N // bn)
-        _launch('bwd_dkdv_patches', cfg, (n_blocks * BH,), *inputs, delta, dk, dv, *strides,
-                *out_strides, nh, C, N, C, n_blocks, 1, -(-C // bm), C, L, scale, D)
+        _launch('bwd_dkdv_patches', cfg, (n_blocks * BH,), *inputs, delta, dk, dv, tab(1),
+                *strides, *out_strides, *tab_strides, nh, C, N, C, n_blocks, 1, -(-C // bm), C,
+                L, scale, D)
 
         # dq of the core rows [0, C): all keys [0, L), optionally split
         cfg = cfgs['bwd_dq_cores']
@@ -250,12 +350,15 @@ def core_periphery_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
         grid = (n_blocks * n_splits * BH,)
         sizes = (nh, 0, C, L, n_blocks, n_splits, per_split, 0, L, scale, D)
         if n_splits == 1:
-            _launch('bwd_dq_cores', cfg, grid, *inputs, delta, dq, *strides, *out_strides, *sizes)
+            _launch('bwd_dq_cores', cfg, grid, *inputs, delta, dq, tab(0), *strides,
+                    *out_strides, *tab_strides, *sizes)
         else:
-            dq_part = torch.empty((n_splits, BH, C, D), dtype=torch.float32, device=q.device)
-            _launch('bwd_dq_cores', cfg, grid, *inputs, delta, dq_part, *strides,
-                    BH * C * D, C * D, D, *sizes)
-            dq.view(BH, L, D)[:, :C] = dq_part.sum(0)
+            part, t_part, p_strides, t_strides = partials(n_splits, 1)
+            _launch('bwd_dq_cores', cfg, grid, *inputs, delta, part[0], t_part, *strides,
+                    *p_strides, *t_strides, *sizes)
+            dq.view(BH, L, D)[:, :C] = part[0].sum(0)
+            if rope_grad:
+                dtab[0, :, :, :C] = t_part.sum(0)
 
         # dk, dv of the core keys [0, C): every query [0, L) attends them, optionally split
         cfg = cfgs['bwd_dkdv_cores']
@@ -265,16 +368,23 @@ def core_periphery_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
         grid = (n_blocks * n_splits * BH,)
         sizes = (nh, 0, C, L, n_blocks, n_splits, per_split, 0, L, scale, D)
         if n_splits == 1:
-            _launch('bwd_dkdv_cores', cfg, grid, *inputs, delta, dk, dv, *strides,
-                    *out_strides, *sizes)
+            _launch('bwd_dkdv_cores', cfg, grid, *inputs, delta, dk, dv, tab(1), *strides,
+                    *out_strides, *tab_strides, *sizes)
         else:
-            dkv_part = torch.empty((2, n_splits, BH, C, D), dtype=torch.float32,
-                                   device=q.device)
-            _launch('bwd_dkdv_cores', cfg, grid, *inputs, delta, dkv_part[0], dkv_part[1],
-                    *strides, BH * C * D, C * D, D, *sizes)
-            dk.view(BH, L, D)[:, :C] = dkv_part[0].sum(0)
-            dv.view(BH, L, D)[:, :C] = dkv_part[1].sum(0)
-    return dq, dk, dv
+            part, t_part, p_strides, t_strides = partials(n_splits, 2)
+            _launch('bwd_dkdv_cores', cfg, grid, *inputs, delta, part[0], part[1], t_part,
+                    *strides, *p_strides, *t_strides, *sizes)
+            dk.view(BH, L, D)[:, :C] = part[0].sum(0)
+            dv.view(BH, L, D)[:, :C] = part[1].sum(0)
+            if rope_grad:
+                dtab[1, :, :, :C] = t_part.sum(0)
+    dcos = dsin = None
+    if rope_grad:  # one reduction per table: over the source (q, k), the heads (and a shared
+        # table's batch); two separate results, not views of one (custom operators need that)
+        dims = (0, 1, 2) if tables.shape[0] == 1 else (0, 2)
+        dcos, dsin = (dtab[:, i].view(2, B, nh, L, D).sum(dims).view(-1, L, D).to(tables.dtype)
+                      for i in range(2))
+    return dq, dk, dv, dcos, dsin
 
 
 def rope_backward(g_q: torch.Tensor, g_k: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
@@ -285,12 +395,11 @@ def rope_backward(g_q: torch.Tensor, g_k: torch.Tensor, q: torch.Tensor, k: torc
     """Map the gradients of the rotated q, k (``g_q``, ``g_k``: fp32 ``[B, heads, L, D]``) back
     to q, k (their dtype) and to the rope tables (``[B or 1, L, D]``, cos's dtype).
 
+    The PyTorch statement of what the backward kernels' epilogues now do (``kernels.py``,
+    ``_store_rows_grad``); no longer on the kernels' path, kept as a readable reference.
+
     x_rot = x * cos + R x * sin with R = rotate_pairs, and R^T = -R, so
-    dx = g * cos - R(g * sin), dcos = sum_heads(g * x), dsin = sum_heads(g * R x). These are a
-    few elementwise passes in PyTorch rather than kernel epilogues: the gradients of cos and sin
-    need a sum over heads (and over the batch for a broadcast table) that no single program of
-    the attention kernels owns, and the rotation back needs the pair partner of an
-    accumulator's channel, which lives in another register of another thread.
+    dx = g * cos - R(g * sin), dcos = sum_heads(g * x), dsin = sum_heads(g * R x).
     """
     cos_f, sin_f = cos.float().unsqueeze(1), sin.float().unsqueeze(1)  # [B or 1, 1, L, D]
     dq = (g_q * cos_f - rotate_pairs(g_q * sin_f)).to(q.dtype) if needs_q else None
@@ -329,13 +438,10 @@ class CorePeripheryAttentionFunction(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, do: torch.Tensor):
         q, k, v, cos, sin, o, lse = ctx.saved_tensors
-        dq, dk, dv = core_periphery_bwd(do, q, k, v, cos, sin, o, lse, ctx.num_cores, ctx.scale,
-                            ctx.input_precision, ctx.splits)
         needs = ctx.needs_input_grad
-        dcos = dsin = None
-        if cos is not None:
-            dq, dk, dcos, dsin = rope_backward(dq, dk, q, k, cos, sin, needs[0], needs[1],
-                                               needs[3] or needs[4])
+        dq, dk, dv, dcos, dsin = core_periphery_bwd(
+            do, q, k, v, cos, sin, o, lse, ctx.num_cores, ctx.scale, ctx.input_precision,
+            ctx.splits, rope_grad=needs[3] or needs[4])
         return (dq if needs[0] else None, dk if needs[1] else None, dv if needs[2] else None,
                 dcos if needs[3] else None, dsin if needs[4] else None,
                 None, None, None, None)

@@ -18,13 +18,24 @@ Conventions shared by every kernel:
 * q, k, v, do are ``[B, heads, C + N, D]`` with arbitrary batch/head/token strides and unit
   stride on the head dim. The rope tables cos, sin are ``[B or 1, C + N, D]`` in q's dtype with
   unit stride on D (batch stride 0 when broadcast).
-* With ``ROPE`` the q and k tiles are rotated as they are loaded
-  (``x * cos + rotate_pairs(x) * sin``; the partner channel ``d ^ 1`` is a second load of the
-  same cache lines), so no rotated copy of q and k is ever written to memory. The rotation is
-  computed in fp32 and rounded once to the storage dtype (the reference, like the official
-  code, rounds after each product in the storage dtype: within fp16/bf16 rounding). The backward
-  kernels produce gradients with respect to the *rotated* q and k; ``function.py`` maps them
-  back (and to cos / sin) with elementwise PyTorch ops.
+* With ``ROPE`` the q and k tiles are rotated as they are loaded, so no rotated copy of q and k
+  is ever written to memory. A tile is loaded whole (vectorised along D) and split in registers
+  into its even and odd channels (``tl.reshape`` to ``[rows, BD/2, 2]`` + ``tl.split``: a
+  thread holds both channels of a pair, so this moves no data), rotated
+  (``x * cos + rotate_pairs(x) * sin`` pairs channel ``2i`` with ``2i+1``) and joined again
+  (``tl.join``), without a second load of the partner channel. The rotation is computed in
+  fp32 and rounded once to the storage dtype (the reference, like the official code, rounds
+  after each product in the storage dtype: within fp16/bf16 rounding). (Keeping the halves
+  apart, as two ``tl.dot`` of K = BD/2 each, compiled to more registers: every half is one
+  more ``tl.dot`` operand staged through shared memory.)
+* The backward kernels map the gradients of the *rotated* q and k back through the rope in
+  their epilogues (``dx = g * cos - rotate_pairs(g * sin)``: elementwise on the two channel
+  halves of the accumulator) and write q's dtype. With ``ROPE_GRAD`` they also write the
+  per-(batch, head) table gradients ``g * x`` (cos) and ``g * rotate_pairs(x)`` (sin), fp32, to
+  planes of ``dtab`` addressed like their dq / dk rows (plus ``stride_tk`` between the cos and
+  the sin plane): the dq kernels write the q planes, the dk/dv kernels the k planes, and
+  ``function.py`` sums planes and heads with one reduction per table. Both maps are linear in
+  g, so a split's partial sums can go through them before they are added.
 * The long loop can be split over ``n_splits`` programs (``blocks_per_split`` key or query
   blocks each) so that few rows still fill the GPU. Every program writes normalised results for
   its part to an output addressed by ``(split, batch*head, row)`` strides; the launcher either
@@ -46,21 +57,98 @@ _SIZES = ['n_heads', 'n_q', 'n_k', 'n_blocks', 'n_splits', 'blocks_per_split', '
 
 
 @triton.jit
-def _load_rows(x, o_t, m_t, stride_xn, cos, sin, stride_rn, o_d, m_d, ROPE: tl.constexpr):
+def _halves(x):
+    """The even and the odd channels of a ``[rows, BD]`` tile, each ``[rows, BD/2]``."""
+    return tl.split(tl.reshape(x, [x.shape[0], x.shape[1] // 2, 2]))
+
+
+@triton.jit
+def _interleave(a, b):
+    """Inverse of :func:`_halves`: ``[rows, BD]`` with ``a`` on the even channels."""
+    return tl.reshape(tl.join(a, b), [a.shape[0], 2 * a.shape[1]])
+
+
+@triton.jit
+def _head_dim_mask_rope(D, BD: tl.constexpr, EVEN_D: tl.constexpr, ROPE: tl.constexpr):
+    """``_common_kernels.head_dim_mask``, with rope written per channel pair (D is even then):
+    the compiler sees the mask constant over each pair, so a thread loads both channels of a
+    pair and :func:`_halves` moves no data (with a per-channel mask below BD the loads were
+    scalar and the split reshuffled tiles across threads, spilling)."""
+    if ROPE and not EVEN_D:
+        o_d = tl.arange(0, BD)
+        return o_d, (o_d // 2) < (D // 2)
+    else:
+        return _head_dim_mask(D, BD, EVEN_D)
+
+
+@triton.jit
+def _rows(x, o_t, stride_xn, ROPE: tl.constexpr, EVEN_D: tl.constexpr):
+    """Pointers to the starts of rows ``o_t`` of x. With rope and D < BD declared aligned to a
+    channel pair (the launchers make the strides even), so that a pair is one load: an odd-
+    looking D (40, 72) leaves the strides without Triton's divisibility specialisation, and the
+    scalar loads made the pair split reshuffle tiles across threads (spills). Not with D == BD,
+    where the specialisation already proves more (and a hint would replace it)."""
+    p = x + o_t * stride_xn
+    if ROPE:
+        if not EVEN_D:
+            p = tl.multiple_of(p, x.dtype.element_ty.primitive_bitwidth // 4)
+    return p
+
+
+@triton.jit
+def _load_rows(x, o_t, m_t, stride_xn, cos, sin, stride_rn, o_d, m_d, ROPE: tl.constexpr,
+               EVEN_D: tl.constexpr):
     """Load the ``[len(o_t), BD]`` tile of rows ``o_t`` of x (zero where masked), rotated by the
     rope tables when ``ROPE``; returned in x's dtype."""
     m_x = m_t[:, None] & m_d[None, :]  # [BT, BD]
-    b_x = tl.load(x + o_t[:, None] * stride_xn + o_d[None, :], mask=m_x, other=0.)
+    p_x = _rows(x, o_t, stride_xn, ROPE, EVEN_D)[:, None] + o_d[None, :]
+    b_x = tl.load(p_x, mask=m_x, other=0.)
     if ROPE:
-        # rotate_pairs(x)[2i] = -x[2i+1], rotate_pairs(x)[2i+1] = x[2i]: the partner channel is
-        # d ^ 1 and the sign is folded into sin (D is even, so a partner of a real channel is real)
-        b_xp = tl.load(x + o_t[:, None] * stride_xn + (o_d ^ 1)[None, :], mask=m_x, other=0.)
-        o_r = o_t[:, None] * stride_rn + o_d[None, :]
-        b_cos = tl.load(cos + o_r, mask=m_x, other=0.).to(tl.float32)
-        b_sin = tl.load(sin + o_r, mask=m_x, other=0.).to(tl.float32)
-        b_sin = tl.where((o_d % 2 == 0)[None, :], -b_sin, b_sin)
-        b_x = (b_x.to(tl.float32) * b_cos + b_xp.to(tl.float32) * b_sin).to(x.dtype.element_ty)
+        x_e, x_o = _halves(b_x.to(tl.float32))
+        p_c = _rows(cos, o_t, stride_rn, ROPE, EVEN_D)[:, None] + o_d[None, :]
+        p_s = _rows(sin, o_t, stride_rn, ROPE, EVEN_D)[:, None] + o_d[None, :]
+        c_e, c_o = _halves(tl.load(p_c, mask=m_x, other=0.).to(tl.float32))
+        s_e, s_o = _halves(tl.load(p_s, mask=m_x, other=0.).to(tl.float32))
+        # rotate_pairs(x)[2i] = -x[2i+1], rotate_pairs(x)[2i+1] = x[2i]. The row mask again (a
+        # no-op on values already zero) stops the compiler from moving the tl.dot operand's
+        # layout conversion up to the loads: on sm_80 that rotated the whole tile in every warp
+        # (an mma operand layout replicates a tile across warps) and spilled.
+        m_h = m_t[:, None]
+        dt = x.dtype.element_ty
+        b_x = _interleave(tl.where(m_h, x_e * c_e - x_o * s_e, 0.).to(dt),
+                          tl.where(m_h, x_o * c_o + x_e * s_o, 0.).to(dt))
     return b_x
+
+
+@triton.jit
+def _store_rows_grad(b_g, x, o_t, m_t, stride_xn, cos, sin, stride_rn, o_d, m_d,
+                     dx, o_r, stride_gn, dtab, stride_tk, stride_tn,
+                     ROPE: tl.constexpr, ROPE_GRAD: tl.constexpr, EVEN_D: tl.constexpr):
+    """Store the gradient ``b_g`` (fp32 ``[len(o_t), BD]``) of rows ``o_t`` of x at rows
+    ``o_r`` of dx, in dx's dtype. With ``ROPE`` it is the gradient of the rotated rows
+    ``x_rot = x cos + R x sin`` (``R = rotate_pairs``, ``R^T = -R``): store
+    ``dx = g cos - R(g sin)``, and with ``ROPE_GRAD`` the table gradients ``g x`` and ``g R x``
+    at rows ``o_r`` of the two planes of ``dtab`` (fp32)."""
+    m_x = m_t[:, None] & m_d[None, :]  # [BT, BD]
+    p_g = _rows(dx, o_r, stride_gn, ROPE, EVEN_D)[:, None] + o_d[None, :]
+    if ROPE:
+        g_e, g_o = _halves(b_g)
+        p_c = _rows(cos, o_t, stride_rn, ROPE, EVEN_D)[:, None] + o_d[None, :]
+        p_s = _rows(sin, o_t, stride_rn, ROPE, EVEN_D)[:, None] + o_d[None, :]
+        c_e, c_o = _halves(tl.load(p_c, mask=m_x, other=0.).to(tl.float32))
+        s_e, s_o = _halves(tl.load(p_s, mask=m_x, other=0.).to(tl.float32))
+        # x_rot[2i] = x[2i] c[2i] - x[2i+1] s[2i], x_rot[2i+1] = x[2i+1] c[2i+1] + x[2i] s[2i+1]
+        b_dx = _interleave(g_e * c_e + g_o * s_o, g_o * c_o - g_e * s_e)
+        tl.store(p_g, b_dx.to(dx.dtype.element_ty), mask=m_x)
+        if ROPE_GRAD:
+            p_x = _rows(x, o_t, stride_xn, ROPE, EVEN_D)[:, None] + o_d[None, :]
+            b_x = tl.load(p_x, mask=m_x, other=0.)
+            x_e, x_o = _halves(b_x.to(tl.float32))
+            o_p = _rows(dtab, o_r, stride_tn, ROPE, EVEN_D)[:, None] + o_d[None, :]
+            tl.store(o_p, _interleave(g_e * x_e, g_o * x_o), mask=m_x)
+            tl.store(o_p + stride_tk, _interleave(-g_e * x_o, g_o * x_e), mask=m_x)
+    else:
+        tl.store(p_g, b_g.to(dx.dtype.element_ty), mask=m_x)
 
 
 @triton.jit
@@ -109,10 +197,11 @@ def core_periphery_fwd_kernel(
     lse += i_s.to(tl.int64) * stride_ls + i_bh.to(tl.int64) * stride_lbh
     qk_scale = scale * 1.4426950408889634
 
-    o_d, m_d = _head_dim_mask(D, BD, EVEN_D)  # [BD]
+    o_d, m_d = _head_dim_mask_rope(D, BD, EVEN_D, ROPE)  # [BD]
     o_i = i_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] query index inside the range
     m_i = o_i < n_q
-    b_q = _load_rows(q, q_start + o_i, m_i, stride_qn, cos, sin, stride_rn, o_d, m_d, ROPE)
+    b_q = _load_rows(q, q_start + o_i, m_i, stride_qn, cos, sin, stride_rn, o_d, m_d, ROPE,
+                     EVEN_D)
 
     b_acc = tl.zeros([BLOCK_M, BD], dtype=tl.float32)
     b_m = tl.full([BLOCK_M], float('-inf'), dtype=tl.float32)  # running max (log2 domain)
@@ -121,7 +210,7 @@ def core_periphery_fwd_kernel(
     for i_kb in range(kb_start, kb_end):
         o_j = i_kb * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] key index
         m_j = o_j < n_k
-        b_k = _load_rows(k, o_j, m_j, stride_kn, cos, sin, stride_rn, o_d, m_d, ROPE)
+        b_k = _load_rows(k, o_j, m_j, stride_kn, cos, sin, stride_rn, o_d, m_d, ROPE, EVEN_D)
         b_v = tl.load(v + o_j[:, None] * stride_vn + o_d[None, :],
                       mask=m_j[:, None] & m_d[None, :], other=0.)  # [BLOCK_N, BD]
         b_s = tl.dot(b_q, tl.trans(b_k), input_precision=INPUT_PRECISION) * qk_scale
@@ -143,22 +232,25 @@ def core_periphery_fwd_kernel(
 
 @triton.jit(do_not_specialize=_SIZES + ['q_start', 'L'])
 def core_periphery_bwd_dq_kernel(
-    q, k, v, cos, sin, do, lse, delta, dq,
+    q, k, v, cos, sin, do, lse, delta, dq, dtab,
     stride_qb, stride_qh, stride_qn,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
     stride_rb, stride_rn,
     stride_dob, stride_doh, stride_don,
     stride_gs, stride_gbh, stride_gn,
+    stride_ts, stride_tbh, stride_tk, stride_tn,
     n_heads, q_start, n_q, n_k, n_blocks, n_splits, blocks_per_split, o_row0, L, scale, D,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BD: tl.constexpr, EVEN_D: tl.constexpr,
-    ROPE: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    ROPE: tl.constexpr, ROPE_GRAD: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):
-    """dq (of the rotated q) for queries ``[q_start, q_start + n_q)`` over keys ``[0, n_k)``.
+    """dq for queries ``[q_start, q_start + n_q)`` over keys ``[0, n_k)``.
 
     Program ``(i_m, i_s, bh)`` sums the key blocks of split ``i_s``: dq = scale * dS K with
-    P = exp2(S - lse) recomputed and dS = P * (dO V^T - delta). ``lse`` and ``delta`` are
-    ``[B*heads, L]`` fp32; the result goes to row ``o_row0 + (row - q_start)`` of ``dq``.
+    P = exp2(S - lse) recomputed and dS = P * (dO V^T - delta), mapped back through the rope
+    (and the table gradients written, with ``ROPE_GRAD``). ``lse`` and ``delta`` are
+    ``[B*heads, L]`` fp32; the result goes to row ``o_row0 + (row - q_start)`` of ``dq`` (and of
+    ``dtab``).
     """
     i_m, i_s, i_bh, i_b, i_h = _program(n_blocks, n_splits, n_heads)
     q += i_b * stride_qb + i_h * stride_qh
@@ -170,24 +262,25 @@ def core_periphery_bwd_dq_kernel(
     lse += i_bh.to(tl.int64) * L
     delta += i_bh.to(tl.int64) * L
     dq += i_s.to(tl.int64) * stride_gs + i_bh.to(tl.int64) * stride_gbh
+    dtab += i_s.to(tl.int64) * stride_ts + i_bh.to(tl.int64) * stride_tbh
     qk_scale = scale * 1.4426950408889634
 
-    o_d, m_d = _head_dim_mask(D, BD, EVEN_D)  # [BD]
+    o_d, m_d = _head_dim_mask_rope(D, BD, EVEN_D, ROPE)  # [BD]
     o_i = i_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] query index inside the range
     m_i = o_i < n_q
     o_t = q_start + o_i  # [BLOCK_M] token rows
-    m_id = m_i[:, None] & m_d[None, :]
-    b_q = _load_rows(q, o_t, m_i, stride_qn, cos, sin, stride_rn, o_d, m_d, ROPE)
-    b_do = tl.load(do + o_t[:, None] * stride_don + o_d[None, :], mask=m_id, other=0.)
+    b_q = _load_rows(q, o_t, m_i, stride_qn, cos, sin, stride_rn, o_d, m_d, ROPE, EVEN_D)
+    b_do = tl.load(do + o_t[:, None] * stride_don + o_d[None, :],
+                   mask=m_i[:, None] & m_d[None, :], other=0.)
     b_lse = tl.load(lse + o_t, mask=m_i, other=0.)  # [BLOCK_M]
     b_delta = tl.load(delta + o_t, mask=m_i, other=0.)  # [BLOCK_M]
 
-    b_dq = tl.zeros([BLOCK_M, BD], dtype=tl.float32)
+    b_dq = tl.zeros([BLOCK_M, BD], dtype=tl.float32)  # of the rotated q with rope
     kb_start, kb_end = _split_range(i_s, blocks_per_split, n_k, BLOCK_N)
     for i_kb in range(kb_start, kb_end):
         o_j = i_kb * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] key index
         m_j = o_j < n_k
-        b_k = _load_rows(k, o_j, m_j, stride_kn, cos, sin, stride_rn, o_d, m_d, ROPE)
+        b_k = _load_rows(k, o_j, m_j, stride_kn, cos, sin, stride_rn, o_d, m_d, ROPE, EVEN_D)
         b_v = tl.load(v + o_j[:, None] * stride_vn + o_d[None, :],
                       mask=m_j[:, None] & m_d[None, :], other=0.)  # [BLOCK_N, BD]
         b_s = tl.dot(b_q, tl.trans(b_k), input_precision=INPUT_PRECISION) * qk_scale
@@ -196,30 +289,32 @@ def core_periphery_bwd_dq_kernel(
         b_dp = tl.dot(b_do, tl.trans(b_v), input_precision=INPUT_PRECISION)
         b_ds = b_p * (b_dp - b_delta[:, None])  # [BLOCK_M, BLOCK_N]
         b_dq += tl.dot(b_ds.to(b_k.dtype), b_k, input_precision=INPUT_PRECISION)
-    o_r = o_row0 + o_i
-    tl.store(dq + o_r[:, None] * stride_gn + o_d[None, :], (b_dq * scale).to(dq.dtype.element_ty),
-             mask=m_id)
+    _store_rows_grad(b_dq * scale, q, o_t, m_i, stride_qn, cos, sin, stride_rn,
+                     o_d, m_d, dq, o_row0 + o_i, stride_gn, dtab, stride_tk, stride_tn,
+                     ROPE, ROPE_GRAD, EVEN_D)
 
 
 @triton.jit(do_not_specialize=_SIZES + ['k_start', 'L'])
 def core_periphery_bwd_dkdv_kernel(
-    q, k, v, cos, sin, do, lse, delta, dk, dv,
+    q, k, v, cos, sin, do, lse, delta, dk, dv, dtab,
     stride_qb, stride_qh, stride_qn,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
     stride_rb, stride_rn,
     stride_dob, stride_doh, stride_don,
     stride_gs, stride_gbh, stride_gn,
+    stride_ts, stride_tbh, stride_tk, stride_tn,
     n_heads, k_start, n_k, n_q, n_blocks, n_splits, blocks_per_split, o_row0, L, scale, D,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BD: tl.constexpr, EVEN_D: tl.constexpr,
-    ROPE: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    ROPE: tl.constexpr, ROPE_GRAD: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):
-    """dk (of the rotated k) and dv for keys ``[k_start, k_start + n_k)`` from queries
-    ``[0, n_q)``, which must be exactly the queries that attend these keys.
+    """dk and dv for keys ``[k_start, k_start + n_k)`` from queries ``[0, n_q)``, which must be
+    exactly the queries that attend these keys.
 
     Program ``(i_n, i_s, bh)``: ``BLOCK_N`` keys (rows of S^T) against the query blocks of split
-    ``i_s``: dv = P^T dO, dk = scale * dS^T Q. dk and dv share the output strides; the result
-    goes to row ``o_row0 + (key - k_start)``; ``n_blocks`` = key blocks.
+    ``i_s``: dv = P^T dO, dk = scale * dS^T Q, mapped back through the rope (and the table
+    gradients written, with ``ROPE_GRAD``). dk and dv share the output strides; the result goes
+    to row ``o_row0 + (key - k_start)``; ``n_blocks`` = key blocks.
     """
     i_n, i_s, i_bh, i_b, i_h = _program(n_blocks, n_splits, n_heads)
     q += i_b * stride_qb + i_h * stride_qh
@@ -233,25 +328,26 @@ def core_periphery_bwd_dkdv_kernel(
     g_off = i_s.to(tl.int64) * stride_gs + i_bh.to(tl.int64) * stride_gbh
     dk += g_off
     dv += g_off
+    dtab += i_s.to(tl.int64) * stride_ts + i_bh.to(tl.int64) * stride_tbh
     qk_scale = scale * 1.4426950408889634
 
-    o_d, m_d = _head_dim_mask(D, BD, EVEN_D)  # [BD]
+    o_d, m_d = _head_dim_mask_rope(D, BD, EVEN_D, ROPE)  # [BD]
     o_j = i_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] key index inside the range
     m_j = o_j < n_k
     o_t = k_start + o_j  # [BLOCK_N] token rows
     m_jd = m_j[:, None] & m_d[None, :]
-    b_k = _load_rows(k, o_t, m_j, stride_kn, cos, sin, stride_rn, o_d, m_d, ROPE)
+    b_k = _load_rows(k, o_t, m_j, stride_kn, cos, sin, stride_rn, o_d, m_d, ROPE, EVEN_D)
     b_v = tl.load(v + o_t[:, None] * stride_vn + o_d[None, :], mask=m_jd, other=0.)
 
-    b_dk = tl.zeros([BLOCK_N, BD], dtype=tl.float32)
+    b_dk = tl.zeros([BLOCK_N, BD], dtype=tl.float32)  # of the rotated k with rope
     b_dv = tl.zeros([BLOCK_N, BD], dtype=tl.float32)
     qb_start, qb_end = _split_range(i_s, blocks_per_split, n_q, BLOCK_M)
     for i_qb in range(qb_start, qb_end):
         o_i = i_qb * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] query index
         m_i = o_i < n_q
-        m_id = m_i[:, None] & m_d[None, :]
-        b_q = _load_rows(q, o_i, m_i, stride_qn, cos, sin, stride_rn, o_d, m_d, ROPE)
-        b_do = tl.load(do + o_i[:, None] * stride_don + o_d[None, :], mask=m_id, other=0.)
+        b_q = _load_rows(q, o_i, m_i, stride_qn, cos, sin, stride_rn, o_d, m_d, ROPE, EVEN_D)
+        b_do = tl.load(do + o_i[:, None] * stride_don + o_d[None, :],
+                       mask=m_i[:, None] & m_d[None, :], other=0.)
         b_lse = tl.load(lse + o_i, mask=m_i, other=0.)  # [BLOCK_M]
         b_delta = tl.load(delta + o_i, mask=m_i, other=0.)  # [BLOCK_M]
         b_st = tl.dot(b_k, tl.trans(b_q), input_precision=INPUT_PRECISION) * qk_scale
@@ -263,6 +359,8 @@ def core_periphery_bwd_dkdv_kernel(
         b_dst = b_pt * (b_dpt - b_delta[None, :])
         b_dk += tl.dot(b_dst.to(b_q.dtype), b_q, input_precision=INPUT_PRECISION)
     o_r = o_row0 + o_j
-    o_g = o_r[:, None] * stride_gn + o_d[None, :]
-    tl.store(dk + o_g, (b_dk * scale).to(dk.dtype.element_ty), mask=m_jd)
-    tl.store(dv + o_g, b_dv.to(dv.dtype.element_ty), mask=m_jd)
+    tl.store(dv + o_r[:, None] * stride_gn + o_d[None, :], b_dv.to(dv.dtype.element_ty),
+             mask=m_jd)
+    _store_rows_grad(b_dk * scale, k, o_t, m_j, stride_kn, cos, sin, stride_rn,
+                     o_d, m_d, dk, o_r, stride_gn, dtab, stride_tk, stride_tn, ROPE, ROPE_GRAD,
+                     EVEN_D)

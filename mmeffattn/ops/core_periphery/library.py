@@ -8,7 +8,7 @@ import torch
 from .._launch import unit_last_stride
 from .._library import define, empty_like_none
 from .function import (DEFAULT_INPUT_PRECISION, _table_strides, core_periphery_bwd,
-                       core_periphery_fwd, rope_backward)
+                       core_periphery_fwd)
 
 Tables = Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]
 
@@ -37,12 +37,9 @@ def _backward(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
               lse: torch.Tensor, num_cores: int, scale: float, input_precision: str,
               splits: Optional[int], needs: Sequence[bool]) -> Tuple[torch.Tensor, ...]:
     q, k, v, cos, sin = _prepare(q, k, v, cos, sin)
-    dq, dk, dv = core_periphery_bwd(grad, q, k, v, cos, sin, out, lse, num_cores, scale,
-                                    input_precision, splits)
-    dcos = dsin = None
-    if cos is not None:
-        dq, dk, dcos, dsin = rope_backward(dq, dk, q, k, cos, sin, needs[0], needs[1],
-                                           needs[3] or needs[4])
+    dq, dk, dv, dcos, dsin = core_periphery_bwd(grad, q, k, v, cos, sin, out, lse, num_cores,
+                                                scale, input_precision, splits,
+                                                rope_grad=needs[3] or needs[4])
     return tuple(empty_like_none(q, g if n else None)
                  for g, n in zip((dq, dk, dv, dcos, dsin), needs))
 

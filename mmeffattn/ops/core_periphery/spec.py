@@ -5,7 +5,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch
 
-from .._spec import DTYPES, AotSpec, OpSpec, randn, sdpa_macs, square_grid
+from .._spec import DTYPES, AotSpec, Cost, OpSpec, Roofline, randn, sdpa_macs, square_grid
 from .op import core_periphery_attention, core_periphery_triton_reasons
 
 #: VECA's largest core budget (benchmarks)
@@ -70,12 +70,13 @@ def implied_weights(q: torch.Tensor, k: torch.Tensor, hw: Tuple[int, int], rows:
 # ---------------------------------------------------------------------------------------------
 # ahead-of-time compilation
 # ---------------------------------------------------------------------------------------------
-def aot_case(D, C, dtype, rope='batch', splits=None, N=196) -> Dict[str, Any]:
+def aot_case(D, C, dtype, rope='batch', splits=None, N=196, rope_grad=True) -> Dict[str, Any]:
     """``rope``: None, ``'batch'`` for ``[B, C + N, D]`` tables or ``'shared'`` for
     ``[1, C + N, D]``; ``splits``: None for the launchers' default, or a count forced to compile
-    the split path."""
+    the split path; ``rope_grad``: the tables need gradients (VECA learns its core
+    coordinates, so its tables do while training)."""
     return dict(op='core_periphery_attention', D=D, C=C, N=N, dtype=dtype, rope=rope,
-                splits=splits)
+                splits=splits, rope_grad=rope_grad)
 
 
 def aot_record(case: Dict[str, Any]) -> list:
@@ -83,7 +84,7 @@ def aot_record(case: Dict[str, Any]) -> list:
     projections, as the VECA backbone passes them."""
     from . import function
     dtype = DTYPES[case['dtype']]
-    B, heads, C, D = 2, 2, case['C'], case['D']
+    B, heads, C, D = case.get('B', 2), case.get('heads', 2), case['C'], case['D']
     L = C + case['N']
     q, k, v = (torch.empty(B, L, heads, D, dtype=dtype).transpose(1, 2) for _ in range(3))
     cos = sin = None
@@ -94,7 +95,7 @@ def aot_record(case: Dict[str, Any]) -> list:
     with function.record_launches() as launches:
         o, lse = function.core_periphery_fwd(q, k, v, cos, sin, C, scale, splits=case['splits'])
         function.core_periphery_bwd(torch.empty_like(o), q, k, v, cos, sin, o, lse, C, scale,
-                                    splits=case['splits'])
+                                    splits=case['splits'], rope_grad=case.get('rope_grad', True))
     return launches
 
 
@@ -119,10 +120,104 @@ AOT = AotSpec(
     kernels=frozenset({'core_periphery_fwd_kernel', 'core_periphery_bwd_dq_kernel',
                        'core_periphery_bwd_dkdv_kernel', 'softmax_bwd_delta_kernel'}))
 
+# ---------------------------------------------------------------------------------------------
+# roofline
+# ---------------------------------------------------------------------------------------------
+#: SMs the launchers' split heuristic sees on the GPUs of the roofline (H100 / H200 SXM)
+ROOFLINE_SMS = 132
+
+
+def roofline_costs(B: int, h: int, C: int, N: int, D: int, rope_grad: bool = False,
+                   previous: bool = False):
+    """``costs(dtype) -> {'fwd': Cost, 'bwd': Cost}`` of one call on ``[B, h, C + N, D]`` q, k,
+    v with per-token rope tables shared by the batch (``[1, C + N, D]``, as the GPU checks pass
+    them; ``rope_grad``: the tables need gradients too), as the kernels and their glue run.
+
+    Bytes: every launch reads each row it needs once (rows re-read by the programs of one
+    launch come from L2), the tables once per launch. Forward: the patch launch reads q, the
+    core k and v, and writes o and the log-sum-exp; the core launch reads the core q and all of
+    k and v, writing fp32 partials merged in PyTorch when its key loop is split. Backward: the
+    delta pre-pass (o, dO read), then dq and dk/dv of the patch rows and of the core rows, each
+    reading its own rows and the other side's, writing dq, dk, dv in the input dtype (the
+    inverse rope is in their epilogues); with ``rope_grad`` the epilogues re-read q / k and
+    write fp32 per-head table partials (4 planes), summed by one reduction per table.
+    Tensor-core FLOPs: 2 per MAC, two products forward, five backward (S, dP, dV, dQ, dK);
+    fp32 lane instructions: about 4 per score forward (scale, max, exp2, sum), 6 backward, and
+    3 per rotated element (two FMAs and a conversion) each time a q / k tile is loaded.
+
+    ``previous``: the design before issue 14: dq and dk of the rotated q, k written in fp32 and
+    mapped back by ``rope_backward`` in PyTorch (per gradient ``g cos``, ``g sin``, the pair
+    rotation, the difference, the cast: about 44 + itemsize bytes per element; with table
+    gradients about 70 more per element and 10 more launches)."""
+    from .function import MIN_BLOCKS_PER_SPLIT, core_periphery_tiles, padded_head_dim
+
+    def costs(dtype: str) -> Dict[str, Cost]:
+        torch_dtype = DTYPES[dtype]
+        e = torch_dtype.itemsize
+        L, bh = C + N, B * h
+        bd = padded_head_dim(D)
+        t = core_periphery_tiles(bd, bd == D, C, torch_dtype, True)
+        row = bh * D * e  # bytes of one token row of q, k, v, o or dO over all heads
+        tab = 2 * L * D * e  # cos and sin
+        # split of the core rows' long loops (the launchers' heuristic on ROOFLINE_SMS SMs)
+        progs = -(-C // t.core_block) * bh
+        blocks = -(-L // t.long_block)
+        splits = 1 if progs >= 2 * ROOFLINE_SMS else max(1, min(
+            -(-2 * ROOFLINE_SMS // progs), blocks // MIN_BLOCKS_PER_SPLIT))
+        part = 4 * bh * C * D  # one fp32 partial of the core rows
+
+        fwd_bytes = (row * (N + 2 * C) + row * N + 4 * bh * N + tab  # patch rows
+                     + row * (C + 2 * L) + row * C + 4 * bh * C + tab)  # core rows
+        fwd_launches = 2
+        if splits > 1:  # partials written, merged (logsumexp, exp2, einsum, cast, lse copy)
+            fwd_bytes += 2 * splits * (part + 4 * bh * C) + 2 * part + row * C
+            fwd_launches += 5
+        pairs = bh * (C * L + N * C)
+        fwd_fp32 = 4 * pairs + 3 * bh * D * (L + N // t.long_block * C + L)
+        fwd = Cost(fwd_bytes, fp32=fwd_fp32, tc=2 * 2 * pairs * D, launches=fwd_launches)
+
+        # backward: delta, dq / dk-dv of the patch rows, then of the core rows
+        bwd_bytes = (2 * row * L + 4 * bh * L
+                     + row * (2 * N + 2 * C) + 8 * bh * N + tab + row * N  # dq patches
+                     + row * (2 * N + 2 * C) + 8 * bh * C + tab + 2 * row * N  # dk/dv patches
+                     + row * (2 * C + 2 * L) + 8 * bh * C + tab + row * C  # dq cores
+                     + row * (2 * C + 2 * L) + 8 * bh * L + tab + 2 * row * C)  # dk/dv cores
+        bwd_launches = 5
+        if splits > 1:  # dq, dk, dv partials written, read, summed into the outputs
+            bwd_bytes += 3 * (2 * splits * part + row * C)
+            bwd_launches += 3
+        if previous:  # fp32 dq, dk, then rope_backward's passes
+            g = bh * L * D
+            bwd_bytes += 2 * g * (4 - e) + 2 * g * (44 + e) + 2 * tab
+            bwd_launches += 12
+            if rope_grad:
+                bwd_bytes += 70 * g
+                bwd_launches += 10
+        elif rope_grad:  # q / k re-read, 4 fp32 planes written and summed, tables written
+            bwd_bytes += 2 * row * L + 2 * 16 * bh * L * D + 2 * L * D * (4 + e)
+            bwd_launches += 2 + (2 if e < 4 else 0)
+            if splits > 1:
+                bwd_bytes += 2 * 2 * (2 * splits * 2 * part)
+                bwd_launches += 2
+        bwd_fp32 = 6 * pairs + 2 * 3 * bh * D * (2 * L + 2 * C)
+        bwd = Cost(bwd_bytes, fp32=bwd_fp32, tc=5 * 2 * pairs * D, launches=bwd_launches)
+        return dict(fwd=fwd, bwd=bwd)
+    return costs
+
+
+def roofline(B: int, h: int, C: int, N: int, D: int) -> Roofline:
+    return Roofline(check=f'core_periphery B{B}-H{h}-C{C}-N{N}-D{D}',
+                    costs=roofline_costs(B, h, C, N, D),
+                    aot_case=dict(aot_case(D, C, 'bf16', 'shared', N=N, rope_grad=False),
+                                  B=B, heads=h),
+                    previous=roofline_costs(B, h, C, N, D, previous=True))
+
+
 SPEC = OpSpec(
     name='core_periphery_attention', macs=macs, can_run=core_periphery_triton_reasons,
     # VECA-S (C=64) at 224 and 512
     gpu_checks=[('core_periphery B8-H6-C64-N196-D64', gpu_check(8, 6, 64, 196, 64)),
                 ('core_periphery B2-H6-C64-N1024-D64', gpu_check(2, 6, 64, 1024, 64))],
     benchmarks={'core_periphery': benchmark}, benchmark_settings=dict(num_cores=NUM_CORES),
-    attention_kinds={'core_periphery': implied_weights}, aot=AOT)
+    attention_kinds={'core_periphery': implied_weights}, aot=AOT,
+    rooflines=[roofline(8, 6, 64, 196, 64), roofline(2, 6, 64, 1024, 64)])
