@@ -81,7 +81,7 @@ def test_laplacian_backward_models_one_pass() -> None:
 def test_core_periphery_backward_models_no_rope_glue() -> None:
     """The inverse rope moved into the dq / dk kernels' epilogues (dq, dk written in the input
     dtype): the backward moves several times fewer bytes than the fp32 gradients plus the
-    PyTorch ``rope_backward`` passes did, in fewer launches."""
+    PyTorch inverse-rope passes did, in fewer launches."""
     for r in next(s for s in all_specs() if s.name == 'core_periphery_attention').rooflines:
         for dtype in ('bf16', 'fp32'):
             now, before = r.costs(dtype)['bwd'], r.previous(dtype)['bwd']

@@ -24,7 +24,6 @@ from .._launch import (KernelConfig, Launch, device_guard as _device_guard,  # n
 from .._common import bh_strides as _strides, check_token_offsets as _check_int32_offsets
 from .._common_kernels import delta_config, softmax_bwd_delta
 from . import kernels
-from .naive import rotate_pairs
 
 #: default ``tl.dot`` input precision for fp32: exact fp32 ('ieee'), not TF32.
 DEFAULT_INPUT_PRECISION = 'ieee'
@@ -385,34 +384,6 @@ def core_periphery_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
         dcos, dsin = (dtab[:, i].view(2, B, nh, L, D).sum(dims).view(-1, L, D).to(tables.dtype)
                       for i in range(2))
     return dq, dk, dv, dcos, dsin
-
-
-def rope_backward(g_q: torch.Tensor, g_k: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
-                  cos: torch.Tensor, sin: torch.Tensor, needs_q: bool, needs_k: bool,
-                  needs_rope: bool
-                  ) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor],
-                             Optional[torch.Tensor], Optional[torch.Tensor]]:
-    """Map the gradients of the rotated q, k (``g_q``, ``g_k``: fp32 ``[B, heads, L, D]``) back
-    to q, k (their dtype) and to the rope tables (``[B or 1, L, D]``, cos's dtype).
-
-    The PyTorch statement of what the backward kernels' epilogues now do (``kernels.py``,
-    ``_store_rows_grad``); no longer on the kernels' path, kept as a readable reference.
-
-    x_rot = x * cos + R x * sin with R = rotate_pairs, and R^T = -R, so
-    dx = g * cos - R(g * sin), dcos = sum_heads(g * x), dsin = sum_heads(g * R x).
-    """
-    cos_f, sin_f = cos.float().unsqueeze(1), sin.float().unsqueeze(1)  # [B or 1, 1, L, D]
-    dq = (g_q * cos_f - rotate_pairs(g_q * sin_f)).to(q.dtype) if needs_q else None
-    dk = (g_k * cos_f - rotate_pairs(g_k * sin_f)).to(k.dtype) if needs_k else None
-    dcos = dsin = None
-    if needs_rope:
-        q_f, k_f = q.float(), k.float()
-        dcos = (g_q * q_f + g_k * k_f).sum(1)  # [B, L, D]
-        dsin = (g_q * rotate_pairs(q_f) + g_k * rotate_pairs(k_f)).sum(1)
-        if cos.shape[0] == 1 and dcos.shape[0] > 1:  # a table broadcast over the batch
-            dcos, dsin = dcos.sum(0, keepdim=True), dsin.sum(0, keepdim=True)
-        dcos, dsin = dcos.to(cos.dtype), dsin.to(sin.dtype)
-    return dq, dk, dcos, dsin
 
 
 class CorePeripheryAttentionFunction(torch.autograd.Function):

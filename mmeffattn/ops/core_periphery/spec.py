@@ -146,7 +146,7 @@ def roofline_costs(B: int, h: int, C: int, N: int, D: int, rope_grad: bool = Fal
     3 per rotated element (two FMAs and a conversion) each time a q / k tile is loaded.
 
     ``previous``: the design before issue 14: dq and dk of the rotated q, k written in fp32 and
-    mapped back by ``rope_backward`` in PyTorch (per gradient ``g cos``, ``g sin``, the pair
+    mapped back to q, k and the tables by PyTorch elementwise passes (per gradient ``g cos``, ``g sin``, the pair
     rotation, the difference, the cast: about 44 + itemsize bytes per element; with table
     gradients about 70 more per element and 10 more launches)."""
     from .function import MIN_BLOCKS_PER_SPLIT, core_periphery_tiles, padded_head_dim
@@ -186,7 +186,7 @@ def roofline_costs(B: int, h: int, C: int, N: int, D: int, rope_grad: bool = Fal
         if splits > 1:  # dq, dk, dv partials written, read, summed into the outputs
             bwd_bytes += 3 * (2 * splits * part + row * C)
             bwd_launches += 3
-        if previous:  # fp32 dq, dk, then rope_backward's passes
+        if previous:  # fp32 dq, dk, then the PyTorch inverse-rope passes
             g = bh * L * D
             bwd_bytes += 2 * g * (4 - e) + 2 * g * (44 + e) + 2 * tab
             bwd_launches += 12
