@@ -22,7 +22,8 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 import mmeffattn  # noqa: E402,F401
 from mmeffattn.engine import check_dataset_paths  # noqa: E402
 from mmeffattn.engine import load_checkpoint_file  # noqa: E402
-from mmeffattn.engine.runner_setup import (DictAction, load_config, prepare_runtime,  # noqa: E402
+from mmeffattn.engine.runner_setup import (DictAction, check_compile_option,  # noqa: E402
+                                           load_config, prepare_compile, prepare_runtime,
                                            run_cli, set_work_dir, setup_launcher)
 
 
@@ -141,8 +142,10 @@ def keep_test_config_dump(runner, config_path: str) -> None:
 def maybe_compile_test(runner, cfg) -> None:
     """``compile=True`` (or a dict of ``torch.compile`` options, ``--cfg-options compile=True``)
     compiles the model's ``test_step``, as mmengine's Runner compiles ``train_step`` for
-    training (its ``test()`` ignores the option)."""
+    training (its ``test()`` ignores the option); the data preprocessor stays eager
+    (:func:`~mmeffattn.engine.runner_setup.prepare_compile`)."""
     if cfg.get('compile'):
+        prepare_compile(runner)
         runner._maybe_compile('test_step')
 
 
@@ -150,6 +153,7 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     prepare_runtime()
     cfg = load_config(args.config, args.cfg_options)
+    check_compile_option(cfg)
     set_work_dir(cfg, args.config, args.work_dir)
     if args.tta:  # before anything is loaded, so that a config without TTA fails at once
         apply_tta(cfg, args.config)

@@ -14,8 +14,10 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))  # run from 
 import mmeffattn  # noqa: E402,F401  (registers models; makes mmengine checkpoints loadable)
 from mmeffattn.engine import check_dataset_paths  # noqa: E402
 from mmeffattn.engine.runner_setup import (DictAction, add_exact_resume_hook,  # noqa: E402
-                                           configure_resume, enable_amp, load_config,
-                                           prepare_runtime, run_cli, set_work_dir, setup_launcher)
+                                           check_compile_option, configure_resume, enable_amp,
+                                           load_config, prepare_compile,
+                                           prepare_runtime, run_cli, set_work_dir,
+                                           setup_launcher)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -41,6 +43,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def build_cfg(args: argparse.Namespace):
     cfg = load_config(args.config, args.cfg_options)
+    check_compile_option(cfg)
     set_work_dir(cfg, args.config, args.work_dir)
     if args.amp:
         enable_amp(cfg)
@@ -67,6 +70,7 @@ def main(argv=None) -> None:
     from mmengine.registry import RUNNERS
     from mmengine.runner import Runner
     runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
+    prepare_compile(runner)  # compile=True: what mmengine compiles, and what stays eager
     runner.train()
 
 

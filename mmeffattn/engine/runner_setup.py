@@ -112,6 +112,63 @@ def configure_resume(cfg: Config, resume: Optional[str]) -> None:
         cfg.randomness = randomness
 
 
+#: the keyword arguments of ``torch.compile`` that ``compile=dict(...)`` may set
+COMPILE_KEYS = ('fullgraph', 'dynamic', 'backend', 'mode', 'options', 'disable')
+
+
+def check_compile_option(cfg: Config) -> None:
+    """``compile`` must be a bool or a dict of ``torch.compile`` arguments: say so before
+    anything is built (mmengine would assert only when training starts)."""
+    option = cfg.get('compile')
+    if option is None or isinstance(option, bool):
+        return
+    if not isinstance(option, dict):
+        raise ValueError(f'compile={option!r}: use compile=True or a dict of torch.compile '
+                         f'arguments, e.g. --cfg-options compile.backend=inductor '
+                         f'compile.dynamic=False')
+    unknown = sorted(set(option) - set(COMPILE_KEYS))
+    if unknown:
+        raise ValueError(f'compile has unknown keys {unknown}: torch.compile takes '
+                         f'{", ".join(COMPILE_KEYS)}')
+
+
+def _keep_eager(obj: object, name: str) -> None:
+    """Run ``obj.<name>`` outside ``torch.compile`` (set on the instance: the class is shared)."""
+    setattr(obj, name, torch.compiler.disable(getattr(obj, name), recursive=True))
+
+
+def prepare_compile(runner) -> None:
+    """Make mmengine's ``compile`` option (``--cfg-options compile=True``) work for our models.
+
+    mmengine compiles the whole ``train_step`` (tools/test.py: ``test_step``). Two parts of it are
+    left eager here, when the Runner compiles (the optimizer exists by then), so that the model
+    (forward, losses and, through AOTAutograd, backward) is what gets compiled:
+
+    - the data preprocessor: cheap (normalise, pad, stack) but data-dependent. mmdet pads each
+      batch to its own size, and mmpretrain's CutMix slices boxes drawn at random, which inductor
+      cannot compile (``aten._local_scalar_dense``, then a failed guard on a symbolic size);
+    - the optimizer update (backward, clipping, step): dynamo fails inside ``AdamW.step`` on
+      mmengine's parameter groups (``'UserDefinedDictVariable' object has no attribute
+      'items'``), and tracing one step of every parameter's update took minutes on a CPU.
+    """
+    check_compile_option(runner.cfg)
+    if not runner.cfg.get('compile'):
+        return
+    compile_step = runner._maybe_compile
+
+    def maybe_compile(target: str) -> None:
+        model = runner.model.module if hasattr(runner.model, 'module') else runner.model
+        if getattr(model, 'data_preprocessor', None) is not None:
+            _keep_eager(model.data_preprocessor, 'forward')
+        if target == 'train_step':
+            wrappers = runner.optim_wrapper
+            for wrapper in (wrappers.values() if hasattr(wrappers, 'values') else [wrappers]):
+                _keep_eager(wrapper, 'update_params')
+        compile_step(target)
+
+    runner._maybe_compile = maybe_compile
+
+
 def run_cli(main: Callable[[], object]) -> None:
     """Run a tool's ``main``; a bad checkpoint or annotation file ends it with one line on
     stderr (the file and the fix) instead of a traceback."""

@@ -162,6 +162,10 @@ def select_backend(op_name: str, backend: Optional[str],
         raise RuntimeError(f'{op_name}: the Triton backend was requested but cannot run:\n' +
                            '\n'.join(f'  - {r}' for r in reasons) +
                            "\nUse backend='reference' (or None to choose automatically).")
+    if torch.compiler.is_compiling():
+        # dynamo cannot trace a logging call: it would break the graph at every op of a compiled
+        # model (mmengine's compile=True with the default backend); eager calls log it
+        return 'reference'
     key = (op_name, tuple(reasons))
     if any(t.is_cuda for t in tensors) and key not in _warned:
         _warned.add(key)

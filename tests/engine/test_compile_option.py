@@ -1,0 +1,24 @@
+"""The ``compile`` config option (``--cfg-options compile=...``) as tools/train.py and
+tools/test.py check it before anything is built; its runs are in tests/e2e/test_compile.py."""
+import pytest
+from mmengine.config import Config
+
+from mmeffattn.engine.runner_setup import check_compile_option
+
+
+@pytest.mark.parametrize('option', [None, True, False, dict(backend='aot_eager', dynamic=False)],
+                         ids=['unset', 'true', 'false', 'dict'])
+def test_valid_options_pass(option):
+    cfg = Config(dict(compile=option) if option is not None else {})
+    check_compile_option(cfg)
+    assert cfg.get('compile') == option  # left as given
+
+
+def test_unknown_key_is_named():
+    with pytest.raises(ValueError, match=r"compile has unknown keys \['backnd'\]"):
+        check_compile_option(Config(dict(compile=dict(backnd='inductor'))))
+
+
+def test_not_a_bool_or_dict():
+    with pytest.raises(ValueError, match="compile='yes': use compile=True or a dict"):
+        check_compile_option(Config(dict(compile='yes')))
