@@ -1,5 +1,5 @@
 """The ``compile`` config option (``--cfg-options compile=...``) as tools/train.py and
-tools/test.py check it before anything is built; its runs are in tests/e2e/test_compile.py."""
+tools/test.py check it before anything is built; its runs are in tests/e2e/test_compile_option_e2e.py."""
 import pytest
 from mmengine.config import Config
 

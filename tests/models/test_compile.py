@@ -1,6 +1,6 @@
 """torch.compile on every registered backbone family (mini archs, reference ops on the CPU):
 no graph break inside the backbone, compiled outputs equal to eager ones (``compile=True`` through
-tools/train.py and tools/test.py: tests/e2e/test_compile.py)."""
+tools/train.py and tools/test.py: tests/e2e/test_compile_option_e2e.py)."""
 import pytest
 import torch
 
