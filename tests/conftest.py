@@ -64,6 +64,14 @@ def one_thread():
 
 
 @pytest.fixture
+def reference_ops(monkeypatch):
+    """Run the ops' PyTorch references (what runs on a CPU); the Triton kernels have their own
+    tests in tests/ops. Opt in with ``pytest.mark.usefixtures('reference_ops')``; a test may
+    still set ``MMEFFATTN_OPS_BACKEND`` itself."""
+    monkeypatch.setenv('MMEFFATTN_OPS_BACKEND', 'reference')
+
+
+@pytest.fixture
 def shared_data():
     """``shared_data('coco_tiny')`` -> its path, or the test is skipped with a clear message."""
     return shared_data_dir

@@ -28,3 +28,14 @@ def write_config(path, base: str, body: str) -> str:
     with open(path, 'w') as f:
         f.write(text)
     return str(path)
+
+
+#: Config lines for a training-only run (no validation or test loop), appended to a config body.
+NO_EVAL = '''
+val_dataloader = None
+val_cfg = None
+val_evaluator = None
+test_dataloader = None
+test_cfg = None
+test_evaluator = None
+'''

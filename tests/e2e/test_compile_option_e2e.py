@@ -15,7 +15,7 @@ import os.path as osp
 
 import pytest
 
-from e2e_helpers import run_tool, write_config
+from e2e_helpers import NO_EVAL, run_tool, write_config
 
 pytestmark = pytest.mark.e2e
 
@@ -111,13 +111,7 @@ model = dict(backbone=dict(arch=dict(_delete_=True, embed_dims=32, depths=[1, 2,
              neck=dict(in_channels=[32, 64, 128, 256]))
 train_cfg = dict(max_epochs=1, val_interval=10)
 default_hooks = dict(logger=dict(interval=1))
-val_dataloader = None
-val_cfg = None
-val_evaluator = None
-test_dataloader = None
-test_cfg = None
-test_evaluator = None
-'''
+''' + NO_EVAL
 
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ import os.path as osp
 
 import pytest
 
-from e2e_helpers import ROOT, run_tool
+from e2e_helpers import NO_EVAL, ROOT, run_tool
 
 STOCK = 'mmseg::upernet/upernet_r50_4xb4-160k_ade20k-512x512.py'
 
@@ -45,15 +45,9 @@ paths = dict(img_path='images/validation', seg_map_path='annotations/validation'
 train_dataloader = dict(batch_size=2, num_workers=0, persistent_workers=False,
     dataset=dict(data_root=data_root, data_prefix=paths, pipeline=train_pipeline))
 train_cfg = dict(max_iters=2, val_interval=100)
-val_dataloader = None
-val_cfg = None
-val_evaluator = None
-test_dataloader = None
-test_cfg = None
-test_evaluator = None
 param_scheduler = [dict(type='PolyLR', eta_min=0.0, power=1.0, begin=0, end=2, by_epoch=False)]
 default_hooks = dict(logger=dict(interval=1), checkpoint=dict(interval=2))
-'''
+''' + NO_EVAL
 
 
 def _mmseg_train_py() -> str:

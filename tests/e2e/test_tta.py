@@ -112,10 +112,14 @@ def _random_checkpoint(cfg_path: str, registry, path) -> str:
     return str(path)
 
 
-def _test_with_tta(cfg: str, registry, tmp_path) -> Tuple[dict, Config, str]:
-    """Run ``tools/test.py --tta`` on a random checkpoint of ``cfg``.
+def _test_with_tta(tmp_path, scope: str, base: str, body: str) -> Tuple[dict, Config, str]:
+    """Run ``tools/test.py --tta`` on a random checkpoint of the config ``base`` + ``body``, whose
+    models live in ``scope`` ('mmdet' or 'mmseg').
 
     Returns the metrics it wrote, the config its Runner really ran (dumped) and the log."""
+    importlib.import_module(f'{scope}.utils').register_all_modules(init_default_scope=False)
+    cfg = write_config(tmp_path / 'cfg.py', base, body)
+    registry = importlib.import_module(f'{scope}.registry').MODELS
     ckpt = _random_checkpoint(cfg, registry, tmp_path / 'random.pth')
     out_json, work = str(tmp_path / 'metrics.json'), str(tmp_path / 'work')
     proc = run_tool(['tools/test.py', cfg, ckpt, '--tta', '--work-dir', work, '--out-json',
@@ -155,12 +159,9 @@ test_dataloader = dict(batch_size=1, num_workers=0, persistent_workers=False,
 
 @pytest.mark.e2e
 def test_upernet_tta_on_ade20k_sample(tmp_path, shared_data):
-    from mmseg.registry import MODELS
-    from mmseg.utils import register_all_modules
-    register_all_modules(init_default_scope=False)
     root = shared_data('ade20k_sample') + '/'
-    cfg = write_config(tmp_path / 'cfg.py', ADE_UPERNET, SMALL_ADE_TTA.format(root=root))
-    metrics, dumped, log = _test_with_tta(cfg, MODELS, tmp_path)
+    metrics, dumped, log = _test_with_tta(tmp_path, 'mmseg', ADE_UPERNET,
+                                          SMALL_ADE_TTA.format(root=root))
     assert 0.0 <= metrics['mIoU'] <= 100.0
     assert dumped.model.type == 'SegTTAModel' and dumped.model.module.type == 'EncoderDecoder'
     resizes = _tta_step(dumped.test_dataloader.dataset.pipeline)['transforms'][0]
@@ -193,12 +194,9 @@ test_evaluator = dict(ann_file=data_root + 'annotations/instances_val2017.json')
 
 @pytest.mark.e2e
 def test_retinanet_tta_on_coco_tiny(tmp_path, shared_data):
-    from mmdet.registry import MODELS
-    from mmdet.utils import register_all_modules
-    register_all_modules(init_default_scope=False)
     root = shared_data('coco_tiny') + '/'
-    cfg = write_config(tmp_path / 'cfg.py', RETINANET, SMALL_COCO_TTA.format(root=root))
-    metrics, dumped, _ = _test_with_tta(cfg, MODELS, tmp_path)
+    metrics, dumped, _ = _test_with_tta(tmp_path, 'mmdet', RETINANET,
+                                        SMALL_COCO_TTA.format(root=root))
     assert 0.0 <= metrics['coco/bbox_mAP'] <= 1.0
     assert dumped.model.type == 'DetTTAModel' and dumped.model.module.type == 'RetinaNet'
     scales = _tta_step(dumped.test_dataloader.dataset.pipeline)['transforms'][0]

@@ -12,7 +12,7 @@ import mmeffattn.ops as ops
 from mmeffattn.models.backbones import SEMA
 from mmeffattn.models.backbones import attention_zoo as zoo
 
-pytestmark = pytest.mark.usefixtures('one_thread')
+pytestmark = pytest.mark.usefixtures('one_thread', 'reference_ops')
 
 ZOO = ['sema', 'linear', 'window', 'softmax', 'laplacian', 'core_periphery', 'dynamic']
 MINI = dict(embed_dims=32, depths=[1, 1, 1, 1], num_heads=[1, 2, 4, 8])
@@ -22,12 +22,6 @@ OPS = {'sema': ['sema_attention'], 'window': ['sema_attention'], 'linear': [], '
        'laplacian': ['laplacian_kernel', 'newton_schulz_pinv'],
        'core_periphery': ['core_periphery_attention'],
        'dynamic': ['dynamic_dwconv', 'dynamic_weight']}
-
-
-@pytest.fixture(autouse=True)
-def reference_ops(monkeypatch):
-    """The ops' PyTorch references (their Triton kernels are tested in tests/ops)."""
-    monkeypatch.setenv('MMEFFATTN_OPS_BACKEND', 'reference')
 
 
 def expected_hw(h: int, w: int, i: int):

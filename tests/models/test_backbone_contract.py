@@ -15,16 +15,10 @@ from backbone_checks import (assert_pretrained_none_keeps_init, assert_with_cp_e
 from mmeffattn.models.backbones.base import backbone_families
 from mmeffattn.registry import MODELS
 
-pytestmark = pytest.mark.usefixtures('one_thread')
+pytestmark = pytest.mark.usefixtures('one_thread', 'reference_ops')
 
 FAMILIES = backbone_families()
 NAMES = sorted(FAMILIES)
-
-
-@pytest.fixture(autouse=True)
-def reference_ops(monkeypatch):
-    """The ops' PyTorch references (the Triton kernels have their own tests in tests/ops)."""
-    monkeypatch.setenv('MMEFFATTN_OPS_BACKEND', 'reference')
 
 
 def build(name: str, **kwargs) -> torch.nn.Module:

@@ -7,16 +7,15 @@ import torch
 from mmeffattn.models.backbones.base import backbone_families
 from mmeffattn.ops import _backend
 
-pytestmark = pytest.mark.usefixtures('one_thread')
+pytestmark = pytest.mark.usefixtures('one_thread', 'reference_ops')
 
 FAMILIES = backbone_families()
 NAMES = sorted(FAMILIES)
 
 
 @pytest.fixture(autouse=True)
-def reference_ops(monkeypatch):
-    """The ops' PyTorch references (what runs on the CPU)."""
-    monkeypatch.setenv('MMEFFATTN_OPS_BACKEND', 'reference')
+def fresh_dynamo():
+    """Each test compiles from scratch (no graph cached by an earlier test)."""
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()

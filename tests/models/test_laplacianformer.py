@@ -14,7 +14,7 @@ from mmeffattn.models.backbones.laplacianformer import (DiagonalWhitening, Lapla
 from mmeffattn.models.layers.kernel_whitening import KernelWhitening
 from mmeffattn.registry import MODELS
 
-pytestmark = pytest.mark.usefixtures('one_thread')
+pytestmark = pytest.mark.usefixtures('one_thread', 'reference_ops')
 
 TINY_CHANNELS = [64, 128, 320, 512]
 # Published ImageNet classifiers (paper, Table 1): parameters and GMACs at 224x224.
@@ -25,13 +25,6 @@ MINI = dict(embed_dims=[16, 32, 48, 64], depths=[1, 1, 1, 1], num_heads=[1, 2, 2
             mlp_ratios=[2, 2, 2, 2], sr_ratios=[8, 4, 2, 1])
 # the model before whitening='kernel' became the default (query whitening, features scaled)
 OLD = dict(whitening='query', feature_scale='sqrt_head_dim')
-
-
-@pytest.fixture(autouse=True)
-def reference_ops(monkeypatch):
-    """Run the ops' PyTorch references: their Triton kernels (interpreted on CPU under pytest)
-    are tested in tests/ops; test_triton_backend_matches_reference covers the model with them."""
-    monkeypatch.setenv('MMEFFATTN_OPS_BACKEND', 'reference')
 
 
 @pytest.fixture(scope='module')

@@ -20,13 +20,7 @@ from mmeffattn.models.backbones.veca import VECA
 from mmeffattn.models.backbones.weightformer import WeightFormer, is_dynamic_block
 from mmeffattn.models.utils.official import official_layout_of
 
-pytestmark = pytest.mark.usefixtures('one_thread')
-
-
-@pytest.fixture(autouse=True)
-def reference_ops(monkeypatch):
-    # the ops' PyTorch references: the test is about keys, not kernels (fast on CPU)
-    monkeypatch.setenv('MMEFFATTN_OPS_BACKEND', 'reference')
+pytestmark = pytest.mark.usefixtures('one_thread', 'reference_ops')
 
 
 # ------------------------------------------------------------------ official layouts, inverted

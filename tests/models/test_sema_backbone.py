@@ -10,7 +10,7 @@ from mmeffattn.models.backbones.sema import (MILA, SEMA, apply_rope_2d,
                                              checkpoint_filter_mlla)
 from mmeffattn.registry import MODELS
 
-pytestmark = pytest.mark.usefixtures('one_thread')
+pytestmark = pytest.mark.usefixtures('one_thread', 'reference_ops')
 
 ATTN_TYPES = ['sema', 'linear']
 TINY_CHANNELS = [64, 128, 256, 512]
@@ -20,13 +20,6 @@ OFFICIAL_MLLA_PARAMS = {'tiny': 24_392_200, 'small': 43_015_048, 'base': 95_983_
 # A reduced arch for the mechanism tests (checkpoint loading, with_cp, norm_eval): the same code
 # paths as 'tiny' with head dim 32, at a fraction of the build and run time.
 MINI = dict(embed_dims=32, depths=[1, 2, 1, 1], num_heads=[1, 2, 4, 8])
-
-
-@pytest.fixture(autouse=True)
-def reference_attention(monkeypatch):
-    """Run the SEMA op's PyTorch reference: the Triton kernels (interpreted on CPU under pytest)
-    are tested in tests/ops; test_triton_backend_matches_reference covers the model with them."""
-    monkeypatch.setenv('MMEFFATTN_OPS_BACKEND', 'reference')
 
 
 @pytest.fixture(scope='module', params=ATTN_TYPES)
@@ -264,8 +257,6 @@ def test_build_from_registries():
     assert isinstance(mila, MILA) and mila.attn_type == 'linear'
     det = DET_MODELS.build(dict(type='mmeffattn.SEMA', arch='tiny', out_indices=(1, 2, 3)))
     assert isinstance(det, SEMA) and det.out_indices == (1, 2, 3)
-
-
 
 
 # ------------------------------------------------------------------------------- SEMA switches

@@ -26,17 +26,10 @@ sys.path.insert(0, osp.join(ROOT, 'tests', 'e2e'))
 from test_veca_converter import OFFICIAL_FAMILIES, official_shapes  # noqa: E402
 
 # A reduced arch for mechanism tests: head dim 32, three blocks (two coordinate updates).
-pytestmark = pytest.mark.usefixtures('one_thread')
+pytestmark = pytest.mark.usefixtures('one_thread', 'reference_ops')
 
 MINI = dict(embed_dims=64, depth=3, num_heads=2)
 OUT_TYPES = ['raw', 'global', 'featmap', 'pyramid']
-
-
-@pytest.fixture(autouse=True)
-def reference_op(monkeypatch):
-    """The op's PyTorch reference (Triton, interpreted on the CPU, is tested in tests/ops;
-    test_triton_backend_matches_reference covers the model with it)."""
-    monkeypatch.setenv('MMEFFATTN_OPS_BACKEND', 'reference')
 
 
 @pytest.fixture(scope='module')

@@ -30,21 +30,12 @@ ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 sys.path.insert(0, osp.join(ROOT, 'tools', 'model_converters'))
 import weightformer_official as converter_cli  # noqa: E402
 
-pytestmark = pytest.mark.usefixtures('one_thread')
+pytestmark = pytest.mark.usefixtures('one_thread', 'reference_ops')
 
 ARCHS = {'tiny': (192, 17), 'small': (384, 17), 'base': (384, 17)}  # cfg/wfm_{t,s,b}.yaml
 # A reduced arch for mechanism tests: dynamic blocks 1 and 4, as the real rule gives.
 MINI = dict(embed_dims=32, depth=5)
 OUT_TYPES = ['featmap', 'avgpool', 'pyramid']
-
-
-@pytest.fixture(autouse=True)
-def reference_ops(monkeypatch):
-    """Run the dynamic ops' PyTorch reference (the model's original arithmetic): the Triton
-    kernels (interpreted on CPU under pytest, ~50 ms per program) are tested in
-    tests/ops/test_dynamic_{weight,dwconv}.py; test_triton_backend_matches_reference covers the
-    model with them."""
-    monkeypatch.setenv('MMEFFATTN_OPS_BACKEND', 'reference')
 
 
 @pytest.fixture(scope='module')

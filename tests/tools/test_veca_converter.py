@@ -25,17 +25,11 @@ ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 sys.path.insert(0, osp.join(ROOT, 'tools', 'model_converters'))
 import veca_official as converter_cli  # noqa: E402
 
-pytestmark = pytest.mark.usefixtures('one_thread')
+pytestmark = pytest.mark.usefixtures('one_thread', 'reference_ops')
 
 # veca/config.py FAMILY_PRESETS: (hidden_dim, num_layers, num_heads, mlp_ratio)
 OFFICIAL_FAMILIES = {'small': (384, 12, 6, 2.66667), 'splus': (384, 12, 6, 4.0),
                      'base': (768, 12, 12, 2.66667), 'large': (1024, 24, 16, 2.66667)}
-
-
-@pytest.fixture(autouse=True)
-def reference_op(monkeypatch):
-    """The op's PyTorch reference: its Triton kernels are tested in tests/ops."""
-    monkeypatch.setenv('MMEFFATTN_OPS_BACKEND', 'reference')
 
 
 # ------------------------------------------------------------------------------- oracles
