@@ -150,8 +150,8 @@ def prepare_compile(runner) -> None:
     - the optimizer update (backward, clipping, step): dynamo fails inside ``AdamW.step`` on
       mmengine's parameter groups (``'UserDefinedDictVariable' object has no attribute
       'items'``), and tracing one step of every parameter's update took minutes on a CPU.
+    The tools check the option itself (:func:`check_compile_option`) before building anything.
     """
-    check_compile_option(runner.cfg)
     if not runner.cfg.get('compile'):
         return
     compile_step = runner._maybe_compile
