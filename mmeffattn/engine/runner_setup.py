@@ -165,8 +165,33 @@ def prepare_compile(runner) -> None:
             for wrapper in (wrappers.values() if hasattr(wrappers, 'values') else [wrappers]):
                 _keep_eager(wrapper, 'update_params')
         compile_step(target)
+        if target == 'train_step':
+            _draw_before_each_step(runner.model, model)
 
     runner._maybe_compile = maybe_compile
+
+
+def _draw_before_each_step(wrapped, model: torch.nn.Module) -> None:
+    """Modules with per-step random choices that set shapes (VECA's nested core dropout) draw
+    them in ``draw_for_next_forward``; call it eagerly before each compiled ``train_step``, so
+    that the compiled forward only reads the number."""
+    drawers = [m for m in model.modules() if hasattr(m, 'draw_for_next_forward')]
+    if not drawers:
+        return
+    # each value drawn is a constant of its own graph (VECA: which core chunks take part, so
+    # that the others get no gradient, as in eager): room for one graph per value, beyond
+    # dynamo's default of 8 recompiles
+    variants = sum(len(getattr(m, 'budgets', ())) for m in drawers)
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
+                                               8 + variants)
+    compiled = wrapped.train_step
+
+    def train_step(*args, **kwargs):
+        for m in drawers:
+            m.draw_for_next_forward()
+        return compiled(*args, **kwargs)
+
+    wrapped.train_step = train_step
 
 
 def run_cli(main: Callable[[], object]) -> None:

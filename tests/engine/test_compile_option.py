@@ -3,7 +3,8 @@ tools/test.py check it before anything is built; its runs are in tests/e2e/test_
 import pytest
 from mmengine.config import Config
 
-from mmeffattn.engine.runner_setup import check_compile_option
+import torch
+from mmeffattn.engine.runner_setup import _draw_before_each_step, check_compile_option
 
 
 @pytest.mark.parametrize('option', [None, True, False, dict(backend='aot_eager', dynamic=False)],
@@ -22,3 +23,23 @@ def test_unknown_key_is_named():
 def test_not_a_bool_or_dict():
     with pytest.raises(ValueError, match="compile='yes': use compile=True or a dict"):
         check_compile_option(Config(dict(compile='yes')))
+
+
+def test_compiled_train_step_draws_before_each_step():
+    """Modules with ``draw_for_next_forward`` (VECA's nested dropout) draw eagerly before each
+    compiled ``train_step``, before the step runs."""
+    events = []
+
+    class Drawer(torch.nn.Module):
+        def draw_for_next_forward(self):
+            events.append('draw')
+
+    class Wrapped:
+        def train_step(self, data):
+            events.append(f'step {data}')
+            return data
+
+    model, wrapped = torch.nn.Sequential(torch.nn.Linear(2, 2), Drawer()), Wrapped()
+    _draw_before_each_step(wrapped, model)
+    assert wrapped.train_step(1) == 1 and wrapped.train_step(2) == 2
+    assert events == ['draw', 'step 1', 'draw', 'step 2']

@@ -63,6 +63,40 @@ def test_inductor_equals_eager_on_the_smallest_backbone():
         torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-4)
 
 
+def test_veca_nested_dropout_compiles_one_graph_per_budget():
+    """VECA's nested core dropout in training: the budget drawn before each step
+    (``draw_for_next_forward``, what the compiled tools call) is the one the compiled forward
+    uses, with no graph break: one graph per budget (the budget picks which core chunks take
+    part, so it stays a constant of the graph), none for a budget seen before."""
+    cls = FAMILIES['VECA']
+    torch.manual_seed(0)
+    model = cls(arch=cls.mini_arch, **{**cls.mini_kwargs, 'drop_path_rate': 0.,
+                                       'nested_dropout': True}).train()
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    x = torch.randn(1, 3, 32, 48)
+    compiled = torch.compile(model, backend=backend)
+    drawn = []
+    for step in range(6):
+        torch.manual_seed(step)
+        model.draw_for_next_forward()
+        drawn.append(model._drawn_num_cores)
+        torch.manual_seed(100)  # training jitters the patch positions (RoPE augmentation)
+        got = compiled(x)
+        assert model._drawn_num_cores is None  # used once
+        model._drawn_num_cores = drawn[-1]  # the same budget, eager
+        torch.manual_seed(100)
+        ref = model(x)
+        for g, r in zip(got, ref):
+            torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5)
+    assert len(set(drawn)) < len(drawn), drawn  # a budget repeats (seeded)
+    assert len(graphs) == len(set(drawn)), f'{len(graphs)} graphs for budgets {drawn}'
+
+
 def test_automatic_backend_choice_does_not_break_the_graph(monkeypatch):
     """Without ``$MMEFFATTN_OPS_BACKEND`` (what tools/train.py runs with), each op chooses its
     backend and logs a fallback to the reference; under ``torch.compile`` that log call broke

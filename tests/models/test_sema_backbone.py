@@ -197,6 +197,46 @@ def test_rope_table_made_in_inference_mode_serves_training():
     assert y.grad is not None and torch.isfinite(y.grad).all()
 
 
+@pytest.mark.parametrize('heads,bias', [(2, True), (4, False)], ids=['2heads-bias', '4heads'])
+def test_compiled_split_halves_layout_is_the_official_rotation_permuted(heads, bias):
+    """The compiled graph's q/k layout (each head's pair channels split into halves): the same
+    rotated values as the official adjacent-pair layout, permuted within each head."""
+    torch.manual_seed(0)
+    attn = sema_mod.LinearAttention(64, heads, qkv_bias=bias)
+    hw, hd = (5, 7), 64 // heads
+    x = torch.randn(2, 35, 64)
+    q, k = attn.qk(x).unflatten(-1, (2, 64)).unbind(-2)
+    q, k = attn.elu(q) + 1.0, attn.elu(k) + 1.0
+    official = (q, k, apply_rope_2d(q, hw), apply_rope_2d(k, hw))
+    # channel 2j of a head goes to place j, channel 2j+1 to hd/2 + j
+    perm = torch.arange(64).view(heads, hd // 2, 2).transpose(1, 2).reshape(64)
+    for got, ref in zip(attn._qk_rope_split_halves(x, hw), official):
+        torch.testing.assert_close(got, ref[..., perm], rtol=1e-5, atol=1e-5)
+
+
+def test_compiled_graph_takes_the_rope_table_and_computes_no_trigonometry():
+    """Under torch.compile the table comes from the ``mmeffattn::rope_table_2d`` operator (once
+    per block), not from ``cos``/``sin`` recomputed inside the graph, for static and symbolic
+    sizes."""
+    attn = sema_mod.LinearAttention(32, 2).eval()
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    for dynamic in (False, True):
+        torch._dynamo.reset()
+        compiled = torch.compile(attn, backend=backend, dynamic=dynamic, fullgraph=True)
+        x = torch.randn(1, 6 * 4, 32)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x, (6, 4)), attn(x, (6, 4)), rtol=1e-5, atol=1e-5)
+        targets = [str(n.target) for n in graphs[-1].graph.nodes if n.op == 'call_function']
+        assert sum('rope_table_2d' in t for t in targets) == 1, targets
+        assert not any(t.split('.')[-1] in ('cos', 'sin', 'polar') for t in targets), targets
+    torch._dynamo.reset()
+
+
 # ------------------------------------------------------------------------------- training modes
 
 

@@ -321,6 +321,11 @@ class PatchEmbed(nn.Module):
 # --------------------------------------------------------------------------------------------
 # the model
 # --------------------------------------------------------------------------------------------
+@torch.compiler.disable
+def _sample_outside_graph(model: 'VECA') -> int:
+    return model.sample_num_cores()
+
+
 @MODELS.register_module()
 class VECA(BaseBackbone):
     """VECA backbone (see the module docstring).
@@ -442,6 +447,8 @@ class VECA(BaseBackbone):
         self.budget_weights = self._parse_budget_weights(budget_weights)
         self.num_cores = num_cores  # validated by the setter
         self.nested_dropout = nested_dropout
+        # a budget drawn outside a compiled forward (draw_for_next_forward), used once
+        self._drawn_num_cores: Optional[int] = None
         self._init_training_switches(self._default_out_indices(out_indices), depth, 'blocks',
                                      frozen_stages, norm_eval, with_cp)
         if out_type == 'raw' and self.out_indices != (depth - 1, ):
@@ -544,9 +551,29 @@ class VECA(BaseBackbone):
             dist.broadcast(idx, src=0)
         return self.budgets[int(idx)]
 
+    def draw_for_next_forward(self) -> None:
+        """Draw the next training forward's budget now, eagerly.
+
+        A compiled forward cannot draw it: the draw is a random Python int that sets tensor
+        shapes, which breaks the graph. The compiled tools (``compile=True``,
+        :func:`mmeffattn.engine.prepare_compile`) call this before every training step; the
+        compiled forward reads the number and uses it once. Each budget gets a graph of its own
+        (compiled the first time it is drawn): the budget picks which core chunks take part, and
+        the others must get no gradient, as in eager training.
+        """
+        if self.training and self.nested_dropout:
+            self._drawn_num_cores = self.sample_num_cores()
+
     def active_num_cores(self) -> int:
         """The number of cores the next forward uses."""
         if self.training and self.nested_dropout:
+            if self._drawn_num_cores is not None:
+                drawn, self._drawn_num_cores = self._drawn_num_cores, None
+                return drawn
+            if torch.compiler.is_compiling():
+                # compiled without a draw made beforehand: still a correct draw, at the cost of
+                # a graph break here
+                return _sample_outside_graph(self)
             return self.sample_num_cores()
         return self.num_cores
 
