@@ -237,6 +237,20 @@ def test_compiled_graph_takes_the_rope_table_and_computes_no_trigonometry():
     torch._dynamo.reset()
 
 
+def test_compiled_odd_head_dim_keeps_the_official_layout():
+    """With an odd head dim the official pairs straddle two heads, so the split-halves layout
+    (a permutation within each head) does not apply: the compiled graph keeps the official one
+    and still equals eager."""
+    torch.manual_seed(0)
+    attn = sema_mod.LinearAttention(12, 4).eval()  # head dim 3
+    x = torch.randn(2, 3 * 5, 12)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        got = torch.compile(attn, backend='aot_eager', fullgraph=True)(x, (3, 5))
+        torch.testing.assert_close(got, attn(x, (3, 5)), rtol=1e-5, atol=1e-5)
+    torch._dynamo.reset()
+
+
 # ------------------------------------------------------------------------------- training modes
 
 

@@ -192,7 +192,8 @@ class LinearAttention(nn.Module):
     def forward(self, x: torch.Tensor, hw: HWShape) -> torch.Tensor:
         B, N, C = x.shape
         nh, hd = self.num_heads, C // self.num_heads
-        if torch.compiler.is_compiling() and not torch.compiler.is_exporting():
+        if (torch.compiler.is_compiling() and not torch.compiler.is_exporting()
+                and (C // nh) % 2 == 0):  # with an odd head dim, pairs straddle heads
             q, k, q_rope, k_rope = self._qk_rope_split_halves(x, hw)
         else:
             q, k = self.qk(x).unflatten(-1, (2, C)).unbind(-2)  # [B, N, C] each
