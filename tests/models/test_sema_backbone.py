@@ -237,6 +237,18 @@ def test_compiled_graph_takes_the_rope_table_and_computes_no_trigonometry():
     torch._dynamo.reset()
 
 
+def test_rope_table_operator_passes_opcheck_and_returns_a_copy():
+    """``mmeffattn::rope_table_2d`` (the table under torch.compile): schema, fake tensor and
+    dispatch checks; the cached table, as a copy the compiled code may overwrite."""
+    args = (5, 7, 16, 10000.0, torch.device('cpu'))
+    torch.library.opcheck(torch.ops.mmeffattn.rope_table_2d.default, args)
+    table = torch.ops.mmeffattn.rope_table_2d(*args)
+    cached = sema_mod.rope_rotation(5, 7, 16, 10000.0, torch.device('cpu'))
+    torch.testing.assert_close(table, cached, rtol=0, atol=0)
+    table.zero_()
+    assert cached.abs().sum() > 0
+
+
 def test_compiled_odd_head_dim_keeps_the_official_layout():
     """With an odd head dim the official pairs straddle two heads, so the split-halves layout
     (a permutation within each head) does not apply: the compiled graph keeps the official one
