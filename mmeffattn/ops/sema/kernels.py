@@ -195,6 +195,9 @@ def sema_bwd_window_kernel(
     b_p = tl.exp2(b_s - tl.max(b_s, 1)[:, None])  # [BLOCK, BLOCK]
     b_p = b_p / tl.sum(b_p, 1)[:, None]
 
+    # dP first: v and then dO die before dS (at BD = 64, 64-token windows the kernel is at the
+    # register limit on sm_80)
+    b_dp = tl.dot(b_do, tl.trans(b_v), input_precision=INPUT_PRECISION)  # [BLOCK, BLOCK]
     b_dv = tl.dot(tl.trans(b_p.to(b_do.dtype)), b_do,
                   input_precision=INPUT_PRECISION)  # [BLOCK, BD]
     if WITH_MEAN:
@@ -202,7 +205,6 @@ def sema_bwd_window_kernel(
     store_rows(dv + bh_offset(i_bh, n_heads, stride_dvb, stride_dvh), o_n, stride_dvn, o_d,
                b_dv, m_nd)
 
-    b_dp = tl.dot(b_do, tl.trans(b_v), input_precision=INPUT_PRECISION)  # [BLOCK, BLOCK]
     b_delta = tl.sum(b_p * b_dp, 1)  # [BLOCK]
     b_ds = (b_p * (b_dp - b_delta[:, None])).to(b_q.dtype)  # [BLOCK, BLOCK]
     b_dk = tl.dot(tl.trans(b_ds), b_q, input_precision=INPUT_PRECISION) * scale  # [BLOCK, BD]
