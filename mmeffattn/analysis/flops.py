@@ -36,8 +36,11 @@ __all__ = ['OP_COUNTERS', 'register_op_counter', 'op_macs', 'sdpa_macs', 'sdpa_f
 
 OpCounter = Callable[..., int]
 #: public op name (an attribute of :mod:`mmeffattn.ops`) -> analytic MACs from the op's arguments:
-#: every op's ``spec.macs`` (``mmeffattn/ops/<op>/spec.py``), plus any registered here
-OP_COUNTERS: Dict[str, OpCounter] = {spec.name: spec.macs for spec in all_specs()}
+#: every op's ``spec.macs`` (``mmeffattn/ops/<op>/spec.py``) and those of its other entry points
+#: (``spec.entry_points``), plus any registered here
+OP_COUNTERS: Dict[str, OpCounter] = {name: macs for spec in all_specs()
+                                     for name, macs in ((spec.name, spec.macs),
+                                                        *spec.entry_points.items())}
 
 
 def register_op_counter(name: str) -> Callable[[OpCounter], OpCounter]:

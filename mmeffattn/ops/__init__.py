@@ -6,9 +6,11 @@ from .dynamic_dwconv import dynamic_dwconv, dynamic_dwconv_naive
 from .dynamic_weight import dynamic_weight, dynamic_weight_naive
 from .laplacian import laplacian_kernel, laplacian_kernel_naive
 from .newton_schulz import newton_schulz_pinv, newton_schulz_pinv_naive, newton_schulz_residual
-from .sema import sema_attention, sema_attention_naive
+from .sema import (sema_attention, sema_attention_naive, sema_attention_qk,
+                   sema_attention_qk_naive)
 
-__all__ = ['sema_attention', 'sema_attention_naive', 'dynamic_weight', 'dynamic_weight_naive',
+__all__ = ['sema_attention', 'sema_attention_naive', 'sema_attention_qk',
+           'sema_attention_qk_naive', 'dynamic_weight', 'dynamic_weight_naive',
            'dynamic_dwconv', 'dynamic_dwconv_naive',
            'core_periphery_attention', 'core_periphery_attention_naive',
            'laplacian_kernel', 'laplacian_kernel_naive', 'newton_schulz_pinv',

@@ -132,6 +132,9 @@ class OpSpec:
             attention weights (``analysis/dispersion.py``).
         aot: what the AOT worker compiles (None: no kernels to compile).
         rooflines: analytic bytes/FLOPs per call at GPU-check shapes (:class:`Roofline`).
+        entry_points: the op's other public functions (each an attribute of
+            :mod:`mmeffattn.ops`, taking its inputs packed differently, e.g.
+            ``sema_attention_qk``) -> their analytic MACs from their own arguments.
     """
     name: str
     macs: Callable[..., int]
@@ -144,6 +147,7 @@ class OpSpec:
     attention_kinds: Dict[str, AttentionKind] = field(default_factory=dict)
     aot: Optional[AotSpec] = None
     rooflines: Sequence[Roofline] = ()
+    entry_points: Dict[str, Callable[..., int]] = field(default_factory=dict)
 
 
 _SPECS: Optional[List[OpSpec]] = None

@@ -18,7 +18,8 @@ ZOO = ['sema', 'linear', 'window', 'softmax', 'laplacian', 'core_periphery', 'dy
 MINI = dict(embed_dims=32, depths=[1, 1, 1, 1], num_heads=[1, 2, 4, 8])
 #: the public ops each mixer must run (the global softmax and MILA's linear attention are
 #: plain PyTorch: SDPA and matmuls)
-OPS = {'sema': ['sema_attention'], 'window': ['sema_attention'], 'linear': [], 'softmax': [],
+OPS = {'sema': ['sema_attention_qk'], 'window': ['sema_attention_qk'], 'linear': [],
+       'softmax': [],
        'laplacian': ['laplacian_kernel', 'newton_schulz_pinv'],
        'core_periphery': ['core_periphery_attention'],
        'dynamic': ['dynamic_dwconv', 'dynamic_weight']}
@@ -88,13 +89,13 @@ def test_zoo_variant_in_three_downstreams(attn_type, monkeypatch):
 def test_window_is_sema_without_the_mean(monkeypatch):
     seen = []
     sema_mod = sys.modules[SEMA.__module__]
-    real = sema_mod.sema_attention
+    real = sema_mod.sema_attention_qk
 
     def spy(*args, **kwargs):
         seen.append(kwargs.get('with_mean'))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(sema_mod, 'sema_attention', spy)
+    monkeypatch.setattr(sema_mod, 'sema_attention_qk', spy)
     torch.manual_seed(0)
     sema = SEMA(arch=MINI).eval()
     window = SEMA(arch=MINI, attn_type='window').eval()

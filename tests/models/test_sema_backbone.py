@@ -147,13 +147,14 @@ def test_out_indices(out_indices, expect):
 
 def test_sema_op_receives_window_and_grid(monkeypatch):
     calls = []
-    real = sema_mod.sema_attention
+    real = sema_mod.sema_attention_qk
 
-    def spy(q, k, v, hw, window_size, **kw):
-        calls.append((tuple(q.shape), tuple(hw), window_size))
-        return real(q, k, v, hw, window_size, **kw)
+    def spy(qk, v, hw, window_size, **kw):
+        calls.append((tuple(v.shape), tuple(hw), window_size))
+        assert qk.shape == (v.shape[0], v.shape[2], 2, v.shape[1], v.shape[3])
+        return real(qk, v, hw, window_size, **kw)
 
-    monkeypatch.setattr(sema_mod, 'sema_attention', spy)
+    monkeypatch.setattr(sema_mod, 'sema_attention_qk', spy)
     model = SEMA(arch=MINI, window_size=5).eval()
     with torch.no_grad():
         model(torch.randn(1, 3, 60, 44))

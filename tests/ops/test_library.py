@@ -35,6 +35,11 @@ def _cases():
             'sema', [_rand(1, 2, 15, 16), _rand(1, 2, 15, 16, seed=1), _rand(1, 2, 15, 16, seed=2)],
             lambda q, k, v: ops.sema_attention(q, k, v, (3, 5), 2, backend='triton'),
             lambda q, k, v: (q, k, v, [3, 5], 2, 0.25, True, 'ieee')),
+        'sema_attention_qk': (  # q and k packed [B, N, 2, heads, D], tokens-major output
+            'sema', [_rand(1, 15, 2, 2, 16), _rand(1, 2, 15, 16, seed=2)],
+            lambda qk, v: ops.sema_attention_qk(qk, v, (3, 5), 2, out_layout='bnhd',
+                                                backend='triton'),
+            lambda qk, v: (qk, v, [3, 5], 2, 0.25, True, 'ieee', 'bnhd')),
         'core_periphery_attention': (
             'core_periphery',
             [_rand(1, 2, 7, 16), _rand(1, 2, 7, 16, seed=1), _rand(1, 2, 7, 16, seed=2), cos, sin],

@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 
 import mmeffattn.ops as ops
-from mmeffattn.ops import _backend, sema_attention, sema_attention_naive
+from mmeffattn.ops import (_backend, sema_attention, sema_attention_naive, sema_attention_qk,
+                          sema_attention_qk_naive)
 from mmeffattn.ops.sema import op as sema_op
 from dispatch_spy import spy_on
 from op_checks import (DEVICE, DTYPES, HAS_CUDA, TRITON_RUNNABLE, check_import_without_triton,
@@ -192,6 +193,108 @@ def test_triton_tokens_major_output(case: Case) -> None:
     assert_close(v_tok.grad, v64.grad, dtype, 'dv')
 
 
+def make_packed(case: Case, device: str = DEVICE, seed: int = 0):
+    """qk ``[B, N, 2, heads, D]`` (a fused projection's output) and v ``[B, heads, N, D]`` (a
+    transposed view of ``[B, N, heads, D]``, as the backbone passes it), leaves in the case's
+    dtype; v has a non-zero mean."""
+    B, nh, N, D = case.B, case.heads, case.H * case.W, case.D
+    g = torch.Generator().manual_seed(seed)
+    dtype = DTYPES[case.dtype]
+    qk = torch.randn(B, N, 2, nh, D, generator=g).to(device, dtype).requires_grad_()
+    v_tok = (torch.randn(B, N, nh, D, generator=g) + torch.randn(B, 1, nh, D, generator=g))
+    return qk, v_tok.to(device, dtype).requires_grad_()
+
+
+@needs_triton
+@pytest.mark.parametrize('out_layout', ['bnhd', 'bhnd'])
+@pytest.mark.parametrize('case', [Case(2, 2, 9, 10, 7, 40, 'fp16'),  # one block, partial windows
+                                  Case(1, 2, 7, 9, 5, 24, 'fp32'),  # several blocks (fp32)
+                                  Case(1, 1, 5, 6, 4, 72, 'fp16', with_mean=False, scale=0.3),
+                                  Case(1, 2, 6, 5, 4, 40, 'fp32', with_mean=False)],
+                         ids=lambda c: c.id)
+def test_triton_qk_matches_reference(case: Case, out_layout: str) -> None:
+    """``sema_attention_qk`` on the Triton backend (q and k packed; dq and dk stored straight
+    into one gradient for qk) against the fp64 reference on the unbound q and k: the output and
+    the gradients of qk and v, one block per window and several, partial windows, head dims
+    that are not powers of two, with and without the mean, both output layouts."""
+    B, nh, N, D, hw = case.B, case.heads, case.H * case.W, case.D, (case.H, case.W)
+    dtype = DTYPES[case.dtype]
+    qk, v_tok = make_packed(case)
+    out = sema_attention_qk(qk, v_tok.transpose(1, 2), hw, case.window, scale=case.scale,
+                            with_mean=case.with_mean, out_layout=out_layout, backend='triton')
+    assert out.dtype == dtype and out.is_contiguous()
+    do = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE, dtype)
+    out.backward(do)
+    # the gradient the op returned for qk is the leaf's: packed, contiguous like qk
+    assert qk.grad.is_contiguous() and v_tok.grad.is_contiguous()
+
+    qk64, v64 = (x.detach().double().requires_grad_() for x in (qk, v_tok))
+    q64, k64 = (t.transpose(1, 2) for t in qk64.unbind(2))
+    ref = sema_attention_naive(q64, k64, v64.transpose(1, 2), hw, case.window, scale=case.scale,
+                               with_mean=case.with_mean, out_layout=out_layout)
+    ref.backward(do.double())
+    assert_close(out, ref, dtype, 'out')
+    assert_close(qk.grad, qk64.grad, dtype, 'dqk')
+    assert_close(v_tok.grad, v64.grad, dtype, 'dv')
+
+
+@needs_triton
+def test_triton_qk_strided_and_partial_grad() -> None:
+    """A packed qk that is a strided view (a slice of a wider projection: its gradient is
+    allocated contiguous, qk's layout is not dense) and gradients only for v, or only for qk."""
+    case = Case(1, 2, 5, 6, 4, 24, 'fp32')
+    B, nh, N, D, hw = case.B, case.heads, case.H * case.W, case.D, (case.H, case.W)
+    g = torch.Generator().manual_seed(0)
+    wide = torch.randn(B, N, 3 * nh * D, generator=g).to(DEVICE).requires_grad_()
+    v = torch.randn(B, nh, N, D, generator=g).to(DEVICE).requires_grad_()
+    qk = wide[..., :2 * nh * D].reshape(B, N, 2, nh, D)  # a view, token stride 3 * nh * D
+    assert not qk.is_contiguous()
+    out = sema_attention_qk(qk, v, hw, case.window, backend='triton')
+    do = torch.randn(out.shape, generator=g).to(DEVICE)
+    dwide, dv = torch.autograd.grad(out, (wide, v), do)
+
+    wide64, v64 = (x.detach().double().requires_grad_() for x in (wide, v))
+    ref = sema_attention_qk_naive(wide64[..., :2 * nh * D].reshape(B, N, 2, nh, D), v64, hw,
+                                  case.window)
+    ref_dwide, ref_dv = torch.autograd.grad(ref, (wide64, v64), do.double())
+    assert_close(out, ref, torch.float32, 'out')
+    assert_close(dwide, ref_dwide, torch.float32, 'dwide')
+    assert_close(dv, ref_dv, torch.float32, 'dv')
+    assert not dwide[..., 2 * nh * D:].any()  # the v third of the wide projection: no gradient
+
+    out = sema_attention_qk(qk.detach(), v, hw, case.window, backend='triton')
+    assert_close(torch.autograd.grad(out, v, do)[0], ref_dv, torch.float32, 'dv only')
+    out = sema_attention_qk(qk, v.detach(), hw, case.window, backend='triton')
+    assert_close(torch.autograd.grad(out, wide, do)[0], ref_dwide, torch.float32, 'dqk only')
+
+
+@pytest.mark.parametrize('out_layout', ['bnhd', 'bhnd'])
+@pytest.mark.parametrize('case', [Case(1, 2, 9, 10, 4, 32, 'fp32'),
+                                  Case(2, 1, 7, 7, 7, 16, 'fp16', with_mean=False)],
+                         ids=lambda c: c.id)
+def test_reference_qk_is_the_unbound_call(case: Case, out_layout: str) -> None:
+    """The reference of ``sema_attention_qk`` is ``sema_attention``'s on the unbound q and k:
+    the same values and gradients bit for bit, and the same data-moving aten calls forward and
+    backward (the eager CPU path pays nothing for the packed entry point)."""
+    hw = (case.H, case.W)
+    qk, v_tok = make_packed(case, 'cpu')
+
+    def run(packed: bool):
+        v = v_tok.transpose(1, 2)
+        if packed:
+            out = sema_attention_qk(qk, v, hw, case.window, with_mean=case.with_mean,
+                                    out_layout=out_layout, backend='reference')
+        else:
+            q, k = (t.transpose(1, 2) for t in qk.unbind(2))
+            out = sema_attention(q, k, v, hw, case.window, with_mean=case.with_mean,
+                                 out_layout=out_layout, backend='reference')
+        return (out, *torch.autograd.grad(out, (qk, v_tok), torch.ones_like(out)))
+
+    for a, b in zip(run(True), run(False)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert glue_calls(lambda: run(True)) == glue_calls(lambda: run(False))
+
+
 @pytest.mark.parametrize('case', [Case(2, 3, 13, 17, 7, 40, 'fp32'),
                                   Case(1, 2, 14, 14, 7, 16, 'fp32', with_mean=False),
                                   Case(1, 2, 9, 10, 4, 32, 'fp16')], ids=lambda c: c.id)
@@ -251,20 +354,20 @@ def glue_calls(fn) -> list:
                                                     ('fp16', 4, False)],
                          ids=['one-block', 'several-blocks', 'one-block-nomean'])
 def test_triton_glue_call_count(dtype: str, window: int, with_mean: bool) -> None:
-    """One forward + backward as the backbone makes it (q, k views of the fused qk projection,
-    v of the value projection, the output read tokens-major by the next projection) leaves
-    only the calls the design needs around the kernels:
+    """One forward + backward as the backbone makes it (``SEMAttention.forward``: q and k
+    packed, the ``[B, N, 2, heads, D]`` view of the fused qk projection, given to
+    ``sema_attention_qk``; v a view of the value projection; the output read tokens-major by
+    the next projection) leaves only the calls the design needs around the kernels:
 
     * forward, ``mean``: the value mean (with the mean), the one pass every window's output
       needs before any is stored (the kernels add it);
     * backward, ``sum``: ``sum_n dO`` (with the mean), the mean's gradient that reaches every
-      dv (the kernels divide it by N);
-    * backward, ``stack``: autograd's backward of the backbone's ``unbind`` of the qk
-      projection, which packs dq and dk into that projection's gradient (the reshape after it
-      is then a view, and dv comes back in v's layout, so its views need no copy).
+      dv (the kernels divide it by N).
 
-    No output transpose copy, no ``div_``, no zero-filled gradients for the op's extra outputs
-    (lse, mean), no reshape copies of the gradients (main had 9 calls, with the mean)."""
+    The kernels store dq and dk straight into the projection's packed gradient (no ``stack``),
+    dv in v's layout and the output tokens-major, so every view's backward is a view. The same
+    call with q and k unbound first and given to ``sema_attention`` (the backbone before) still
+    pays autograd's ``stack`` of dq and dk; main before issue 14 had 9 calls with the mean."""
     B, nh, D, (H, W) = 1, 2, 16, (5, 6)
     N, C = H * W, nh * D
     g = torch.Generator().manual_seed(0)
@@ -272,18 +375,30 @@ def test_triton_glue_call_count(dtype: str, window: int, with_mean: bool) -> Non
     v_tok = torch.randn(B, N, C, generator=g).to(DTYPES[dtype]).requires_grad_()
     do = torch.randn(B, N, C, generator=g).to(DTYPES[dtype])
 
-    def step() -> None:
-        q, k = (t.transpose(1, 2) for t in qk_tok.reshape(B, N, 2, nh, D).unbind(2))
+    def step(packed: bool) -> None:
+        qk = qk_tok.reshape(B, N, 2, nh, D)
         v = v_tok.reshape(B, N, nh, D).transpose(1, 2)
-        out = sema_attention(q, k, v, (H, W), window, with_mean=with_mean, out_layout='bnhd',
-                             backend='triton')
+        if packed:
+            out = sema_attention_qk(qk, v, (H, W), window, with_mean=with_mean,
+                                    out_layout='bnhd', backend='triton')
+        else:
+            q, k = (t.transpose(1, 2) for t in qk.unbind(2))
+            out = sema_attention(q, k, v, (H, W), window, with_mean=with_mean,
+                                 out_layout='bnhd', backend='triton')
         out.reshape(B, N, C).backward(do)
 
-    step()  # first call: compilation and caches outside the profile
-    qk_tok.grad = v_tok.grad = None  # (accumulating into existing grads would add an add_)
-    expected = (['aten::mean', 'aten::stack', 'aten::sum'] if with_mean else ['aten::stack'])
-    assert glue_calls(step) == expected
-    assert qk_tok.grad.shape == qk_tok.shape and v_tok.grad.shape == v_tok.shape
+    mean_calls = ['aten::mean', 'aten::sum'] if with_mean else []
+    grads = {}
+    for packed in (True, False):
+        step(packed)  # first call: compilation and caches outside the profile
+        qk_tok.grad = v_tok.grad = None  # (accumulating into existing grads would add an add_)
+        calls = glue_calls(lambda: step(packed))
+        assert calls == sorted(mean_calls + ([] if packed else ['aten::stack']))
+        grads[packed] = qk_tok.grad, v_tok.grad
+        assert qk_tok.grad.shape == qk_tok.shape and v_tok.grad.shape == v_tok.shape
+        qk_tok.grad = v_tok.grad = None
+    for a, b in zip(grads[True], grads[False]):  # the same kernels, stored elsewhere
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
 @needs_triton
@@ -425,6 +540,19 @@ def small_qkv(dtype=torch.float32, device='cpu'):
     return tuple(x.to(dtype) for x in make_qkv(Case(1, 2, 5, 6, 4, 16, 'fp32'), device))
 
 
+@pytest.mark.parametrize('backend', ['reference', 'triton', None])
+def test_qk_dispatch(monkeypatch, backend) -> None:
+    """``sema_attention_qk`` dispatches like ``sema_attention``: to its own Triton entry point
+    (the packed custom operator) or to its reference."""
+    if backend != 'reference' and not TRITON_RUNNABLE:
+        pytest.skip('needs Triton with a CUDA GPU or its CPU interpreter')
+    monkeypatch.delenv(_backend.ENV_VAR, raising=False)
+    calls = spy_on(monkeypatch, sema_op, 'sema_attention_qk_naive', 'sema_attention_qk_triton')
+    qk, v_tok = make_packed(Case(1, 2, 5, 6, 4, 16, 'fp32'))
+    sema_attention_qk(qk, v_tok.transpose(1, 2), (5, 6), 4, backend=backend)
+    assert calls == ['reference' if backend == 'reference' else 'triton']
+
+
 def test_env_var_forces_reference(monkeypatch, spies) -> None:
     monkeypatch.setenv(_backend.ENV_VAR, 'reference')
     sema_attention(*small_qkv(), (5, 6), 4)
@@ -531,7 +659,11 @@ def test_import_without_triton() -> None:
         'out = ops.sema_attention(q, q, q, (5, 6), 4)',
         'ref = ops.sema_attention_naive(q, q, q, (5, 6), 4)',
         'assert torch.equal(out, ref)',
-        *triton_request_fails('ops.sema_attention(q, q, q, (5, 6), 4, backend="triton")')])
+        'qk = torch.randn(1, 30, 2, 2, 16)',
+        'out = ops.sema_attention_qk(qk, q, (5, 6), 4)',
+        'assert torch.equal(out, ops.sema_attention_qk_naive(qk, q, (5, 6), 4))',
+        *triton_request_fails('ops.sema_attention(q, q, q, (5, 6), 4, backend="triton")'),
+        *triton_request_fails('ops.sema_attention_qk(qk, q, (5, 6), 4, backend="triton")')])
 
 
 # ------------------------------------------------------------------------------------------
@@ -569,7 +701,36 @@ def test_invalid_inputs(args, match) -> None:
         sema_attention(*args)
 
 
+def _bad_qk_inputs():
+    qk, v = torch.zeros(1, 30, 2, 2, 16), torch.zeros(1, 2, 30, 16)
+    return [
+        ('qk-rank', (qk[0], v, (5, 6), 4), r'qk must be \[B, N, 2, heads, D\] \(5 dims\)'),
+        ('qk-three', (torch.zeros(1, 30, 3, 2, 16), v, (5, 6), 4),
+         r'qk must be \[B, N, 2, heads, D\] \(queries then keys'),
+        ('v-rank', (qk, v[0], (5, 6), 4), r'v must be \[B, heads, N, D\] \(4 dims\)'),
+        ('v-tokens-major', (qk, v.transpose(1, 2), (5, 6), 4),
+         r'v must be \[B, heads, N, D\] = \(1, 2, 30, 16\) to match qk'),
+        ('tokens', (qk, v, (5, 5), 4), r'sema_attention_qk: q has N=30 tokens'),
+        ('dtype', (qk, v.half(), (5, 6), 4), r'sema_attention_qk: .*same dtype'),
+        ('head-dim', (torch.zeros(1, 30, 2, 2, 8), torch.zeros(1, 2, 30, 8), (5, 6), 4),
+         r'sema_attention_qk: head dim D=8'),
+        ('out-layout', (qk, v, (5, 6), 4, 'bnc'), r'sema_attention_qk: out_layout'),
+    ]
+
+
+@pytest.mark.parametrize('args,match', [(a, m) for _, a, m in _bad_qk_inputs()],
+                         ids=[name for name, _, _ in _bad_qk_inputs()])
+def test_invalid_qk_inputs(args, match) -> None:
+    *args, = args
+    kwargs = dict(out_layout=args.pop()) if len(args) == 5 else {}
+    with pytest.raises(ValueError, match=match):
+        sema_attention_qk(*args, **kwargs)
+
+
 def test_public_api() -> None:
     assert ops.sema_attention is sema_attention
     assert ops.sema_attention_naive is sema_attention_naive
-    assert set(ops.__all__) >= {'sema_attention', 'sema_attention_naive'}
+    assert ops.sema_attention_qk is sema_attention_qk
+    assert ops.sema_attention_qk_naive is sema_attention_qk_naive
+    assert set(ops.__all__) >= {'sema_attention', 'sema_attention_naive', 'sema_attention_qk',
+                                'sema_attention_qk_naive'}

@@ -42,11 +42,12 @@ def test_sema_t_adds_value_projection_and_window_attention():
     assert sema['params'] - mila['params'] == v_proj
     assert sema['params'] == pytest.approx(26e6, rel=0.03)  # "about 26M" (SEMA paper)
     assert sema['flops'] > mila['flops']
-    # the SEMA op is counted analytically, once per block: 56x56, 28x28, 14x14, 7x7 grids
-    # (windows of 7 tile them exactly), head dim 32
+    # the SEMA op (its packed entry point, as the backbone calls it) is counted analytically,
+    # once per block: 56x56, 28x28, 14x14, 7x7 grids (windows of 7 tile them exactly), head
+    # dim 32
     expected = sum(d * (hw * hw * 49 * 2 * c + hw * hw * c)
                    for d, hw, c in zip((2, 4, 8, 4), (56, 28, 14, 7), (64, 128, 256, 512)))
-    assert sema['ops'] == {'sema_attention': expected}
+    assert sema['ops'] == {'sema_attention_qk': expected}
 
 
 @pytest.mark.parametrize('name', ['Swin-T', 'ResNet-50', 'DeiT-S'])
@@ -60,12 +61,12 @@ def test_peers_match_published(name):
 
 def test_backbone_only_for_detectors(capsys):
     from mmeffattn.models.backbones import sema as sema_module
-    before = sema_module.sema_attention
+    before = sema_module.sema_attention_qk
     main([osp.join(ROOT, 'configs/mask_rcnn_sema_t_3x.py'), '--shape', '64', '96'])
     out = capsys.readouterr().out
-    assert 'backbone at 64x96' in out and 'sema_attention' in out
+    assert 'backbone at 64x96' in out and 'sema_attention_qk' in out
     # the op swapped in for counting is put back
-    assert sema_module.sema_attention is before is ops.sema_attention
+    assert sema_module.sema_attention_qk is before is ops.sema_attention_qk
 
 
 def _traced_matmul_macs(fn, *args) -> int:
@@ -96,6 +97,11 @@ def test_sema_count_equals_reference_sdpa_on_exact_windows():
     assert real == 2 * (49 ** 2 + 21 ** 2 + 14 ** 2 + 6 ** 2) * 2 * 16
     assert real < _traced_matmul_macs(
         lambda q, k, v: ops.sema_attention_naive(q, k, v, (9, 10), 7, with_mean=False), q, k, v)
+    # the packed entry point counts the same op
+    qk = torch.stack([q, k], 2).transpose(1, 3)  # [B, N, 2, heads, D]
+    assert op_macs('sema_attention_qk', qk, v, (9, 10), 7, with_mean=False) == real
+    assert op_macs('sema_attention_qk', qk, v, (9, 10), 7) == \
+        op_macs('sema_attention', q, k, v, (9, 10), 7)
 
 
 def test_counters_of_weightformer_ops():

@@ -89,6 +89,21 @@ def test_core_periphery_backward_models_no_rope_glue() -> None:
             assert r.costs(dtype)['fwd'] == r.previous(dtype)['fwd']
 
 
+def test_sema_roofline_launches_are_the_kernels_and_the_mean_passes() -> None:
+    """SEMA as the backbone calls it (q, k packed): the roofline's launches are the kernels the
+    launchers issue plus one reduction each way for the mean (the glue count of
+    ``test_triton_glue_call_count``), nothing for autograd (the stack of dq and dk is gone)."""
+    spec = next(s for s in all_specs() if s.name == 'sema_attention')
+    for r in spec.rooflines:
+        for dtype in ('bf16', 'fp32'):
+            roles = [launch.role for launch in spec.aot.record(dict(r.aot_case, dtype=dtype))]
+            now, before = r.costs(dtype), r.previous(dtype)
+            assert now['fwd'].launches == roles.count('fwd') + 1  # + the value mean
+            assert now['bwd'].launches == len(roles) - roles.count('fwd') + 1  # + sum_n dO
+            assert now['bwd'].launches < before['bwd'].launches
+            assert now['bwd'].bytes < before['bwd'].bytes
+
+
 def test_gpu_check_prints_measured_next_to_predicted(tmp_path, capsys) -> None:
     """The harness times a case with a roofline and records both (here the reference on the
     CPU stands in for the kernels on a GPU)."""

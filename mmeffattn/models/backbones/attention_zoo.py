@@ -11,9 +11,11 @@ The registry, keyed by ``attn_type`` (:func:`register_mixer`, :func:`build_mixer
 =================== ============================================================ =============
 ``attn_type``        mixer                                                        op (public)
 =================== ============================================================ =============
-``'sema'``           SEMA: window softmax + mean of the values (sema.py)          sema_attention
+``'sema'``           SEMA: window softmax + mean of the values (sema.py)          sema_attention_
+                                                                                  qk
 ``'linear'``         MILA/MLLA: ELU+1 linear attention, 2-D RoPE (sema.py)        (PyTorch)
-``'window'``         Swin-style window softmax, no mean (sema.py)                 sema_attention
+``'window'``         Swin-style window softmax, no mean (sema.py)                 sema_attention_
+                                                                                  qk
 ``'softmax'``        global softmax, :class:`GlobalSoftmaxAttention`              SDPA (PyTorch)
 ``'laplacian'``      LaplacianFormer's Nystrom attention (its                     laplacian_kernel,
                      ``LaplacianAttention``)                                      newton_schulz_pinv

@@ -27,7 +27,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mmeffattn.ops import sema_attention
+from mmeffattn.ops import sema_attention_qk
 from mmeffattn.registry import MODELS
 from ..layers import ConvNormAct, DropPath, Mlp
 from ..layers.heads import check_heads
@@ -264,14 +264,14 @@ class SEMAttention(nn.Module):
     - ``value_proj=False`` drops ``v`` (``v = x`` as MLLA), ``dim * (dim + 1)`` parameters less;
     - ``local_attn='linear'`` makes ``A_Phi`` a windowed linear attention
       (:func:`~mmeffattn.models.layers.window_linear.window_linear_attention`, ELU + 1 kernel in
-      the same windows) instead of :func:`mmeffattn.ops.sema_attention`'s softmax.
+      the same windows) instead of :func:`mmeffattn.ops.sema_attention_qk`'s softmax.
 
     Args:
         dim: channels.
         num_heads: attention heads; head dim ``dim // num_heads`` must be one the op supports.
         window_size: side of the non-overlapping attention windows.
         qkv_bias: bias of the q/k and v projections.
-        backend: passed to :func:`mmeffattn.ops.sema_attention` (None picks automatically).
+        backend: passed to :func:`mmeffattn.ops.sema_attention_qk` (None picks automatically).
         with_mean: add the mean of all values (SEMA's averaging).
         value_proj: project the values with ``v``; False uses ``v = x``.
         local_attn: ``'softmax'`` or ``'linear'`` windowed attention.
@@ -299,17 +299,20 @@ class SEMAttention(nn.Module):
     def forward(self, x: torch.Tensor, hw: HWShape) -> torch.Tensor:
         B, N, C = x.shape
         nh, hd = self.num_heads, C // self.num_heads
-        # views (the op accepts any strides); unbinding the [B, N, 2, nh, hd] view keeps the
-        # backward at one stack into the projection's gradient layout (a reshape, no copy)
-        q, k = (t.transpose(1, 2) for t in self.qk(x).reshape(B, N, 2, nh, hd).unbind(2))
+        qk = self.qk(x).reshape(B, N, 2, nh, hd)  # a view (the ops accept any strides)
         v = self.v(x) if self.v is not None else x  # [B, N, C]
         vh = v.reshape(B, N, nh, hd).transpose(1, 2)  # [B, nh, N, hd]
         if self.local_attn == 'softmax':
-            # tokens-major output: the reshape below is a view (the op's dv comes back in vh's
-            # layout, so the backward of these views is views too)
-            out = sema_attention(q, k, vh, hw, self.window_size, with_mean=self.with_mean,
-                                 out_layout='bnhd', backend=self.backend)  # [B, N, nh, hd]
+            # q and k packed: the Triton backward writes the projection's gradient whole (no
+            # stack of dq and dk; the reference unbinds them as below). Tokens-major output: the
+            # reshape below is a view (the op's dv comes back in vh's layout, so the backward of
+            # these views is views too)
+            out = sema_attention_qk(qk, vh, hw, self.window_size, with_mean=self.with_mean,
+                                    out_layout='bnhd', backend=self.backend)  # [B, N, nh, hd]
         else:
+            # unbinding the [B, N, 2, nh, hd] view keeps the backward at one stack into the
+            # projection's gradient layout (a reshape, no copy)
+            q, k = (t.transpose(1, 2) for t in qk.unbind(2))
             out = window_linear_attention(q, k, vh, hw, self.window_size,
                                           with_mean=self.with_mean).transpose(1, 2)
         out = out.reshape(B, N, C)

@@ -3,7 +3,8 @@
 ``naive.py``: PyTorch reference (test oracle, CPU path); ``kernels.py``: Triton kernels;
 ``function.py``: launchers and autograd Function; ``op.py``: the public, dispatching function.
 """
-from .naive import sema_attention_naive
-from .op import sema_attention
+from .naive import sema_attention_naive, sema_attention_qk_naive
+from .op import sema_attention, sema_attention_qk
 
-__all__ = ['sema_attention', 'sema_attention_naive']
+__all__ = ['sema_attention', 'sema_attention_naive', 'sema_attention_qk',
+           'sema_attention_qk_naive']

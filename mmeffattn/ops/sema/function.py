@@ -74,7 +74,9 @@ def sema_tiles(bd: int, window_tokens: int, dtype: torch.dtype) -> Tiles:
     """
     one_block = max(16, _next_pow2(window_tokens))
     if dtype == torch.float32:
-        return Tiles(16, 4, 4, 2, 1 if bd == 32 else 2)
+        # (the backward took 1 stage at BD == 32 until its gradients got two stride sets: with
+        # them 1 stage spills on sm_90 at D < BD and 2 stages spill nowhere)
+        return Tiles(16, 4, 4)
     if window_tokens <= 64:
         return Tiles(one_block, 8 if bd == 128 and one_block == 64 else 4,
                      4 if bd <= 32 or one_block == 32 else 8)
@@ -163,29 +165,43 @@ def sema_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, geom: WindowGeom
     return out, lse, mean
 
 
+def qk_views(qk: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(q, k)``: the ``[B, heads, N, D]`` views of a packed ``[B, N, 2, heads, D]`` tensor (a
+    fused qk projection's output, or its gradient)."""
+    return qk.select(2, 0).transpose(1, 2), qk.select(2, 1).transpose(1, 2)
+
+
 def sema_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              o: Optional[torch.Tensor], lse: Optional[torch.Tensor], mean: Optional[torch.Tensor],
              geom: WindowGeometry, scale: float, with_mean: bool,
-             input_precision: str = DEFAULT_INPUT_PRECISION, out_layout: str = 'bhnd'
+             input_precision: str = DEFAULT_INPUT_PRECISION, out_layout: str = 'bhnd',
+             dqk: Optional[torch.Tensor] = None
              ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Backward launcher: ``(dq, dk, dv)``, each ``[B, heads, N, D]`` with v's strides when v is
-    dense (``torch.empty_like``; e.g. the transposed ``[B, N, heads, D]`` view a backbone passes,
-    so that the views' backward is a view again), else contiguous.
+    """Backward launcher: ``(dq, dk, dv)``, each ``[B, heads, N, D]``. dv has v's strides when v
+    is dense (``torch.empty_like``; e.g. the transposed ``[B, N, heads, D]`` view a backbone
+    passes, so that the views' backward is a view again), else is contiguous; dq and dk are
+    alike in v's layout, or, with ``dqk``, its two halves (:func:`qk_views`).
 
     ``do`` and ``o`` are in ``out_layout``; ``o``, ``lse`` (and ``mean`` with ``with_mean``) are
     the forward's outputs; ``o`` and ``lse`` are only read when a window spans several blocks.
+    ``dqk``: an allocated ``[B, N, 2, heads, D]`` buffer with unit stride on D, the gradient of
+    a packed qk (``sema_attention_qk``); the kernels store dq and dk straight into it, and since
+    the two halves tile it exactly it needs no fill (nor autograd a ``stack`` of dq and dk).
     """
     B, nh, N, D = q.shape
     n_blocks, cfgs = sema_kernel_configs(D, geom.window_tokens, q.dtype, with_mean,
                                          input_precision)
     do = _unit_last_stride(as_bhnd(do, out_layout))
-    # one layout for the three (the kernels take one set of gradient strides)
-    dq, dk, dv = (torch.empty_like(v, dtype=q.dtype) for _ in range(3))
+    dv = torch.empty_like(v, dtype=q.dtype)
+    # dq and dk share one set of strides in the kernels (views of one packed buffer have)
+    dq, dk = qk_views(dqk) if dqk is not None else (torch.empty_like(v, dtype=q.dtype)
+                                                    for _ in range(2))
     # the mean's gradient sum_n dO / N reaches every dv: the one reduction of the backward
     # (the kernels divide by N)
-    sum_do = do.sum(dim=2, dtype=torch.float32).reshape(B * nh, D) if with_mean else dq
-    _check_int32_offsets(q, k, v, do, dq)
-    strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq))
+    sum_do = do.sum(dim=2, dtype=torch.float32).reshape(B * nh, D) if with_mean else dv
+    _check_int32_offsets(q, k, v, do, dq, dv)
+    strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq),
+               *_strides(dv))
     geometry = (nh, geom.H, geom.W, geom.win_h, geom.win_w, geom.n_win_w, geom.n_win)
     with _device_guard(q):
         if n_blocks == 1:

@@ -5,7 +5,9 @@ Only ``@triton.jit`` functions live here; launchers and the autograd Function ar
 
 * q, k, v, do and the outputs o, dq, dk, dv are ``[B, heads, N, D]`` with arbitrary
   batch/head/token strides and unit stride on the head dim (the launchers store o straight into
-  the layout its consumer reads, and dq, dk, dv, which share their strides, in v's layout).
+  the layout its consumer reads, dv in v's layout, and dq, dk, which share their strides,
+  either in v's layout too or as the two halves of one packed ``[B, N, 2, heads, D]`` gradient
+  of a fused qk projection).
 * The token grid ``H x W`` is tiled by ``win_h x win_w`` windows from the top-left corner
   (``win_h = min(window_size, H)``, ``win_w = min(window_size, W)``); window ``i_w`` is at
   window-row ``i_w // n_win_w`` and window-column ``i_w % n_win_w``. Inside a window tokens are
@@ -43,16 +45,14 @@ def _window_tokens(i_w, i_blk, H, W, win_h, win_w, n_win_w, BLOCK: tl.constexpr)
 
 
 @triton.jit
-def _bwd_slices(q, k, v, do, dq, dk, dv, i_bh, n_heads, stride_qb, stride_qh, stride_kb,
-                stride_kh, stride_vb, stride_vh, stride_dob, stride_doh, stride_gb, stride_gh):
-    """The backward kernels' pointers moved to the (batch, head) slice ``i_bh``; dq, dk, dv
-    share the strides ``stride_g*`` (the launcher allocates them alike)."""
-    g_off = bh_offset(i_bh, n_heads, stride_gb, stride_gh)
+def _bwd_slices(q, k, v, do, i_bh, n_heads, stride_qb, stride_qh, stride_kb, stride_kh,
+                stride_vb, stride_vh, stride_dob, stride_doh):
+    """The backward kernels' input pointers moved to the (batch, head) slice ``i_bh`` (the
+    gradients' pointers are moved just before their stores: fewer live 64-bit values)."""
     return (q + bh_offset(i_bh, n_heads, stride_qb, stride_qh),
             k + bh_offset(i_bh, n_heads, stride_kb, stride_kh),
             v + bh_offset(i_bh, n_heads, stride_vb, stride_vh),
-            do + bh_offset(i_bh, n_heads, stride_dob, stride_doh),
-            dq + g_off, dk + g_off, dv + g_off)
+            do + bh_offset(i_bh, n_heads, stride_dob, stride_doh))
 
 
 @triton.jit(do_not_specialize=_GEOMETRY[:-1])
@@ -162,6 +162,7 @@ def sema_bwd_window_kernel(
     stride_vb, stride_vh, stride_vn,
     stride_dob, stride_doh, stride_don,
     stride_gb, stride_gh, stride_gn,
+    stride_dvb, stride_dvh, stride_dvn,
     n_heads, H, W, win_h, win_w, n_win_w, n_win, scale, D,
     BD: tl.constexpr, EVEN_D: tl.constexpr, BLOCK: tl.constexpr, WITH_MEAN: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
@@ -170,15 +171,15 @@ def sema_bwd_window_kernel(
 
     Recomputes the window's softmax from scratch (no saved statistics) and takes the softmax
     backward's row term from ``delta_i = sum_j P_ij dP_ij`` (= dO_i . O_i without the mean), so
-    it needs neither o nor lse. dq, dk, dv share the contiguous strides ``stride_g*``;
+    it needs neither o nor lse. dq and dk share the strides ``stride_g*``, dv has
+    ``stride_dv*``;
     sum_do: ``[B*heads, D]`` fp32 ``sum_n dO``; the mean's gradient ``sum_do / N`` is added to
     every dv (read only if WITH_MEAN).
     """
     i_w = tl.program_id(0) % n_win
     i_bh = tl.program_id(0) // n_win
-    q, k, v, do, dq, dk, dv = _bwd_slices(
-        q, k, v, do, dq, dk, dv, i_bh, n_heads, stride_qb, stride_qh, stride_kb, stride_kh,
-        stride_vb, stride_vh, stride_dob, stride_doh, stride_gb, stride_gh)
+    q, k, v, do = _bwd_slices(q, k, v, do, i_bh, n_heads, stride_qb, stride_qh, stride_kb,
+                              stride_kh, stride_vb, stride_vh, stride_dob, stride_doh)
 
     o_d, m_d = head_dim_mask(D, BD, EVEN_D)  # [BD]
     o_n, m_n = _window_tokens(i_w, 0, H, W, win_h, win_w, n_win_w, BLOCK)  # [BLOCK]
@@ -194,19 +195,24 @@ def sema_bwd_window_kernel(
     b_p = tl.exp2(b_s - tl.max(b_s, 1)[:, None])  # [BLOCK, BLOCK]
     b_p = b_p / tl.sum(b_p, 1)[:, None]
 
+    # dP first: v and then dO die before dS (at BD = 64, 64-token windows the kernel is at the
+    # register limit on sm_80)
+    b_dp = tl.dot(b_do, tl.trans(b_v), input_precision=INPUT_PRECISION)  # [BLOCK, BLOCK]
     b_dv = tl.dot(tl.trans(b_p.to(b_do.dtype)), b_do,
                   input_precision=INPUT_PRECISION)  # [BLOCK, BD]
     if WITH_MEAN:
         b_dv += (tl.load(sum_do + i_bh * D + o_d, mask=m_d, other=0.) / (H * W))[None, :]
-    store_rows(dv, o_n, stride_gn, o_d, b_dv, m_nd)
+    store_rows(dv + bh_offset(i_bh, n_heads, stride_dvb, stride_dvh), o_n, stride_dvn, o_d,
+               b_dv, m_nd)
 
-    b_dp = tl.dot(b_do, tl.trans(b_v), input_precision=INPUT_PRECISION)  # [BLOCK, BLOCK]
     b_delta = tl.sum(b_p * b_dp, 1)  # [BLOCK]
     b_ds = (b_p * (b_dp - b_delta[:, None])).to(b_q.dtype)  # [BLOCK, BLOCK]
     b_dk = tl.dot(tl.trans(b_ds), b_q, input_precision=INPUT_PRECISION) * scale  # [BLOCK, BD]
-    store_rows(dk, o_n, stride_gn, o_d, b_dk, m_nd)
+    store_rows(dk + bh_offset(i_bh, n_heads, stride_gb, stride_gh), o_n, stride_gn, o_d, b_dk,
+               m_nd)
     b_dq = tl.dot(b_ds, b_k, input_precision=INPUT_PRECISION) * scale  # [BLOCK, BD]
-    store_rows(dq, o_n, stride_gn, o_d, b_dq, m_nd)
+    store_rows(dq + bh_offset(i_bh, n_heads, stride_gb, stride_gh), o_n, stride_gn, o_d, b_dq,
+               m_nd)
 
 
 @triton.jit(do_not_specialize=_GEOMETRY)
@@ -217,6 +223,7 @@ def sema_bwd_kernel(
     stride_vb, stride_vh, stride_vn,
     stride_dob, stride_doh, stride_don,
     stride_gb, stride_gh, stride_gn,
+    stride_dvb, stride_dvh, stride_dvn,
     n_heads, H, W, win_h, win_w, n_win_w, n_win, n_blocks, scale, D,
     BD: tl.constexpr, EVEN_D: tl.constexpr, BLOCK: tl.constexpr, WITH_MEAN: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
@@ -230,9 +237,8 @@ def sema_bwd_kernel(
     i_blk = i_prog % n_blocks
     i_w = (i_prog // n_blocks) % n_win
     i_bh = i_prog // (n_blocks * n_win)
-    q, k, v, do, dq, dk, dv = _bwd_slices(
-        q, k, v, do, dq, dk, dv, i_bh, n_heads, stride_qb, stride_qh, stride_kb, stride_kh,
-        stride_vb, stride_vh, stride_dob, stride_doh, stride_gb, stride_gh)
+    q, k, v, do = _bwd_slices(q, k, v, do, i_bh, n_heads, stride_qb, stride_qh, stride_kb,
+                              stride_kh, stride_vb, stride_vh, stride_dob, stride_doh)
     lse += i_bh.to(tl.int64) * (H * W)
     delta += i_bh.to(tl.int64) * (H * W)
     qk_scale = scale * 1.4426950408889634
@@ -264,8 +270,10 @@ def sema_bwd_kernel(
         b_dk += tl.dot(b_dst.to(b_q.dtype), b_q, input_precision=INPUT_PRECISION)
     if WITH_MEAN:
         b_dv += (tl.load(sum_do + i_bh * D + o_d, mask=m_d, other=0.) / (H * W))[None, :]
-    store_rows(dv, o_nj, stride_gn, o_d, b_dv, m_j)
-    store_rows(dk, o_nj, stride_gn, o_d, b_dk * scale, m_j)
+    store_rows(dv + bh_offset(i_bh, n_heads, stride_dvb, stride_dvh), o_nj, stride_dvn, o_d,
+               b_dv, m_j)
+    store_rows(dk + bh_offset(i_bh, n_heads, stride_gb, stride_gh), o_nj, stride_gn, o_d,
+               b_dk * scale, m_j)
 
     # ---- part 2: dq of query block j ----
     b_q = load_rows(q, o_nj, stride_qn, o_d, m_j)  # [BLOCK, BD]
@@ -283,7 +291,8 @@ def sema_bwd_kernel(
         b_dp = tl.dot(b_do, tl.trans(b_v), input_precision=INPUT_PRECISION)  # [BLOCK(q), BLOCK(k)]
         b_ds = b_p * (b_dp - b_delta[:, None])  # [BLOCK(q), BLOCK(k)]
         b_dq += tl.dot(b_ds.to(b_k.dtype), b_k, input_precision=INPUT_PRECISION)
-    store_rows(dq, o_nj, stride_gn, o_d, b_dq * scale, m_j)
+    store_rows(dq + bh_offset(i_bh, n_heads, stride_gb, stride_gh), o_nj, stride_gn, o_d,
+               b_dq * scale, m_j)
 
 
 #: the delta pre-pass, shared with the other softmax ops (its old name here)

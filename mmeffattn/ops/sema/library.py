@@ -1,4 +1,5 @@
-"""SEMA attention as the custom operators ``mmeffattn::sema_attention`` (+ ``_backward``); see
+"""SEMA attention as the custom operators ``mmeffattn::sema_attention`` and
+``mmeffattn::sema_attention_qk`` (q and k packed as one tensor), each with its ``_backward``; see
 :mod:`mmeffattn.ops._library`. Importing this module needs Triton (``op.py`` guards it)."""
 from typing import List, Optional, Sequence, Tuple
 
@@ -6,7 +7,8 @@ import torch
 
 from .._launch import unit_last_stride
 from .._library import define, empty_like_none, none_if_empty
-from .function import DEFAULT_INPUT_PRECISION, sema_bwd, sema_fwd, window_geometry
+from .function import (DEFAULT_INPUT_PRECISION, qk_views, sema_bwd, sema_fwd,
+                       window_geometry)
 
 
 def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: Sequence[int],
@@ -41,25 +43,71 @@ sema_attention_backward_op = define(
     ' -> (Tensor, Tensor, Tensor)', _backward)
 
 
-def _setup_context(ctx, inputs, output) -> None:
-    q, k, v, *ctx.args = inputs
-    out, lse, mean = output
-    ctx.mark_non_differentiable(lse, mean)
-    # lse and mean get no gradient: without this autograd would fill zero tensors for them
-    ctx.set_materialize_grads(False)
-    ctx.save_for_backward(q, k, v, out, lse, mean)
+def _autograd(backward_op, n_tensors: int):
+    """``(backward, setup_context)`` for a forward operator whose first ``n_tensors``
+    arguments are the differentiable tensors and whose backward operator takes
+    ``(grad, *tensors, out, lse, mean, *args)`` and returns one gradient per tensor."""
+    def setup_context(ctx, inputs, output) -> None:
+        ctx.args = inputs[n_tensors:]
+        out, lse, mean = output
+        ctx.mark_non_differentiable(lse, mean)
+        # lse and mean get no gradient: without this autograd would fill zero tensors for them
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(*inputs[:n_tensors], out, lse, mean)
+
+    def backward(ctx, grad: Optional[torch.Tensor], _grad_lse, _grad_mean):
+        n_args = len(ctx.args)
+        if grad is None:  # the output did not reach the loss
+            return (None, ) * (n_tensors + n_args)
+        grads = backward_op(grad, *ctx.saved_tensors, *ctx.args)
+        return (*(g if n else None for g, n in zip(grads, ctx.needs_input_grad)),
+                *(None, ) * n_args)
+    return backward, setup_context
 
 
-def _autograd_backward(ctx, grad: Optional[torch.Tensor], _grad_lse, _grad_mean):
-    n_args = len(ctx.args)
-    if grad is None:  # the output did not reach the loss
-        return (None, ) * (3 + n_args)
-    grads = sema_attention_backward_op(grad, *ctx.saved_tensors, *ctx.args)
-    return (*(g if n else None for g, n in zip(grads, ctx.needs_input_grad)),
-            *(None, ) * n_args)
+def _register_autograd(op, backward_op, n_tensors: int) -> None:
+    backward, setup_context = _autograd(backward_op, n_tensors)
+    op.register_autograd(backward, setup_context=setup_context)
 
 
-sema_attention_op.register_autograd(_autograd_backward, setup_context=_setup_context)
+_register_autograd(sema_attention_op, sema_attention_backward_op, 3)
+
+
+# q and k packed: the forward reads them as views, and the backward stores dq and dk straight
+# into one new [B, N, 2, heads, D] gradient, whose halves tile it (no fill), so that autograd
+# hands it to the qk projection as is: no stack of dq and dk (what unbinding q and k before
+# ``sema_attention`` costs), and the reshape back to the projection's [B, N, 2 * heads * D]
+# is a view
+def _forward_qk(qk: torch.Tensor, v: torch.Tensor, hw: Sequence[int], window_size: int,
+                scale: float, with_mean: bool, input_precision: str, out_layout: str = 'bhnd'
+                ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``_forward`` with ``qk`` ``[B, N, 2, heads, D]`` for q and k."""
+    return _forward(*qk_views(unit_last_stride(qk)), v, hw, window_size, scale, with_mean,
+                    input_precision, out_layout)
+
+
+def _backward_qk(grad: torch.Tensor, qk: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                 lse: torch.Tensor, mean: torch.Tensor, hw: Sequence[int], window_size: int,
+                 scale: float, with_mean: bool, input_precision: str, out_layout: str = 'bhnd'
+                 ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(dqk, dv)``: dqk in qk's layout when that is dense (``empty_like``), so that the
+    backward of the views qk came from stays views."""
+    qk, v = unit_last_stride(qk), unit_last_stride(v)
+    dqk = torch.empty_like(qk)
+    _, _, dv = sema_bwd(grad, *qk_views(qk), v, out, none_if_empty(lse), none_if_empty(mean),
+                        window_geometry(tuple(hw), window_size), scale, with_mean,
+                        input_precision, out_layout, dqk=dqk)
+    return dqk, dv
+
+
+sema_attention_qk_op = define(
+    'sema_attention_qk', f'(Tensor qk, Tensor v, {_ARGS}) -> (Tensor, Tensor, Tensor)',
+    _forward_qk)
+sema_attention_qk_backward_op = define(
+    'sema_attention_qk_backward',
+    f'(Tensor grad, Tensor qk, Tensor v, Tensor out, Tensor lse, Tensor mean, {_ARGS})'
+    ' -> (Tensor, Tensor)', _backward_qk)
+_register_autograd(sema_attention_qk_op, sema_attention_qk_backward_op, 2)
 
 
 def sema_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: Sequence[int],
@@ -74,3 +122,17 @@ def sema_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw:
     hw: List[int] = list(hw)
     return sema_attention_op(q, k, v, hw, window_size, scale, with_mean, input_precision,
                              out_layout)[0]
+
+
+def sema_attention_qk_triton(qk: torch.Tensor, v: torch.Tensor, hw: Sequence[int],
+                             window_size: int, scale: Optional[float] = None,
+                             with_mean: bool = True,
+                             input_precision: str = DEFAULT_INPUT_PRECISION,
+                             out_layout: str = 'bhnd') -> torch.Tensor:
+    """:func:`sema_attention_triton` with q and k packed in ``qk`` ``[B, N, 2, heads, D]``,
+    through ``mmeffattn::sema_attention_qk``, no input validation (see
+    ``op.sema_attention_qk``)."""
+    scale = qk.shape[-1] ** -0.5 if scale is None else float(scale)
+    hw: List[int] = list(hw)
+    return sema_attention_qk_op(qk, v, hw, window_size, scale, with_mean, input_precision,
+                                out_layout)[0]

@@ -155,3 +155,26 @@ def sema_attention_naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: 
         # the add also materialises the (maybe strided) merged view
         out = out + v.mean(dim=2).reshape(B * nh, 1, 1, D)
     return out.reshape(B, nh, N, D)
+
+
+def unbind_qk(qk: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(q, k)`` ``[B, heads, N, D]`` views of a packed ``[B, N, 2, heads, D]`` qk. ``unbind``
+    (not two ``select``s): its backward is one ``stack`` into qk's packed layout, where two
+    selects would each zero-fill a full-size gradient and add them."""
+    q, k = qk.unbind(2)
+    return q.transpose(1, 2), k.transpose(1, 2)
+
+
+def sema_attention_qk_naive(qk: torch.Tensor, v: torch.Tensor, hw: Tuple[int, int],
+                            window_size: int, scale: Optional[float] = None,
+                            with_mean: bool = True, out_layout: str = 'bhnd') -> torch.Tensor:
+    """:func:`sema_attention_naive` with q and k packed in ``qk`` ``[B, N, 2, heads, D]`` (a
+    fused qk projection's output, reshaped): the same aten ops as unbinding them first.
+
+    Args:
+        qk: ``[B, N, 2, heads, D]``, ``qk[:, :, 0]`` the queries, ``qk[:, :, 1]`` the keys.
+        v: ``[B, heads, N, D]``.
+        Others as :func:`sema_attention_naive`.
+    """
+    return sema_attention_naive(*unbind_qk(qk), v, hw, window_size, scale=scale,
+                                with_mean=with_mean, out_layout=out_layout)

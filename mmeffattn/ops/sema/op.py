@@ -7,11 +7,11 @@ import torch
 from .._backend import KERNEL_DTYPES as SUPPORTED_DTYPES  # noqa: F401 (public)
 from .._backend import dispatch, triton_reasons
 from .._common import import_kernels, offsets_reason, token_offsets_fit
-from .._validate import check_int, check_qkv, check_real
-from .naive import sema_attention_naive
+from .._validate import check_int, check_qkv, check_real, check_tensor
+from .naive import sema_attention_naive, sema_attention_qk_naive, unbind_qk
 
-sema_attention_triton, _KERNELS_IMPORT_ERROR = import_kernels(
-    __package__, 'sema_attention_triton', module='library')
+sema_attention_triton, sema_attention_qk_triton, _KERNELS_IMPORT_ERROR = import_kernels(
+    __package__, 'sema_attention_triton', 'sema_attention_qk_triton', module='library')
 
 #: head dims the op accepts (the kernels pad D to a power of two >= 16 with masks)
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 128
@@ -21,14 +21,17 @@ OUT_LAYOUTS = ('bhnd', 'bnhd')
 
 
 _NAME = 'sema_attention'
+_NAME_QK = 'sema_attention_qk'
 
 
 def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: Sequence[int],
-                  window_size: int, scale: Optional[float], out_layout: str) -> Tuple[int, int]:
-    """Raise ValueError naming the problem and the fix; return ``(H, W)``."""
-    check_qkv(_NAME, q, k, v)
+                  window_size: int, scale: Optional[float], out_layout: str,
+                  name: str = _NAME) -> Tuple[int, int]:
+    """Raise ValueError naming the problem (and the op, ``name``) and the fix; return
+    ``(H, W)``."""
+    check_qkv(name, q, k, v)
     if out_layout not in OUT_LAYOUTS:
-        raise ValueError(f'{_NAME}: out_layout must be one of {OUT_LAYOUTS} ([B, heads, N, D] '
+        raise ValueError(f'{name}: out_layout must be one of {OUT_LAYOUTS} ([B, heads, N, D] '
                          f'or [B, N, heads, D]), got {out_layout!r}')
     try:
         # a symbolic size (torch.export, torch.compile with a dynamic H x W) stays symbolic:
@@ -39,16 +42,16 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: Sequenc
     except (TypeError, ValueError):
         H = W = 0
     if H < 1 or W < 1 or any(isinstance(s, bool) for s in hw):
-        raise ValueError(f'{_NAME}: hw must be a pair of positive ints (H, W), got {hw!r}')
+        raise ValueError(f'{name}: hw must be a pair of positive ints (H, W), got {hw!r}')
     N = q.shape[2]
     if N != H * W:
-        raise ValueError(f'{_NAME}: q has N={N} tokens but hw=({H}, {W}) holds H*W={H * W}; '
+        raise ValueError(f'{name}: q has N={N} tokens but hw=({H}, {W}) holds H*W={H * W}; '
                          f'pass the token grid the tokens came from')
-    check_int(_NAME, 'window_size', window_size, 1, 'the window side')
-    check_real(_NAME, 'scale', scale, 'the logit scale, D ** -0.5 by default', optional=True)
+    check_int(name, 'window_size', window_size, 1, 'the window side')
+    check_real(name, 'scale', scale, 'the logit scale, D ** -0.5 by default', optional=True)
     D = q.shape[3]
     if not MIN_HEAD_DIM <= D <= MAX_HEAD_DIM:
-        raise ValueError(f'{_NAME}: head dim D={D} is outside the supported '
+        raise ValueError(f'{name}: head dim D={D} is outside the supported '
                          f'{MIN_HEAD_DIM}..{MAX_HEAD_DIM}; choose num_heads so that '
                          f'channels / num_heads lies in that range')
     return H, W
@@ -107,5 +110,56 @@ def sema_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: Tuple[
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     return dispatch(_NAME, backend, lambda: sema_triton_reasons(q, k, v), (q, k, v),
                     sema_attention_triton, sema_attention_naive, q, k, v, hw,
+                    operator.index(window_size), scale=scale, with_mean=with_mean,
+                    out_layout=out_layout)
+
+
+def sema_attention_qk(qk: torch.Tensor, v: torch.Tensor, hw: Tuple[int, int], window_size: int,
+                      *, scale: Optional[float] = None, with_mean: bool = True,
+                      out_layout: str = 'bhnd', backend: Optional[str] = None) -> torch.Tensor:
+    """:func:`sema_attention` with q and k packed in one tensor, as a fused qk projection makes
+    them: ``sema_attention_qk(proj(x).reshape(B, N, 2, heads, D), v, ...)`` equals
+    ``sema_attention(q, k, v, ...)`` for ``q, k = (t.transpose(1, 2) for t in
+    qk.unbind(2))``, forward and backward.
+
+    Why a second entry point rather than ``sema_attention`` recognising two views of one
+    tensor: autograd gives each differentiable input its own gradient, so unbound q and k get
+    two, which autograd then stacks (a copy of both) into the projection's gradient. With qk as
+    one input the Triton backward stores dq and dk straight into one new ``[B, N, 2, heads, D]``
+    gradient in qk's layout (they tile it exactly: no fill, no stack), and the reshape back to
+    the projection's ``[B, N, 2 * heads * D]`` is a view. The reference unbinds qk and runs
+    :func:`sema_attention_naive`: exactly the aten ops of unbinding before ``sema_attention``.
+
+    Args:
+        qk: ``[B, N, 2, heads, D]``: ``qk[:, :, 0]`` the queries, ``qk[:, :, 1]`` the keys,
+            ``N = H * W`` tokens in row-major order, ``16 <= D <= 128``; any strides.
+        v: ``[B, heads, N, D]`` (e.g. ``v_proj(x).reshape(B, N, heads, D).transpose(1, 2)``),
+            qk's dtype and device.
+        hw, window_size, scale, with_mean, out_layout, backend: as :func:`sema_attention`.
+
+    Returns:
+        ``[B, heads, N, D]`` or ``[B, N, heads, D]`` (``out_layout``) in the inputs' dtype.
+
+    Raises:
+        ValueError: malformed inputs (the message says what to change).
+        RuntimeError: ``backend='triton'`` on inputs the kernels cannot run (lists the reasons).
+    """
+    check_tensor(_NAME_QK, 'qk', qk, '[B, N, 2, heads, D]',
+                 'reshape the qk projection\'s [B, N, 2 * heads * D] output with '
+                 '.reshape(B, N, 2, heads, D)')
+    check_tensor(_NAME_QK, 'v', v, '[B, heads, N, D]',
+                 'reshape tokens [B, N, heads*D] with .reshape(B, N, heads, D).transpose(1, 2)')
+    B, N, two, nh, D = qk.shape
+    if two != 2:
+        raise ValueError(f'{_NAME_QK}: qk must be [B, N, 2, heads, D] (queries then keys on dim '
+                         f'2), got shape {tuple(qk.shape)}')
+    if v.shape != (B, nh, N, D):
+        raise ValueError(f'{_NAME_QK}: v must be [B, heads, N, D] = {(B, nh, N, D)} to match qk '
+                         f'[B, N, 2, heads, D] {tuple(qk.shape)}, got {tuple(v.shape)}')
+    q, k = unbind_qk(qk)  # views, only for the checks
+    hw = _check_inputs(q, k, v, hw, window_size, scale, out_layout, name=_NAME_QK)
+    scale = D ** -0.5 if scale is None else float(scale)
+    return dispatch(_NAME_QK, backend, lambda: sema_triton_reasons(q, k, v), (qk, v),
+                    sema_attention_qk_triton, sema_attention_qk_naive, qk, v, hw,
                     operator.index(window_size), scale=scale, with_mean=with_mean,
                     out_layout=out_layout)

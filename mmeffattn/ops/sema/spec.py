@@ -4,7 +4,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 import torch
 
 from .._spec import DTYPES, AotSpec, Cost, OpSpec, Roofline, randn, square_grid
-from .op import sema_attention, sema_triton_reasons
+from .op import sema_attention, sema_attention_qk, sema_triton_reasons
 
 #: the backbone's window side (benchmarks, GPU checks)
 WINDOW = 7
@@ -28,6 +28,12 @@ def macs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: Sequence[int],
     return B * nh * pairs * 2 * D + B * nh * N * D * int(kwargs.get('with_mean', True))
 
 
+def macs_qk(qk: torch.Tensor, v: torch.Tensor, hw: Sequence[int], window_size: int,
+            **kwargs: Any) -> int:
+    """:func:`macs` of ``sema_attention_qk`` (q, k packed in ``qk``; v has q's shape)."""
+    return macs(v, v, v, hw, window_size, **kwargs)
+
+
 def benchmark(n: int, s: Any, device: torch.device, dtype: torch.dtype):
     """``[B, heads, N, D]`` q, k, v on a square grid, windows of :data:`WINDOW`."""
     hw = square_grid(n)
@@ -39,16 +45,15 @@ def benchmark(n: int, s: Any, device: torch.device, dtype: torch.dtype):
 
 
 def gpu_check(B: int, h: int, side: int, D: int):
-    """The call as the SEMA backbone makes it (what the roofline models): q, k views of a fused
-    qk projection ``[B, N, 2 * h * D]``, v of a value projection ``[B, N, h * D]``, the output
-    tokens-major ``[B, N, h * D]``."""
+    """The call as the SEMA backbone makes it (what the roofline models): q, k packed, a view
+    of a fused qk projection ``[B, N, 2 * h * D]`` (``sema_attention_qk``), v of a value
+    projection ``[B, N, h * D]``, the output tokens-major ``[B, N, h * D]``."""
     N = side * side
 
     def call(b, qk, v_tok):
-        q, k = (t.transpose(1, 2) for t in qk.reshape(B, N, 2, h, D).unbind(2))
         v = v_tok.reshape(B, N, h, D).transpose(1, 2)
-        return sema_attention(q, k, v, (side, side), WINDOW, out_layout='bnhd',
-                              backend=b).reshape(B, N, h * D)
+        return sema_attention_qk(qk.reshape(B, N, 2, h, D), v, (side, side), WINDOW,
+                                 out_layout='bnhd', backend=b).reshape(B, N, h * D)
 
     def make(device, dtype):
         return call, [randn(B, N, 2 * h * D, device=device, dtype=dtype),
@@ -74,16 +79,18 @@ def aot_case(D, window, H, W, dtype, with_mean=True, layout='backbone') -> Dict[
 
 def aot_record(case: Dict[str, Any]) -> list:
     """The launches of one forward + backward, as the launchers issue them (``'backbone'``
-    layout: q, k views of a fused qk projection, v a transposed ``[B, N, heads, D]``, the output
-    stored tokens-major, ``out_layout='bnhd'``)."""
+    layout: q, k views of a fused qk projection and dq, dk stored into one packed gradient
+    (``sema_attention_qk``), v a transposed ``[B, N, heads, D]``, the output stored
+    tokens-major, ``out_layout='bnhd'``)."""
     from . import function
     dtype = DTYPES[case['dtype']]
     H, W, D = case['H'], case['W'], case['D']
     B, nh = case.get('B', 1), case.get('heads', 2)  # the launch grid depends on them
-    out_layout = 'bhnd'
+    out_layout, dqk = 'bhnd', None
     if case.get('layout', 'backbone') == 'backbone':
         qk = torch.empty(B, H * W, 2, nh, D, dtype=dtype)
-        q, k = (t.transpose(1, 2) for t in qk.unbind(2))
+        q, k = function.qk_views(qk)
+        dqk = torch.empty_like(qk)
         v = torch.empty(B, H * W, nh, D, dtype=dtype).transpose(1, 2)
         out_layout = 'bnhd'
     else:  # 'contiguous' [B, heads, N, D]
@@ -94,7 +101,7 @@ def aot_record(case: Dict[str, Any]) -> list:
         o, lse, mean = function.sema_fwd(q, k, v, geom, scale, case['with_mean'],
                                          out_layout=out_layout)
         function.sema_bwd(torch.empty_like(o), q, k, v, o, lse, mean, geom, scale,
-                          case['with_mean'], out_layout=out_layout)
+                          case['with_mean'], out_layout=out_layout, dqk=dqk)
     return launches
 
 
@@ -123,16 +130,18 @@ AOT = AotSpec(
 def roofline_costs(B: int, h: int, side: int, D: int, previous: bool = False):
     """``costs(dtype) -> {'fwd': Cost, 'bwd': Cost}`` of one call on ``[B, h, side**2, D]``
     q, k, v in windows of :data:`WINDOW`, with the glue around it as the SEMA backbone calls it
-    (q, k unbound from the qk projection, the output read tokens-major by the next projection).
+    (q, k packed in the qk projection's output, ``sema_attention_qk``; the output read
+    tokens-major by the next projection).
 
     Now (issue 14): forward, the value-mean pass (reads v) and the kernel (reads q, k, v, stores
     o straight into ``[B, N, heads, D]``; with several blocks per window, the fp32 log-sum-exp);
     backward, the ``sum_n dO`` pass, the delta pre-pass with several blocks (o, dO; delta
-    written), the kernel (q, k, v, dO read; lse and delta with several blocks; dq, dk, dv
-    written, dv in v's layout), and autograd's stack of dq, dk into the projection's gradient.
+    written), the kernel (q, k, v, dO read; lse and delta with several blocks; dq, dk written
+    straight into the projection's packed gradient, dv in v's layout).
     ``previous``: the design before, which added the output's transpose copy forward, and
-    backward a ``div_``, zero-filled gradients for lse and mean, and the reshape copies of the
-    dq/dk and dv gradients.
+    backward a ``div_``, zero-filled gradients for lse and mean, the reshape copies of the
+    dq/dk and dv gradients, and autograd's stack of dq, dk into the projection's gradient
+    (q and k passed unbound to ``sema_attention``).
 
     A window of 49 tokens is one block in 16-bit dtypes (one-block kernels: no lse, no delta,
     no pre-pass) and several 16-token blocks in fp32. Tensor-core FLOPs: 2 per MAC, two
@@ -148,15 +157,16 @@ def roofline_costs(B: int, h: int, side: int, D: int, previous: bool = False):
         several = dtype == 'fp32' or min(WINDOW, side) ** 2 > 64
         fwd_bytes = t + 4 * t + (row if several else 0)  # mean pass; kernel
         fwd_launches = 2
-        # dO sum; kernel; dq, dk stacked (read 2t, write 2t)
-        bwd_bytes = t + 7 * t + 4 * t + (2 * t + 3 * row if several else 0)  # pre-pass
-        bwd_launches = 3 + int(several)
+        # dO sum; kernel (dq, dk written into the packed gradient: no stack)
+        bwd_bytes = t + 7 * t + (2 * t + 3 * row if several else 0)  # pre-pass
+        bwd_launches = 2 + int(several)
         if previous:
             fwd_bytes += 2 * t  # the output's transpose copy
             fwd_launches += 1
-            # dv and dqk reshape copies; zero-filled lse gradient
-            bwd_bytes += 2 * t + 4 * t + (row if several else 0)
-            bwd_launches += 4 + int(several)  # + div_ and the mean's zero gradient
+            # dq, dk stacked (read 2t, write 2t); dv and dqk reshape copies; zero-filled lse
+            # gradient
+            bwd_bytes += 4 * t + 2 * t + 4 * t + (row if several else 0)
+            bwd_launches += 5 + int(several)  # + stack, div_ and the mean's zero gradient
         return dict(fwd=Cost(fwd_bytes, fp32=4 * pairs, tc=2 * 2 * pairs * D,
                              launches=fwd_launches),
                     bwd=Cost(bwd_bytes, fp32=6 * pairs, tc=5 * 2 * pairs * D,
@@ -178,4 +188,5 @@ SPEC = OpSpec(
                 ('sema B2-H2-128x128-D32', gpu_check(2, 2, 128, 32))],
     benchmarks={'sema': benchmark}, benchmark_settings=dict(window=WINDOW),
     attention_kinds={'sema': implied_weights}, aot=AOT,
-    rooflines=[roofline(8, 2, 56, 32), roofline(2, 2, 128, 32)])
+    rooflines=[roofline(8, 2, 56, 32), roofline(2, 2, 128, 32)],
+    entry_points={'sema_attention_qk': macs_qk})
