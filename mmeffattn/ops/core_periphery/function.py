@@ -88,9 +88,10 @@ class BwdTiles(NamedTuple):
     loop_block: int  # rows per step of its loop (on sm_80 the mma B operands, whole per warp)
     warps: int
     stages: int
+    maxnreg: Optional[int] = None  # register cap per thread (None: ptxas decides)
 
 
-#: backward ``(row_block, loop_block, warps, stages)`` by (fp32 or not, BD, D == BD, rope),
+#: backward ``(row_block, loop_block, warps, stages, maxnreg)`` by (fp32 or not, BD, D == BD, rope),
 #: chosen so that every backward kernel compiles for sm_80 and sm_90 without a spill and the
 #: dk/dv kernel (two fp32 accumulators) within 128 registers (two CTAs per SM): see
 #: ``tests/ops/test_aot.py`` and ``tests/tools/test_kernel_report.py``. The loop block is the
@@ -105,7 +106,22 @@ def _bwd_tiles(fp32: bool, bd: int, even: bool) -> Tuple[int, int, int, int]:
     return row, 16, 4 if (bd == 128 and even) else 8, 1
 
 
-BWD_TILE_TABLE = {(fp32, bd, even, rope): _bwd_tiles(fp32, bd, even)
+#: (fp32, BD, D == BD, rope) whose 8-warp backward kernels ptxas left at 64 or 80 registers
+#: (the occupancy steps of 256 threads: 4 or 3 CTAs per SM) with an 8-byte stack frame, i.e.
+#: two values live across the loop spilled (STL before it, LDL after it): D = 24 and 32 with
+#: rope, D = 72 without. An explicit cap of :data:`BWD_MAXNREG` lets ptxas keep them in
+#: registers (the same cure as ``dynamic_dwconv``'s backward): 79-128 registers, no stack. Any
+#: cap from 81 to 128 gives 8 warps the same occupancy (2 CTAs per SM), so the widest is taken.
+#: Elsewhere ptxas decides (4 warps instead moved the frames to other kernels and took D = 72 to
+#: 184 registers).
+BWD_CAPPED = frozenset({(True, 32, False, True), (True, 32, True, True),
+                        (True, 128, False, False)})
+#: the backward's register cap where :data:`BWD_CAPPED` asks for one: the dk/dv budget
+BWD_MAXNREG = 128
+
+BWD_TILE_TABLE = {(fp32, bd, even, rope): (*_bwd_tiles(fp32, bd, even),
+                                           BWD_MAXNREG if (fp32, bd, even, rope) in BWD_CAPPED
+                                           else None)
                   for fp32 in (False, True) for bd in (16, 32, 64, 128)
                   for even in (False, True) for rope in (False, True)}
 
@@ -142,7 +158,7 @@ def core_periphery_kernel_configs(head_dim: int, num_cores: int, dtype: torch.dt
 
     def bwd(kernel, block_m: int, block_n: int) -> KernelConfig:
         return KernelConfig(kernel, dict(common, **grad, BLOCK_M=block_m, BLOCK_N=block_n),
-                            bt.warps, bt.stages)
+                            bt.warps, bt.stages, bt.maxnreg)
 
     dq, dkdv = kernels.core_periphery_bwd_dq_kernel, kernels.core_periphery_bwd_dkdv_kernel
     row, loop = bt.row_block, bt.loop_block
