@@ -81,7 +81,9 @@ def aot_case(D, C, dtype, rope='batch', splits=None, N=196, rope_grad=True) -> D
 
 def aot_record(case: Dict[str, Any]) -> list:
     """The launches of one forward + backward on views of ``[B, C + N, heads, D]``
-    projections, as the VECA backbone passes them."""
+    projections, as the VECA backbone passes them; the backward both fused (the default) and
+    deterministic (``torch.use_deterministic_algorithms``), unless the case sets
+    ``fused`` to one of them."""
     from . import function
     dtype = DTYPES[case['dtype']]
     B, heads, C, D = case.get('B', 2), case.get('heads', 2), case['C'], case['D']
@@ -94,8 +96,11 @@ def aot_record(case: Dict[str, Any]) -> list:
     scale = D ** -0.5
     with function.record_launches() as launches:
         o, lse = function.core_periphery_fwd(q, k, v, cos, sin, C, scale, splits=case['splits'])
-        function.core_periphery_bwd(torch.empty_like(o), q, k, v, cos, sin, o, lse, C, scale,
-                                    splits=case['splits'], rope_grad=case.get('rope_grad', True))
+        fused = case.get('fused')
+        for f in ((True, False) if fused is None else (fused,)):
+            function.core_periphery_bwd(torch.empty_like(o), q, k, v, cos, sin, o, lse, C,
+                                        scale, splits=case['splits'],
+                                        rope_grad=case.get('rope_grad', True), fused=f)
     return launches
 
 
@@ -118,7 +123,8 @@ AOT = AotSpec(
           for rope in (None, 'batch', 'shared')
           for splits in (None, 2)],
     kernels=frozenset({'core_periphery_fwd_kernel', 'core_periphery_bwd_dq_kernel',
-                       'core_periphery_bwd_dkdv_kernel', 'softmax_bwd_delta_kernel'}))
+                       'core_periphery_bwd_dkdv_kernel', 'core_periphery_bwd_patches_kernel',
+                       'softmax_bwd_delta_kernel'}))
 
 # ---------------------------------------------------------------------------------------------
 # roofline
