@@ -322,10 +322,10 @@ def core_periphery_bwd_dkdv_kernel(
     gradients written, with ``ROPE_GRAD``). dk and dv share the output strides; the result goes
     to row ``o_row0 + (key - k_start)``; ``n_blocks`` = key blocks.
 
-    With ``ACC_INIT`` the accumulators start from ``acc`` (fp32, the dk plane of the rotated
-    k unscaled, then the dv plane ``stride_ap`` further, ``[B*heads, key, BD]`` by
-    ``stride_abh``, ``stride_an``): the sums that :func:`core_periphery_bwd_patches_kernel`
-    gathered from the other queries (one split only).
+    With ``ACC_INIT`` the sums in ``acc`` (fp32, the dk plane of the rotated k unscaled, then
+    the dv plane ``stride_ap`` further, ``[B*heads, key, BD]`` by ``stride_abh``,
+    ``stride_an``), which :func:`core_periphery_bwd_patches_kernel` gathered from the other
+    queries, are added to the accumulators (one split only).
     """
     i_n, i_s, i_bh, i_b, i_h = _program(n_blocks, n_splits, n_heads)
     q += i_b * stride_qb + i_h * stride_qh
@@ -350,13 +350,8 @@ def core_periphery_bwd_dkdv_kernel(
     b_k = _load_rows(k, o_t, m_j, stride_kn, cos, sin, stride_rn, o_d, m_d, ROPE, EVEN_D)
     b_v = tl.load(v + o_t[:, None] * stride_vn + o_d[None, :], mask=m_jd, other=0.)
 
-    if ACC_INIT:
-        p_a = acc + i_bh.to(tl.int64) * stride_abh + o_t[:, None] * stride_an + o_d[None, :]
-        b_dk = tl.load(p_a, mask=m_jd, other=0.)  # of the rotated k with rope
-        b_dv = tl.load(p_a + stride_ap, mask=m_jd, other=0.)
-    else:
-        b_dk = tl.zeros([BLOCK_N, BD], dtype=tl.float32)  # of the rotated k with rope
-        b_dv = tl.zeros([BLOCK_N, BD], dtype=tl.float32)
+    b_dk = tl.zeros([BLOCK_N, BD], dtype=tl.float32)  # of the rotated k with rope
+    b_dv = tl.zeros([BLOCK_N, BD], dtype=tl.float32)
     qb_start, qb_end = _split_range(i_s, blocks_per_split, n_q, BLOCK_M)
     for i_qb in range(qb_start, qb_end):
         o_i = i_qb * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] query index
@@ -374,6 +369,12 @@ def core_periphery_bwd_dkdv_kernel(
         b_dpt = tl.dot(b_v, tl.trans(b_do), input_precision=INPUT_PRECISION)  # [BLOCK_N, BLOCK_M]
         b_dst = b_pt * (b_dpt - b_delta[None, :])
         b_dk += tl.dot(b_dst.to(b_q.dtype), b_q, input_precision=INPUT_PRECISION)
+    if ACC_INIT:
+        # added after the loop: loaded before it as the accumulators' start, fp32 at D = 128
+        # kept them in the load's layout through the loop and spilled (255 registers)
+        p_a = acc + i_bh.to(tl.int64) * stride_abh + o_t[:, None] * stride_an + o_d[None, :]
+        b_dk += tl.load(p_a, mask=m_jd, other=0.)
+        b_dv += tl.load(p_a + stride_ap, mask=m_jd, other=0.)
     o_r = o_row0 + o_j
     tl.store(dv + o_r[:, None] * stride_gn + o_d[None, :], b_dv.to(dv.dtype.element_ty),
              mask=m_jd)
