@@ -201,6 +201,11 @@ def core_periphery_kernel_configs(head_dim: int, num_cores: int, dtype: torch.dt
         'bwd_dq_cores': bwd(dq, min(core, row), loop),
         'bwd_dkdv_patches': bwd(dkdv, min(core, loop), row, ACC_INIT=False),
         'bwd_dkdv_cores': bwd(dkdv, loop, min(core, row), ACC_INIT=fused)}
+    if fused and bt.warps == 8 and bt.maxnreg is None:
+        # the sums added after the loop: ptxas kept fp32 D = 64 with rope at 64 registers
+        # (4 CTAs of 8 warps) with a 16-byte stack on sm_90; capped like BWD_CAPPED
+        cfgs['bwd_dkdv_cores'] = KernelConfig(dkdv, cfgs['bwd_dkdv_cores'].constexprs,
+                                              bt.warps, bt.stages, BWD_MAXNREG)
     if fused:
         # loop-block rows: with the dq kernel's 32 rows the extra products and atomics took
         # fp16 / bf16 to 162 registers on sm_80 (and a cap of 128 spilled on sm_90)
