@@ -10,7 +10,7 @@ pre-pass (``_common_kernels.softmax_bwd_delta``) and four launches:
 * fused (the default): the patch rows' kernel computes their P and dS against the C cores once,
   writes the patches' dq and adds their share of the cores' dk/dv to a zeroed fp32 buffer with
   atomics; the patch keys' dk/dv (core queries only); the core rows' dq (all keys, optionally
-  split); the core keys' dk/dv, starting from the buffer and looping over the C core queries.
+  split); the core keys' dk/dv, looping over the C core queries and adding the buffer.
 * deterministic (``torch.use_deterministic_algorithms``, and the tile classes without the fused
   kernel): no atomics; the patch rows' kernel writes dq only, and the core keys' dk/dv launch
   loops over all C + N queries (optionally split), recomputing the patch rows' P and dS.
@@ -171,7 +171,7 @@ def core_periphery_kernel_configs(head_dim: int, num_cores: int, dtype: torch.dt
     program's rows, ``*_cores`` the core tokens (and the long loop). ``rope_grad``: the backward
     kernels also write the rope tables' gradients (``ROPE_GRAD``). ``fused``: the patch rows'
     dq kernel also sums their share of the cores' dk/dv (``bwd_patches``, fp32 atomics), and
-    the cores' dk/dv kernel starts from those sums (``ACC_INIT``) and loops over the core
+    the cores' dk/dv kernel adds those sums (``ACC_INIT``) and loops over the core
     queries only (:func:`use_fused_backward`)."""
     bd = padded_head_dim(head_dim)
     t = core_periphery_tiles(bd, head_dim == bd, num_cores, dtype, rope)
