@@ -135,10 +135,28 @@ def test_triton_fp64_tables_with_fp16_inputs() -> None:
                             table_dtype=torch.float64)
 
 
+@needs_triton
+@pytest.mark.parametrize('case', [Case(1, 2, 16, 131, 24, 'fp32', 'shared', splits=3),
+                                  Case(1, 2, 8, 49, 64, 'fp16', 'batch'),
+                                  Case(1, 1, 20, 23, 128, 'fp32')], ids=lambda c: c.id)
+def test_triton_deterministic_backward(case: Case) -> None:
+    """Under ``torch.use_deterministic_algorithms`` the backward takes the separate dq and dk/dv
+    kernels (no atomics), which match the reference too."""
+    from mmeffattn.ops.core_periphery import function
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert not function.use_fused_backward()
+        check_against_reference(case, backend='triton')
+    finally:
+        torch.use_deterministic_algorithms(previous)
+
+
 @pytest.mark.skipif(not _backend.HAS_TRITON, reason='needs Triton')
 def test_triton_cases_cover_every_launch() -> None:
-    """The cases above issue every launch role, with and without rope, in fp32 and fp16, and
-    reach the split (partials + reduction) path of each long loop and several core blocks."""
+    """The cases above issue every launch role of the fused and of the deterministic backward,
+    with and without rope, in fp32 and fp16, and reach the split (partials + reduction) path of
+    each long loop and several core blocks."""
     from mmeffattn.ops.core_periphery import function
     seen = set()
     for case in TRITON_CASES:
@@ -146,20 +164,25 @@ def test_triton_cases_cover_every_launch() -> None:
         cos, sin = rope if rope else (None, None)
         with function.record_launches() as launches:
             o, lse = function.core_periphery_fwd(q, k, v, cos, sin, case.C, 1., splits=case.splits)
-            function.core_periphery_bwd(o, q, k, v, cos, sin, o, lse, case.C, 1.,
-                                        splits=case.splits)
+            for fused in (True, False):
+                function.core_periphery_bwd(o, q, k, v, cos, sin, o, lse, case.C, 1.,
+                                            splits=case.splits, fused=fused)
         for launch in launches:
-            seen.add((case.dtype, launch.role, launch.config.constexprs.get('ROPE')))
+            constexprs = launch.config.constexprs
+            seen.add((case.dtype, launch.role, constexprs.get('ROPE')))
             if launch.role.endswith('_cores'):
                 args = dict(zip(launch.config.kernel.arg_names, launch.args))
                 seen.add((launch.role, 'split' if args['n_splits'] > 1 else 'whole'))
                 seen.add((launch.role, 'several core blocks' if args['n_blocks'] > 1 else 'one'))
-    roles = ['fwd_patches', 'fwd_cores', 'bwd_preprocess', 'bwd_dq_patches', 'bwd_dq_cores',
-             'bwd_dkdv_patches', 'bwd_dkdv_cores']
+            if launch.role == 'bwd_dkdv_cores':
+                seen.add((launch.role, 'acc' if constexprs['ACC_INIT'] else 'no acc'))
+    roles = ['fwd_patches', 'fwd_cores', 'bwd_preprocess', 'bwd_patches', 'bwd_dq_patches',
+             'bwd_dq_cores', 'bwd_dkdv_patches', 'bwd_dkdv_cores']
     wanted = {(dt, r, rope) for dt in ('fp32', 'fp16') for r in roles if r != 'bwd_preprocess'
               for rope in (True, False)}
     wanted |= {(r, kind) for r in ('fwd_cores', 'bwd_dq_cores', 'bwd_dkdv_cores')
                for kind in ('split', 'whole', 'several core blocks', 'one')}
+    wanted |= {('bwd_dkdv_cores', 'acc'), ('bwd_dkdv_cores', 'no acc')}
     assert not wanted - seen, sorted(wanted - seen, key=str)
 
 
@@ -232,7 +255,11 @@ def test_triton_very_negative_logits(splits) -> None:
     overflows fp32) must still give finite, correct results with padded core blocks (C = 5 in a
     16-row block) and padded key blocks. Logits near -100 carry fp32 rounding of ~1e-5
     absolute, which the softmax gradient turns into ~1e-4 relative error: the check is looser
-    than the fp32 tolerance."""
+    than the fp32 tolerance. dq is looser still: the keys are nearly equal (|k| ~ 12 along one
+    direction, 0.01 noise) and sum_j dS_ij = 0, so dq_i = sum_j dS_ij (k_j - mean k) amplifies
+    the logits' rounding about a thousandfold: measured 2.1e-3 on the core rows, and 2.8e-5 or
+    1.2e-3 on the patch rows with 32- or 16-row blocks (the interpreter's fp32 matmul rounds
+    differently per tile shape; the separate dq kernel and the fused one alike)."""
     from mmeffattn.ops.core_periphery.function import core_periphery_attention_triton
     case = Case(1, 2, 5, 70, 32, 'fp32', scale=1.)
     q, k, v, _ = make_inputs(case)
@@ -250,7 +277,7 @@ def test_triton_very_negative_logits(splits) -> None:
                             (ref, *(t.grad for t in leaves))):
         assert torch.isfinite(x).all(), f'{name}: non-finite values'
         err = rms(x.double().cpu() - x64.detach().cpu()) / rms(x64.detach())
-        assert err < 1e-3, f'{name}: relative RMS error {err:.2e}'
+        assert err < (5e-3 if name == 'dq' else 1e-3), f'{name}: relative RMS error {err:.2e}'
 
 
 # ------------------------------------------------------------------------------------------

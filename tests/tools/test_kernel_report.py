@@ -102,6 +102,20 @@ def test_sema_roofline_launches_are_the_kernels_and_the_mean_passes() -> None:
             assert now['bwd'].launches == len(roles) - roles.count('fwd') + 1  # + sum_n dO
             assert now['bwd'].launches < before['bwd'].launches
             assert now['bwd'].bytes < before['bwd'].bytes
+=======
+def test_core_periphery_fused_backward_models_less_traffic() -> None:
+    """The fused patch-row backward (P and dS of the patch-core pairs computed once, the cores'
+    dk/dv launch left with the core queries and no split) moves fewer bytes and does fewer
+    tensor-core FLOPs than the deterministic one (every pair visited twice), at the GPU-check
+    shapes, with and without table gradients."""
+    from mmeffattn.ops.core_periphery.spec import roofline_costs
+    for shape in [(8, 6, 64, 196, 64), (2, 6, 64, 1024, 64)]:
+        for rope_grad in (False, True):
+            for dtype in ('bf16', 'fp32'):
+                fused = roofline_costs(*shape, rope_grad=rope_grad)(dtype)['bwd']
+                separate = roofline_costs(*shape, rope_grad=rope_grad, fused=False)(dtype)['bwd']
+                assert fused.bytes < separate.bytes and fused.tc < separate.tc
+                assert fused.launches <= separate.launches
 
 
 def test_gpu_check_prints_measured_next_to_predicted(tmp_path, capsys) -> None:

@@ -5,12 +5,20 @@ tensors and interpreted on CPU tensors when Triton's interpreter is on.
 
 One forward is two launches of ``core_periphery_fwd_kernel`` (patch rows over the C core keys;
 core rows over all keys, optionally split over the keys); one backward is the ``delta``
-pre-pass (``_common_kernels.softmax_bwd_delta``) and four launches (dq and dk/dv, each for the
-patch side and the core side). Nothing needs atomics: each output row is owned by one program,
-except the core rows' long loops when they are split, whose fp32 partials are reduced here with
-PyTorch (C rows only). With rope the dq and dk/dv kernels map their gradients back through it
-in their epilogues and write q's dtype; the tables' gradients (when asked for) are per-head
-fp32 partials those epilogues write, summed here by one reduction.
+pre-pass (``_common_kernels.softmax_bwd_delta``) and four launches:
+
+* fused (the default): the patch rows' kernel computes their P and dS against the C cores once,
+  writes the patches' dq and adds their share of the cores' dk/dv to a zeroed fp32 buffer with
+  atomics; the patch keys' dk/dv (core queries only); the core rows' dq (all keys, optionally
+  split); the core keys' dk/dv, looping over the C core queries and adding the buffer.
+* deterministic (``torch.use_deterministic_algorithms``, and the tile classes without the fused
+  kernel): no atomics; the patch rows' kernel writes dq only, and the core keys' dk/dv launch
+  loops over all C + N queries (optionally split), recomputing the patch rows' P and dS.
+
+Split long loops write fp32 partials reduced here with PyTorch (C rows only). With rope the dq
+and dk/dv kernels map their gradients back through it in their epilogues and write q's dtype;
+the tables' gradients (when asked for) are per-head fp32 partials those epilogues write, summed
+here by one reduction.
 """
 import math
 from typing import Dict, NamedTuple, Optional, Tuple
@@ -88,9 +96,12 @@ class BwdTiles(NamedTuple):
     loop_block: int  # rows per step of its loop (on sm_80 the mma B operands, whole per warp)
     warps: int
     stages: int
+    maxnreg: Optional[int] = None  # register cap per thread (None: ptxas decides)
+    fused_warps: int = 0  # warps of the fused patch-row kernel (0: not used, see below)
 
 
-#: backward ``(row_block, loop_block, warps, stages)`` by (fp32 or not, BD, D == BD, rope),
+#: backward ``(row_block, loop_block, warps, stages, maxnreg, fused_warps)`` by (fp32 or not,
+#: BD, D == BD, rope),
 #: chosen so that every backward kernel compiles for sm_80 and sm_90 without a spill and the
 #: dk/dv kernel (two fp32 accumulators) within 128 registers (two CTAs per SM): see
 #: ``tests/ops/test_aot.py`` and ``tests/tools/test_kernel_report.py``. The loop block is the
@@ -105,9 +116,40 @@ def _bwd_tiles(fp32: bool, bd: int, even: bool) -> Tuple[int, int, int, int]:
     return row, 16, 4 if (bd == 128 and even) else 8, 1
 
 
-BWD_TILE_TABLE = {(fp32, bd, even, rope): _bwd_tiles(fp32, bd, even)
-                  for fp32 in (False, True) for bd in (16, 32, 64, 128)
-                  for even in (False, True) for rope in (False, True)}
+def _fused_warps(fp32: bool, bd: int, even: bool, warps: int) -> int:
+    """Warps of ``core_periphery_bwd_patches_kernel`` (16 x 16 tiles), 0 where the fused
+    backward is not used. Its two extra products and the atomics hold more than the dq kernel:
+    with the other backward kernels' warps it needed 144-168 registers at D = 40 (fp16) and
+    126-202 at BD = 128 (sm_80 / sm_90); 8 warps bring those within 128. At BD = 128 with
+    D < BD (D = 72) no choice did (fp16: 149-173 with 8 warps; fp32 with rope: a 24-byte stack
+    at 8 warps, 232-244 registers at 4, 147-161 capped at 168), so those classes keep the
+    separate kernels."""
+    if bd == 128 and not even:
+        return 0
+    if bd == 128 or (bd == 64 and not even and not fp32):
+        return 8
+    return warps
+
+
+#: (fp32, BD, D == BD, rope) whose 8-warp backward kernels ptxas left at 64 or 80 registers
+#: (the occupancy steps of 256 threads: 4 or 3 CTAs per SM) with an 8-byte stack frame, i.e.
+#: two values live across the loop spilled (STL before it, LDL after it): D = 24 and 32 with
+#: rope, D = 72 without. An explicit cap of :data:`BWD_MAXNREG` lets ptxas keep them in
+#: registers (the same cure as ``dynamic_dwconv``'s backward): 79-128 registers, no stack. Any
+#: cap from 81 to 128 gives 8 warps the same occupancy (2 CTAs per SM), so the widest is taken.
+#: Elsewhere ptxas decides (4 warps instead moved the frames to other kernels and took D = 72 to
+#: 184 registers).
+BWD_CAPPED = frozenset({(True, 32, False, True), (True, 32, True, True),
+                        (True, 128, False, False)})
+#: the backward's register cap where :data:`BWD_CAPPED` asks for one: the dk/dv budget
+BWD_MAXNREG = 128
+
+BWD_TILE_TABLE = {
+    (fp32, bd, even, rope): (*_bwd_tiles(fp32, bd, even),
+                             BWD_MAXNREG if (fp32, bd, even, rope) in BWD_CAPPED else None,
+                             _fused_warps(fp32, bd, even, _bwd_tiles(fp32, bd, even)[2]))
+    for fp32 in (False, True) for bd in (16, 32, 64, 128)
+    for even in (False, True) for rope in (False, True)}
 
 
 def core_periphery_bwd_tiles(bd: int, even_d: bool, dtype: torch.dtype, rope: bool) -> BwdTiles:
@@ -122,40 +164,64 @@ def padded_head_dim(head_dim: int) -> int:
 
 def core_periphery_kernel_configs(head_dim: int, num_cores: int, dtype: torch.dtype, rope: bool,
                       input_precision: str = DEFAULT_INPUT_PRECISION,
-                      rope_grad: bool = False) -> Dict[str, KernelConfig]:
+                      rope_grad: bool = False, fused: bool = True) -> Dict[str, KernelConfig]:
     """The configurations the launchers use, by role: ``fwd_patches``, ``fwd_cores``,
-    ``bwd_preprocess``, ``bwd_dq_patches``, ``bwd_dq_cores``, ``bwd_dkdv_patches``,
-    ``bwd_dkdv_cores``. ``*_patches`` have the patch tokens on the program's rows,
-    ``*_cores`` the core tokens (and the long loop). ``rope_grad``: the backward kernels also
-    write the rope tables' gradients (``ROPE_GRAD``)."""
+    ``bwd_preprocess``, ``bwd_patches`` (fused) or ``bwd_dq_patches`` (not), ``bwd_dq_cores``,
+    ``bwd_dkdv_patches``, ``bwd_dkdv_cores``. ``*_patches`` have the patch tokens on the
+    program's rows, ``*_cores`` the core tokens (and the long loop). ``rope_grad``: the backward
+    kernels also write the rope tables' gradients (``ROPE_GRAD``). ``fused``: the patch rows'
+    dq kernel also sums their share of the cores' dk/dv (``bwd_patches``, fp32 atomics), and
+    the cores' dk/dv kernel adds those sums (``ACC_INIT``) and loops over the core
+    queries only (:func:`use_fused_backward`)."""
     bd = padded_head_dim(head_dim)
     t = core_periphery_tiles(bd, head_dim == bd, num_cores, dtype, rope)
     common = dict(BD=bd, EVEN_D=head_dim == bd, ROPE=rope, INPUT_PRECISION=input_precision)
     grad = dict(ROPE_GRAD=rope and rope_grad)
 
     bt = core_periphery_bwd_tiles(bd, head_dim == bd, dtype, rope)
+    fused = fused and bt.fused_warps > 0
     core = max(16, _next_pow2(num_cores))  # the core side, padded
 
     def cfg(kernel, block_m: int, block_n: int) -> KernelConfig:
         return KernelConfig(kernel, dict(common, BLOCK_M=block_m, BLOCK_N=block_n), t.warps,
                             t.stages)
 
-    def bwd(kernel, block_m: int, block_n: int) -> KernelConfig:
-        return KernelConfig(kernel, dict(common, **grad, BLOCK_M=block_m, BLOCK_N=block_n),
-                            bt.warps, bt.stages)
+    def bwd(kernel, block_m: int, block_n: int, **extra) -> KernelConfig:
+        return KernelConfig(kernel, dict(common, **grad, **extra, BLOCK_M=block_m,
+                                         BLOCK_N=block_n), bt.warps, bt.stages, bt.maxnreg)
 
     dq, dkdv = kernels.core_periphery_bwd_dq_kernel, kernels.core_periphery_bwd_dkdv_kernel
     row, loop = bt.row_block, bt.loop_block
-    return {
+    cfgs = {
         # BLOCK_M: query rows, BLOCK_N: key rows
         'fwd_patches': cfg(kernels.core_periphery_fwd_kernel, t.long_block, t.core_block),
         'fwd_cores': cfg(kernels.core_periphery_fwd_kernel, t.core_block, t.long_block),
         'bwd_preprocess': delta_config(head_dim, with_mean=False),
         # programs own the first block's rows and loop over the second's
-        'bwd_dq_patches': bwd(dq, row, min(core, loop)),
         'bwd_dq_cores': bwd(dq, min(core, row), loop),
-        'bwd_dkdv_patches': bwd(dkdv, min(core, loop), row),
-        'bwd_dkdv_cores': bwd(dkdv, loop, min(core, row))}
+        'bwd_dkdv_patches': bwd(dkdv, min(core, loop), row, ACC_INIT=False),
+        'bwd_dkdv_cores': bwd(dkdv, loop, min(core, row), ACC_INIT=fused)}
+    if fused and bt.warps == 8 and bt.maxnreg is None:
+        # the sums added after the loop: ptxas kept fp32 D = 64 with rope at 64 registers
+        # (4 CTAs of 8 warps) with a 16-byte stack on sm_90; capped like BWD_CAPPED
+        cfgs['bwd_dkdv_cores'] = KernelConfig(dkdv, cfgs['bwd_dkdv_cores'].constexprs,
+                                              bt.warps, bt.stages, BWD_MAXNREG)
+    if fused:
+        # loop-block rows: with the dq kernel's 32 rows the extra products and atomics took
+        # fp16 / bf16 to 162 registers on sm_80 (and a cap of 128 spilled on sm_90)
+        cfgs['bwd_patches'] = KernelConfig(
+            kernels.core_periphery_bwd_patches_kernel,
+            dict(common, **grad, BLOCK_M=loop, BLOCK_N=min(core, loop)), bt.fused_warps,
+            bt.stages, bt.maxnreg)
+    else:
+        cfgs['bwd_dq_patches'] = bwd(dq, row, min(core, loop))
+    return cfgs
+
+
+def use_fused_backward() -> bool:
+    """The fused patch-row backward (fp32 atomics, run-to-run differences in the last bits of
+    the cores' dk/dv) unless ``torch.use_deterministic_algorithms`` is on."""
+    return not torch.are_deterministic_algorithms_enabled()
 
 
 def num_splits(n_programs: int, n_loop_blocks: int, device: torch.device,
@@ -279,10 +345,17 @@ def core_periphery_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
                        cos: Optional[torch.Tensor], sin: Optional[torch.Tensor], o: torch.Tensor,
                        lse: torch.Tensor, num_cores: int, scale: float,
                        input_precision: str = DEFAULT_INPUT_PRECISION,
-                       splits: Optional[int] = None, rope_grad: bool = False
+                       splits: Optional[int] = None, rope_grad: bool = False,
+                       fused: Optional[bool] = None
                        ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor,
                                   Optional[torch.Tensor], Optional[torch.Tensor]]:
     """Backward launcher: ``(dq, dk, dv, dcos, dsin)``.
+
+    ``fused`` (None: :func:`use_fused_backward`): the patch rows' P and dS, computed once, give
+    both the patches' dq and their share of the cores' dk/dv (fp32 atomics into a zeroed
+    ``[2, B*heads, C, D]`` buffer), and the cores' dk/dv launch then loops over the C core
+    queries only (no split); otherwise (deterministic) the cores' dk/dv launch recomputes the
+    patch rows' P and dS over all C + N queries.
 
     dq, dk, dv are ``[B, heads, C + N, D]`` contiguous in q's dtype (with rope: the gradients of
     the unrotated q and k; the kernels map them back). dcos, dsin are the gradients of the rope
@@ -293,7 +366,9 @@ def core_periphery_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     C, N, BH = num_cores, L - num_cores, B * q.shape[1]
     rope = cos is not None
     rope_grad = rope and rope_grad
-    cfgs = core_periphery_kernel_configs(D, C, q.dtype, rope, input_precision, rope_grad)
+    fused = use_fused_backward() if fused is None else fused
+    cfgs = core_periphery_kernel_configs(D, C, q.dtype, rope, input_precision, rope_grad, fused)
+    fused = 'bwd_patches' in cfgs  # not in every tile class (:func:`_fused_warps`)
     do = _unit_last_stride(do)
     if rope:
         q, k, cos, sin = _pair_aligned_inputs(q, k, cos, sin)
@@ -310,6 +385,10 @@ def core_periphery_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     out_strides = (0, L * D, D)
     # (split, batch*head, cos / sin plane, row) strides of a table-gradient plane
     tab_strides = (0, L * D, BH * L * D, D) if rope_grad else (0, 0, 0, 0)
+    # the cores' dk (of the rotated k, unscaled) and dv summed over the patch rows (fused)
+    acc = (torch.zeros((2, BH, C, D), dtype=torch.float32, device=q.device) if fused
+           else dq.new_empty(0))
+    acc_strides = (BH * C * D, C * D, D) if fused else (0, 0, 0)
 
     def tab(i: int) -> torch.Tensor:
         return dtab[i] if rope_grad else dtab
@@ -326,20 +405,22 @@ def core_periphery_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     with _device_guard(q):
         delta = softmax_bwd_delta(cfgs['bwd_preprocess'], o, do)
 
-        # dq of the patch rows [C, L): keys [0, C)
-        cfg = cfgs['bwd_dq_patches']
+        # dq of the patch rows [C, L): keys [0, C) (fused: and their share of the cores' dk/dv)
+        role = 'bwd_patches' if fused else 'bwd_dq_patches'
+        cfg = cfgs[role]
         bm, bn = cfg.constexprs['BLOCK_M'], cfg.constexprs['BLOCK_N']
         n_blocks = -(-N // bm)
-        _launch('bwd_dq_patches', cfg, (n_blocks * BH,), *inputs, delta, dq, tab(0), *strides,
-                *out_strides, *tab_strides, nh, C, N, C, n_blocks, 1, -(-C // bn), C, L, scale,
-                D)
+        extra, extra_strides = ((acc,), acc_strides) if fused else ((), ())
+        _launch(role, cfg, (n_blocks * BH,), *inputs, delta, dq, tab(0), *extra, *strides,
+                *out_strides, *tab_strides, *extra_strides, nh, C, N, C, n_blocks, 1, -(-C // bn),
+                C, L, scale, D)
         # dk, dv of the patch keys [C, L): only the core queries [0, C) attend them
         cfg = cfgs['bwd_dkdv_patches']
         bm, bn = cfg.constexprs['BLOCK_M'], cfg.constexprs['BLOCK_N']
         n_blocks = -(-N // bn)
-        _launch('bwd_dkdv_patches', cfg, (n_blocks * BH,), *inputs, delta, dk, dv, tab(1),
-                *strides, *out_strides, *tab_strides, nh, C, N, C, n_blocks, 1, -(-C // bm), C,
-                L, scale, D)
+        _launch('bwd_dkdv_patches', cfg, (n_blocks * BH,), *inputs, delta, dk, dv, tab(1), acc,
+                *strides, *out_strides, *tab_strides, 0, 0, 0, nh, C, N, C, n_blocks, 1,
+                -(-C // bm), C, L, scale, D)
 
         # dq of the core rows [0, C): all keys [0, L), optionally split
         cfg = cfgs['bwd_dq_cores']
@@ -359,20 +440,23 @@ def core_periphery_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
             if rope_grad:
                 dtab[0, :, :, :C] = t_part.sum(0)
 
-        # dk, dv of the core keys [0, C): every query [0, L) attends them, optionally split
+        # dk, dv of the core keys [0, C): every query [0, L) attends them, optionally split;
+        # fused: the patch rows' share is in acc, the core queries [0, C) are left (one split)
         cfg = cfgs['bwd_dkdv_cores']
         bm, bn = cfg.constexprs['BLOCK_M'], cfg.constexprs['BLOCK_N']
         n_blocks = -(-C // bn)
-        n_splits, per_split = num_splits(n_blocks * BH, -(-L // bm), q.device, splits)
+        n_q = C if fused else L
+        n_splits, per_split = ((1, -(-C // bm)) if fused else
+                               num_splits(n_blocks * BH, -(-L // bm), q.device, splits))
         grid = (n_blocks * n_splits * BH,)
-        sizes = (nh, 0, C, L, n_blocks, n_splits, per_split, 0, L, scale, D)
+        sizes = (nh, 0, C, n_q, n_blocks, n_splits, per_split, 0, L, scale, D)
         if n_splits == 1:
-            _launch('bwd_dkdv_cores', cfg, grid, *inputs, delta, dk, dv, tab(1), *strides,
-                    *out_strides, *tab_strides, *sizes)
+            _launch('bwd_dkdv_cores', cfg, grid, *inputs, delta, dk, dv, tab(1), acc, *strides,
+                    *out_strides, *tab_strides, *acc_strides, *sizes)
         else:
             part, t_part, p_strides, t_strides = partials(n_splits, 2)
-            _launch('bwd_dkdv_cores', cfg, grid, *inputs, delta, part[0], part[1], t_part,
-                    *strides, *p_strides, *t_strides, *sizes)
+            _launch('bwd_dkdv_cores', cfg, grid, *inputs, delta, part[0], part[1], t_part, acc,
+                    *strides, *p_strides, *t_strides, *acc_strides, *sizes)
             dk.view(BH, L, D)[:, :C] = part[0].sum(0)
             dv.view(BH, L, D)[:, :C] = part[1].sum(0)
             if rope_grad:

@@ -81,7 +81,9 @@ def aot_case(D, C, dtype, rope='batch', splits=None, N=196, rope_grad=True) -> D
 
 def aot_record(case: Dict[str, Any]) -> list:
     """The launches of one forward + backward on views of ``[B, C + N, heads, D]``
-    projections, as the VECA backbone passes them."""
+    projections, as the VECA backbone passes them; the backward both fused (the default) and
+    deterministic (``torch.use_deterministic_algorithms``), unless the case sets
+    ``fused`` to one of them."""
     from . import function
     dtype = DTYPES[case['dtype']]
     B, heads, C, D = case.get('B', 2), case.get('heads', 2), case['C'], case['D']
@@ -94,8 +96,11 @@ def aot_record(case: Dict[str, Any]) -> list:
     scale = D ** -0.5
     with function.record_launches() as launches:
         o, lse = function.core_periphery_fwd(q, k, v, cos, sin, C, scale, splits=case['splits'])
-        function.core_periphery_bwd(torch.empty_like(o), q, k, v, cos, sin, o, lse, C, scale,
-                                    splits=case['splits'], rope_grad=case.get('rope_grad', True))
+        fused = case.get('fused')
+        for f in ((True, False) if fused is None else (fused,)):
+            function.core_periphery_bwd(torch.empty_like(o), q, k, v, cos, sin, o, lse, C,
+                                        scale, splits=case['splits'],
+                                        rope_grad=case.get('rope_grad', True), fused=f)
     return launches
 
 
@@ -118,7 +123,8 @@ AOT = AotSpec(
           for rope in (None, 'batch', 'shared')
           for splits in (None, 2)],
     kernels=frozenset({'core_periphery_fwd_kernel', 'core_periphery_bwd_dq_kernel',
-                       'core_periphery_bwd_dkdv_kernel', 'softmax_bwd_delta_kernel'}))
+                       'core_periphery_bwd_dkdv_kernel', 'core_periphery_bwd_patches_kernel',
+                       'softmax_bwd_delta_kernel'}))
 
 # ---------------------------------------------------------------------------------------------
 # roofline
@@ -127,8 +133,17 @@ AOT = AotSpec(
 ROOFLINE_SMS = 132
 
 
+def _splits(programs: int, loop_blocks: int) -> int:
+    """``function.num_splits`` on ROOFLINE_SMS SMs."""
+    from .function import MIN_BLOCKS_PER_SPLIT
+    if programs >= 2 * ROOFLINE_SMS:
+        return 1
+    splits = max(1, min(-(-2 * ROOFLINE_SMS // programs), loop_blocks // MIN_BLOCKS_PER_SPLIT))
+    return -(-loop_blocks // -(-loop_blocks // splits))
+
+
 def roofline_costs(B: int, h: int, C: int, N: int, D: int, rope_grad: bool = False,
-                   previous: bool = False):
+                   previous: bool = False, fused: Optional[bool] = None):
     """``costs(dtype) -> {'fwd': Cost, 'bwd': Cost}`` of one call on ``[B, h, C + N, D]`` q, k,
     v with per-token rope tables shared by the batch (``[1, C + N, D]``, as the GPU checks pass
     them; ``rope_grad``: the tables need gradients too), as the kernels and their glue run.
@@ -137,19 +152,31 @@ def roofline_costs(B: int, h: int, C: int, N: int, D: int, rope_grad: bool = Fal
     launch come from L2), the tables once per launch. Forward: the patch launch reads q, the
     core k and v, and writes o and the log-sum-exp; the core launch reads the core q and all of
     k and v, writing fp32 partials merged in PyTorch when its key loop is split. Backward: the
-    delta pre-pass (o, dO read), then dq and dk/dv of the patch rows and of the core rows, each
-    reading its own rows and the other side's, writing dq, dk, dv in the input dtype (the
-    inverse rope is in their epilogues); with ``rope_grad`` the epilogues re-read q / k and
-    write fp32 per-head table partials (4 planes), summed by one reduction per table.
-    Tensor-core FLOPs: 2 per MAC, two products forward, five backward (S, dP, dV, dQ, dK);
-    fp32 lane instructions: about 4 per score forward (scale, max, exp2, sum), 6 backward, and
-    3 per rotated element (two FMAs and a conversion) each time a q / k tile is loaded.
+    delta pre-pass (o, dO read), then per side a dq and a dk/dv launch, each reading its own
+    rows and the other side's, writing dq, dk, dv in the input dtype (the inverse rope is in
+    their epilogues); the core rows' long loops split as the launchers split them (backward
+    tiles). ``fused`` (None: where the launchers fuse, i.e. outside
+    ``torch.use_deterministic_algorithms``, in the tile classes that have the fused kernel):
+    the patch rows' launch also adds their share of the cores' dk/dv to a zeroed fp32
+    ``[2, B*h, C, D]`` buffer (zeroed, then read once by the cores' dk/dv launch, which reads
+    the C core queries only and never splits). Its fp32 atomics (``2 C D`` per program, a
+    16-row block of patches per program: ``N / 16 * 8 C D`` bytes per head) resolve in L2 and
+    are not counted as HBM bytes: a GPU run has to confirm they are cheap. Not fused: the cores'
+    dk/dv launch reads q, dO, lse, delta of all C + N rows. With ``rope_grad`` the epilogues
+    re-read q / k and write fp32 per-head table partials (4 planes), summed by one reduction
+    per table.
+    Tensor-core FLOPs: 2 per MAC; forward two products per (query, key) pair; backward S and dP
+    in every launch that visits a pair (fused: the patch-core pairs once, the core-all pairs
+    twice; not fused: every pair twice), plus dV, dQ, dK once per pair. fp32 lane
+    instructions: about 4 per score forward (scale, max, exp2, sum), 3 per score and visit
+    backward (P and dS), and 3 per rotated element (two FMAs and a conversion) each time a
+    q / k tile is loaded.
 
-    ``previous``: the design before issue 14: dq and dk of the rotated q, k written in fp32 and
-    mapped back to q, k and the tables by PyTorch elementwise passes (per gradient ``g cos``, ``g sin``, the pair
-    rotation, the difference, the cast: about 44 + itemsize bytes per element; with table
-    gradients about 70 more per element and 10 more launches)."""
-    from .function import MIN_BLOCKS_PER_SPLIT, core_periphery_tiles, padded_head_dim
+    ``previous``: the design before issue 14 (not fused): dq and dk of the rotated q, k written
+    in fp32 and mapped back to q, k and the tables by PyTorch elementwise passes (per gradient
+    ``g cos``, ``g sin``, the pair rotation, the difference, the cast: about 44 + itemsize bytes
+    per element; with table gradients about 70 more per element and 10 more launches)."""
+    from .function import core_periphery_bwd_tiles, core_periphery_tiles, padded_head_dim
 
     def costs(dtype: str) -> Dict[str, Cost]:
         torch_dtype = DTYPES[dtype]
@@ -157,15 +184,15 @@ def roofline_costs(B: int, h: int, C: int, N: int, D: int, rope_grad: bool = Fal
         L, bh = C + N, B * h
         bd = padded_head_dim(D)
         t = core_periphery_tiles(bd, bd == D, C, torch_dtype, True)
+        bt = core_periphery_bwd_tiles(bd, bd == D, torch_dtype, True)
+        fuse = (bt.fused_warps > 0 if fused is None else fused) and not previous
         row = bh * D * e  # bytes of one token row of q, k, v, o or dO over all heads
         tab = 2 * L * D * e  # cos and sin
-        # split of the core rows' long loops (the launchers' heuristic on ROOFLINE_SMS SMs)
-        progs = -(-C // t.core_block) * bh
-        blocks = -(-L // t.long_block)
-        splits = 1 if progs >= 2 * ROOFLINE_SMS else max(1, min(
-            -(-2 * ROOFLINE_SMS // progs), blocks // MIN_BLOCKS_PER_SPLIT))
         part = 4 * bh * C * D  # one fp32 partial of the core rows
+        core = max(16, 1 << (C - 1).bit_length())  # the core side, padded
 
+        # forward; split of the core rows' key loop (the launchers' heuristic)
+        splits = _splits(-(-C // t.core_block) * bh, -(-L // t.long_block))
         fwd_bytes = (row * (N + 2 * C) + row * N + 4 * bh * N + tab  # patch rows
                      + row * (C + 2 * L) + row * C + 4 * bh * C + tab)  # core rows
         fwd_launches = 2
@@ -176,16 +203,23 @@ def roofline_costs(B: int, h: int, C: int, N: int, D: int, rope_grad: bool = Fal
         fwd_fp32 = 4 * pairs + 3 * bh * D * (L + N // t.long_block * C + L)
         fwd = Cost(fwd_bytes, fp32=fwd_fp32, tc=2 * 2 * pairs * D, launches=fwd_launches)
 
-        # backward: delta, dq / dk-dv of the patch rows, then of the core rows
+        # backward: delta, dq (fused: + the cores' dk/dv share) / dk-dv of the patch rows,
+        # then dq / dk-dv of the core rows; the core rows' loops split by the backward tiles
+        splits = _splits(-(-C // min(core, bt.row_block)) * bh, -(-L // bt.loop_block))
+        n_q = C if fuse else L  # the queries the cores' dk/dv launch reads
         bwd_bytes = (2 * row * L + 4 * bh * L
                      + row * (2 * N + 2 * C) + 8 * bh * N + tab + row * N  # dq patches
                      + row * (2 * N + 2 * C) + 8 * bh * C + tab + 2 * row * N  # dk/dv patches
                      + row * (2 * C + 2 * L) + 8 * bh * C + tab + row * C  # dq cores
-                     + row * (2 * C + 2 * L) + 8 * bh * L + tab + 2 * row * C)  # dk/dv cores
+                     + row * (2 * C + 2 * n_q) + 8 * bh * n_q + tab + 2 * row * C)  # dk/dv cores
         bwd_launches = 5
-        if splits > 1:  # dq, dk, dv partials written, read, summed into the outputs
-            bwd_bytes += 3 * (2 * splits * part + row * C)
-            bwd_launches += 3
+        split_outputs = 1 if fuse else 3  # dq (and dk, dv unless fused) of the core rows
+        if fuse:  # the dk/dv buffer zeroed, then read by the cores' dk/dv launch
+            bwd_bytes += 2 * 2 * part
+            bwd_launches += 1
+        if splits > 1:  # partials written, read, summed into the outputs
+            bwd_bytes += split_outputs * (2 * splits * part + row * C)
+            bwd_launches += split_outputs
         if previous:  # fp32 dq, dk, then the PyTorch inverse-rope passes
             g = bh * L * D
             bwd_bytes += 2 * g * (4 - e) + 2 * g * (44 + e) + 2 * tab
@@ -196,11 +230,13 @@ def roofline_costs(B: int, h: int, C: int, N: int, D: int, rope_grad: bool = Fal
         elif rope_grad:  # q / k re-read, 4 fp32 planes written and summed, tables written
             bwd_bytes += 2 * row * L + 2 * 16 * bh * L * D + 2 * L * D * (4 + e)
             bwd_launches += 2 + (2 if e < 4 else 0)
-            if splits > 1:
-                bwd_bytes += 2 * 2 * (2 * splits * 2 * part)
-                bwd_launches += 2
-        bwd_fp32 = 6 * pairs + 2 * 3 * bh * D * (2 * L + 2 * C)
-        bwd = Cost(bwd_bytes, fp32=bwd_fp32, tc=5 * 2 * pairs * D, launches=bwd_launches)
+            if splits > 1:  # the table partials of the split launches (dq's, and dk's)
+                bwd_bytes += (1 if fuse else 2) * 2 * (2 * splits * 2 * part)
+                bwd_launches += 1 if fuse else 2
+        visits = 2 * bh * C * L + (1 if fuse else 2) * bh * N * C
+        bwd_fp32 = 3 * visits + 2 * 3 * bh * D * (2 * L + 2 * C)
+        bwd = Cost(bwd_bytes, fp32=bwd_fp32, tc=2 * D * (2 * visits + 3 * pairs),
+                   launches=bwd_launches)
         return dict(fwd=fwd, bwd=bwd)
     return costs
 
@@ -209,7 +245,7 @@ def roofline(B: int, h: int, C: int, N: int, D: int) -> Roofline:
     return Roofline(check=f'core_periphery B{B}-H{h}-C{C}-N{N}-D{D}',
                     costs=roofline_costs(B, h, C, N, D),
                     aot_case=dict(aot_case(D, C, 'bf16', 'shared', N=N, rope_grad=False),
-                                  B=B, heads=h),
+                                  B=B, heads=h, fused=True),  # the default backward only
                     previous=roofline_costs(B, h, C, N, D, previous=True))
 
 
