@@ -102,7 +102,8 @@ def test_sema_roofline_launches_are_the_kernels_and_the_mean_passes() -> None:
             assert now['bwd'].launches == len(roles) - roles.count('fwd') + 1  # + sum_n dO
             assert now['bwd'].launches < before['bwd'].launches
             assert now['bwd'].bytes < before['bwd'].bytes
-=======
+
+
 def test_core_periphery_fused_backward_models_less_traffic() -> None:
     """The fused patch-row backward (P and dS of the patch-core pairs computed once, the cores'
     dk/dv launch left with the core queries and no split) moves fewer bytes and does fewer
