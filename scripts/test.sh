@@ -12,4 +12,4 @@ cd "$ROOT"
 # cores finish about twice as fast as one process with two threads, and one thread per worker
 # keeps OpenMP from spin-waiting against the other worker (which made small ops 10-50x slower).
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
-exec "$PYTHON" -m pytest -n "${PYTEST_WORKERS:-auto}" --dist worksteal "$@"
+exec "$PYTHON" -m pytest -n "${PYTEST_WORKERS:-auto}" "$@"

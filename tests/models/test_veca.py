@@ -505,7 +505,7 @@ def test_build_from_registries():
     assert isinstance(model, VECA) and model.out_type == 'raw'
     assert det.embed_dims == 768 and seg.num_cores == 16
     clf = CLS_MODELS.build(dict(
-        type='ImageClassifier',
+        type='ImageClassifier', _scope_='mmpretrain',  # whatever scope an earlier test left
         backbone=dict(type='mmeffattn.VECA', arch=MINI, out_type='global', num_cores=16),
         neck=None, head=dict(type='LinearClsHead', num_classes=10, in_channels=64)))
     clf.eval()

@@ -189,7 +189,7 @@ def build_classifier(arch: str = 'tiny', num_classes: int = 1000) -> nn.Module:
     from mmpretrain.registry import MODELS as CLS_MODELS
     dim = ARCHS[arch][0] if isinstance(arch, str) else arch['embed_dims']
     return CLS_MODELS.build(dict(
-        type='ImageClassifier',
+        type='ImageClassifier', _scope_='mmpretrain',  # whatever scope an earlier test left
         backbone=dict(type='mmeffattn.WeightFormer', arch=arch, out_type='avgpool'),
         neck=None,
         head=dict(type='LinearClsHead', num_classes=num_classes, in_channels=dim)))
