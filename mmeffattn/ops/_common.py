@@ -45,8 +45,9 @@ def window_attention(q_w: torch.Tensor, k_w: torch.Tensor, v_w: torch.Tensor,
     :data:`FUSED_MIN_KEYS` keys go through torch's fused ``scaled_dot_product_attention`` (2x
     faster than matmul + softmax on the CPU for VECA's patch-to-core attention, as fast at SEMA's
     7x7 windows); everything else is a plain matmul and softmax (fp32 for 16-bit inputs). The fused
-    CPU kernel drops a NaN query below 8 keys (a finite row comes out) and a NaN key at 1 key, and
-    is 3-5x slower than the plain form for bf16 training (torch 2.14, 2 cores);
+    CPU kernel drops a NaN query when the keys are fewer than one SIMD block of fp32 lanes (a
+    finite row comes out: below 8 keys with AVX2, below 16 with AVX-512) and a NaN key at 1 key,
+    and is 3-5x slower than the plain form for bf16 training (torch 2.14, 2 cores);
     tests/reliability/test_nan_contract.py holds both paths to the contract.
     """
     if q_w.dtype == torch.float32 and k_w.shape[-2] >= FUSED_MIN_KEYS:
@@ -65,8 +66,10 @@ def is_eager() -> bool:
     return not (torch.compiler.is_compiling() or torch.jit.is_tracing())
 
 
-#: the fewest keys for which :func:`window_attention` uses torch's fused attention (see there)
-FUSED_MIN_KEYS = 8
+#: the fewest keys for which :func:`window_attention` uses torch's fused attention (see there):
+#: AVX-512's 16 fp32 lanes, so that the NaN contract holds on every x86 CPU (8 was enough on
+#: AVX2 only)
+FUSED_MIN_KEYS = 16
 
 
 # ---------------------------------------------------------------------------------------------

@@ -49,19 +49,20 @@ CASES = {
     'sema_attention': Case(
         lambda backend, q, k, v: ops.sema_attention(q, k, v, (3, 5), 2, backend=backend),
         lambda: dict(q=_randn(1, 2, 15, 16), k=_randn(1, 2, 15, 16), v=_randn(1, 2, 15, 16))),
-    # 3 x 3 windows (9 keys, partial ones at the edges): fp32 takes torch's fused attention there
+    # 4 x 4 windows (16 keys, partial ones at the edges): fp32 takes torch's fused attention
+    # there (FUSED_MIN_KEYS)
     'sema_attention-fused': Case(
-        lambda backend, q, k, v: ops.sema_attention(q, k, v, (5, 7), 3, backend=backend),
-        lambda: dict(q=_randn(1, 2, 35, 16), k=_randn(1, 2, 35, 16), v=_randn(1, 2, 35, 16))),
+        lambda backend, q, k, v: ops.sema_attention(q, k, v, (6, 9), 4, backend=backend),
+        lambda: dict(q=_randn(1, 2, 54, 16), k=_randn(1, 2, 54, 16), v=_randn(1, 2, 54, 16))),
     # q and k packed [B, N, 2, heads, D]; the poisoned element (a third of the way in) is a key
     # (token 6, keys half, head 0), which reaches every query of its 2 x 2 window
     'sema_attention_qk': Case(
         lambda backend, qk, v: ops.sema_attention_qk(qk, v, (4, 5), 2, backend=backend),
         lambda: dict(qk=_randn(1, 20, 2, 2, 16), v=_randn(1, 2, 20, 16))),
-    # C = 8 cores: the patch-to-core attention of the reference is fused too
+    # C = 16 cores: the patch-to-core attention of the reference is fused too
     'core_periphery_attention-fused': Case(
-        lambda backend, q, k, v: ops.core_periphery_attention(q, k, v, 8, backend=backend),
-        lambda: dict(q=_randn(1, 2, 13, 16), k=_randn(1, 2, 13, 16), v=_randn(1, 2, 13, 16))),
+        lambda backend, q, k, v: ops.core_periphery_attention(q, k, v, 16, backend=backend),
+        lambda: dict(q=_randn(1, 2, 29, 16), k=_randn(1, 2, 29, 16), v=_randn(1, 2, 29, 16))),
     # the case: a patch query attends over C = 2 core keys only
     'core_periphery_attention': Case(
         lambda backend, q, k, v: ops.core_periphery_attention(q, k, v, 2, backend=backend),
