@@ -174,15 +174,20 @@ def test_triton_cases_cover_every_launch() -> None:
                 args = dict(zip(launch.config.kernel.arg_names, launch.args))
                 seen.add((launch.role, 'split' if args['n_splits'] > 1 else 'whole'))
                 seen.add((launch.role, 'several core blocks' if args['n_blocks'] > 1 else 'one'))
-            if launch.role == 'bwd_dkdv_cores':
+            if launch.role in ('bwd_keys', 'bwd_dq_cores'):
                 seen.add((launch.role, 'acc' if constexprs['ACC_INIT'] else 'no acc'))
-    roles = ['fwd_patches', 'fwd_cores', 'bwd_preprocess', 'bwd_patches', 'bwd_dq_patches',
-             'bwd_dq_cores', 'bwd_dkdv_patches', 'bwd_dkdv_cores']
+            if launch.role == 'bwd_keys':
+                args = dict(zip(launch.config.kernel.arg_names, launch.args))
+                seen.add((launch.role, 'several core blocks' if args['blocks_per_split'] > 1
+                          else 'one'))
+    roles = ['fwd_patches', 'fwd_cores', 'bwd_preprocess', 'bwd_patches', 'bwd_keys',
+             'bwd_dq_patches', 'bwd_dq_cores', 'bwd_dkdv_patches', 'bwd_dkdv_cores']
     wanted = {(dt, r, rope) for dt in ('fp32', 'fp16') for r in roles if r != 'bwd_preprocess'
               for rope in (True, False)}
     wanted |= {(r, kind) for r in ('fwd_cores', 'bwd_dq_cores', 'bwd_dkdv_cores')
                for kind in ('split', 'whole', 'several core blocks', 'one')}
-    wanted |= {('bwd_dkdv_cores', 'acc'), ('bwd_dkdv_cores', 'no acc')}
+    wanted |= {('bwd_keys', 'several core blocks'), ('bwd_keys', 'one'), ('bwd_keys', 'acc'),
+               ('bwd_dq_cores', 'acc'), ('bwd_dq_cores', 'no acc')}
     assert not wanted - seen, sorted(wanted - seen, key=str)
 
 

@@ -105,10 +105,9 @@ def test_sema_roofline_launches_are_the_kernels_and_the_mean_passes() -> None:
 
 
 def test_core_periphery_fused_backward_models_less_traffic() -> None:
-    """The fused patch-row backward (P and dS of the patch-core pairs computed once, the cores'
-    dk/dv launch left with the core queries and no split) moves fewer bytes and does fewer
-    tensor-core FLOPs than the deterministic one (every pair visited twice), at the GPU-check
-    shapes, with and without table gradients."""
+    """The fused backward (P and dS of every pair computed once, fp32 atomics, no split) moves
+    fewer bytes and does fewer tensor-core FLOPs than the deterministic one (every pair visited
+    twice), at the GPU-check shapes, with and without table gradients."""
     from mmeffattn.ops.core_periphery.spec import roofline_costs
     for shape in [(8, 6, 64, 196, 64), (2, 6, 64, 1024, 64)]:
         for rope_grad in (False, True):
@@ -117,6 +116,22 @@ def test_core_periphery_fused_backward_models_less_traffic() -> None:
                 separate = roofline_costs(*shape, rope_grad=rope_grad, fused=False)(dtype)['bwd']
                 assert fused.bytes < separate.bytes and fused.tc < separate.tc
                 assert fused.launches <= separate.launches
+
+
+def test_core_periphery_roofline_launches_are_the_kernels() -> None:
+    """The roofline's launches are the kernels the launchers issue (recorded at the roofline's
+    AOT case, the default fused backward) plus the zeroing of the atomics' buffer: delta, the
+    patch rows, every key, the cores' dq."""
+    spec = next(s for s in all_specs() if s.name == 'core_periphery_attention')
+    for r in spec.rooflines:
+        for dtype in ('bf16', 'fp32'):
+            roles = [launch.role for launch in spec.aot.record(dict(r.aot_case, dtype=dtype))]
+            fwd = [role for role in roles if role.startswith('fwd')]
+            assert roles[len(fwd):] == ['bwd_preprocess', 'bwd_patches', 'bwd_keys',
+                                        'bwd_dq_cores']
+            # (the forward's core launch splits on a GPU, not in this CPU recording; the fused
+            # backward never splits)
+            assert r.costs(dtype)['bwd'].launches == len(roles) - len(fwd) + 1  # + torch.zeros
 
 
 def test_gpu_check_prints_measured_next_to_predicted(tmp_path, capsys) -> None:

@@ -5,15 +5,18 @@ tensors and interpreted on CPU tensors when Triton's interpreter is on.
 
 One forward is two launches of ``core_periphery_fwd_kernel`` (patch rows over the C core keys;
 core rows over all keys, optionally split over the keys); one backward is the ``delta``
-pre-pass (``_common_kernels.softmax_bwd_delta``) and four launches:
+pre-pass (``_common_kernels.softmax_bwd_delta``) and then:
 
-* fused (the default): the patch rows' kernel computes their P and dS against the C cores once,
-  writes the patches' dq and adds their share of the cores' dk/dv to a zeroed fp32 buffer with
-  atomics; the patch keys' dk/dv (core queries only); the core rows' dq (all keys, optionally
-  split); the core keys' dk/dv, looping over the C core queries and adding the buffer.
+* fused (the default), three launches that compute every (query, key) pair's P and dS once:
+  the patch rows' dq kernel (``KV_ATOMIC``) meets the C core keys, writes the patches' dq and
+  adds their share of the cores' dk/dv to a zeroed fp32 buffer with atomics; the dk/dv kernel
+  over all C + N keys (``ACC_INIT``, ``Q_ATOMIC``) meets the C core queries, writes every dk/dv
+  (the core keys' plus the buffer's sums) and adds the cores' dq to the buffer's third plane
+  with atomics; a dq launch over the C core rows (``ACC_INIT``, no key loop) maps that through
+  the rope.
 * deterministic (``torch.use_deterministic_algorithms``, and the tile classes without the fused
-  kernel): no atomics; the patch rows' kernel writes dq only, and the core keys' dk/dv launch
-  loops over all C + N queries (optionally split), recomputing the patch rows' P and dS.
+  kernels): four launches, no atomics: dq and dk/dv of the patch rows, dq and dk/dv of the core
+  rows (all C + N keys and queries, optionally split), recomputing P and dS for each.
 
 Split long loops write fp32 partials reduced here with PyTorch (C rows only). With rope the dq
 and dk/dv kernels map their gradients back through it in their epilogues and write q's dtype;
@@ -97,7 +100,7 @@ class BwdTiles(NamedTuple):
     warps: int
     stages: int
     maxnreg: Optional[int] = None  # register cap per thread (None: ptxas decides)
-    fused_warps: int = 0  # warps of the fused patch-row kernel (0: not used, see below)
+    fused_warps: int = 0  # warps of the fused backward's kernels (0: not used, see below)
 
 
 #: backward ``(row_block, loop_block, warps, stages, maxnreg, fused_warps)`` by (fp32 or not,
@@ -117,8 +120,9 @@ def _bwd_tiles(fp32: bool, bd: int, even: bool) -> Tuple[int, int, int, int]:
 
 
 def _fused_warps(fp32: bool, bd: int, even: bool, warps: int) -> int:
-    """Warps of ``core_periphery_bwd_patches_kernel`` (16 x 16 tiles), 0 where the fused
-    backward is not used. Its two extra products and the atomics hold more than the dq kernel:
+    """Warps of the fused backward's kernels (the dq kernel with ``KV_ATOMIC`` on 16 x 16
+    tiles, the dk/dv kernel with ``Q_ATOMIC``), 0 where the fused backward is not used. The
+    patch rows' two extra products and the atomics hold more than the plain dq kernel:
     with the other backward kernels' warps it needed 144-168 registers at D = 40 (fp16) and
     126-202 at BD = 128 (sm_80 / sm_90); 8 warps bring those within 128. At BD = 128 with
     D < BD (D = 72) no choice did (fp16: 149-173 with 8 warps; fp32 with rope: a 24-byte stack
@@ -166,13 +170,14 @@ def core_periphery_kernel_configs(head_dim: int, num_cores: int, dtype: torch.dt
                       input_precision: str = DEFAULT_INPUT_PRECISION,
                       rope_grad: bool = False, fused: bool = True) -> Dict[str, KernelConfig]:
     """The configurations the launchers use, by role: ``fwd_patches``, ``fwd_cores``,
-    ``bwd_preprocess``, ``bwd_patches`` (fused) or ``bwd_dq_patches`` (not), ``bwd_dq_cores``,
-    ``bwd_dkdv_patches``, ``bwd_dkdv_cores``. ``*_patches`` have the patch tokens on the
-    program's rows, ``*_cores`` the core tokens (and the long loop). ``rope_grad``: the backward
-    kernels also write the rope tables' gradients (``ROPE_GRAD``). ``fused``: the patch rows'
-    dq kernel also sums their share of the cores' dk/dv (``bwd_patches``, fp32 atomics), and
-    the cores' dk/dv kernel adds those sums (``ACC_INIT``) and loops over the core
-    queries only (:func:`use_fused_backward`)."""
+    ``bwd_preprocess``, then fused (:func:`use_fused_backward`) ``bwd_patches`` (the patch rows'
+    dq plus their share of the cores' dk/dv, ``KV_ATOMIC``), ``bwd_keys`` (every key's dk/dv
+    from the core queries plus those sums, and the cores' dq, ``ACC_INIT`` + ``Q_ATOMIC``) and
+    ``bwd_dq_cores`` (the cores' dq sums through the rope, ``ACC_INIT``), or deterministic
+    ``bwd_dq_patches``, ``bwd_dkdv_patches``, ``bwd_dq_cores``, ``bwd_dkdv_cores``.
+    ``*_patches`` have the patch tokens on the program's rows, ``*_cores`` the core tokens (and
+    the long loop). ``rope_grad``: the backward kernels also write the rope tables' gradients
+    (``ROPE_GRAD``)."""
     bd = padded_head_dim(head_dim)
     t = core_periphery_tiles(bd, head_dim == bd, num_cores, dtype, rope)
     common = dict(BD=bd, EVEN_D=head_dim == bd, ROPE=rope, INPUT_PRECISION=input_precision)
@@ -186,35 +191,39 @@ def core_periphery_kernel_configs(head_dim: int, num_cores: int, dtype: torch.dt
         return KernelConfig(kernel, dict(common, BLOCK_M=block_m, BLOCK_N=block_n), t.warps,
                             t.stages)
 
-    def bwd(kernel, block_m: int, block_n: int, **extra) -> KernelConfig:
-        return KernelConfig(kernel, dict(common, **grad, **extra, BLOCK_M=block_m,
-                                         BLOCK_N=block_n), bt.warps, bt.stages, bt.maxnreg)
+    def bwd(kernel, block_m: int, block_n: int, warps: int = bt.warps,
+            maxnreg: Optional[int] = bt.maxnreg, **flags) -> KernelConfig:
+        return KernelConfig(kernel, dict(common, **grad, **flags, BLOCK_M=block_m,
+                                         BLOCK_N=block_n), warps, bt.stages, maxnreg)
 
     dq, dkdv = kernels.core_periphery_bwd_dq_kernel, kernels.core_periphery_bwd_dkdv_kernel
+    no_acc = dict(ACC_INIT=False)
     row, loop = bt.row_block, bt.loop_block
     cfgs = {
         # BLOCK_M: query rows, BLOCK_N: key rows
         'fwd_patches': cfg(kernels.core_periphery_fwd_kernel, t.long_block, t.core_block),
         'fwd_cores': cfg(kernels.core_periphery_fwd_kernel, t.core_block, t.long_block),
-        'bwd_preprocess': delta_config(head_dim, with_mean=False),
-        # programs own the first block's rows and loop over the second's
-        'bwd_dq_cores': bwd(dq, min(core, row), loop),
-        'bwd_dkdv_patches': bwd(dkdv, min(core, loop), row, ACC_INIT=False),
-        'bwd_dkdv_cores': bwd(dkdv, loop, min(core, row), ACC_INIT=fused)}
-    if fused and bt.warps == 8 and bt.maxnreg is None:
-        # the sums added after the loop: ptxas kept fp32 D = 64 with rope at 64 registers
-        # (4 CTAs of 8 warps) with a 16-byte stack on sm_90; capped like BWD_CAPPED
-        cfgs['bwd_dkdv_cores'] = KernelConfig(dkdv, cfgs['bwd_dkdv_cores'].constexprs,
-                                              bt.warps, bt.stages, BWD_MAXNREG)
+        'bwd_preprocess': delta_config(head_dim, with_mean=False)}
+    # programs own the first block's rows and loop over the second's
     if fused:
-        # loop-block rows: with the dq kernel's 32 rows the extra products and atomics took
-        # fp16 / bf16 to 162 registers on sm_80 (and a cap of 128 spilled on sm_90)
-        cfgs['bwd_patches'] = KernelConfig(
-            kernels.core_periphery_bwd_patches_kernel,
-            dict(common, **grad, BLOCK_M=loop, BLOCK_N=min(core, loop)), bt.fused_warps,
-            bt.stages, bt.maxnreg)
+        cfgs.update({
+            # loop-block rows: with the dq kernel's 32 rows the extra products and atomics took
+            # fp16 / bf16 to 162 registers on sm_80 (and a cap of 128 spilled on sm_90)
+            'bwd_patches': bwd(dq, loop, min(core, loop), bt.fused_warps, KV_ATOMIC=True,
+                               **no_acc),
+            # the mirror of bwd_patches (16 x 16 tiles, its warps), capped at the dk/dv budget:
+            # 32 key rows needed 156-159 registers at D = 64 (fp16 / bf16, rope, 4 warps; 8
+            # warps and fp32 at D = 16 spilled 8-16 bytes under the cap)
+            'bwd_keys': bwd(dkdv, min(core, loop), loop, bt.fused_warps, BWD_MAXNREG,
+                            ACC_INIT=True, Q_ATOMIC=True),
+            # 16-row blocks: 32 rows spilled 8 bytes (fp32, D = 64, rope, sm_90)
+            'bwd_dq_cores': bwd(dq, min(core, loop), loop, KV_ATOMIC=False, ACC_INIT=True)})
     else:
-        cfgs['bwd_dq_patches'] = bwd(dq, row, min(core, loop))
+        cfgs.update({
+            'bwd_dq_patches': bwd(dq, row, min(core, loop), KV_ATOMIC=False, **no_acc),
+            'bwd_dkdv_patches': bwd(dkdv, min(core, loop), row, Q_ATOMIC=False, **no_acc),
+            'bwd_dq_cores': bwd(dq, min(core, row), loop, KV_ATOMIC=False, **no_acc),
+            'bwd_dkdv_cores': bwd(dkdv, loop, min(core, row), Q_ATOMIC=False, **no_acc)})
     return cfgs
 
 
@@ -351,11 +360,11 @@ def core_periphery_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
                                   Optional[torch.Tensor], Optional[torch.Tensor]]:
     """Backward launcher: ``(dq, dk, dv, dcos, dsin)``.
 
-    ``fused`` (None: :func:`use_fused_backward`): the patch rows' P and dS, computed once, give
-    both the patches' dq and their share of the cores' dk/dv (fp32 atomics into a zeroed
-    ``[2, B*heads, C, D]`` buffer), and the cores' dk/dv launch then loops over the C core
-    queries only (no split); otherwise (deterministic) the cores' dk/dv launch recomputes the
-    patch rows' P and dS over all C + N queries.
+    ``fused`` (None: :func:`use_fused_backward`): every (query, key) pair's P and dS are
+    computed once; the launches that meet a pair from the other side add its share of the
+    gradients with fp32 atomics to a zeroed ``[3, B*heads, C, D]`` buffer (the cores' dk, dv
+    from the patch rows; the cores' dq from all keys). Otherwise (deterministic) the dq and the
+    dk/dv launches each recompute P and dS, and the core rows' long loops may be split.
 
     dq, dk, dv are ``[B, heads, C + N, D]`` contiguous in q's dtype (with rope: the gradients of
     the unrotated q and k; the kernels map them back). dcos, dsin are the gradients of the rope
@@ -385,82 +394,72 @@ def core_periphery_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     out_strides = (0, L * D, D)
     # (split, batch*head, cos / sin plane, row) strides of a table-gradient plane
     tab_strides = (0, L * D, BH * L * D, D) if rope_grad else (0, 0, 0, 0)
-    # the cores' dk (of the rotated k, unscaled) and dv summed over the patch rows (fused)
-    acc = (torch.zeros((2, BH, C, D), dtype=torch.float32, device=q.device) if fused
+    # fused: the cores' dk (of the rotated k, unscaled), dv and dq (of the rotated q, unscaled)
+    # summed by the launches that meet them from the other side
+    acc = (torch.zeros((3, BH, C, D), dtype=torch.float32, device=q.device) if fused
            else dq.new_empty(0))
     acc_strides = (BH * C * D, C * D, D) if fused else (0, 0, 0)
 
     def tab(i: int) -> torch.Tensor:
         return dtab[i] if rope_grad else dtab
 
-    def partials(n_splits: int, n: int) -> Tuple[torch.Tensor, ...]:
-        """fp32 ``[n_splits, BH, C, D]`` partial outputs and the table partials
-        ``[n_splits, 2, BH, C, D]``, and their strides."""
-        part = torch.empty((n, n_splits, BH, C, D), dtype=torch.float32, device=q.device)
+    def blocks(role: str) -> Tuple[int, int]:
+        """``(own, loop)``: the block sizes of a launch's own rows and of its loop."""
+        c = cfgs[role].constexprs
+        is_dq = cfgs[role].kernel is kernels.core_periphery_bwd_dq_kernel
+        return (c['BLOCK_M'], c['BLOCK_N']) if is_dq else (c['BLOCK_N'], c['BLOCK_M'])
+
+    def launch(role: str, grads: Tuple[torch.Tensor, ...], table: torch.Tensor,
+               acc_ptr: torch.Tensor, start: int, n_rows: int, n_loop: int,
+               n_splits: int = 1, per_split: Optional[int] = None,
+               g_strides: tuple = out_strides, t_strides: tuple = tab_strides) -> None:
+        """One backward launch: programs own rows ``[start, start + n_rows)`` (dq: queries,
+        dk/dv: keys) and loop over rows ``[0, n_loop)`` of the other side, writing ``grads``
+        (dq, or dk and dv) and ``table`` at rows from ``start``."""
+        own, loop = blocks(role)
+        n_blocks = -(-n_rows // own)
+        per_split = -(-n_loop // loop) if per_split is None else per_split
+        _launch(role, cfgs[role], (n_blocks * n_splits * BH,), *inputs, delta, *grads, table,
+                acc_ptr, *strides, *g_strides, *t_strides, *acc_strides, nh, start, n_rows,
+                n_loop, n_blocks, n_splits, per_split, start, L, scale, D)
+
+    def core_launch(role: str, grads: Tuple[torch.Tensor, ...], table: int) -> None:
+        """The core rows ``[0, C)`` against all L rows of the other side, the loop split as
+        :func:`num_splits` says: then fp32 partials, summed here into ``grads``' core rows."""
+        own, loop = blocks(role)
+        n_splits, per_split = num_splits(-(-C // own) * BH, -(-L // loop), q.device, splits)
+        if n_splits == 1:
+            launch(role, grads, tab(table), acc, 0, C, L)
+            return
+        part = torch.empty((len(grads), n_splits, BH, C, D), dtype=torch.float32,
+                           device=q.device)
         t_part = (torch.empty((n_splits, 2, BH, C, D), dtype=torch.float32, device=q.device)
                   if rope_grad else dtab)
-        t_strides = (2 * BH * C * D, C * D, BH * C * D, D) if rope_grad else tab_strides
-        return part, t_part, (BH * C * D, C * D, D), t_strides
+        launch(role, tuple(part), t_part, acc, 0, C, L, n_splits, per_split,
+               (BH * C * D, C * D, D),
+               (2 * BH * C * D, C * D, BH * C * D, D) if rope_grad else tab_strides)
+        for grad, p in zip(grads, part):
+            grad.view(BH, L, D)[:, :C] = p.sum(0)
+        if rope_grad:
+            dtab[table, :, :, :C] = t_part.sum(0)
 
     with _device_guard(q):
         delta = softmax_bwd_delta(cfgs['bwd_preprocess'], o, do)
-
-        # dq of the patch rows [C, L): keys [0, C) (fused: and their share of the cores' dk/dv)
-        role = 'bwd_patches' if fused else 'bwd_dq_patches'
-        cfg = cfgs[role]
-        bm, bn = cfg.constexprs['BLOCK_M'], cfg.constexprs['BLOCK_N']
-        n_blocks = -(-N // bm)
-        extra, extra_strides = ((acc,), acc_strides) if fused else ((), ())
-        _launch(role, cfg, (n_blocks * BH,), *inputs, delta, dq, tab(0), *extra, *strides,
-                *out_strides, *tab_strides, *extra_strides, nh, C, N, C, n_blocks, 1, -(-C // bn),
-                C, L, scale, D)
-        # dk, dv of the patch keys [C, L): only the core queries [0, C) attend them
-        cfg = cfgs['bwd_dkdv_patches']
-        bm, bn = cfg.constexprs['BLOCK_M'], cfg.constexprs['BLOCK_N']
-        n_blocks = -(-N // bn)
-        _launch('bwd_dkdv_patches', cfg, (n_blocks * BH,), *inputs, delta, dk, dv, tab(1), acc,
-                *strides, *out_strides, *tab_strides, 0, 0, 0, nh, C, N, C, n_blocks, 1,
-                -(-C // bm), C, L, scale, D)
-
-        # dq of the core rows [0, C): all keys [0, L), optionally split
-        cfg = cfgs['bwd_dq_cores']
-        bm, bn = cfg.constexprs['BLOCK_M'], cfg.constexprs['BLOCK_N']
-        n_blocks = -(-C // bm)
-        n_splits, per_split = num_splits(n_blocks * BH, -(-L // bn), q.device, splits)
-        grid = (n_blocks * n_splits * BH,)
-        sizes = (nh, 0, C, L, n_blocks, n_splits, per_split, 0, L, scale, D)
-        if n_splits == 1:
-            _launch('bwd_dq_cores', cfg, grid, *inputs, delta, dq, tab(0), *strides,
-                    *out_strides, *tab_strides, *sizes)
+        if fused:
+            # the patch rows [C, L) against the core keys: their dq, the cores' dk/dv share
+            launch('bwd_patches', (dq,), tab(0), acc, C, N, C)
+            # every key [0, L) against the core queries: all dk/dv, the cores' dq share
+            launch('bwd_keys', (dk, dv), tab(1), acc, 0, L, C)
+            # the core rows' dq: the sums through the rope (no key loop)
+            launch('bwd_dq_cores', (dq,), tab(0), acc[2], 0, C, 0)
         else:
-            part, t_part, p_strides, t_strides = partials(n_splits, 1)
-            _launch('bwd_dq_cores', cfg, grid, *inputs, delta, part[0], t_part, *strides,
-                    *p_strides, *t_strides, *sizes)
-            dq.view(BH, L, D)[:, :C] = part[0].sum(0)
-            if rope_grad:
-                dtab[0, :, :, :C] = t_part.sum(0)
-
-        # dk, dv of the core keys [0, C): every query [0, L) attends them, optionally split;
-        # fused: the patch rows' share is in acc, the core queries [0, C) are left (one split)
-        cfg = cfgs['bwd_dkdv_cores']
-        bm, bn = cfg.constexprs['BLOCK_M'], cfg.constexprs['BLOCK_N']
-        n_blocks = -(-C // bn)
-        n_q = C if fused else L
-        n_splits, per_split = ((1, -(-C // bm)) if fused else
-                               num_splits(n_blocks * BH, -(-L // bm), q.device, splits))
-        grid = (n_blocks * n_splits * BH,)
-        sizes = (nh, 0, C, n_q, n_blocks, n_splits, per_split, 0, L, scale, D)
-        if n_splits == 1:
-            _launch('bwd_dkdv_cores', cfg, grid, *inputs, delta, dk, dv, tab(1), acc, *strides,
-                    *out_strides, *tab_strides, *acc_strides, *sizes)
-        else:
-            part, t_part, p_strides, t_strides = partials(n_splits, 2)
-            _launch('bwd_dkdv_cores', cfg, grid, *inputs, delta, part[0], part[1], t_part, acc,
-                    *strides, *p_strides, *t_strides, *acc_strides, *sizes)
-            dk.view(BH, L, D)[:, :C] = part[0].sum(0)
-            dv.view(BH, L, D)[:, :C] = part[1].sum(0)
-            if rope_grad:
-                dtab[1, :, :, :C] = t_part.sum(0)
+            # the patch rows [C, L) over the core keys; the patch keys [C, L) from the core
+            # queries, the only queries that attend them
+            launch('bwd_dq_patches', (dq,), tab(0), acc, C, N, C)
+            launch('bwd_dkdv_patches', (dk, dv), tab(1), acc, C, N, C)
+            # the core rows [0, C) over all keys; the core keys from all queries
+            core_launch('bwd_dq_cores', (dq,), 0)
+            core_launch('bwd_dkdv_cores', (dk, dv), 1)
     dcos = dsin = None
     if rope_grad:  # one reduction per table: over the source (q, k), the heads (and a shared
         # table's batch); two separate results, not views of one (custom operators need that)

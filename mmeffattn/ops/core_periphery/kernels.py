@@ -40,10 +40,14 @@ Conventions shared by every kernel:
   blocks each) so that few rows still fill the GPU. Every program writes normalised results for
   its part to an output addressed by ``(split, batch*head, row)`` strides; the launcher either
   points that at the final tensor (one split) or at fp32 partial buffers it then reduces.
-* The patch rows' backward can run fused (:func:`core_periphery_bwd_patches_kernel`): a
-  program holds a block of patch queries and meets all C core keys, so P and dS serve both the
-  patches' dq and the cores' dk/dv, which many programs add up with fp32 atomics (not bitwise
-  reproducible; the dq and dk/dv kernels remain as the deterministic path).
+* The backward can run fused, computing P and dS once per (query, key) pair: a dq program
+  (``KV_ATOMIC``) holds a block of patch queries and meets all C core keys, so P and dS serve
+  both the patches' dq and the cores' dk/dv, which many programs add up with fp32 atomics; a
+  dk/dv program (``Q_ATOMIC``) holds a block of keys (cores and patches) and meets the C core
+  queries, so P and dS serve both its keys' dk/dv and the cores' dq, added up the same way and
+  mapped through the rope by a last dq launch (``ACC_INIT``). The atomics' order varies, so
+  these sums are not bitwise reproducible; without the flags the kernels recompute P and dS and
+  need no atomics (the deterministic path).
 * One program per (row block, split, batch*head) on a 1-D grid, row block fastest.
 * The head dim ``D`` is padded to ``BD`` (a power of two >= 16) with masks.
 * Logits are kept in the log2 domain (``qk_scale = scale * log2(e)``, ``exp2``); the
@@ -236,155 +240,6 @@ def core_periphery_fwd_kernel(
 
 @triton.jit(do_not_specialize=_SIZES + ['q_start', 'L'])
 def core_periphery_bwd_dq_kernel(
-    q, k, v, cos, sin, do, lse, delta, dq, dtab,
-    stride_qb, stride_qh, stride_qn,
-    stride_kb, stride_kh, stride_kn,
-    stride_vb, stride_vh, stride_vn,
-    stride_rb, stride_rn,
-    stride_dob, stride_doh, stride_don,
-    stride_gs, stride_gbh, stride_gn,
-    stride_ts, stride_tbh, stride_tk, stride_tn,
-    n_heads, q_start, n_q, n_k, n_blocks, n_splits, blocks_per_split, o_row0, L, scale, D,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BD: tl.constexpr, EVEN_D: tl.constexpr,
-    ROPE: tl.constexpr, ROPE_GRAD: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-):
-    """dq for queries ``[q_start, q_start + n_q)`` over keys ``[0, n_k)``.
-
-    Program ``(i_m, i_s, bh)`` sums the key blocks of split ``i_s``: dq = scale * dS K with
-    P = exp2(S - lse) recomputed and dS = P * (dO V^T - delta), mapped back through the rope
-    (and the table gradients written, with ``ROPE_GRAD``). ``lse`` and ``delta`` are
-    ``[B*heads, L]`` fp32; the result goes to row ``o_row0 + (row - q_start)`` of ``dq`` (and of
-    ``dtab``).
-    """
-    i_m, i_s, i_bh, i_b, i_h = _program(n_blocks, n_splits, n_heads)
-    q += i_b * stride_qb + i_h * stride_qh
-    k += i_b * stride_kb + i_h * stride_kh
-    v += i_b * stride_vb + i_h * stride_vh
-    do += i_b * stride_dob + i_h * stride_doh
-    cos += i_b * stride_rb
-    sin += i_b * stride_rb
-    lse += i_bh.to(tl.int64) * L
-    delta += i_bh.to(tl.int64) * L
-    dq += i_s.to(tl.int64) * stride_gs + i_bh.to(tl.int64) * stride_gbh
-    dtab += i_s.to(tl.int64) * stride_ts + i_bh.to(tl.int64) * stride_tbh
-    qk_scale = scale * 1.4426950408889634
-
-    o_d, m_d = _head_dim_mask_rope(D, BD, EVEN_D, ROPE)  # [BD]
-    o_i = i_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] query index inside the range
-    m_i = o_i < n_q
-    o_t = q_start + o_i  # [BLOCK_M] token rows
-    b_q = _load_rows(q, o_t, m_i, stride_qn, cos, sin, stride_rn, o_d, m_d, ROPE, EVEN_D)
-    b_do = tl.load(do + o_t[:, None] * stride_don + o_d[None, :],
-                   mask=m_i[:, None] & m_d[None, :], other=0.)
-    b_lse = tl.load(lse + o_t, mask=m_i, other=0.)  # [BLOCK_M]
-    b_delta = tl.load(delta + o_t, mask=m_i, other=0.)  # [BLOCK_M]
-
-    b_dq = tl.zeros([BLOCK_M, BD], dtype=tl.float32)  # of the rotated q with rope
-    kb_start, kb_end = _split_range(i_s, blocks_per_split, n_k, BLOCK_N)
-    for i_kb in range(kb_start, kb_end):
-        o_j = i_kb * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] key index
-        m_j = o_j < n_k
-        b_k = _load_rows(k, o_j, m_j, stride_kn, cos, sin, stride_rn, o_d, m_d, ROPE, EVEN_D)
-        b_v = tl.load(v + o_j[:, None] * stride_vn + o_d[None, :],
-                      mask=m_j[:, None] & m_d[None, :], other=0.)  # [BLOCK_N, BD]
-        b_s = tl.dot(b_q, tl.trans(b_k), input_precision=INPUT_PRECISION) * qk_scale
-        # padded keys: P = 0 (their logit 0 - lse could overflow exp2)
-        b_p = tl.where(m_j[None, :], tl.exp2(b_s - b_lse[:, None]), 0.)  # [BLOCK_M, BLOCK_N]
-        b_dp = tl.dot(b_do, tl.trans(b_v), input_precision=INPUT_PRECISION)
-        b_ds = b_p * (b_dp - b_delta[:, None])  # [BLOCK_M, BLOCK_N]
-        b_dq += tl.dot(b_ds.to(b_k.dtype), b_k, input_precision=INPUT_PRECISION)
-    _store_rows_grad(b_dq * scale, q, o_t, m_i, stride_qn, cos, sin, stride_rn,
-                     o_d, m_d, dq, o_row0 + o_i, stride_gn, dtab, stride_tk, stride_tn,
-                     ROPE, ROPE_GRAD, EVEN_D)
-
-
-@triton.jit(do_not_specialize=_SIZES + ['k_start', 'L'])
-def core_periphery_bwd_dkdv_kernel(
-    q, k, v, cos, sin, do, lse, delta, dk, dv, dtab, acc,
-    stride_qb, stride_qh, stride_qn,
-    stride_kb, stride_kh, stride_kn,
-    stride_vb, stride_vh, stride_vn,
-    stride_rb, stride_rn,
-    stride_dob, stride_doh, stride_don,
-    stride_gs, stride_gbh, stride_gn,
-    stride_ts, stride_tbh, stride_tk, stride_tn,
-    stride_ap, stride_abh, stride_an,
-    n_heads, k_start, n_k, n_q, n_blocks, n_splits, blocks_per_split, o_row0, L, scale, D,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BD: tl.constexpr, EVEN_D: tl.constexpr,
-    ROPE: tl.constexpr, ROPE_GRAD: tl.constexpr, ACC_INIT: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr,
-):
-    """dk and dv for keys ``[k_start, k_start + n_k)`` from queries ``[0, n_q)``, which must be
-    exactly the queries that attend these keys.
-
-    Program ``(i_n, i_s, bh)``: ``BLOCK_N`` keys (rows of S^T) against the query blocks of split
-    ``i_s``: dv = P^T dO, dk = scale * dS^T Q, mapped back through the rope (and the table
-    gradients written, with ``ROPE_GRAD``). dk and dv share the output strides; the result goes
-    to row ``o_row0 + (key - k_start)``; ``n_blocks`` = key blocks.
-
-    With ``ACC_INIT`` the sums in ``acc`` (fp32, the dk plane of the rotated k unscaled, then
-    the dv plane ``stride_ap`` further, ``[B*heads, key, BD]`` by ``stride_abh``,
-    ``stride_an``), which :func:`core_periphery_bwd_patches_kernel` gathered from the other
-    queries, are added to the accumulators (one split only).
-    """
-    i_n, i_s, i_bh, i_b, i_h = _program(n_blocks, n_splits, n_heads)
-    q += i_b * stride_qb + i_h * stride_qh
-    k += i_b * stride_kb + i_h * stride_kh
-    v += i_b * stride_vb + i_h * stride_vh
-    do += i_b * stride_dob + i_h * stride_doh
-    cos += i_b * stride_rb
-    sin += i_b * stride_rb
-    lse += i_bh.to(tl.int64) * L
-    delta += i_bh.to(tl.int64) * L
-    g_off = i_s.to(tl.int64) * stride_gs + i_bh.to(tl.int64) * stride_gbh
-    dk += g_off
-    dv += g_off
-    dtab += i_s.to(tl.int64) * stride_ts + i_bh.to(tl.int64) * stride_tbh
-    qk_scale = scale * 1.4426950408889634
-
-    o_d, m_d = _head_dim_mask_rope(D, BD, EVEN_D, ROPE)  # [BD]
-    o_j = i_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] key index inside the range
-    m_j = o_j < n_k
-    o_t = k_start + o_j  # [BLOCK_N] token rows
-    m_jd = m_j[:, None] & m_d[None, :]
-    b_k = _load_rows(k, o_t, m_j, stride_kn, cos, sin, stride_rn, o_d, m_d, ROPE, EVEN_D)
-    b_v = tl.load(v + o_t[:, None] * stride_vn + o_d[None, :], mask=m_jd, other=0.)
-
-    b_dk = tl.zeros([BLOCK_N, BD], dtype=tl.float32)  # of the rotated k with rope
-    b_dv = tl.zeros([BLOCK_N, BD], dtype=tl.float32)
-    qb_start, qb_end = _split_range(i_s, blocks_per_split, n_q, BLOCK_M)
-    for i_qb in range(qb_start, qb_end):
-        o_i = i_qb * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] query index
-        m_i = o_i < n_q
-        b_q = _load_rows(q, o_i, m_i, stride_qn, cos, sin, stride_rn, o_d, m_d, ROPE, EVEN_D)
-        b_do = tl.load(do + o_i[:, None] * stride_don + o_d[None, :],
-                       mask=m_i[:, None] & m_d[None, :], other=0.)
-        b_lse = tl.load(lse + o_i, mask=m_i, other=0.)  # [BLOCK_M]
-        b_delta = tl.load(delta + o_i, mask=m_i, other=0.)  # [BLOCK_M]
-        b_st = tl.dot(b_k, tl.trans(b_q), input_precision=INPUT_PRECISION) * qk_scale
-        # P^T = 0 for padded keys and for queries past the range (other rows of the op, which
-        # may not attend these keys at all)
-        b_pt = tl.where(m_j[:, None] & m_i[None, :], tl.exp2(b_st - b_lse[None, :]), 0.)
-        b_dv += tl.dot(b_pt.to(b_do.dtype), b_do, input_precision=INPUT_PRECISION)
-        b_dpt = tl.dot(b_v, tl.trans(b_do), input_precision=INPUT_PRECISION)  # [BLOCK_N, BLOCK_M]
-        b_dst = b_pt * (b_dpt - b_delta[None, :])
-        b_dk += tl.dot(b_dst.to(b_q.dtype), b_q, input_precision=INPUT_PRECISION)
-    if ACC_INIT:
-        # added after the loop: loaded before it as the accumulators' start, fp32 at D = 128
-        # kept them in the load's layout through the loop and spilled (255 registers)
-        p_a = acc + i_bh.to(tl.int64) * stride_abh + o_t[:, None] * stride_an + o_d[None, :]
-        b_dk += tl.load(p_a, mask=m_jd, other=0.)
-        b_dv += tl.load(p_a + stride_ap, mask=m_jd, other=0.)
-    o_r = o_row0 + o_j
-    tl.store(dv + o_r[:, None] * stride_gn + o_d[None, :], b_dv.to(dv.dtype.element_ty),
-             mask=m_jd)
-    _store_rows_grad(b_dk * scale, k, o_t, m_j, stride_kn, cos, sin, stride_rn,
-                     o_d, m_d, dk, o_r, stride_gn, dtab, stride_tk, stride_tn, ROPE, ROPE_GRAD,
-                     EVEN_D)
-
-
-@triton.jit(do_not_specialize=_SIZES + ['q_start', 'L'])
-def core_periphery_bwd_patches_kernel(
     q, k, v, cos, sin, do, lse, delta, dq, dtab, acc,
     stride_qb, stride_qh, stride_qn,
     stride_kb, stride_kh, stride_kn,
@@ -396,19 +251,26 @@ def core_periphery_bwd_patches_kernel(
     stride_ap, stride_abh, stride_an,
     n_heads, q_start, n_q, n_k, n_blocks, n_splits, blocks_per_split, o_row0, L, scale, D,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BD: tl.constexpr, EVEN_D: tl.constexpr,
-    ROPE: tl.constexpr, ROPE_GRAD: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    ROPE: tl.constexpr, ROPE_GRAD: tl.constexpr, KV_ATOMIC: tl.constexpr,
+    ACC_INIT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):
-    """The patch rows' backward in one pass: :func:`core_periphery_bwd_dq_kernel` for queries
-    ``[q_start, q_start + n_q)`` over keys ``[0, n_k)`` (the cores), which also adds these
-    queries' share of the keys' gradients, ``P^T dO`` (dv) and ``dS^T Q`` (dk of the rotated k,
-    unscaled), to ``acc`` with fp32 atomics: P and dS are computed once for both.
+    """dq for queries ``[q_start, q_start + n_q)`` over keys ``[0, n_k)``.
 
-    ``acc`` holds the dk plane, then the dv plane ``stride_ap`` further, each
-    ``[B*heads, key, BD]`` by ``stride_abh``, ``stride_an``, zeroed by the launcher;
-    :func:`core_periphery_bwd_dkdv_kernel` (``ACC_INIT``) adds the cores' own queries and maps
-    dk back through the rope. The order of the atomic additions varies between runs, so the
-    sums are not bitwise reproducible (the launchers keep the separate kernels for
-    ``torch.use_deterministic_algorithms``). The arguments are the dq kernel's, plus ``acc``.
+    Program ``(i_m, i_s, bh)`` sums the key blocks of split ``i_s``: dq = scale * dS K with
+    P = exp2(S - lse) recomputed and dS = P * (dO V^T - delta), mapped back through the rope
+    (and the table gradients written, with ``ROPE_GRAD``). ``lse`` and ``delta`` are
+    ``[B*heads, L]`` fp32; the result goes to row ``o_row0 + (row - q_start)`` of ``dq`` (and of
+    ``dtab``).
+
+    ``acc`` is fp32, ``[B*heads, row, BD]`` planes by ``stride_abh``, ``stride_an``:
+
+    * ``KV_ATOMIC`` (the patch rows' fused backward): P and dS, computed once, also give these
+      queries' share of the keys' gradients, ``dS^T Q`` (dk of the rotated k, unscaled) and
+      ``P^T dO`` (dv), added with fp32 atomics to the planes at ``acc`` and ``acc +
+      stride_ap`` (rows: key index; zeroed by the launcher, one split only).
+    * ``ACC_INIT`` (the core rows after :func:`core_periphery_bwd_dkdv_kernel` with
+      ``Q_ATOMIC``): the sums ``dS K`` in ``acc`` (rows: query index inside the range) are
+      added to the accumulator before the epilogue; the launcher passes ``n_k = 0``.
     """
     i_m, i_s, i_bh, i_b, i_h = _program(n_blocks, n_splits, n_heads)
     q += i_b * stride_qb + i_h * stride_qh
@@ -443,17 +305,122 @@ def core_periphery_bwd_patches_kernel(
         b_k = _load_rows(k, o_j, m_j, stride_kn, cos, sin, stride_rn, o_d, m_d, ROPE, EVEN_D)
         b_v = tl.load(v + o_j[:, None] * stride_vn + o_d[None, :], mask=m_jd, other=0.)
         b_s = tl.dot(b_q, tl.trans(b_k), input_precision=INPUT_PRECISION) * qk_scale
-        # P = 0 for padded keys and padded queries: the dk/dv sums below run over the queries
-        b_p = tl.where(m_i[:, None] & m_j[None, :], tl.exp2(b_s - b_lse[:, None]), 0.)
+        # P = 0 for padded keys (their logit 0 - lse could overflow exp2), and with KV_ATOMIC
+        # for padded queries too (the keys' sums below run over the queries)
+        if KV_ATOMIC:
+            m_p = m_i[:, None] & m_j[None, :]
+        else:
+            m_p = m_j[None, :]
+        b_p = tl.where(m_p, tl.exp2(b_s - b_lse[:, None]), 0.)  # [BLOCK_M, BLOCK_N]
         b_dp = tl.dot(b_do, tl.trans(b_v), input_precision=INPUT_PRECISION)
         b_ds = b_p * (b_dp - b_delta[:, None])  # [BLOCK_M, BLOCK_N]
         b_dq += tl.dot(b_ds.to(b_k.dtype), b_k, input_precision=INPUT_PRECISION)
-        # this block's share of the keys' gradients, [BLOCK_N, BD] each
-        b_dv = tl.dot(tl.trans(b_p.to(b_do.dtype)), b_do, input_precision=INPUT_PRECISION)
-        b_dk = tl.dot(tl.trans(b_ds.to(b_q.dtype)), b_q, input_precision=INPUT_PRECISION)
-        p_a = acc + o_j[:, None] * stride_an + o_d[None, :]
-        tl.atomic_add(p_a, b_dk, mask=m_jd, sem='relaxed')
-        tl.atomic_add(p_a + stride_ap, b_dv, mask=m_jd, sem='relaxed')
+        if KV_ATOMIC:  # this block's share of the keys' gradients, [BLOCK_N, BD] each
+            b_dv = tl.dot(tl.trans(b_p.to(b_do.dtype)), b_do, input_precision=INPUT_PRECISION)
+            b_dk = tl.dot(tl.trans(b_ds.to(b_q.dtype)), b_q, input_precision=INPUT_PRECISION)
+            p_a = acc + o_j[:, None] * stride_an + o_d[None, :]
+            tl.atomic_add(p_a, b_dk, mask=m_jd, sem='relaxed')
+            tl.atomic_add(p_a + stride_ap, b_dv, mask=m_jd, sem='relaxed')
+    if ACC_INIT:
+        b_dq += tl.load(acc + o_i[:, None] * stride_an + o_d[None, :],
+                        mask=m_i[:, None] & m_d[None, :], other=0.)
     _store_rows_grad(b_dq * scale, q, o_t, m_i, stride_qn, cos, sin, stride_rn,
                      o_d, m_d, dq, o_row0 + o_i, stride_gn, dtab, stride_tk, stride_tn,
                      ROPE, ROPE_GRAD, EVEN_D)
+
+
+@triton.jit(do_not_specialize=_SIZES + ['k_start', 'L'])
+def core_periphery_bwd_dkdv_kernel(
+    q, k, v, cos, sin, do, lse, delta, dk, dv, dtab, acc,
+    stride_qb, stride_qh, stride_qn,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_rb, stride_rn,
+    stride_dob, stride_doh, stride_don,
+    stride_gs, stride_gbh, stride_gn,
+    stride_ts, stride_tbh, stride_tk, stride_tn,
+    stride_ap, stride_abh, stride_an,
+    n_heads, k_start, n_k, n_q, n_blocks, n_splits, blocks_per_split, o_row0, L, scale, D,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BD: tl.constexpr, EVEN_D: tl.constexpr,
+    ROPE: tl.constexpr, ROPE_GRAD: tl.constexpr, ACC_INIT: tl.constexpr,
+    Q_ATOMIC: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+):
+    """dk and dv for keys ``[k_start, k_start + n_k)`` from queries ``[0, n_q)``, which must be
+    exactly the queries that attend these keys.
+
+    Program ``(i_n, i_s, bh)``: ``BLOCK_N`` keys (rows of S^T) against the query blocks of split
+    ``i_s``: dv = P^T dO, dk = scale * dS^T Q, mapped back through the rope (and the table
+    gradients written, with ``ROPE_GRAD``). dk and dv share the output strides; the result goes
+    to row ``o_row0 + (key - k_start)``; ``n_blocks`` = key blocks.
+
+    ``acc`` is fp32, ``[B*heads, row, BD]`` planes by ``stride_abh``, ``stride_an``, ``stride_ap``
+    apart (the core rows' fused backward, one split only):
+
+    * ``ACC_INIT``: the keys below ``n_q`` (the core keys, when the queries are the cores) are
+      attended by other queries too, whose share :func:`core_periphery_bwd_dq_kernel` with
+      ``KV_ATOMIC`` summed into the dk plane (of the rotated k, unscaled) at ``acc`` and the dv
+      plane after it; these are added to the accumulators.
+    * ``Q_ATOMIC``: P and dS, computed once, also give the queries' ``dS K`` (dq of the rotated
+      q, unscaled), added with fp32 atomics to the third plane (rows: query index), which
+      :func:`core_periphery_bwd_dq_kernel` with ``ACC_INIT`` then maps through the rope.
+    """
+    i_n, i_s, i_bh, i_b, i_h = _program(n_blocks, n_splits, n_heads)
+    q += i_b * stride_qb + i_h * stride_qh
+    k += i_b * stride_kb + i_h * stride_kh
+    v += i_b * stride_vb + i_h * stride_vh
+    do += i_b * stride_dob + i_h * stride_doh
+    cos += i_b * stride_rb
+    sin += i_b * stride_rb
+    lse += i_bh.to(tl.int64) * L
+    delta += i_bh.to(tl.int64) * L
+    g_off = i_s.to(tl.int64) * stride_gs + i_bh.to(tl.int64) * stride_gbh
+    dk += g_off
+    dv += g_off
+    dtab += i_s.to(tl.int64) * stride_ts + i_bh.to(tl.int64) * stride_tbh
+    acc += i_bh.to(tl.int64) * stride_abh
+    qk_scale = scale * 1.4426950408889634
+
+    o_d, m_d = _head_dim_mask_rope(D, BD, EVEN_D, ROPE)  # [BD]
+    o_j = i_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] key index inside the range
+    m_j = o_j < n_k
+    o_t = k_start + o_j  # [BLOCK_N] token rows
+    m_jd = m_j[:, None] & m_d[None, :]
+    b_k = _load_rows(k, o_t, m_j, stride_kn, cos, sin, stride_rn, o_d, m_d, ROPE, EVEN_D)
+    b_v = tl.load(v + o_t[:, None] * stride_vn + o_d[None, :], mask=m_jd, other=0.)
+
+    b_dk = tl.zeros([BLOCK_N, BD], dtype=tl.float32)  # of the rotated k with rope
+    b_dv = tl.zeros([BLOCK_N, BD], dtype=tl.float32)
+    qb_start, qb_end = _split_range(i_s, blocks_per_split, n_q, BLOCK_M)
+    for i_qb in range(qb_start, qb_end):
+        o_i = i_qb * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] query index
+        m_i = o_i < n_q
+        b_q = _load_rows(q, o_i, m_i, stride_qn, cos, sin, stride_rn, o_d, m_d, ROPE, EVEN_D)
+        b_do = tl.load(do + o_i[:, None] * stride_don + o_d[None, :],
+                       mask=m_i[:, None] & m_d[None, :], other=0.)
+        b_lse = tl.load(lse + o_i, mask=m_i, other=0.)  # [BLOCK_M]
+        b_delta = tl.load(delta + o_i, mask=m_i, other=0.)  # [BLOCK_M]
+        b_st = tl.dot(b_k, tl.trans(b_q), input_precision=INPUT_PRECISION) * qk_scale
+        # P^T = 0 for padded keys and for queries past the range (other rows of the op, which
+        # may not attend these keys at all)
+        b_pt = tl.where(m_j[:, None] & m_i[None, :], tl.exp2(b_st - b_lse[None, :]), 0.)
+        b_dv += tl.dot(b_pt.to(b_do.dtype), b_do, input_precision=INPUT_PRECISION)
+        b_dpt = tl.dot(b_v, tl.trans(b_do), input_precision=INPUT_PRECISION)  # [BLOCK_N, BLOCK_M]
+        b_dst = b_pt * (b_dpt - b_delta[None, :])
+        b_dk += tl.dot(b_dst.to(b_q.dtype), b_q, input_precision=INPUT_PRECISION)
+        if Q_ATOMIC:  # this block's share of the queries' dq, [BLOCK_M, BD]
+            b_dq = tl.dot(tl.trans(b_dst.to(b_k.dtype)), b_k, input_precision=INPUT_PRECISION)
+            tl.atomic_add(acc + 2 * stride_ap + o_i[:, None] * stride_an + o_d[None, :], b_dq,
+                          mask=m_i[:, None] & m_d[None, :], sem='relaxed')
+    if ACC_INIT:
+        # added after the loop: loaded before it as the accumulators' start, fp32 at D = 128
+        # kept them in the load's layout through the loop and spilled (255 registers)
+        m_a = m_jd & (o_t < n_q)[:, None]
+        p_a = acc + o_t[:, None] * stride_an + o_d[None, :]
+        b_dk += tl.load(p_a, mask=m_a, other=0.)
+        b_dv += tl.load(p_a + stride_ap, mask=m_a, other=0.)
+    o_r = o_row0 + o_j
+    tl.store(dv + o_r[:, None] * stride_gn + o_d[None, :], b_dv.to(dv.dtype.element_ty),
+             mask=m_jd)
+    _store_rows_grad(b_dk * scale, k, o_t, m_j, stride_kn, cos, sin, stride_rn,
+                     o_d, m_d, dk, o_r, stride_gn, dtab, stride_tk, stride_tn, ROPE, ROPE_GRAD,
+                     EVEN_D)

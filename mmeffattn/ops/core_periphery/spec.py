@@ -123,7 +123,7 @@ AOT = AotSpec(
           for rope in (None, 'batch', 'shared')
           for splits in (None, 2)],
     kernels=frozenset({'core_periphery_fwd_kernel', 'core_periphery_bwd_dq_kernel',
-                       'core_periphery_bwd_dkdv_kernel', 'core_periphery_bwd_patches_kernel',
+                       'core_periphery_bwd_dkdv_kernel',
                        'softmax_bwd_delta_kernel'}))
 
 # ---------------------------------------------------------------------------------------------
@@ -156,18 +156,19 @@ def roofline_costs(B: int, h: int, C: int, N: int, D: int, rope_grad: bool = Fal
     rows and the other side's, writing dq, dk, dv in the input dtype (the inverse rope is in
     their epilogues); the core rows' long loops split as the launchers split them (backward
     tiles). ``fused`` (None: where the launchers fuse, i.e. outside
-    ``torch.use_deterministic_algorithms``, in the tile classes that have the fused kernel):
-    the patch rows' launch also adds their share of the cores' dk/dv to a zeroed fp32
-    ``[2, B*h, C, D]`` buffer (zeroed, then read once by the cores' dk/dv launch, which reads
-    the C core queries only and never splits). Its fp32 atomics (``2 C D`` per program, a
-    16-row block of patches per program: ``N / 16 * 8 C D`` bytes per head) resolve in L2 and
-    are not counted as HBM bytes: a GPU run has to confirm they are cheap. Not fused: the cores'
-    dk/dv launch reads q, dO, lse, delta of all C + N rows. With ``rope_grad`` the epilogues
-    re-read q / k and write fp32 per-head table partials (4 planes), summed by one reduction
-    per table.
+    ``torch.use_deterministic_algorithms``, in the tile classes that have the fused kernels):
+    three launches visit each pair once: the patch rows' (dq, plus their share of the cores'
+    dk/dv), every key's (dk/dv from the core queries plus those sums, plus the cores' dq
+    share), and the cores' dq (the sums through the rope), with a zeroed fp32
+    ``[3, B*h, C, D]`` buffer for the sums, never split. Their fp32 atomics (``2 C D`` per
+    16-row patch block, ``C D`` per 16-row key block: about ``(N / 2 + L / 4) C D`` bytes per
+    head) resolve in L2 and are not counted as HBM bytes: a GPU run has to confirm they
+    are cheap. Not fused: the dq and the dk/dv launch of each side both visit its pairs. With
+    ``rope_grad`` the epilogues re-read q / k and write fp32 per-head table partials
+    (4 planes), summed by one reduction per table.
     Tensor-core FLOPs: 2 per MAC; forward two products per (query, key) pair; backward S and dP
-    in every launch that visits a pair (fused: the patch-core pairs once, the core-all pairs
-    twice; not fused: every pair twice), plus dV, dQ, dK once per pair. fp32 lane
+    in every launch that visits a pair (fused: once; not fused: twice), plus dV, dQ, dK once
+    per pair. fp32 lane
     instructions: about 4 per score forward (scale, max, exp2, sum), 3 per score and visit
     backward (P and dS), and 3 per rotated element (two FMAs and a conversion) each time a
     q / k tile is loaded.
@@ -203,23 +204,27 @@ def roofline_costs(B: int, h: int, C: int, N: int, D: int, rope_grad: bool = Fal
         fwd_fp32 = 4 * pairs + 3 * bh * D * (L + N // t.long_block * C + L)
         fwd = Cost(fwd_bytes, fp32=fwd_fp32, tc=2 * 2 * pairs * D, launches=fwd_launches)
 
-        # backward: delta, dq (fused: + the cores' dk/dv share) / dk-dv of the patch rows,
-        # then dq / dk-dv of the core rows; the core rows' loops split by the backward tiles
-        splits = _splits(-(-C // min(core, bt.row_block)) * bh, -(-L // bt.loop_block))
-        n_q = C if fuse else L  # the queries the cores' dk/dv launch reads
-        bwd_bytes = (2 * row * L + 4 * bh * L
-                     + row * (2 * N + 2 * C) + 8 * bh * N + tab + row * N  # dq patches
-                     + row * (2 * N + 2 * C) + 8 * bh * C + tab + 2 * row * N  # dk/dv patches
-                     + row * (2 * C + 2 * L) + 8 * bh * C + tab + row * C  # dq cores
-                     + row * (2 * C + 2 * n_q) + 8 * bh * n_q + tab + 2 * row * C)  # dk/dv cores
-        bwd_launches = 5
-        split_outputs = 1 if fuse else 3  # dq (and dk, dv unless fused) of the core rows
-        if fuse:  # the dk/dv buffer zeroed, then read by the cores' dk/dv launch
-            bwd_bytes += 2 * 2 * part
-            bwd_launches += 1
-        if splits > 1:  # partials written, read, summed into the outputs
-            bwd_bytes += split_outputs * (2 * splits * part + row * C)
-            bwd_launches += split_outputs
+        # backward: the delta pre-pass, then
+        dq_patches = row * (2 * N + 2 * C) + 8 * bh * N + tab + row * N
+        if fuse:  # patch rows (dq + the cores' dk/dv share), every key's dk/dv (+ the cores'
+            # dq share), the cores' dq through the rope; the [3, bh, C, D] buffer zeroed first
+            splits = 1
+            bwd_bytes = (2 * row * L + 4 * bh * L + 3 * part
+                         + dq_patches
+                         + row * (2 * L + 2 * C) + 8 * bh * C + tab + 2 * part + 2 * row * L
+                         + 2 * row * C + 8 * bh * C + tab + part + row * C)
+            bwd_launches = 5
+        else:  # dq and dk/dv of the patch rows, then of the core rows (long loops split)
+            splits = _splits(-(-C // min(core, bt.row_block)) * bh, -(-L // bt.loop_block))
+            bwd_bytes = (2 * row * L + 4 * bh * L
+                         + dq_patches
+                         + row * (2 * N + 2 * C) + 8 * bh * C + tab + 2 * row * N
+                         + row * (2 * C + 2 * L) + 8 * bh * C + tab + row * C
+                         + row * (2 * C + 2 * L) + 8 * bh * L + tab + 2 * row * C)
+            bwd_launches = 5
+        if splits > 1:  # partials written, read, summed into dq, dk, dv of the core rows
+            bwd_bytes += 3 * (2 * splits * part + row * C)
+            bwd_launches += 3
         if previous:  # fp32 dq, dk, then the PyTorch inverse-rope passes
             g = bh * L * D
             bwd_bytes += 2 * g * (4 - e) + 2 * g * (44 + e) + 2 * tab
@@ -230,10 +235,10 @@ def roofline_costs(B: int, h: int, C: int, N: int, D: int, rope_grad: bool = Fal
         elif rope_grad:  # q / k re-read, 4 fp32 planes written and summed, tables written
             bwd_bytes += 2 * row * L + 2 * 16 * bh * L * D + 2 * L * D * (4 + e)
             bwd_launches += 2 + (2 if e < 4 else 0)
-            if splits > 1:  # the table partials of the split launches (dq's, and dk's)
-                bwd_bytes += (1 if fuse else 2) * 2 * (2 * splits * 2 * part)
-                bwd_launches += 1 if fuse else 2
-        visits = 2 * bh * C * L + (1 if fuse else 2) * bh * N * C
+            if splits > 1:  # the table partials of the split launches (dq's and dk's)
+                bwd_bytes += 2 * 2 * (2 * splits * 2 * part)
+                bwd_launches += 2
+        visits = (1 if fuse else 2) * pairs
         bwd_fp32 = 3 * visits + 2 * 3 * bh * D * (2 * L + 2 * C)
         bwd = Cost(bwd_bytes, fp32=bwd_fp32, tc=2 * D * (2 * visits + 3 * pairs),
                    launches=bwd_launches)
