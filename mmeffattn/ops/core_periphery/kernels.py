@@ -176,6 +176,17 @@ def _program(n_blocks, n_splits, n_heads):
             (i_bh // n_heads).to(tl.int64), (i_bh % n_heads).to(tl.int64))
 
 
+@triton.jit
+def _bwd_inputs(q, k, v, do, cos, sin, lse, delta, stride_qb, stride_qh, stride_kb, stride_kh,
+                stride_vb, stride_vh, stride_dob, stride_doh, stride_rb, L, i_bh, i_b, i_h):
+    """The backward kernels' inputs at this program's batch ``i_b`` and head ``i_h`` (``lse`` and
+    ``delta`` at row ``i_bh`` of their ``[B*heads, L]``)."""
+    return (q + i_b * stride_qb + i_h * stride_qh, k + i_b * stride_kb + i_h * stride_kh,
+            v + i_b * stride_vb + i_h * stride_vh, do + i_b * stride_dob + i_h * stride_doh,
+            cos + i_b * stride_rb, sin + i_b * stride_rb, lse + i_bh.to(tl.int64) * L,
+            delta + i_bh.to(tl.int64) * L)
+
+
 @triton.jit(do_not_specialize=_SIZES + ['q_start'])
 def core_periphery_fwd_kernel(
     q, k, v, cos, sin, o, lse,
@@ -273,14 +284,9 @@ def core_periphery_bwd_dq_kernel(
       added to the accumulator before the epilogue; the launcher passes ``n_k = 0``.
     """
     i_m, i_s, i_bh, i_b, i_h = _program(n_blocks, n_splits, n_heads)
-    q += i_b * stride_qb + i_h * stride_qh
-    k += i_b * stride_kb + i_h * stride_kh
-    v += i_b * stride_vb + i_h * stride_vh
-    do += i_b * stride_dob + i_h * stride_doh
-    cos += i_b * stride_rb
-    sin += i_b * stride_rb
-    lse += i_bh.to(tl.int64) * L
-    delta += i_bh.to(tl.int64) * L
+    q, k, v, do, cos, sin, lse, delta = _bwd_inputs(
+        q, k, v, do, cos, sin, lse, delta, stride_qb, stride_qh, stride_kb, stride_kh,
+        stride_vb, stride_vh, stride_dob, stride_doh, stride_rb, L, i_bh, i_b, i_h)
     dq += i_s.to(tl.int64) * stride_gs + i_bh.to(tl.int64) * stride_gbh
     dtab += i_s.to(tl.int64) * stride_ts + i_bh.to(tl.int64) * stride_tbh
     acc += i_bh.to(tl.int64) * stride_abh
@@ -365,14 +371,9 @@ def core_periphery_bwd_dkdv_kernel(
       :func:`core_periphery_bwd_dq_kernel` with ``ACC_INIT`` then maps through the rope.
     """
     i_n, i_s, i_bh, i_b, i_h = _program(n_blocks, n_splits, n_heads)
-    q += i_b * stride_qb + i_h * stride_qh
-    k += i_b * stride_kb + i_h * stride_kh
-    v += i_b * stride_vb + i_h * stride_vh
-    do += i_b * stride_dob + i_h * stride_doh
-    cos += i_b * stride_rb
-    sin += i_b * stride_rb
-    lse += i_bh.to(tl.int64) * L
-    delta += i_bh.to(tl.int64) * L
+    q, k, v, do, cos, sin, lse, delta = _bwd_inputs(
+        q, k, v, do, cos, sin, lse, delta, stride_qb, stride_qh, stride_kb, stride_kh,
+        stride_vb, stride_vh, stride_dob, stride_doh, stride_rb, L, i_bh, i_b, i_h)
     g_off = i_s.to(tl.int64) * stride_gs + i_bh.to(tl.int64) * stride_gbh
     dk += g_off
     dv += g_off
