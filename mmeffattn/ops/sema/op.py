@@ -93,7 +93,8 @@ def sema_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: Tuple[
     other output unchanged; an inf follows IEEE arithmetic through the formula above, so a
     dependent output is non-finite or the formula's limit (a -inf logit gives its key zero weight, a +inf
     one makes its row NaN). A query reaches its own row, a key every row of its window, a value
-    its channel in the rows of its window (in every row with ``with_mean``).
+    its channel in the rows of its window (in every row with ``with_mean``; with ``return_mean``
+    its channel of the returned mean instead).
 
     Args:
         q, k, v: ``[B, heads, N, D]``, ``N = H * W`` tokens in row-major order, ``16 <= D <= 128``,
