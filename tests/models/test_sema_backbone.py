@@ -345,6 +345,82 @@ def test_with_mean_switch_adds_exactly_the_value_mean():
     assert v_mean.abs().max() > 1e-3  # the switch changed the computation
 
 
+def _old_sema_forward(attn: 'sema_mod.SEMAttention', x: torch.Tensor, hw) -> torch.Tensor:
+    """``SEMAttention.forward`` before the mean left the op: the op adds the mean to every
+    token, the LePE convolution keeps its own bias."""
+    B, N, C = x.shape
+    nh, hd = attn.num_heads, C // attn.num_heads
+    qk = attn.qk(x).reshape(B, N, 2, nh, hd)
+    v = attn.v(x)
+    out = sema_mod.sema_attention_qk(qk, v.reshape(B, N, nh, hd).transpose(1, 2), hw,
+                                     attn.window_size, out_layout='bnhd', backend=attn.backend)
+    lepe = attn.lepe(v.transpose(1, 2).reshape(B, C, *hw)).flatten(2).transpose(1, 2)
+    return out.reshape(B, N, C) + lepe
+
+
+def _triton_unavailable() -> str:
+    from mmeffattn.ops.sema.op import sema_triton_reasons
+    probe = torch.zeros(1, 1, 1, 32)
+    return '; '.join(sema_triton_reasons(probe, probe, probe))
+
+
+@pytest.mark.parametrize('backend', ['reference', 'triton'])
+@pytest.mark.parametrize('batch', [1, 2], ids=['one-image', 'two-images'])
+def test_mean_through_the_lepe_bias_equals_the_old_formula(batch, backend):
+    """SEMA's attention with the mean returned by the op and added through the LePE's bias
+    (one image: the conv's bias; several: a broadcast add of bias + mean after a bias-free
+    conv) equals the old formula (the op adding the mean, the conv its bias), forward and the
+    gradients of the input and of every parameter (the LePE bias's included)."""
+    if backend == 'triton' and _triton_unavailable():
+        pytest.skip('Triton backend unavailable: ' + _triton_unavailable())
+    torch.manual_seed(0)
+    attn = sema_mod.SEMAttention(64, 2, window_size=4, backend=backend)
+    with torch.no_grad():  # a visible bias, and q, k large enough for non-uniform windows
+        attn.lepe.bias.normal_()
+        attn.qk.weight.normal_(std=0.3)
+    x, hw = _attn_input()
+    x = x[:batch].clone().requires_grad_()
+    params = [p for _, p in attn.named_parameters()]
+    dy = torch.randn(x.shape, generator=torch.Generator().manual_seed(1))
+    new = attn(x, hw)
+    new_grads = torch.autograd.grad(new, (x, *params), dy)
+    old = _old_sema_forward(attn, x, hw)
+    old_grads = torch.autograd.grad(old, (x, *params), dy)
+    peak = float(old.abs().max())
+    torch.testing.assert_close(new, old, rtol=1e-5, atol=1e-6 * peak)
+    names = ['x'] + [n for n, _ in attn.named_parameters()]
+    for name, a, b in zip(names, new_grads, old_grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6 * float(b.abs().max()),
+                                   msg=lambda m: f'd{name}: {m}')
+    assert v_mean_is_visible(attn, x)
+
+
+def v_mean_is_visible(attn, x) -> bool:
+    """The inputs' value mean is far from zero (the mean term is tested, not a no-op)."""
+    with torch.no_grad():
+        return bool(attn.v(x).mean(dim=1).abs().max() > 1e-2)
+
+
+@pytest.mark.parametrize('batch', [1, 3], ids=['one-image', 'three-images'])
+def test_lepe_plus_offset_is_the_conv_plus_the_offset(batch):
+    """The helper equals ``lepe(v) + offset`` per (image, channel), and the offset's gradient
+    is the token sum of the incoming gradient (the bias's, that sum over the images too)."""
+    torch.manual_seed(0)
+    lepe = nn.Conv2d(8, 8, 3, padding=1, groups=8)
+    hw = (5, 7)
+    v = torch.randn(batch, 35, 8, requires_grad=True)
+    offset = torch.randn(batch, 8, requires_grad=True)
+    out = sema_mod.lepe_plus_offset(lepe, v, hw, offset)
+    expected = (lepe(v.transpose(1, 2).reshape(batch, 8, *hw)).flatten(2).transpose(1, 2)
+                + offset.unsqueeze(1))
+    torch.testing.assert_close(out, expected)
+    dy = torch.randn(out.shape)
+    d_offset, d_bias, dv = torch.autograd.grad(out, (offset, lepe.bias, v), dy)
+    torch.testing.assert_close(d_offset, dy.sum(dim=1))
+    torch.testing.assert_close(d_bias, dy.sum(dim=(0, 1)))
+    torch.testing.assert_close(dv, torch.autograd.grad(expected, v, dy)[0])
+
+
 def test_value_proj_switch_uses_the_input_and_drops_parameters():
     torch.manual_seed(0)
     with_v = sema_mod.SEMAttention(64, 2, window_size=4)

@@ -1,5 +1,6 @@
 """SEMA attention: Triton kernels (interpreted on CPU, compiled on CUDA) vs the PyTorch reference,
 reference semantics, gradients, dispatch and input validation."""
+import math
 from typing import NamedTuple, Optional
 
 import pytest
@@ -268,6 +269,114 @@ def test_triton_qk_strided_and_partial_grad() -> None:
     assert_close(torch.autograd.grad(out, wide, do)[0], ref_dwide, torch.float32, 'dqk only')
 
 
+# the mean returned instead of added (return_mean): partial windows, D < BD, one block per
+# window and several (fp32's 16-token blocks; 144-token windows in fp16), one-token windows
+RETURN_MEAN_CASES = [
+    (Case(1, 2, 13, 17, 7, 40, 'fp32'), 'qk', 'bnhd'),
+    (Case(2, 3, 13, 17, 7, 40, 'fp16'), 'qk', 'bnhd'),
+    (Case(1, 2, 5, 9, 7, 24, 'fp32'), 'qkv', 'bhnd'),
+    (Case(1, 2, 3, 4, 7, 72, 'fp16'), 'qkv', 'bnhd'),
+    (Case(1, 1, 13, 17, 12, 40, 'fp32'), 'qk', 'bhnd'),
+    (Case(1, 1, 12, 12, 12, 128, 'fp16'), 'qk', 'bnhd'),
+    (Case(1, 2, 3, 5, 1, 16, 'fp32', scale=0.3), 'qkv', 'bhnd'),
+]
+
+
+def return_mean_call(case: Case, entry: str, out_layout: str, backend: str, qk, v_tok):
+    """``(out, mean)`` of the op with ``return_mean=True`` through ``sema_attention_qk``
+    (``entry='qk'``) or ``sema_attention`` on the unbound q, k (``'qkv'``)."""
+    hw, v = (case.H, case.W), v_tok.transpose(1, 2)
+    kw = dict(scale=case.scale, out_layout=out_layout, return_mean=True, backend=backend)
+    if entry == 'qk':
+        return sema_attention_qk(qk, v, hw, case.window, **kw)
+    q, k = (t.transpose(1, 2) for t in qk.unbind(2))
+    return sema_attention(q, k, v, hw, case.window, **kw)
+
+
+@needs_triton
+@pytest.mark.parametrize('case,entry,out_layout', RETURN_MEAN_CASES,
+                         ids=[f'{c.id}-{e}-{layout}' for c, e, layout in RETURN_MEAN_CASES])
+def test_triton_return_mean_matches_reference(case: Case, entry: str, out_layout: str) -> None:
+    """``return_mean=True`` on Triton (the forward programs write the value partial sums, the
+    backward reads the mean's gradient) against the fp64 reference: ``out`` without the mean,
+    the mean ``[B, heads, D]`` in v's dtype, and the gradients of qk and v through both."""
+    dtype = DTYPES[case.dtype]
+    B, nh, N, D = case.B, case.heads, case.H * case.W, case.D
+    qk, v_tok = make_packed(case)
+    out, mean = return_mean_call(case, entry, out_layout, 'triton', qk, v_tok)
+    assert out.dtype == mean.dtype == dtype and mean.shape == (B, nh, D)
+    g = torch.Generator().manual_seed(1)
+    do = torch.randn(out.shape, generator=g).to(DEVICE, dtype)
+    dmean = torch.randn(mean.shape, generator=g).to(DEVICE, dtype)
+    torch.autograd.backward((out, mean), (do, dmean))
+
+    qk64, v64 = (x.detach().double().requires_grad_() for x in (qk, v_tok))
+    ref, ref_mean = return_mean_call(case, entry, out_layout, 'reference', qk64, v64)
+    torch.autograd.backward((ref, ref_mean), (do.double(), dmean.double()))
+    assert_close(out, ref, dtype, 'out')
+    assert_close(mean, ref_mean, dtype, 'mean')
+    assert_close(qk.grad, qk64.grad, dtype, 'dqk')
+    assert_close(v_tok.grad, v64.grad, dtype, 'dv')
+
+
+@needs_triton
+@pytest.mark.parametrize('case', [Case(1, 2, 9, 10, 4, 24, 'fp16'),  # one block per window
+                                  Case(1, 2, 7, 9, 5, 24, 'fp32')],  # several (fp32)
+                         ids=lambda c: c.id)
+def test_triton_return_mean_one_output_used(case: Case) -> None:
+    """Only ``out`` reaches the loss (the backward adds no mean term to dv), or only the mean
+    (autograd gives the output no gradient; dq = dk = 0 and dv = dmean / N)."""
+    dtype = DTYPES[case.dtype]
+    qk, v_tok = make_packed(case)
+    qk64, v64 = (x.detach().double().requires_grad_() for x in (qk, v_tok))
+    g = torch.Generator().manual_seed(1)
+    for used in (0, 1):
+        out, mean = return_mean_call(case, 'qk', 'bnhd', 'triton', qk, v_tok)
+        ref = return_mean_call(case, 'qk', 'bnhd', 'reference', qk64, v64)
+        grad = torch.randn((out, mean)[used].shape, generator=g).to(DEVICE, dtype)
+        got = torch.autograd.grad((out, mean)[used], (qk, v_tok), grad)
+        # (the reference's mean does not depend on qk: a zero gradient)
+        expected = torch.autograd.grad(ref[used], (qk64, v64), grad.double(),
+                                       allow_unused=True, materialize_grads=True)
+        assert_close(got[0], expected[0], dtype, f'dqk (output {used})')
+        assert_close(got[1], expected[1], dtype, f'dv (output {used})')
+    assert not got[0].any()  # only the mean used: no gradient for q and k
+    N = case.H * case.W
+    torch.testing.assert_close(got[1].float(), (grad.float() / N).unsqueeze(1).expand_as(got[1]),
+                               rtol=1e-3, atol=1e-6)
+
+
+@needs_triton
+def test_return_mean_operator_opcheck() -> None:
+    """``mmeffattn::sema_attention_qk`` and ``sema_attention`` with ``return_mean=True``:
+    schema, fake implementation, autograd registration (the mean differentiable), with and
+    without gradients; and ``torch.export`` of the public call holds one node."""
+    import importlib
+    importlib.import_module('mmeffattn.ops.sema.library')
+    g = torch.Generator().manual_seed(0)
+    qk = torch.randn(1, 15, 2, 2, 16, generator=g).to(DEVICE)
+    v = torch.randn(1, 2, 15, 16, generator=g).to(DEVICE)
+    args = ([3, 5], 2, 0.25, True, 'ieee', 'bnhd', True)
+    for grad in (False, True):
+        x = [t.detach().requires_grad_(grad) for t in (qk, v)]
+        torch.library.opcheck(torch.ops.mmeffattn.sema_attention_qk, (*x, *args))
+        q, k = (t.transpose(1, 2) for t in x[0].unbind(2))
+        torch.library.opcheck(torch.ops.mmeffattn.sema_attention, (q, k, x[1], *args))
+
+    class Call(torch.nn.Module):
+        def forward(self, qk, v):
+            out, mean = sema_attention_qk(qk, v, (3, 5), 2, out_layout='bnhd',
+                                          return_mean=True, backend='triton')
+            return out, mean
+
+    ep = torch.export.export(Call(), (qk, v))
+    ours = [str(n.target) for n in ep.graph.nodes
+            if n.op == 'call_function' and str(n.target).startswith('mmeffattn.')]
+    assert ours == ['mmeffattn.sema_attention_qk.default'], ours
+    for a, b in zip(ep.module()(qk, v), Call()(qk, v)):
+        torch.testing.assert_close(a, b)
+
+
 @pytest.mark.parametrize('out_layout', ['bnhd', 'bhnd'])
 @pytest.mark.parametrize('case', [Case(1, 2, 9, 10, 4, 32, 'fp32'),
                                   Case(2, 1, 7, 7, 7, 16, 'fp16', with_mean=False)],
@@ -324,11 +433,12 @@ _NO_DATA_OPS = frozenset(f'aten::{n}' for n in (
     'alias', 'set_', 'to', 'contiguous', 'lift_fresh', 'result_type'))
 
 
-def glue_calls(fn) -> list:
+def glue_calls(fn, shapes: bool = False) -> list:
     """The data-moving aten calls (copies, reductions, elementwise, fills) that ``fn()`` makes
     outside the kernels, outermost only (a ``clone`` inside ``reshape`` counts once, its
     ``copy_`` not again), profiled on the CPU; the interpreter's emulation of the kernels (under
-    ``_launch.INTERPRETED_LAUNCH``) is left out."""
+    ``_launch.INTERPRETED_LAUNCH``) is left out. ``shapes``: ``(name, shape of the first
+    input)`` pairs instead of names."""
     from torch.profiler import ProfilerActivity, profile
     from mmeffattn.ops._launch import INTERPRETED_LAUNCH
 
@@ -343,8 +453,11 @@ def glue_calls(fn) -> list:
             parent = parent.cpu_parent
         return True
 
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=shapes) as prof:
         fn()
+    if shapes:
+        return sorted((e.name, tuple(e.input_shapes[0]) if e.input_shapes else ())
+                      for e in prof.events() if counted(e))
     return sorted(e.name for e in prof.events() if counted(e))
 
 
@@ -354,10 +467,12 @@ def glue_calls(fn) -> list:
                                                     ('fp16', 4, False)],
                          ids=['one-block', 'several-blocks', 'one-block-nomean'])
 def test_triton_glue_call_count(dtype: str, window: int, with_mean: bool) -> None:
-    """One forward + backward as the backbone makes it (``SEMAttention.forward``: q and k
-    packed, the ``[B, N, 2, heads, D]`` view of the fused qk projection, given to
-    ``sema_attention_qk``; v a view of the value projection; the output read tokens-major by
-    the next projection) leaves only the calls the design needs around the kernels:
+    """One forward + backward with the backbone's views and the mean added inside the op (the
+    default; ``SEMAttention.forward`` before the mean was returned, and ``with_mean=False`` as
+    the backbone's ``'window'`` mixer calls it: q and k packed, the ``[B, N, 2, heads, D]``
+    view of the fused qk projection, given to ``sema_attention_qk``; v a view of the value
+    projection; the output read tokens-major by the next projection) leaves only the calls the
+    design needs around the kernels:
 
     * forward, ``mean``: the value mean (with the mean), the one pass every window's output
       needs before any is stored (the kernels add it);
@@ -399,6 +514,65 @@ def test_triton_glue_call_count(dtype: str, window: int, with_mean: bool) -> Non
         qk_tok.grad = v_tok.grad = None
     for a, b in zip(grads[True], grads[False]):  # the same kernels, stored elsewhere
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.skipif(not _backend.TRITON_INTERPRET or not _backend.HAS_TRITON,
+                    reason='counts the glue around the interpreted kernels on the CPU')
+@pytest.mark.parametrize('dtype,window', [('fp16', 4), ('fp32', 4), ('fp32', 7)],
+                         ids=['one-block', 'one-block-fp32', 'several-blocks'])
+def test_triton_glue_call_count_mean_returned(dtype: str, window: int) -> None:
+    """The backbone's call with the mean returned (``SEMAttention.forward``: the op with
+    ``return_mean=True``, its mean joining the LePE convolution's bias, whose bias gradient is
+    the mean's gradient) makes no reduction over an N-sized tensor. What remains:
+
+    * forward, ``sum`` over the windows' partial value sums ``[B, heads, n_win * n_blocks,
+      D]`` (fp32, about window_tokens x smaller than v), and in 16-bit dtypes the ``_to_copy`` of
+      the ``[B, heads, D]`` mean to v's dtype;
+    * backward, nothing: the kernels read the mean's gradient as given.
+
+    Against the op with the mean inside (``test_triton_glue_call_count``): the ``mean`` over v
+    and the ``sum`` over dO are gone. The gradients equal that call's when the mean's gradient
+    is its output gradient's token sum."""
+    B, nh, D, (H, W) = 2, 2, 16, (5, 6)
+    N, C = H * W, nh * D
+    g = torch.Generator().manual_seed(0)
+    qk_tok = torch.randn(B, N, 2 * C, generator=g).to(DTYPES[dtype]).requires_grad_()
+    v_tok = torch.randn(B, N, C, generator=g).to(DTYPES[dtype]).requires_grad_()
+    do = torch.randn(B, N, C, generator=g).to(DTYPES[dtype])
+    dmean = do.float().sum(dim=1).to(do.dtype).reshape(B, nh, D)  # as the conv's bias gradient
+
+    def step(return_mean: bool) -> None:
+        qk = qk_tok.reshape(B, N, 2, nh, D)
+        v = v_tok.reshape(B, N, nh, D).transpose(1, 2)
+        if return_mean:
+            out, mean = sema_attention_qk(qk, v, (H, W), window, out_layout='bnhd',
+                                          return_mean=True, backend='triton')
+            torch.autograd.backward((out.reshape(B, N, C), mean), (do, dmean))
+        else:
+            out = sema_attention_qk(qk, v, (H, W), window, out_layout='bnhd', backend='triton')
+            out.reshape(B, N, C).backward(do)
+
+    from mmeffattn.ops.sema.function import sema_kernel_configs, window_geometry
+    geom = window_geometry((H, W), window)
+    n_blocks, _ = sema_kernel_configs(D, geom.window_tokens, DTYPES[dtype], True)
+    n_parts = geom.n_win * n_blocks
+    expected = [('aten::sum', (B, nh, n_parts, D))]
+    if dtype != 'fp32':
+        expected.append(('aten::_to_copy', (B, nh, D)))
+    grads = {}
+    for return_mean in (True, False):
+        step(return_mean)  # first call: compilation and caches outside the profile
+        qk_tok.grad = v_tok.grad = None  # (accumulating into existing grads would add an add_)
+        calls = glue_calls(lambda: step(return_mean), shapes=True)
+        if return_mean:
+            assert calls == sorted(expected)
+            assert all(math.prod(shape) < N * D for _, shape in calls)  # nothing N-sized
+        else:
+            assert [name for name, _ in calls] == ['aten::mean', 'aten::sum']
+        grads[return_mean] = qk_tok.grad, v_tok.grad
+        qk_tok.grad = v_tok.grad = None
+    for name, a, b in zip(('dqk', 'dv'), grads[True], grads[False]):
+        assert_close(a, b.double(), DTYPES[dtype], name)
 
 
 @needs_triton
@@ -509,6 +683,43 @@ def test_reference_mean_term() -> None:
     assert expected.abs().max() > 0.1  # the test inputs have a visible mean
 
 
+@pytest.mark.parametrize('out_layout', ['bhnd', 'bnhd'])
+@pytest.mark.parametrize('hw', [(13, 17), (14, 14)], ids=['partial', 'exact'])
+def test_reference_return_mean_is_the_mean_apart(out_layout: str, hw) -> None:
+    """``return_mean=True`` returns the windowed attention alone and ``v.mean`` over the tokens
+    ``[B, heads, D]``; their broadcast sum is the default result (float64, up to rounding)."""
+    case = Case(2, 2, *hw, 7, 24, 'fp32')
+    q, k, v = (x.double() for x in make_qkv(case, 'cpu'))
+    kw = dict(out_layout=out_layout, backend='reference')
+    out, mean = sema_attention(q, k, v, hw, 7, return_mean=True, **kw)
+    assert mean.shape == (2, 2, 24)
+    assert_close(mean, v.mean(dim=2), torch.float64, 'mean')
+    assert_close(out, sema_attention(q, k, v, hw, 7, with_mean=False, **kw), torch.float64,
+                 'out')
+    tokens = 1 if out_layout == 'bnhd' else 2  # the token dim of the output layout
+    full = out + (mean.unsqueeze(1) if out_layout == 'bnhd' else mean.unsqueeze(2))
+    assert full.shape == out.shape and out.shape[tokens] == hw[0] * hw[1]
+    assert_close(full, sema_attention(q, k, v, hw, 7, **kw), torch.float64, 'out + mean')
+
+
+def test_reference_return_mean_symbolic_path() -> None:
+    """The reference's gather path (a symbolic grid under torch.export) returns the mean apart
+    too: exported with a dynamic grid, it gives the eager ``(out, mean)``."""
+    class Call(torch.nn.Module):
+        def forward(self, q, k, v):
+            H = q.shape[2] // 6
+            return sema_attention(q, k, v, (H, 6), 4, out_layout='bnhd', return_mean=True,
+                                  backend='reference')
+
+    q, k, v = make_qkv(Case(1, 2, 5, 6, 4, 16, 'fp32'), 'cpu')
+    n = torch.export.Dim('n', min=2, max=100)
+    ep = torch.export.export(Call(), (q, k, v), dynamic_shapes=({2: 6 * n}, {2: 6 * n},
+                                                                 {2: 6 * n}))
+    q, k, v = make_qkv(Case(1, 2, 9, 6, 4, 16, 'fp32'), 'cpu', seed=3)
+    for a, b in zip(ep.module()(q, k, v), Call()(q, k, v)):
+        torch.testing.assert_close(a, b)
+
+
 @pytest.mark.parametrize('dtype', ['fp16', 'bf16', 'fp32'])
 def test_reference_low_precision(dtype: str) -> None:
     """The reference in low precision (the CPU path of fp16/bf16 models) stays within the dtype's
@@ -516,13 +727,15 @@ def test_reference_low_precision(dtype: str) -> None:
     check_against_reference(Case(1, 2, 13, 17, 7, 32, dtype), backend='reference', device='cpu')
 
 
-@pytest.mark.parametrize('with_mean', [True, False], ids=['mean', 'nomean'])
-def test_reference_gradcheck_fp64(with_mean: bool) -> None:
+@pytest.mark.parametrize('with_mean,return_mean', [(True, False), (False, False), (True, True)],
+                         ids=['mean', 'nomean', 'return-mean'])
+def test_reference_gradcheck_fp64(with_mean: bool, return_mean: bool) -> None:
     # partial windows in both directions; the reference accepts any head dim (4 keeps it fast)
     case = Case(1, 2, 4, 5, 3, 4, 'fp32', scale=0.6)
     q, k, v = (x.double().requires_grad_() for x in make_qkv(case, 'cpu'))
     assert torch.autograd.gradcheck(
-        lambda q, k, v: sema_attention_naive(q, k, v, (4, 5), 3, scale=0.6, with_mean=with_mean),
+        lambda q, k, v: sema_attention_naive(q, k, v, (4, 5), 3, scale=0.6, with_mean=with_mean,
+                                             return_mean=return_mean),
         (q, k, v), eps=1e-6, atol=1e-6, rtol=1e-5)
 
 
@@ -692,6 +905,19 @@ def test_invalid_out_layout() -> None:
     x = torch.zeros(1, 2, 30, 16)
     with pytest.raises(ValueError, match=r"out_layout must be one of \('bhnd', 'bnhd'\)"):
         sema_attention(x, x, x, (5, 6), 4, out_layout='bnc')
+
+
+@pytest.mark.parametrize('kwargs,match', [
+    (dict(return_mean=True, with_mean=False), r'return_mean=True .* needs with_mean=True'),
+    (dict(return_mean=1), r'return_mean must be True or False, got 1'),
+    (dict(return_mean=None), r'return_mean must be True or False')],
+    ids=['without-mean', 'int', 'none'])
+def test_invalid_return_mean(kwargs, match) -> None:
+    x, qk = torch.zeros(1, 2, 30, 16), torch.zeros(1, 30, 2, 2, 16)
+    with pytest.raises(ValueError, match=f'sema_attention: {match}'):
+        sema_attention(x, x, x, (5, 6), 4, **kwargs)
+    with pytest.raises(ValueError, match=f'sema_attention_qk: {match}'):
+        sema_attention_qk(qk, x, (5, 6), 4, **kwargs)
 
 
 @pytest.mark.parametrize('args,match', [(a, m) for _, a, m in _bad_inputs()],

@@ -89,19 +89,28 @@ def test_core_periphery_backward_models_no_rope_glue() -> None:
             assert r.costs(dtype)['fwd'] == r.previous(dtype)['fwd']
 
 
-def test_sema_roofline_launches_are_the_kernels_and_the_mean_passes() -> None:
-    """SEMA as the backbone calls it (q, k packed): the roofline's launches are the kernels the
-    launchers issue plus one reduction each way for the mean (the glue count of
-    ``test_triton_glue_call_count``), nothing for autograd (the stack of dq and dk is gone)."""
+def test_sema_roofline_launches_are_the_kernels_and_the_mean_glue() -> None:
+    """SEMA as the backbone calls it (q, k packed, the mean returned): the roofline's launches
+    are the kernels the launchers issue plus, forward, the sum of the windows' partial value
+    sums and, in 16-bit dtypes, the mean's cast (the glue of
+    ``test_triton_glue_call_count_mean_returned``), and nothing else: no pass over v or dO for
+    the mean, nothing for autograd. Against the mean added inside the op (one reduction each
+    way) and the design before issue 14, fewer bytes both ways."""
+    from mmeffattn.ops.sema.spec import roofline_costs
     spec = next(s for s in all_specs() if s.name == 'sema_attention')
     for r in spec.rooflines:
+        B, h = r.aot_case['B'], r.aot_case['heads']
+        side, D = r.aot_case['H'], r.aot_case['D']
         for dtype in ('bf16', 'fp32'):
             roles = [launch.role for launch in spec.aot.record(dict(r.aot_case, dtype=dtype))]
             now, before = r.costs(dtype), r.previous(dtype)
-            assert now['fwd'].launches == roles.count('fwd') + 1  # + the value mean
-            assert now['bwd'].launches == len(roles) - roles.count('fwd') + 1  # + sum_n dO
+            inside = roofline_costs(B, h, side, D, design='mean_inside')(dtype)
+            assert now['fwd'].launches == roles.count('fwd') + 1 + (dtype != 'fp32')
+            assert now['bwd'].launches == len(roles) - roles.count('fwd')
+            assert inside['bwd'].launches == now['bwd'].launches + 1  # + sum_n dO
+            for d in ('fwd', 'bwd'):
+                assert now[d].bytes < inside[d].bytes < before[d].bytes
             assert now['bwd'].launches < before['bwd'].launches
-            assert now['bwd'].bytes < before['bwd'].bytes
 
 
 def test_core_periphery_fused_backward_models_less_traffic() -> None:

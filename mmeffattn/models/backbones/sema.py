@@ -148,6 +148,34 @@ def apply_rope_2d(x: torch.Tensor, hw: HWShape, base: float = 10000.) -> torch.T
     return out.flatten(-2).to(x.dtype)  # [..., N, C]
 
 
+def lepe_plus_offset(lepe: nn.Conv2d, v: torch.Tensor, hw: HWShape,
+                     offset: torch.Tensor) -> torch.Tensor:
+    """``lepe(v) + offset``: a depthwise ``3x3`` convolution (with bias) of the tokens ``v``
+    ``[B, N, C]`` plus a per-(image, channel) ``offset`` ``[B, C]``, as tokens ``[B, N, C]``.
+
+    Why: SEMA's value mean is constant over an image's tokens, so it can join the convolution's
+    bias, where adding it costs nothing, instead of a pass over every token (the op would need
+    a reduction over all values before it stores any output). The conv's bias gradient, the
+    token sum of the incoming gradient, is then also the offset's.
+
+    One image: the conv with bias ``lepe.bias + offset[0]``. Several: folding the batch into
+    the conv's channels (``[1, B*C, H, W]``, ``groups=B*C``) would be the same conv, but is no
+    view of the token layout (channels of different images lie ``N*C`` apart, not ``C``) and
+    would copy v; so the conv runs without bias and ``lepe.bias + offset`` is added per token
+    (one elementwise pass in eager mode; under torch.compile it fuses with the residual add
+    that follows), and that add's gradient, one token sum, gives the bias's and the offset's
+    gradients at once (the conv computes none).
+    """
+    B, N, C = v.shape
+    x = tokens_to_map(v, hw)  # [B, C, H, W] (a channels-last view)
+    bias = lepe.bias + offset  # [B, C]
+    if not is_symbolic(B) and B == 1:
+        return map_to_tokens(F.conv2d(x, lepe.weight, bias.reshape(C), lepe.stride,
+                                      lepe.padding, lepe.dilation, lepe.groups))
+    y = F.conv2d(x, lepe.weight, None, lepe.stride, lepe.padding, lepe.dilation, lepe.groups)
+    return map_to_tokens(y) + bias.to(y.dtype).unsqueeze(1)  # [B, N, C] (autocast: y's dtype)
+
+
 # --------------------------------------------------------------------------------------------
 # attention
 # --------------------------------------------------------------------------------------------
@@ -307,7 +335,14 @@ class SEMAttention(nn.Module):
             # stack of dq and dk; the reference unbinds them as below). Tokens-major output: the
             # reshape below is a view (the op's dv comes back in vh's layout, so the backward of
             # these views is views too)
-            out = sema_attention_qk(qk, vh, hw, self.window_size, with_mean=self.with_mean,
+            if self.with_mean:
+                # the mean comes back apart and joins the LePE's bias (lepe_plus_offset): the
+                # op then needs no pass over v for it nor one over the output's gradient
+                out, mean = sema_attention_qk(qk, vh, hw, self.window_size, return_mean=True,
+                                              out_layout='bnhd', backend=self.backend)
+                return out.reshape(B, N, C) + lepe_plus_offset(self.lepe, v, hw,
+                                                               mean.reshape(B, C))
+            out = sema_attention_qk(qk, vh, hw, self.window_size, with_mean=False,
                                     out_layout='bnhd', backend=self.backend)  # [B, N, nh, hd]
         else:
             # unbinding the [B, N, 2, nh, hd] view keeps the backward at one stack into the

@@ -86,24 +86,30 @@ def sema_tiles(bd: int, window_tokens: int, dtype: torch.dtype) -> Tiles:
 
 
 def sema_kernel_configs(head_dim: int, window_tokens: int, dtype: torch.dtype, with_mean: bool,
-                        input_precision: str = DEFAULT_INPUT_PRECISION
-                        ) -> Tuple[int, Dict[str, KernelConfig]]:
+                        input_precision: str = DEFAULT_INPUT_PRECISION,
+                        return_mean: bool = False) -> Tuple[int, Dict[str, KernelConfig]]:
     """``(n_blocks, configs)``: blocks per window and the configurations the launchers use, by
     role: ``'fwd'``; ``'bwd'`` (``sema_bwd_window_kernel`` when a window is one block, else
     ``sema_bwd_kernel``); ``'bwd_preprocess'`` (only with several blocks per window).
+
+    ``with_mean``: the op has the mean term (the backward adds its gradient to dv);
+    ``return_mean``: the mean is returned rather than added (the forward writes the value
+    partial sums instead of reading the mean, and the output, as stored, needs no correction in
+    the backward's delta).
     """
     bd = max(16, _next_pow2(head_dim))
     tiles = sema_tiles(bd, window_tokens, dtype)
     n_blocks = -(-window_tokens // tiles.block)
     common = dict(BD=bd, EVEN_D=head_dim == bd, BLOCK=tiles.block, WITH_MEAN=with_mean,
                   INPUT_PRECISION=input_precision)
+    fwd = dict(common, WITH_MEAN=with_mean and not return_mean, V_PARTIALS=return_mean)
     if n_blocks == 1:
         return n_blocks, {
-            'fwd': KernelConfig(kernels.sema_fwd_window_kernel, common, tiles.fwd_warps, 1),
+            'fwd': KernelConfig(kernels.sema_fwd_window_kernel, fwd, tiles.fwd_warps, 1),
             'bwd': KernelConfig(kernels.sema_bwd_window_kernel, common, tiles.bwd_warps, 1)}
     return n_blocks, {
-        'fwd': KernelConfig(kernels.sema_fwd_kernel, common, tiles.fwd_warps, tiles.fwd_stages),
-        'bwd_preprocess': delta_config(head_dim, with_mean),
+        'fwd': KernelConfig(kernels.sema_fwd_kernel, fwd, tiles.fwd_warps, tiles.fwd_stages),
+        'bwd_preprocess': delta_config(head_dim, with_mean and not return_mean),
         'bwd': KernelConfig(kernels.sema_bwd_kernel, common, tiles.bwd_warps, tiles.bwd_stages)}
 
 
@@ -130,38 +136,52 @@ def as_bhnd(x: torch.Tensor, out_layout: str) -> torch.Tensor:
 
 def sema_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, geom: WindowGeometry,
              scale: float, with_mean: bool, input_precision: str = DEFAULT_INPUT_PRECISION,
-             out_layout: str = 'bhnd'
+             out_layout: str = 'bhnd', return_mean: bool = False
              ) -> Tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
     """Forward launcher.
 
     Args:
         q, k, v: ``[B, heads, N, D]``, unit stride on D.
         out_layout: ``'bhnd'`` or ``'bnhd'``, the layout of ``o`` (:func:`empty_out`).
+        return_mean: (with ``with_mean``) return the value mean instead of adding it to o.
     Returns:
         o (contiguous in ``out_layout``, q's dtype); lse ``[B*heads, N]`` fp32 log2-sum-exp
-        (only when a window spans several blocks, else None); the value mean ``[B*heads, D]``
-        fp32 (None without ``with_mean``), added to every token inside the kernels.
+        (only when a window spans several blocks, else None); the value mean: None without
+        ``with_mean``; ``[B*heads, D]`` fp32, added to every token inside the kernels; with
+        ``return_mean``, ``[B, heads, D]`` in v's dtype, not added to o.
     """
     B, nh, N, D = q.shape
     n_blocks, cfgs = sema_kernel_configs(D, geom.window_tokens, q.dtype, with_mean,
-                                         input_precision)
+                                         input_precision, return_mean)
     out, o = empty_out(q, out_layout)
-    # the one reduction the mean needs: every window's output adds it, so it must exist before
-    # any window is stored (per-window partial sums would need a second pass over the output)
-    mean = v.mean(dim=2, dtype=torch.float32).reshape(B * nh, D) if with_mean else None
+    mean = v_sum = None
+    if return_mean:
+        # every forward program sums the value rows of its block (divided by N), which it
+        # loads anyway: no pass over v; one sum of these n_win * n_blocks rows gives the mean
+        v_sum = torch.empty((B * nh, geom.n_win * n_blocks, D), dtype=torch.float32,
+                            device=q.device)
+    elif with_mean:
+        # every window's output adds the mean, so it must exist before any window is stored
+        # (per-window partial sums would need a second pass over the output)
+        mean = v.mean(dim=2, dtype=torch.float32).reshape(B * nh, D)
     lse = (torch.empty((B * nh, N), dtype=torch.float32, device=q.device)
            if n_blocks > 1 else None)
     _check_int32_offsets(q, k, v, o)
     strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(o))
     geometry = (nh, geom.H, geom.W, geom.win_h, geom.win_w, geom.n_win_w, geom.n_win)
-    mean_arg = mean if with_mean else o  # any pointer when unused
+    # any pointer where unused
+    mean_arg = mean if mean is not None else o
+    v_sum_arg = v_sum if v_sum is not None else o
     with _device_guard(q):
         if n_blocks == 1:
             _launch('fwd', cfgs['fwd'], (B * nh * geom.n_win,),
-                    q, k, v, o, mean_arg, *strides, *geometry, scale, D)
+                    q, k, v, o, mean_arg, v_sum_arg, *strides, *geometry, scale, D)
         else:
             _launch('fwd', cfgs['fwd'], (B * nh * geom.n_win * n_blocks,),
-                    q, k, v, o, mean_arg, lse, *strides, *geometry, n_blocks, scale, D)
+                    q, k, v, o, mean_arg, lse, v_sum_arg, *strides, *geometry, n_blocks,
+                    scale, D)
+    if return_mean:
+        mean = v_sum.view(B, nh, -1, D).sum(dim=2).to(v.dtype)  # [B, heads, D]
     return out, lse, mean
 
 
@@ -175,8 +195,8 @@ def sema_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
              o: Optional[torch.Tensor], lse: Optional[torch.Tensor], mean: Optional[torch.Tensor],
              geom: WindowGeometry, scale: float, with_mean: bool,
              input_precision: str = DEFAULT_INPUT_PRECISION, out_layout: str = 'bhnd',
-             dqk: Optional[torch.Tensor] = None
-             ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+             dqk: Optional[torch.Tensor] = None, grad_mean: Optional[torch.Tensor] = None,
+             return_mean: bool = False) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backward launcher: ``(dq, dk, dv)``, each ``[B, heads, N, D]``. dv has v's strides when v
     is dense (``torch.empty_like``; e.g. the transposed ``[B, N, heads, D]`` view a backbone
     passes, so that the views' backward is a view again), else is contiguous; dq and dk are
@@ -187,18 +207,27 @@ def sema_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ``dqk``: an allocated ``[B, N, 2, heads, D]`` buffer with unit stride on D, the gradient of
     a packed qk (``sema_attention_qk``); the kernels store dq and dk straight into it, and since
     the two halves tile it exactly it needs no fill (nor autograd a ``stack`` of dq and dk).
+    ``return_mean``: the forward returned the mean (o holds no mean); ``grad_mean``
+    ``[B, heads, D]`` is its gradient (None: the mean did not reach the loss), which every dv
+    gets divided by N instead of ``sum_n dO / N``.
     """
     B, nh, N, D = q.shape
+    if return_mean:
+        with_mean = grad_mean is not None  # a dv term only when the mean has a gradient
     n_blocks, cfgs = sema_kernel_configs(D, geom.window_tokens, q.dtype, with_mean,
-                                         input_precision)
+                                         input_precision, return_mean)
     do = _unit_last_stride(as_bhnd(do, out_layout))
     dv = torch.empty_like(v, dtype=q.dtype)
     # dq and dk share one set of strides in the kernels (views of one packed buffer have)
     dq, dk = qk_views(dqk) if dqk is not None else (torch.empty_like(v, dtype=q.dtype)
                                                     for _ in range(2))
-    # the mean's gradient sum_n dO / N reaches every dv: the one reduction of the backward
-    # (the kernels divide by N)
-    sum_do = do.sum(dim=2, dtype=torch.float32).reshape(B * nh, D) if with_mean else dv
+    if return_mean:
+        # the mean's gradient as given (the kernels read it in its dtype, rows of D)
+        g_mean = grad_mean.reshape(B * nh, D).contiguous() if with_mean else dv
+    else:
+        # the mean's gradient sum_n dO / N reaches every dv: the one reduction of the backward
+        # (the kernels divide by N)
+        g_mean = do.sum(dim=2, dtype=torch.float32).reshape(B * nh, D) if with_mean else dv
     _check_int32_offsets(q, k, v, do, dq, dv)
     strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq),
                *_strides(dv))
@@ -206,11 +235,13 @@ def sema_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     with _device_guard(q):
         if n_blocks == 1:
             _launch('bwd', cfgs['bwd'], (B * nh * geom.n_win,),
-                    q, k, v, do, dq, dk, dv, sum_do, *strides, *geometry, scale, D)
+                    q, k, v, do, dq, dk, dv, g_mean, *strides, *geometry, scale, D)
         else:
-            delta = softmax_bwd_delta(cfgs['bwd_preprocess'], as_bhnd(o, out_layout), do, mean)
+            # delta = dO . (o - mean): the output as the softmax made it
+            delta = softmax_bwd_delta(cfgs['bwd_preprocess'], as_bhnd(o, out_layout), do,
+                                      None if return_mean else mean)
             _launch('bwd', cfgs['bwd'], (B * nh * geom.n_win * n_blocks,),
-                    q, k, v, do, dq, dk, dv, lse, delta, sum_do, *strides, *geometry,
+                    q, k, v, do, dq, dk, dv, lse, delta, g_mean, *strides, *geometry,
                     n_blocks, scale, D)
     return dq, dk, dv
 

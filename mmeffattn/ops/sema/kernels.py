@@ -22,6 +22,12 @@ Only ``@triton.jit`` functions live here; launchers and the autograd Function ar
 * Logits are kept in the log2 domain (``qk_scale = scale * log2(e)``, ``exp2``); the optional
   log-sum-exp buffer ``lse`` is ``[B*heads, N]`` fp32 in that domain.
 * Accumulation is fp32; ``tl.dot`` inputs are the storage dtype (fp32 with ``INPUT_PRECISION``).
+* The value mean either is added to every output row inside the kernels (``WITH_MEAN``: the
+  launcher computes it first) or is returned to the caller (``V_PARTIALS``: each forward
+  program writes the fp32 sum of its block's value rows divided by N, ``v_sum`` ``[B*heads,
+  n_win * n_blocks, D]`` indexed by program id, and the launcher sums those few rows); the
+  backward adds ``g_mean / N`` to every dv either way (``g_mean`` ``[B*heads, D]``, the mean's
+  gradient, in any float dtype).
 """
 import triton
 import triton.language as tl
@@ -57,19 +63,21 @@ def _bwd_slices(q, k, v, do, i_bh, n_heads, stride_qb, stride_qh, stride_kb, str
 
 @triton.jit(do_not_specialize=_GEOMETRY[:-1])
 def sema_fwd_window_kernel(
-    q, k, v, o, mean,
+    q, k, v, o, mean, v_sum,
     stride_qb, stride_qh, stride_qn,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
     stride_ob, stride_oh, stride_on,
     n_heads, H, W, win_h, win_w, n_win_w, n_win, scale, D,
     BD: tl.constexpr, EVEN_D: tl.constexpr, BLOCK: tl.constexpr, WITH_MEAN: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr,
+    V_PARTIALS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):
     """Forward when a whole window fits in one block: one program per (batch*head, window).
 
     o = softmax(q k^T * scale) v (+ mean[b, h]) over the window's tokens.
     mean: ``[B*heads, D]`` fp32 value mean (read only if WITH_MEAN).
+    v_sum: ``[B*heads, n_win, D]`` fp32, this window's ``sum_n v_n / N`` (written only if
+    V_PARTIALS).
     """
     i_w = tl.program_id(0) % n_win
     i_bh = tl.program_id(0) // n_win
@@ -84,6 +92,11 @@ def sema_fwd_window_kernel(
     b_q = load_rows(q, o_n, stride_qn, o_d, m_nd)  # [BLOCK, BD]
     b_k = load_rows(k, o_n, stride_kn, o_d, m_nd)  # [BLOCK, BD]
     b_v = load_rows(v, o_n, stride_vn, o_d, m_nd)  # [BLOCK, BD]
+    if V_PARTIALS:
+        # this window's share of the value mean (padded rows were loaded as 0), summed before
+        # the logits exist, when the fewest registers are live
+        tl.store(v_sum + tl.program_id(0).to(tl.int64) * D + o_d,
+                 tl.sum(b_v.to(tl.float32), 0) / (H * W), mask=m_d)
 
     b_s = tl.dot(b_q, tl.trans(b_k), input_precision=INPUT_PRECISION) * (scale * 1.4426950408889634)
     b_s = tl.where(m_n[None, :], b_s, float('-inf'))  # [BLOCK, BLOCK] padded keys excluded
@@ -97,20 +110,22 @@ def sema_fwd_window_kernel(
 
 @triton.jit(do_not_specialize=_GEOMETRY)
 def sema_fwd_kernel(
-    q, k, v, o, mean, lse,
+    q, k, v, o, mean, lse, v_sum,
     stride_qb, stride_qh, stride_qn,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
     stride_ob, stride_oh, stride_on,
     n_heads, H, W, win_h, win_w, n_win_w, n_win, n_blocks, scale, D,
     BD: tl.constexpr, EVEN_D: tl.constexpr, BLOCK: tl.constexpr, WITH_MEAN: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr,
+    V_PARTIALS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):
     """Forward for windows of several blocks: one program per (batch*head, window, query
     block), online softmax over the window's key blocks.
 
     mean: ``[B*heads, D]`` fp32 value mean (read only if WITH_MEAN).
     lse: ``[B*heads, N]`` fp32 log2-sum-exp of each query row, for the backward.
+    v_sum: ``[B*heads, n_win * n_blocks, D]`` fp32, ``sum_n v_n / N`` over the value rows of
+    this program's block (written only if V_PARTIALS).
     """
     i_prog = tl.program_id(0)
     i_blk = i_prog % n_blocks
@@ -125,6 +140,12 @@ def sema_fwd_kernel(
     o_nq, m_nq = _window_tokens(i_w, i_blk, H, W, win_h, win_w, n_win_w, BLOCK)  # [BLOCK]
     m_q = m_nq[:, None] & m_d[None, :]  # [BLOCK, BD]
     b_q = load_rows(q, o_nq, stride_qn, o_d, m_q)  # [BLOCK, BD]
+    if V_PARTIALS:
+        # the value rows of this program's own block (the loop below reads them again, from
+        # L2): each block of each window is summed by exactly one program
+        b_v = load_rows(v, o_nq, stride_vn, o_d, m_q)  # [BLOCK, BD]
+        tl.store(v_sum + i_prog.to(tl.int64) * D + o_d,
+                 tl.sum(b_v.to(tl.float32), 0) / (H * W), mask=m_d)
 
     qk_scale = scale * 1.4426950408889634
     b_m = tl.full([BLOCK], float('-inf'), dtype=tl.float32)  # [BLOCK] running row max (log2)
@@ -173,8 +194,9 @@ def sema_bwd_window_kernel(
     backward's row term from ``delta_i = sum_j P_ij dP_ij`` (= dO_i . O_i without the mean), so
     it needs neither o nor lse. dq and dk share the strides ``stride_g*``, dv has
     ``stride_dv*``;
-    sum_do: ``[B*heads, D]`` fp32 ``sum_n dO``; the mean's gradient ``sum_do / N`` is added to
-    every dv (read only if WITH_MEAN).
+    sum_do: ``[B*heads, D]`` the value mean's gradient (``sum_n dO`` in fp32 when the mean was
+    added to o; the returned mean's gradient, in its dtype, otherwise); ``sum_do / N`` is added
+    to every dv (read only if WITH_MEAN).
     """
     i_w = tl.program_id(0) % n_win
     i_bh = tl.program_id(0) // n_win
@@ -201,7 +223,8 @@ def sema_bwd_window_kernel(
     b_dv = tl.dot(tl.trans(b_p.to(b_do.dtype)), b_do,
                   input_precision=INPUT_PRECISION)  # [BLOCK, BD]
     if WITH_MEAN:
-        b_dv += (tl.load(sum_do + i_bh * D + o_d, mask=m_d, other=0.) / (H * W))[None, :]
+        b_dv += (tl.load(sum_do + i_bh * D + o_d, mask=m_d, other=0.).to(tl.float32)
+                 / (H * W))[None, :]
     store_rows(dv + bh_offset(i_bh, n_heads, stride_dvb, stride_dvh), o_n, stride_dvn, o_d,
                b_dv, m_nd)
 
@@ -232,6 +255,7 @@ def sema_bwd_kernel(
 
     Part 1 accumulates dk_j, dv_j over the window's query blocks; part 2 accumulates dq_j over its
     key blocks. Uses the forward's lse and the preprocessed delta (both ``[B*heads, N]`` fp32).
+    sum_do: as in :func:`sema_bwd_window_kernel`.
     """
     i_prog = tl.program_id(0)
     i_blk = i_prog % n_blocks
@@ -269,7 +293,8 @@ def sema_bwd_kernel(
         b_dst = b_pt * (b_dpt - b_delta[None, :])  # [BLOCK(k), BLOCK(q)]
         b_dk += tl.dot(b_dst.to(b_q.dtype), b_q, input_precision=INPUT_PRECISION)
     if WITH_MEAN:
-        b_dv += (tl.load(sum_do + i_bh * D + o_d, mask=m_d, other=0.) / (H * W))[None, :]
+        b_dv += (tl.load(sum_do + i_bh * D + o_d, mask=m_d, other=0.).to(tl.float32)
+                 / (H * W))[None, :]
     store_rows(dv + bh_offset(i_bh, n_heads, stride_dvb, stride_dvh), o_nj, stride_dvn, o_d,
                b_dv, m_j)
     store_rows(dk + bh_offset(i_bh, n_heads, stride_gb, stride_gh), o_nj, stride_gn, o_d,

@@ -1,7 +1,7 @@
 """SEMA attention as the custom operators ``mmeffattn::sema_attention`` and
 ``mmeffattn::sema_attention_qk`` (q and k packed as one tensor), each with its ``_backward``; see
 :mod:`mmeffattn.ops._library`. Importing this module needs Triton (``op.py`` guards it)."""
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -13,53 +13,72 @@ from .function import (DEFAULT_INPUT_PRECISION, qk_views, sema_bwd, sema_fwd,
 
 def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: Sequence[int],
              window_size: int, scale: float, with_mean: bool, input_precision: str,
-             out_layout: str = 'bhnd') -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(out, lse, mean)``: out in ``out_layout``; lse (several blocks per window) and mean
-    (``with_mean``) are what the backward reads, empty when absent."""
+             out_layout: str = 'bhnd', return_mean: bool = False
+             ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(out, lse, mean)``: out in ``out_layout``; lse (several blocks per window), what the
+    backward reads, empty when absent; mean: with ``return_mean`` the returned value mean
+    ``[B, heads, D]`` (differentiable, not in out), else the fp32 mean the kernels added (for
+    the backward) or empty."""
     q, k, v = unit_last_stride(q), unit_last_stride(k), unit_last_stride(v)
     o, lse, mean = sema_fwd(q, k, v, window_geometry(tuple(hw), window_size), scale, with_mean,
-                            input_precision, out_layout)
+                            input_precision, out_layout, return_mean)
     return o, empty_like_none(o, lse), empty_like_none(o, mean)
 
 
-def _backward(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-              out: torch.Tensor, lse: torch.Tensor, mean: torch.Tensor, hw: Sequence[int],
-              window_size: int, scale: float, with_mean: bool, input_precision: str,
-              out_layout: str = 'bhnd') -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _backward(grad: torch.Tensor, grad_mean: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+              v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, mean: torch.Tensor,
+              hw: Sequence[int], window_size: int, scale: float, with_mean: bool,
+              input_precision: str, out_layout: str = 'bhnd', return_mean: bool = False
+              ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(dq, dk, dv)``; ``grad_mean``: the returned mean's gradient (``return_mean``), empty
+    when absent."""
     q, k, v = unit_last_stride(q), unit_last_stride(k), unit_last_stride(v)
     return sema_bwd(grad, q, k, v, out, none_if_empty(lse), none_if_empty(mean),
                     window_geometry(tuple(hw), window_size), scale, with_mean, input_precision,
-                    out_layout)
+                    out_layout, grad_mean=none_if_empty(grad_mean), return_mean=return_mean)
 
 
 _ARGS = ('SymInt[2] hw, int window_size, float scale, bool with_mean, str input_precision, '
-         'str out_layout="bhnd"')
+         'str out_layout="bhnd", bool return_mean=False')
+#: the position of ``return_mean`` among the arguments after the tensors
+_RETURN_MEAN_ARG = 6
 sema_attention_op = define(
     'sema_attention', f'(Tensor q, Tensor k, Tensor v, {_ARGS}) -> (Tensor, Tensor, Tensor)',
     _forward)
 sema_attention_backward_op = define(
     'sema_attention_backward',
-    f'(Tensor grad, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor mean, {_ARGS})'
-    ' -> (Tensor, Tensor, Tensor)', _backward)
+    f'(Tensor grad, Tensor grad_mean, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, '
+    f'Tensor mean, {_ARGS}) -> (Tensor, Tensor, Tensor)', _backward)
 
 
 def _autograd(backward_op, n_tensors: int):
     """``(backward, setup_context)`` for a forward operator whose first ``n_tensors``
     arguments are the differentiable tensors and whose backward operator takes
-    ``(grad, *tensors, out, lse, mean, *args)`` and returns one gradient per tensor."""
+    ``(grad, grad_mean, *tensors, out, lse, mean, *args)`` and returns one gradient per
+    tensor."""
     def setup_context(ctx, inputs, output) -> None:
         ctx.args = inputs[n_tensors:]
+        args = ctx.args
+        ctx.return_mean = len(args) > _RETURN_MEAN_ARG and bool(args[_RETURN_MEAN_ARG])
         out, lse, mean = output
-        ctx.mark_non_differentiable(lse, mean)
-        # lse and mean get no gradient: without this autograd would fill zero tensors for them
+        # lse (and the mean the kernels added, saved for the backward) get no gradient; a
+        # returned mean does
+        ctx.mark_non_differentiable(*((lse, ) if ctx.return_mean else (lse, mean)))
+        # without this autograd would fill zero tensors for the absent gradients
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(*inputs[:n_tensors], out, lse, mean)
 
-    def backward(ctx, grad: Optional[torch.Tensor], _grad_lse, _grad_mean):
+    def backward(ctx, grad: Optional[torch.Tensor], _grad_lse,
+                 grad_mean: Optional[torch.Tensor]):
         n_args = len(ctx.args)
-        if grad is None:  # the output did not reach the loss
+        if not ctx.return_mean:
+            grad_mean = None
+        if grad is None and grad_mean is None:  # no output reached the loss
             return (None, ) * (n_tensors + n_args)
-        grads = backward_op(grad, *ctx.saved_tensors, *ctx.args)
+        saved = ctx.saved_tensors
+        if grad is None:  # only the returned mean reached the loss (rare: no shortcut for it)
+            grad = torch.zeros_like(saved[n_tensors])
+        grads = backward_op(grad, empty_like_none(grad, grad_mean), *saved, *ctx.args)
         return (*(g if n else None for g, n in zip(grads, ctx.needs_input_grad)),
                 *(None, ) * n_args)
     return backward, setup_context
@@ -79,16 +98,17 @@ _register_autograd(sema_attention_op, sema_attention_backward_op, 3)
 # ``sema_attention`` costs), and the reshape back to the projection's [B, N, 2 * heads * D]
 # is a view
 def _forward_qk(qk: torch.Tensor, v: torch.Tensor, hw: Sequence[int], window_size: int,
-                scale: float, with_mean: bool, input_precision: str, out_layout: str = 'bhnd'
-                ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                scale: float, with_mean: bool, input_precision: str, out_layout: str = 'bhnd',
+                return_mean: bool = False) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``_forward`` with ``qk`` ``[B, N, 2, heads, D]`` for q and k."""
     return _forward(*qk_views(unit_last_stride(qk)), v, hw, window_size, scale, with_mean,
-                    input_precision, out_layout)
+                    input_precision, out_layout, return_mean)
 
 
-def _backward_qk(grad: torch.Tensor, qk: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                 lse: torch.Tensor, mean: torch.Tensor, hw: Sequence[int], window_size: int,
-                 scale: float, with_mean: bool, input_precision: str, out_layout: str = 'bhnd'
+def _backward_qk(grad: torch.Tensor, grad_mean: torch.Tensor, qk: torch.Tensor,
+                 v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, mean: torch.Tensor,
+                 hw: Sequence[int], window_size: int, scale: float, with_mean: bool,
+                 input_precision: str, out_layout: str = 'bhnd', return_mean: bool = False
                  ) -> Tuple[torch.Tensor, torch.Tensor]:
     """``(dqk, dv)``: dqk in qk's layout when that is dense (``empty_like``), so that the
     backward of the views qk came from stays views."""
@@ -96,7 +116,8 @@ def _backward_qk(grad: torch.Tensor, qk: torch.Tensor, v: torch.Tensor, out: tor
     dqk = torch.empty_like(qk)
     _, _, dv = sema_bwd(grad, *qk_views(qk), v, out, none_if_empty(lse), none_if_empty(mean),
                         window_geometry(tuple(hw), window_size), scale, with_mean,
-                        input_precision, out_layout, dqk=dqk)
+                        input_precision, out_layout, dqk=dqk,
+                        grad_mean=none_if_empty(grad_mean), return_mean=return_mean)
     return dqk, dv
 
 
@@ -105,8 +126,8 @@ sema_attention_qk_op = define(
     _forward_qk)
 sema_attention_qk_backward_op = define(
     'sema_attention_qk_backward',
-    f'(Tensor grad, Tensor qk, Tensor v, Tensor out, Tensor lse, Tensor mean, {_ARGS})'
-    ' -> (Tensor, Tensor)', _backward_qk)
+    f'(Tensor grad, Tensor grad_mean, Tensor qk, Tensor v, Tensor out, Tensor lse, '
+    f'Tensor mean, {_ARGS}) -> (Tensor, Tensor)', _backward_qk)
 _register_autograd(sema_attention_qk_op, sema_attention_qk_backward_op, 2)
 
 
@@ -114,25 +135,30 @@ def sema_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw:
                           window_size: int, scale: Optional[float] = None,
                           with_mean: bool = True,
                           input_precision: str = DEFAULT_INPUT_PRECISION,
-                          out_layout: str = 'bhnd') -> torch.Tensor:
+                          out_layout: str = 'bhnd', return_mean: bool = False
+                          ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """SEMA attention with the Triton kernels through ``mmeffattn::sema_attention``, no input
     validation (see ``op.sema_attention``). Returns ``[B, heads, N, D]`` (``out_layout='bhnd'``)
-    or ``[B, N, heads, D]`` (``'bnhd'``), contiguous."""
+    or ``[B, N, heads, D]`` (``'bnhd'``), contiguous; with ``return_mean``, ``(out, mean)``
+    (out without the mean, mean ``[B, heads, D]``)."""
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     hw: List[int] = list(hw)
-    return sema_attention_op(q, k, v, hw, window_size, scale, with_mean, input_precision,
-                             out_layout)[0]
+    out, _, mean = sema_attention_op(q, k, v, hw, window_size, scale, with_mean,
+                                     input_precision, out_layout, return_mean)
+    return (out, mean) if return_mean else out
 
 
 def sema_attention_qk_triton(qk: torch.Tensor, v: torch.Tensor, hw: Sequence[int],
                              window_size: int, scale: Optional[float] = None,
                              with_mean: bool = True,
                              input_precision: str = DEFAULT_INPUT_PRECISION,
-                             out_layout: str = 'bhnd') -> torch.Tensor:
+                             out_layout: str = 'bhnd', return_mean: bool = False
+                             ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """:func:`sema_attention_triton` with q and k packed in ``qk`` ``[B, N, 2, heads, D]``,
     through ``mmeffattn::sema_attention_qk``, no input validation (see
     ``op.sema_attention_qk``)."""
     scale = qk.shape[-1] ** -0.5 if scale is None else float(scale)
     hw: List[int] = list(hw)
-    return sema_attention_qk_op(qk, v, hw, window_size, scale, with_mean, input_precision,
-                                out_layout)[0]
+    out, _, mean = sema_attention_qk_op(qk, v, hw, window_size, scale, with_mean,
+                                        input_precision, out_layout, return_mean)
+    return (out, mean) if return_mean else out

@@ -1,5 +1,5 @@
 """Pure PyTorch reference of SEMA attention: the test oracle and the production CPU path."""
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -115,7 +115,9 @@ def _merge_tokens_major(x: torch.Tensor, B: int, nh: int, hw: Tuple[int, int],
 
 def sema_attention_naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: Tuple[int, int],
                          window_size: int, scale: Optional[float] = None,
-                         with_mean: bool = True, out_layout: str = 'bhnd') -> torch.Tensor:
+                         with_mean: bool = True, out_layout: str = 'bhnd',
+                         return_mean: bool = False
+                         ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Windowed softmax attention plus the broadcast mean of all values.
 
     Does not validate its inputs (``sema_attention`` does); works for any float dtype and
@@ -130,31 +132,38 @@ def sema_attention_naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: 
         with_mean: add ``mean_j v_j`` over the N real tokens to every output token.
         out_layout: ``'bhnd'`` for ``[B, heads, N, D]``, ``'bnhd'`` for ``[B, N, heads, D]``
             (contiguous: the window merge writes that layout directly).
+        return_mean: (with ``with_mean``) return the mean instead of adding it.
 
     Returns:
-        ``[B, heads, N, D]`` or ``[B, N, heads, D]``.
+        ``[B, heads, N, D]`` or ``[B, N, heads, D]``; with ``return_mean``, ``(out, mean)``:
+        the windowed attention alone and ``mean_j v_j`` ``[B, heads, D]``.
     """
     B, nh, N, D = q.shape
     scale = D ** -0.5 if scale is None else scale
+    mean = v.mean(dim=2) if with_mean else None  # [B, nh, D]
+    add_mean = with_mean and not return_mean
     if is_symbolic(*hw):
         out = _sema_attention_symbolic(q, k, v, hw, window_size, scale)  # [BH, N, D]
-        if with_mean:
-            out = out + v.mean(dim=2).reshape(B * nh, 1, D)
+        if add_mean:
+            out = out + mean.reshape(B * nh, 1, D)
         out = out.reshape(B, nh, N, D)
-        return out.transpose(1, 2).contiguous() if out_layout == 'bnhd' else out
+        out = out.transpose(1, 2).contiguous() if out_layout == 'bnhd' else out
+        return (out, mean) if return_mean else out
     q_w, k_w, v_w = (window_partition(x, hw, window_size) for x in (q, k, v))  # [BH, nW, L, D]
     mask = window_key_mask(hw, window_size, q.device)  # [nW, 1, L] or None
     out = window_attention(q_w, k_w, v_w, mask, scale)  # [BH, nW, L, D]
     if out_layout == 'bnhd':
         out = _merge_tokens_major(out, B, nh, hw, window_size)  # [B, H, W, nh, D]
-        if with_mean:
-            out = out + v.mean(dim=2).reshape(B, 1, 1, nh, D)
-        return out.reshape(B, N, nh, D)
-    out = window_merge(out, hw, window_size)  # [BH, H, W, D]
-    if with_mean:
-        # the add also materialises the (maybe strided) merged view
-        out = out + v.mean(dim=2).reshape(B * nh, 1, 1, D)
-    return out.reshape(B, nh, N, D)
+        if add_mean:
+            out = out + mean.reshape(B, 1, 1, nh, D)
+        out = out.reshape(B, N, nh, D)
+    else:
+        out = window_merge(out, hw, window_size)  # [BH, H, W, D]
+        if add_mean:
+            # the add also materialises the (maybe strided) merged view
+            out = out + mean.reshape(B * nh, 1, 1, D)
+        out = out.reshape(B, nh, N, D)
+    return (out, mean) if return_mean else out
 
 
 def unbind_qk(qk: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -167,7 +176,9 @@ def unbind_qk(qk: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
 
 def sema_attention_qk_naive(qk: torch.Tensor, v: torch.Tensor, hw: Tuple[int, int],
                             window_size: int, scale: Optional[float] = None,
-                            with_mean: bool = True, out_layout: str = 'bhnd') -> torch.Tensor:
+                            with_mean: bool = True, out_layout: str = 'bhnd',
+                            return_mean: bool = False
+                            ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """:func:`sema_attention_naive` with q and k packed in ``qk`` ``[B, N, 2, heads, D]`` (a
     fused qk projection's output, reshaped): the same aten ops as unbinding them first.
 
@@ -177,4 +188,5 @@ def sema_attention_qk_naive(qk: torch.Tensor, v: torch.Tensor, hw: Tuple[int, in
         Others as :func:`sema_attention_naive`.
     """
     return sema_attention_naive(*unbind_qk(qk), v, hw, window_size, scale=scale,
-                                with_mean=with_mean, out_layout=out_layout)
+                                with_mean=with_mean, out_layout=out_layout,
+                                return_mean=return_mean)

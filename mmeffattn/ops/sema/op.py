@@ -1,6 +1,6 @@
 """Public SEMA attention op: validates its inputs and dispatches to Triton or the reference."""
 import operator
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -57,6 +57,15 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: Sequenc
     return H, W
 
 
+def _check_return_mean(name: str, with_mean: bool, return_mean: bool) -> None:
+    """``return_mean`` must be a bool, and True only with the mean term (``with_mean``)."""
+    if not isinstance(return_mean, bool):
+        raise ValueError(f'{name}: return_mean must be True or False, got {return_mean!r}')
+    if return_mean and not with_mean:
+        raise ValueError(f'{name}: return_mean=True returns the value mean instead of adding '
+                         f'it, so it needs with_mean=True (with_mean=False has no mean)')
+
+
 def sema_triton_reasons(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                         interpret: Optional[bool] = None) -> List[str]:
     """Reasons the Triton kernels cannot run these (validated) inputs (``[]``: they can);
@@ -70,7 +79,9 @@ def sema_triton_reasons(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 def sema_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: Tuple[int, int],
                    window_size: int, *, scale: Optional[float] = None, with_mean: bool = True,
-                   out_layout: str = 'bhnd', backend: Optional[str] = None) -> torch.Tensor:
+                   out_layout: str = 'bhnd', return_mean: bool = False,
+                   backend: Optional[str] = None
+                   ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """SEMA attention: softmax attention inside non-overlapping windows + the mean of all values.
 
     Windows of ``window_size x window_size`` tokens are tiled from the top-left corner of the
@@ -82,7 +93,8 @@ def sema_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: Tuple[
     other output unchanged; an inf follows IEEE arithmetic through the formula above, so a
     dependent output is non-finite or the formula's limit (a -inf logit gives its key zero weight, a +inf
     one makes its row NaN). A query reaches its own row, a key every row of its window, a value
-    its channel in the rows of its window (in every row with ``with_mean``).
+    its channel in the rows of its window (in every row with ``with_mean``; with ``return_mean``
+    its channel of the returned mean instead).
 
     Args:
         q, k, v: ``[B, heads, N, D]``, ``N = H * W`` tokens in row-major order, ``16 <= D <= 128``,
@@ -95,28 +107,40 @@ def sema_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: Tuple[
             ``[B, N, heads, D]``, so that ``reshape(B, N, heads * D)`` for a following projection
             is a view (the kernels store that layout directly, the reference merges its windows
             into it: no transpose copy either way).
+        return_mean: (needs ``with_mean``) return the mean instead of adding it, for a caller
+            that can add it where it costs nothing (a following op's per-channel bias, see
+            ``SEMAttention`` of the SEMA backbone). The Triton forward then needs no pass over
+            v (each window sums its value rows while it has them, and a sum over the windows'
+            few partial rows gives the mean) and the backward no ``sum_n dO`` (the mean's
+            gradient comes in with it).
         backend: ``None`` (automatic), ``'triton'`` or ``'reference'``; see
             :mod:`mmeffattn.ops._backend` (``$MMEFFATTN_OPS_BACKEND`` applies when None).
 
     Returns:
         ``[B, heads, N, D]`` or ``[B, N, heads, D]`` (``out_layout``) in the inputs' dtype
-        (contiguous from the Triton backend).
+        (contiguous from the Triton backend). With ``return_mean``, ``(out, mean)``: ``out``
+        without the mean and ``mean`` ``[B, heads, D]`` in v's dtype, differentiable (its
+        gradient reaches every value vector divided by N); ``out + mean`` broadcast over the
+        tokens is the default result.
 
     Raises:
         ValueError: malformed inputs (the message says what to change).
         RuntimeError: ``backend='triton'`` on inputs the kernels cannot run (lists the reasons).
     """
     hw = _check_inputs(q, k, v, hw, window_size, scale, out_layout)
+    _check_return_mean(_NAME, with_mean, return_mean)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     return dispatch(_NAME, backend, lambda: sema_triton_reasons(q, k, v), (q, k, v),
                     sema_attention_triton, sema_attention_naive, q, k, v, hw,
                     operator.index(window_size), scale=scale, with_mean=with_mean,
-                    out_layout=out_layout)
+                    out_layout=out_layout, return_mean=return_mean)
 
 
 def sema_attention_qk(qk: torch.Tensor, v: torch.Tensor, hw: Tuple[int, int], window_size: int,
                       *, scale: Optional[float] = None, with_mean: bool = True,
-                      out_layout: str = 'bhnd', backend: Optional[str] = None) -> torch.Tensor:
+                      out_layout: str = 'bhnd', return_mean: bool = False,
+                      backend: Optional[str] = None
+                      ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """:func:`sema_attention` with q and k packed in one tensor, as a fused qk projection makes
     them: ``sema_attention_qk(proj(x).reshape(B, N, 2, heads, D), v, ...)`` equals
     ``sema_attention(q, k, v, ...)`` for ``q, k = (t.transpose(1, 2) for t in
@@ -135,10 +159,12 @@ def sema_attention_qk(qk: torch.Tensor, v: torch.Tensor, hw: Tuple[int, int], wi
             ``N = H * W`` tokens in row-major order, ``16 <= D <= 128``; any strides.
         v: ``[B, heads, N, D]`` (e.g. ``v_proj(x).reshape(B, N, heads, D).transpose(1, 2)``),
             qk's dtype and device.
-        hw, window_size, scale, with_mean, out_layout, backend: as :func:`sema_attention`.
+        hw, window_size, scale, with_mean, out_layout, return_mean, backend: as
+            :func:`sema_attention`.
 
     Returns:
-        ``[B, heads, N, D]`` or ``[B, N, heads, D]`` (``out_layout``) in the inputs' dtype.
+        ``[B, heads, N, D]`` or ``[B, N, heads, D]`` (``out_layout``) in the inputs' dtype;
+        with ``return_mean``, ``(out, mean)`` as :func:`sema_attention`.
 
     Raises:
         ValueError: malformed inputs (the message says what to change).
@@ -158,8 +184,9 @@ def sema_attention_qk(qk: torch.Tensor, v: torch.Tensor, hw: Tuple[int, int], wi
                          f'[B, N, 2, heads, D] {tuple(qk.shape)}, got {tuple(v.shape)}')
     q, k = unbind_qk(qk)  # views, only for the checks
     hw = _check_inputs(q, k, v, hw, window_size, scale, out_layout, name=_NAME_QK)
+    _check_return_mean(_NAME_QK, with_mean, return_mean)
     scale = D ** -0.5 if scale is None else float(scale)
     return dispatch(_NAME_QK, backend, lambda: sema_triton_reasons(q, k, v), (qk, v),
                     sema_attention_qk_triton, sema_attention_qk_naive, qk, v, hw,
                     operator.index(window_size), scale=scale, with_mean=with_mean,
-                    out_layout=out_layout)
+                    out_layout=out_layout, return_mean=return_mean)
