@@ -54,6 +54,11 @@ CASES = {
     'sema_attention-fused': Case(
         lambda backend, q, k, v: ops.sema_attention(q, k, v, (6, 9), 4, backend=backend),
         lambda: dict(q=_randn(1, 2, 54, 16), k=_randn(1, 2, 54, 16), v=_randn(1, 2, 54, 16))),
+    # the mean returned apart (return_mean=True, as the backbone calls it): both outputs, flat
+    'sema_attention-return_mean': Case(
+        lambda backend, q, k, v: torch.cat([t.flatten() for t in ops.sema_attention(
+            q, k, v, (3, 5), 2, return_mean=True, backend=backend)]),
+        lambda: dict(q=_randn(1, 2, 15, 16), k=_randn(1, 2, 15, 16), v=_randn(1, 2, 15, 16))),
     # q and k packed [B, N, 2, heads, D]; the poisoned element (a third of the way in) is a key
     # (token 6, keys half, head 0), which reaches every query of its 2 x 2 window
     'sema_attention_qk': Case(
