@@ -1,7 +1,7 @@
 """SEMA attention: Triton kernels (interpreted on CPU, compiled on CUDA) vs the PyTorch reference,
 reference semantics, gradients, dispatch and input validation."""
 import math
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, Tuple
 
 import pytest
 import torch
@@ -461,6 +461,15 @@ def glue_calls(fn, shapes: bool = False) -> list:
     return sorted(e.name for e in prof.events() if counted(e))
 
 
+def _glue_inputs(B: int, N: int, C: int, dtype: str) -> Tuple[torch.Tensor, ...]:
+    """Seeded ``(qk_tok [B, N, 2C], v_tok [B, N, C], do [B, N, C])`` projection outputs (leaves
+    with gradients) and an output gradient, as the backbone's tokens."""
+    g = torch.Generator().manual_seed(0)
+    qk_tok = torch.randn(B, N, 2 * C, generator=g).to(DTYPES[dtype]).requires_grad_()
+    v_tok = torch.randn(B, N, C, generator=g).to(DTYPES[dtype]).requires_grad_()
+    return qk_tok, v_tok, torch.randn(B, N, C, generator=g).to(DTYPES[dtype])
+
+
 @pytest.mark.skipif(not _backend.TRITON_INTERPRET or not _backend.HAS_TRITON,
                     reason='counts the glue around the interpreted kernels on the CPU')
 @pytest.mark.parametrize('dtype,window,with_mean', [('fp16', 4, True), ('fp32', 7, True),
@@ -485,10 +494,7 @@ def test_triton_glue_call_count(dtype: str, window: int, with_mean: bool) -> Non
     pays autograd's ``stack`` of dq and dk; main before issue 14 had 9 calls with the mean."""
     B, nh, D, (H, W) = 1, 2, 16, (5, 6)
     N, C = H * W, nh * D
-    g = torch.Generator().manual_seed(0)
-    qk_tok = torch.randn(B, N, 2 * C, generator=g).to(DTYPES[dtype]).requires_grad_()
-    v_tok = torch.randn(B, N, C, generator=g).to(DTYPES[dtype]).requires_grad_()
-    do = torch.randn(B, N, C, generator=g).to(DTYPES[dtype])
+    qk_tok, v_tok, do = _glue_inputs(B, N, C, dtype)
 
     def step(packed: bool) -> None:
         qk = qk_tok.reshape(B, N, 2, nh, D)
@@ -535,10 +541,7 @@ def test_triton_glue_call_count_mean_returned(dtype: str, window: int) -> None:
     is its output gradient's token sum."""
     B, nh, D, (H, W) = 2, 2, 16, (5, 6)
     N, C = H * W, nh * D
-    g = torch.Generator().manual_seed(0)
-    qk_tok = torch.randn(B, N, 2 * C, generator=g).to(DTYPES[dtype]).requires_grad_()
-    v_tok = torch.randn(B, N, C, generator=g).to(DTYPES[dtype]).requires_grad_()
-    do = torch.randn(B, N, C, generator=g).to(DTYPES[dtype])
+    qk_tok, v_tok, do = _glue_inputs(B, N, C, dtype)
     dmean = do.float().sum(dim=1).to(do.dtype).reshape(B, nh, D)  # as the conv's bias gradient
 
     def step(return_mean: bool) -> None:
