@@ -1,4 +1,5 @@
-"""Launchers and the autograd Function of the Triton SEMA attention kernels.
+"""Launchers of the Triton SEMA attention kernels (their autograd is registered with the custom
+operators in ``library.py``).
 
 Importing this module needs Triton (``op.py`` guards it). The kernels run compiled on CUDA
 tensors and interpreted on CPU tensors when Triton's interpreter is on.
@@ -6,7 +7,6 @@ tensors and interpreted on CPU tensors when Triton's interpreter is on.
 from typing import Dict, NamedTuple, Optional, Tuple
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from .._common import bh_strides as _strides
 from .._common import check_token_offsets as _check_int32_offsets
@@ -244,45 +244,3 @@ def sema_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                     q, k, v, do, dq, dk, dv, lse, delta, g_mean, *strides, *geometry,
                     n_blocks, scale, D)
     return dq, dk, dv
-
-
-class SemaAttentionFunction(torch.autograd.Function):
-    """Autograd wrapper of the Triton kernels (first-order gradients for q, k, v)."""
-
-    @staticmethod
-    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, geom: WindowGeometry,
-                scale: float, with_mean: bool, input_precision: str) -> torch.Tensor:
-        q, k, v = _unit_last_stride(q), _unit_last_stride(k), _unit_last_stride(v)
-        o, lse, mean = sema_fwd(q, k, v, geom, scale, with_mean, input_precision)
-        if any(ctx.needs_input_grad[:3]):
-            # o and lse are only needed when windows span several blocks
-            ctx.save_for_backward(q, k, v, o if lse is not None else None, lse, mean)
-        ctx.geom, ctx.scale, ctx.with_mean, ctx.input_precision = (geom, scale, with_mean,
-                                                                    input_precision)
-        return o
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, do: torch.Tensor):
-        q, k, v, o, lse, mean = ctx.saved_tensors
-        dq, dk, dv = sema_bwd(do, q, k, v, o, lse, mean, ctx.geom, ctx.scale, ctx.with_mean,
-                              ctx.input_precision)
-        needs = ctx.needs_input_grad
-        return (dq if needs[0] else None, dk if needs[1] else None, dv if needs[2] else None,
-                None, None, None, None)
-
-
-def sema_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                          hw: Tuple[int, int], window_size: int, scale: Optional[float] = None,
-                          with_mean: bool = True,
-                          input_precision: str = DEFAULT_INPUT_PRECISION) -> torch.Tensor:
-    """SEMA attention with the Triton kernels, no input validation (see ``op.sema_attention``).
-
-    Args:
-        q, k, v: ``[B, heads, N, D]``, N = H * W.
-    Returns:
-        ``[B, heads, N, D]`` contiguous.
-    """
-    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    return SemaAttentionFunction.apply(q, k, v, window_geometry(hw, window_size), scale,
-                                       with_mean, input_precision)
