@@ -8,6 +8,7 @@ import mmeffattn  # noqa: F401  (registers the models)
 from mmeffattn.models.backbones import sema as sema_mod
 from mmeffattn.models.backbones.sema import (MILA, SEMA, apply_rope_2d,
                                              checkpoint_filter_mlla)
+from mmeffattn.models.layers.tokens import map_to_tokens, tokens_to_map
 from mmeffattn.registry import MODELS
 
 pytestmark = pytest.mark.usefixtures('one_thread', 'reference_ops')
@@ -354,8 +355,7 @@ def _old_sema_forward(attn: 'sema_mod.SEMAttention', x: torch.Tensor, hw) -> tor
     v = attn.v(x)
     out = sema_mod.sema_attention_qk(qk, v.reshape(B, N, nh, hd).transpose(1, 2), hw,
                                      attn.window_size, out_layout='bnhd', backend=attn.backend)
-    lepe = attn.lepe(v.transpose(1, 2).reshape(B, C, *hw)).flatten(2).transpose(1, 2)
-    return out.reshape(B, N, C) + lepe
+    return out.reshape(B, N, C) + map_to_tokens(attn.lepe(tokens_to_map(v, hw)))
 
 
 def _triton_unavailable() -> str:
@@ -411,8 +411,7 @@ def test_lepe_plus_offset_is_the_conv_plus_the_offset(batch):
     v = torch.randn(batch, 35, 8, requires_grad=True)
     offset = torch.randn(batch, 8, requires_grad=True)
     out = sema_mod.lepe_plus_offset(lepe, v, hw, offset)
-    expected = (lepe(v.transpose(1, 2).reshape(batch, 8, *hw)).flatten(2).transpose(1, 2)
-                + offset.unsqueeze(1))
+    expected = map_to_tokens(lepe(tokens_to_map(v, hw))) + offset.unsqueeze(1)
     torch.testing.assert_close(out, expected)
     dy = torch.randn(out.shape)
     d_offset, d_bias, dv = torch.autograd.grad(out, (offset, lepe.bias, v), dy)

@@ -169,10 +169,10 @@ def lepe_plus_offset(lepe: nn.Conv2d, v: torch.Tensor, hw: HWShape,
     B, N, C = v.shape
     x = tokens_to_map(v, hw)  # [B, C, H, W] (a channels-last view)
     bias = lepe.bias + offset  # [B, C]
+    # (nn.Conv2d's own forward with another bias: its padding mode, stride, groups)
     if not is_symbolic(B) and B == 1:
-        return map_to_tokens(F.conv2d(x, lepe.weight, bias.reshape(C), lepe.stride,
-                                      lepe.padding, lepe.dilation, lepe.groups))
-    y = F.conv2d(x, lepe.weight, None, lepe.stride, lepe.padding, lepe.dilation, lepe.groups)
+        return map_to_tokens(lepe._conv_forward(x, lepe.weight, bias.reshape(C)))
+    y = lepe._conv_forward(x, lepe.weight, None)
     return map_to_tokens(y) + bias.to(y.dtype).unsqueeze(1)  # [B, N, C] (autocast: y's dtype)
 
 
