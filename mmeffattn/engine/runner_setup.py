@@ -194,11 +194,28 @@ def _draw_before_each_step(wrapped, model: torch.nn.Module) -> None:
     wrapped.train_step = train_step
 
 
+def close_distributed() -> None:
+    """End a distributed run cleanly: wait for every rank, then destroy the process group.
+
+    Left to interpreter shutdown, gloo's worker threads can still own work objects holding
+    tensors; freeing those while Python is being torn down aborts the process (SIGABRT), and
+    torchrun then reports a finished run as failed. The barrier keeps a fast rank from closing
+    its connections while a slow one still talks to it.
+    """
+    import torch.distributed as dist
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def run_cli(main: Callable[[], object]) -> None:
     """Run a tool's ``main``; a bad checkpoint or annotation file ends it with one line on
-    stderr (the file and the fix) instead of a traceback."""
+    stderr (the file and the fix) instead of a traceback. A distributed run that succeeded
+    closes its process group before the interpreter exits."""
     try:
         main()
     except (CheckpointError, AnnotationFileError) as e:
         sys.stderr.write(f'ERROR: {e}\n')
         sys.exit(1)
+    close_distributed()

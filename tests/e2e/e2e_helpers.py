@@ -1,11 +1,13 @@
 """Run the project's tools as a user would: in a subprocess, from the project root."""
 import os
 import os.path as osp
+import re
 import subprocess
 import sys
 from typing import List
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+_CRASH_LINE = re.compile(r'terminate called|what\(\)|Error:|Aborted|Segmentation fault')
 
 
 def run_tool(args: List[str], timeout: int = 600, expect_ok: bool = True,
@@ -17,8 +19,13 @@ def run_tool(args: List[str], timeout: int = 600, expect_ok: bool = True,
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
                           env=full_env)
     if expect_ok and proc.returncode != 0:
+        # the cause of a crash (a C++ abort, a child's traceback) can be far from the tail
+        # that a launcher's own report fills, so its lines are quoted first
+        causes = [line for line in (proc.stdout + proc.stderr).splitlines()
+                  if _CRASH_LINE.search(line)][:30]
         raise AssertionError(f'{" ".join(cmd)} failed ({proc.returncode}):\n'
-                             f'{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}')
+                             + ''.join(f'  cause? {line}\n' for line in causes)
+                             + f'{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}')
     return proc
 
 
