@@ -6,6 +6,7 @@ import sys
 from typing import Callable, Optional
 
 import torch
+import torch.distributed as dist
 from mmengine.config import Config, DictAction  # noqa: F401  (re-exported for the tools)
 from mmengine.logging import print_log
 
@@ -202,7 +203,6 @@ def close_distributed() -> None:
     torchrun then reports a finished run as failed. The barrier keeps a fast rank from closing
     its connections while a slow one still talks to it.
     """
-    import torch.distributed as dist
     if not (dist.is_available() and dist.is_initialized()):
         return
     dist.barrier()

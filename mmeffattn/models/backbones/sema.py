@@ -149,9 +149,10 @@ def apply_rope_2d(x: torch.Tensor, hw: HWShape, base: float = 10000.) -> torch.T
 
 
 def lepe_plus_offset(lepe: nn.Conv2d, v: torch.Tensor, hw: HWShape,
-                     offset: torch.Tensor) -> torch.Tensor:
+                     offset: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``lepe(v) + offset``: a depthwise ``3x3`` convolution (with bias) of the tokens ``v``
-    ``[B, N, C]`` plus a per-(image, channel) ``offset`` ``[B, C]``, as tokens ``[B, N, C]``.
+    ``[B, N, C]`` plus a per-(image, channel) ``offset`` ``[B, C]`` (None: none), as tokens
+    ``[B, N, C]``.
 
     Why: SEMA's value mean is constant over an image's tokens, so it can join the convolution's
     bias, where adding it costs nothing, instead of a pass over every token (the op would need
@@ -168,6 +169,8 @@ def lepe_plus_offset(lepe: nn.Conv2d, v: torch.Tensor, hw: HWShape,
     """
     B, N, C = v.shape
     x = tokens_to_map(v, hw)  # [B, C, H, W] (a channels-last view)
+    if offset is None:
+        return map_to_tokens(lepe(x))
     bias = lepe.bias + offset  # [B, C]
     # (nn.Conv2d's own forward with another bias: its padding mode, stride, groups)
     if not is_symbolic(B) and B == 1:
@@ -330,28 +333,26 @@ class SEMAttention(nn.Module):
         qk = self.qk(x).reshape(B, N, 2, nh, hd)  # a view (the ops accept any strides)
         v = self.v(x) if self.v is not None else x  # [B, N, C]
         vh = v.reshape(B, N, nh, hd).transpose(1, 2)  # [B, nh, N, hd]
+        mean = None  # [B, nh, hd]: the value mean, when the op returns it
         if self.local_attn == 'softmax':
             # q and k packed: the Triton backward writes the projection's gradient whole (no
             # stack of dq and dk; the reference unbinds them as below). Tokens-major output: the
             # reshape below is a view (the op's dv comes back in vh's layout, so the backward of
-            # these views is views too)
-            if self.with_mean:
-                # the mean comes back apart and joins the LePE's bias (lepe_plus_offset): the
-                # op then needs no pass over v for it nor one over the output's gradient
-                out, mean = sema_attention_qk(qk, vh, hw, self.window_size, return_mean=True,
-                                              out_layout='bnhd', backend=self.backend)
-                return out.reshape(B, N, C) + lepe_plus_offset(self.lepe, v, hw,
-                                                               mean.reshape(B, C))
-            out = sema_attention_qk(qk, vh, hw, self.window_size, with_mean=False,
-                                    out_layout='bnhd', backend=self.backend)  # [B, N, nh, hd]
+            # these views is views too). The mean comes back apart and joins the LePE's bias
+            # (lepe_plus_offset): the op then needs no pass over v for it, nor one over the
+            # output's gradient
+            res = sema_attention_qk(qk, vh, hw, self.window_size, with_mean=self.with_mean,
+                                    return_mean=self.with_mean, out_layout='bnhd',
+                                    backend=self.backend)  # [B, N, nh, hd] (and [B, nh, hd])
+            out, mean = res if self.with_mean else (res, None)
         else:
             # unbinding the [B, N, 2, nh, hd] view keeps the backward at one stack into the
             # projection's gradient layout (a reshape, no copy)
             q, k = (t.transpose(1, 2) for t in qk.unbind(2))
             out = window_linear_attention(q, k, vh, hw, self.window_size,
                                           with_mean=self.with_mean).transpose(1, 2)
-        out = out.reshape(B, N, C)
-        return out + map_to_tokens(self.lepe(tokens_to_map(v, hw)))
+        return out.reshape(B, N, C) + lepe_plus_offset(
+            self.lepe, v, hw, None if mean is None else mean.reshape(B, C))
 
     def extra_repr(self) -> str:
         return (f'dim={self.dim}, num_heads={self.num_heads}, window_size={self.window_size}, '

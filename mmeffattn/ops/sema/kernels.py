@@ -177,7 +177,7 @@ def sema_fwd_kernel(
 
 @triton.jit(do_not_specialize=_GEOMETRY[:-1])
 def sema_bwd_window_kernel(
-    q, k, v, do, dq, dk, dv, sum_do,
+    q, k, v, do, dq, dk, dv, g_mean,
     stride_qb, stride_qh, stride_qn,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
@@ -194,8 +194,8 @@ def sema_bwd_window_kernel(
     backward's row term from ``delta_i = sum_j P_ij dP_ij`` (= dO_i . O_i without the mean), so
     it needs neither o nor lse. dq and dk share the strides ``stride_g*``, dv has
     ``stride_dv*``;
-    sum_do: ``[B*heads, D]`` the value mean's gradient (``sum_n dO`` in fp32 when the mean was
-    added to o; the returned mean's gradient, in its dtype, otherwise); ``sum_do / N`` is added
+    g_mean: ``[B*heads, D]`` the value mean's gradient (``sum_n dO`` in fp32 when the mean was
+    added to o; the returned mean's gradient, in its dtype, otherwise); ``g_mean / N`` is added
     to every dv (read only if WITH_MEAN).
     """
     i_w = tl.program_id(0) % n_win
@@ -223,7 +223,7 @@ def sema_bwd_window_kernel(
     b_dv = tl.dot(tl.trans(b_p.to(b_do.dtype)), b_do,
                   input_precision=INPUT_PRECISION)  # [BLOCK, BD]
     if WITH_MEAN:
-        b_dv += (tl.load(sum_do + i_bh * D + o_d, mask=m_d, other=0.).to(tl.float32)
+        b_dv += (tl.load(g_mean + i_bh * D + o_d, mask=m_d, other=0.).to(tl.float32)
                  / (H * W))[None, :]
     store_rows(dv + bh_offset(i_bh, n_heads, stride_dvb, stride_dvh), o_n, stride_dvn, o_d,
                b_dv, m_nd)
@@ -240,7 +240,7 @@ def sema_bwd_window_kernel(
 
 @triton.jit(do_not_specialize=_GEOMETRY)
 def sema_bwd_kernel(
-    q, k, v, do, dq, dk, dv, lse, delta, sum_do,
+    q, k, v, do, dq, dk, dv, lse, delta, g_mean,
     stride_qb, stride_qh, stride_qn,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
@@ -255,7 +255,7 @@ def sema_bwd_kernel(
 
     Part 1 accumulates dk_j, dv_j over the window's query blocks; part 2 accumulates dq_j over its
     key blocks. Uses the forward's lse and the preprocessed delta (both ``[B*heads, N]`` fp32).
-    sum_do: as in :func:`sema_bwd_window_kernel`.
+    g_mean: as in :func:`sema_bwd_window_kernel`.
     """
     i_prog = tl.program_id(0)
     i_blk = i_prog % n_blocks
@@ -293,7 +293,7 @@ def sema_bwd_kernel(
         b_dst = b_pt * (b_dpt - b_delta[None, :])  # [BLOCK(k), BLOCK(q)]
         b_dk += tl.dot(b_dst.to(b_q.dtype), b_q, input_precision=INPUT_PRECISION)
     if WITH_MEAN:
-        b_dv += (tl.load(sum_do + i_bh * D + o_d, mask=m_d, other=0.).to(tl.float32)
+        b_dv += (tl.load(g_mean + i_bh * D + o_d, mask=m_d, other=0.).to(tl.float32)
                  / (H * W))[None, :]
     store_rows(dv + bh_offset(i_bh, n_heads, stride_dvb, stride_dvh), o_nj, stride_dvn, o_d,
                b_dv, m_j)
