@@ -1,10 +1,14 @@
-"""Smoke test of tools/analysis_tools/compare_official.py on stand-ins for the official checkouts
-(the real ones are not in the project): the plumbing, not the official models."""
+"""Tests of tools/analysis_tools/compare_official.py. The official checkouts are not in the
+project: the timing plumbing runs on stand-ins (with ``--no-check``, as their weights cannot be
+ours), and the output check on small models that agree or disagree on purpose."""
+import json
 import os.path as osp
 import sys
 import textwrap
 
 import pytest
+import torch
+import torch.nn as nn
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 sys.path.insert(0, osp.join(ROOT, 'tools', 'analysis_tools'))
@@ -37,6 +41,17 @@ class VECA(nn.Module):
     def forward(self, x):
         return self.proj(x).mean((2, 3))
 '''
+FAKE_WFM = '''
+import torch.nn as nn
+class VisionTransformer(nn.Module):
+    def __init__(self, img_size, patch_size, embed_dim, depth):
+        super().__init__()
+        assert (patch_size, depth) == (16, 17) and embed_dim in (192, 384)
+        self.img_size, self.proj = img_size, nn.Conv2d(3, embed_dim, 16, 16)
+    def forward_features(self, x):
+        assert x.shape[-1] == self.img_size
+        return self.proj(x).mean((2, 3))
+'''
 
 
 @pytest.fixture
@@ -49,23 +64,80 @@ def fake_roots(tmp_path, monkeypatch):
     (veca / '__init__.py').write_text('')
     (veca / 'config.py').write_text(textwrap.dedent(FAKE_VECA_CONFIG))
     (veca / 'model.py').write_text(textwrap.dedent(FAKE_VECA_MODEL))
+    wfm = tmp_path / 'WeightFormer' / 'model'
+    wfm.mkdir(parents=True)
+    (wfm / 'wfm.py').write_text(textwrap.dedent(FAKE_WFM))
     monkeypatch.setattr(sys, 'path', list(sys.path))  # the tool extends sys.path
-    for name in ('veca', 'veca.config', 'veca.model', 'official_mlla'):
+    for name in ('veca', 'veca.config', 'veca.model', 'official_mlla', 'official_wfm'):
         monkeypatch.delitem(sys.modules, name, raising=False)
-    return str(tmp_path / 'MLLA'), str(tmp_path / 'VECA')
+    return str(tmp_path / 'MLLA'), str(tmp_path / 'VECA'), str(tmp_path / 'WeightFormer')
 
 
-def test_times_ours_against_the_official_models(fake_roots, capsys):
-    mlla_root, veca_root = fake_roots
+def test_times_ours_against_the_official_models(fake_roots, capsys, tmp_path):
+    mlla_root, veca_root, wfm_root = fake_roots
+    out_json = tmp_path / 'rows.json'
     rows = compare_official.main(['--mlla-root', mlla_root, '--veca-root', veca_root,
+                                  '--weightformer-root', wfm_root, '--no-check',
                                   '--sizes', '64', '--blocks', '2', '--runs', '1',
-                                  '--threads', '1'])
-    assert [r['reference'] for r in rows] == ['official MLLA-T', 'official VECA-small']
+                                  '--threads', '1', '--json', str(out_json)])
+    assert [r['reference'] for r in rows] == ['official MLLA-T', 'official VECA-small',
+                                              'official WeightFormer-T',
+                                              'official WeightFormer-S']
     assert set(rows[0]['ms']) == {'official MLLA-T', 'MILA-T', 'SEMA-T'}
     assert set(rows[1]['ms']) == {'official VECA-small', 'VECA-small'}
+    assert set(rows[3]['ms']) == {'official WeightFormer-S', 'WeightFormer-S'}
     assert all(v > 0 for r in rows for v in r['ms'].values())
+    assert all(r['output_diff'] == {} for r in rows)  # --no-check
     out = capsys.readouterr().out
     assert '64x64: official MLLA-T' in out and '(1.00x)' in out
+    assert json.loads(out_json.read_text())['rows'] == rows
+
+
+def test_stand_ins_fail_the_output_check(fake_roots):
+    # by default ours must load the official weights: a stand-in's cannot be loaded
+    with pytest.raises(RuntimeError, match='Missing key'):
+        compare_official.main(['--weightformer-root', fake_roots[2], '--sizes', '64'])
+
+
+class _Affine(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+def test_output_check_accepts_the_same_network():
+    x = torch.randn(3, 8)
+    off, ours = compare_official.perturb_(_Affine()), _Affine()
+    ours.load_state_dict(off.state_dict())
+    diffs = compare_official.check_outputs({'official': lambda: off(x), 'ours': lambda: ours(x)},
+                                           tol=1e-6)
+    assert diffs == {'ours': 0.0}
+
+
+def test_output_check_rejects_other_weights_and_shapes():
+    x = torch.randn(3, 8)
+    off, ours = _Affine(), _Affine()
+    ours.load_state_dict(off.state_dict())
+    compare_official.perturb_(ours, seed=1)  # one noisy copy: no longer the official weights
+    with pytest.raises(RuntimeError, match=r'ours differs by .* \(relative; --tol 0.0001\)'):
+        compare_official.check_outputs({'official': lambda: off(x), 'ours': lambda: ours(x)},
+                                       tol=1e-4)
+    with pytest.raises(RuntimeError, match=r'shape \(3, 2\).*\(3, 4\): not the same model'):
+        compare_official.check_outputs({'official': lambda: off(x),
+                                        'ours': lambda: ours(x)[:, :2]}, tol=1e-4)
+
+
+def test_perturb_is_seeded_and_moves_every_parameter():
+    a, b = _Affine(), _Affine()
+    b.load_state_dict(a.state_dict())
+    before = {k: v.clone() for k, v in a.state_dict().items()}
+    compare_official.perturb_(a, seed=3)
+    compare_official.perturb_(b, seed=3)
+    for k, v in a.state_dict().items():
+        assert not torch.equal(v, before[k]) and torch.equal(v, b.state_dict()[k])
 
 
 def test_missing_checkout_is_named(tmp_path):

@@ -3,27 +3,42 @@
 
     python tools/analysis_tools/compare_official.py --mlla-root PATH/TO/MLLA --sizes 224 512 1024
     python tools/analysis_tools/compare_official.py --veca-root PATH/TO/VECA --sizes 224 512 768
+    python tools/analysis_tools/compare_official.py --weightformer-root PATH/TO/WeightFormer
 
 The official code is imported from a checkout you point to (github.com/LeapLabTHU/MLLA,
-``models/mlla.py``; github.com/alansong1322/VECA, ``veca/model.py``; both import timm:
-``pip install timm``); nothing of it is in this project. Both sides get the same architecture
-with random weights, eval mode, batch 1, no grad, ``--threads`` threads, on the CPU (our ops run
+``models/mlla.py``; github.com/alansong1322/VECA, ``veca/model.py``;
+github.com/LeapLabTHU/WeightFormer, ``model/wfm.py``; all three import timm: ``pip install
+timm==0.4.12``, the version WeightFormer pins, serves all of them); nothing of it is in this
+project.
+
+Before timing, each official model gets seeded random weights, ours loads them through our
+checkpoint filter (strictly), and the two outputs must agree to ``--tol`` (relative to the
+official output's largest value): so both sides are the same network with the same weights,
+which also checks the filters against the real official code. ``--no-check`` skips this.
+
+Both sides run in eval mode, batch 1, no grad, ``--threads`` threads, on the CPU (our ops run
 their PyTorch references, the CPU path, never Triton's interpreter), and are timed in
 alternating blocks (median of all runs), so drift hits both alike. On a shared machine the
 spread between processes is several percent: repeat the command before reading a difference
-of that size.
+of that size. ``--json`` writes the rows.
 """
 import argparse
 import importlib.util
+import json
 import os.path as osp
 import statistics
 import sys
 import time
-from typing import Callable, Dict, List
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Sequence
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
 import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+
+# WeightFormer's model/wfm.py factories (wfm_tiny, wfm_small): patch 16, depth 17, mlp ratio 4
+WFM_DIMS = {'tiny': 192, 'small': 384}
 
 
 def _load(path: str, name: str):
@@ -37,6 +52,52 @@ def _load(path: str, name: str):
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+@dataclass
+class Comparison:
+    """One official model against ours, at one input size.
+
+    ``timed``: the calls to time, the official model first. ``outputs``: the official output,
+    then each of our models that holds the official weights, as tensors of the same layout
+    (empty with ``--no-check``).
+    """
+    timed: Dict[str, Callable[[], object]]
+    outputs: Dict[str, Callable[[], torch.Tensor]] = field(default_factory=dict)
+
+
+def perturb_(model: nn.Module, seed: int = 0) -> nn.Module:
+    """Add seeded noise (std 0.02) to every parameter, so that no weight is left at an init
+    value (zero biases, unit norms) that could hide a wrongly mapped tensor."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.02)
+    return model
+
+
+def check_outputs(outputs: Dict[str, Callable[[], torch.Tensor]],
+                  tol: float) -> Dict[str, float]:
+    """Largest difference of each of our outputs from the official one (the first entry),
+    relative to the official output's largest magnitude. Raises ``RuntimeError`` beyond
+    ``tol``: timing two different networks would mean nothing."""
+    items = iter(outputs.items())
+    ref_name, ref_fn = next(items)
+    with torch.no_grad():
+        ref = ref_fn().float()
+        diffs = {}
+        for name, fn in items:
+            out = fn().float()
+            if out.shape != ref.shape:
+                raise RuntimeError(f'{name} gives shape {tuple(out.shape)}, {ref_name} '
+                                   f'{tuple(ref.shape)}: not the same model')
+            diffs[name] = ((out - ref).abs().max() / ref.abs().max().clamp_min(1e-12)).item()
+    bad = {k: v for k, v in diffs.items() if not v <= tol}
+    if bad:
+        raise RuntimeError(f'with the weights of {ref_name}, ' + ', '.join(
+            f'{k} differs by {v:.2e}' for k, v in bad.items()) + f' (relative; --tol {tol:g}): '
+            'the checkpoint filter or the architecture does not match this official checkout')
+    return diffs
 
 
 def time_alternating(fns: Dict[str, Callable[[], object]], blocks: int,
@@ -55,8 +116,9 @@ def time_alternating(fns: Dict[str, Callable[[], object]], blocks: int,
     return {k: statistics.median(v) * 1e3 for k, v in times.items()}
 
 
-def mlla_pairs(root: str, side: int) -> Dict[str, Callable[[], object]]:
+def mlla_pairs(root: str, side: int, check: bool = True) -> List[Comparison]:
     from mmeffattn.models.backbones import MILA, SEMA
+    from mmeffattn.models.backbones.sema import checkpoint_filter_mlla
     mlla = _load(osp.join(root, 'models', 'mlla.py'), 'official_mlla')
     # MLLA-T (cfgs/mlla_t.yaml); its RoPE table is fixed at construction, so build per size
     off = mlla.MLLA(img_size=side, embed_dim=64, depths=[2, 4, 8, 4],
@@ -64,12 +126,22 @@ def mlla_pairs(root: str, side: int) -> Dict[str, Callable[[], object]]:
     ours = MILA(arch='tiny', out_indices=(3, )).eval()
     sema = SEMA(arch='tiny', out_indices=(3, ), attn_backend='reference').eval()
     x = torch.randn(1, 3, side, side)
-    return {'official MLLA-T': lambda: off.forward_features(x), 'MILA-T': lambda: ours(x),
-            'SEMA-T': lambda: sema(x)}
+    cmp = Comparison({'official MLLA-T': lambda: off.forward_features(x),
+                      'MILA-T': lambda: ours(x), 'SEMA-T': lambda: sema(x)})
+    if check:
+        perturb_(off)
+        # the official forward_features ends with the classification norm and token mean:
+        # norm3 here, then the mean of the map
+        ours.load_state_dict(checkpoint_filter_mlla(off.state_dict(), final_norm='norm3'))
+        cmp.outputs = {'official MLLA-T': lambda: off.forward_features(x),
+                       'MILA-T': lambda: ours(x)[0].mean((2, 3))}
+    return [cmp]
 
 
-def veca_pairs(root: str, side: int, family: str = 'small') -> Dict[str, Callable[[], object]]:
+def veca_pairs(root: str, side: int, check: bool = True,
+               family: str = 'small') -> List[Comparison]:
     from mmeffattn.models.backbones import VECA
+    from mmeffattn.models.backbones.veca import checkpoint_filter_veca
     sys.path.insert(0, root)  # veca/model.py imports its package by name
     from veca.config import PretrainConfig, apply_family_preset
     from veca.model import VECA as OfficialVECA
@@ -82,34 +154,85 @@ def veca_pairs(root: str, side: int, family: str = 'small') -> Dict[str, Callabl
     ours = VECA(arch=family, out_type='raw', num_cores=cfg.num_query_tokens,
                 attn_backend='reference').eval()
     x = torch.randn(1, 3, side, side)
-    return {f'official VECA-{family}': lambda: off(x), f'VECA-{family}': lambda: ours(x)}
+    name = f'VECA-{family}'
+    cmp = Comparison({f'official {name}': lambda: off(x), name: lambda: ours(x)})
+    if check:
+        perturb_(off)
+        ours.load_state_dict(checkpoint_filter_veca(off.state_dict()))
+
+        def flat(out) -> torch.Tensor:  # (global [B, D], patches [B, N, D]) -> one vector
+            return torch.cat([t.flatten() for t in out])
+
+        cmp.outputs = {f'official {name}': lambda: flat(off(x)), name: lambda: flat(ours(x))}
+    return [cmp]
+
+
+def weightformer_pairs(root: str, side: int, check: bool = True,
+                       archs: Sequence[str] = ('tiny', 'small')) -> List[Comparison]:
+    from mmeffattn.models.backbones import WeightFormer
+    from mmeffattn.models.backbones.weightformer import checkpoint_filter_weightformer
+    wfm = _load(osp.join(root, 'model', 'wfm.py'), 'official_wfm')
+    x = torch.randn(1, 3, side, side)
+    cmps = []
+    for arch in archs:
+        # the class itself with the factory's arguments: newer timm's build_model_with_cfg
+        # rejects the default_cfg the official factories pass; its PatchEmbed fixes the size
+        off = wfm.VisionTransformer(img_size=side, patch_size=16, embed_dim=WFM_DIMS[arch],
+                                    depth=17).eval()
+        ours = WeightFormer(arch=arch, out_indices=(-1, ), out_type='avgpool',
+                            attn_backend='reference').eval()
+        name = f'WeightFormer-{arch[0].upper()}'
+        cmp = Comparison({f'official {name}': lambda off=off: off.forward_features(x),
+                          name: lambda ours=ours: ours(x)})
+        if check:
+            perturb_(off)
+            ours.load_state_dict(checkpoint_filter_weightformer(off.state_dict()))
+            cmp.outputs = {f'official {name}': lambda off=off: off.forward_features(x),
+                           name: lambda ours=ours: ours(x)[0]}
+        cmps.append(cmp)
+    return cmps
 
 
 def main(argv=None) -> List[dict]:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument('--mlla-root', help='checkout of github.com/LeapLabTHU/MLLA')
     p.add_argument('--veca-root', help='checkout of github.com/alansong1322/VECA')
+    p.add_argument('--weightformer-root', help='checkout of github.com/LeapLabTHU/WeightFormer')
     p.add_argument('--sizes', type=int, nargs='+', default=[224, 512])
     p.add_argument('--threads', type=int, default=2)
     p.add_argument('--blocks', type=int, default=4)
     p.add_argument('--runs', type=int, default=3)
+    p.add_argument('--tol', type=float, default=1e-4,
+                   help='largest relative output difference accepted by the check')
+    p.add_argument('--no-check', action='store_true',
+                   help='time only; do not check that ours reproduces the official outputs')
+    p.add_argument('--json', help='write the rows to this file')
     args = p.parse_args(argv)
-    if not (args.mlla_root or args.veca_root):
-        p.error('pass --mlla-root and/or --veca-root (official checkouts)')
+    makers = [(args.mlla_root, mlla_pairs), (args.veca_root, veca_pairs),
+              (args.weightformer_root, weightformer_pairs)]
+    if not any(root for root, _ in makers):
+        p.error('pass --mlla-root, --veca-root and/or --weightformer-root (official checkouts)')
     torch.set_num_threads(args.threads)
     import mmeffattn  # noqa: F401
     rows = []
     for side in args.sizes:
-        for root, make in ((args.mlla_root, mlla_pairs), (args.veca_root, veca_pairs)):
+        for root, make in makers:
             if not root:
                 continue
-            fns = make(root, side)
-            with torch.no_grad():
-                ms = time_alternating(fns, args.blocks, args.runs)
-            ref = next(k for k in ms if k.startswith('official'))
-            line = ', '.join(f'{k} {v:.1f} ms ({v / ms[ref]:.2f}x)' for k, v in ms.items())
-            print(f'{side}x{side}: {line}', flush=True)
-            rows.append(dict(size=side, ms=ms, reference=ref))
+            torch.manual_seed(0)
+            for cmp in make(root, side, check=not args.no_check):
+                diffs = check_outputs(cmp.outputs, args.tol) if cmp.outputs else {}
+                with torch.no_grad():
+                    ms = time_alternating(cmp.timed, args.blocks, args.runs)
+                ref = next(iter(ms))
+                line = ', '.join(f'{k} {v:.1f} ms ({v / ms[ref]:.2f}x)' for k, v in ms.items())
+                same = ''.join(f'; {k} output within {v:.1e} of official' for k, v in diffs.items())
+                print(f'{side}x{side}: {line}{same}', flush=True)
+                rows.append(dict(size=side, ms=ms, reference=ref, output_diff=diffs))
+    if args.json:
+        with open(args.json, 'w') as f:
+            json.dump(dict(threads=args.threads, blocks=args.blocks, runs=args.runs,
+                           torch=torch.__version__, rows=rows), f, indent=1)
     return rows
 
 
