@@ -230,9 +230,11 @@ def main(argv=None) -> List[dict]:
                 print(f'{side}x{side}: {line}{same}', flush=True)
                 rows.append(dict(size=side, ms=ms, reference=ref, output_diff=diffs))
     if args.json:
+        from mmeffattn.analysis.benchmarking import environment
         with open(args.json, 'w') as f:
-            json.dump(dict(threads=args.threads, blocks=args.blocks, runs=args.runs,
-                           torch=torch.__version__, rows=rows), f, indent=1)
+            json.dump(dict(environment=environment(torch.device('cpu'), torch.float32),
+                           blocks=args.blocks, runs=args.runs, tol=None if args.no_check
+                           else args.tol, rows=rows), f, indent=1)
     return rows
 
 
