@@ -5,6 +5,7 @@ import json
 import os.path as osp
 import sys
 import textwrap
+import time
 
 import pytest
 import torch
@@ -18,8 +19,9 @@ import compare_official  # noqa: E402
 FAKE_MLLA = '''
 import torch.nn as nn
 class MLLA(nn.Module):
-    def __init__(self, img_size, embed_dim, depths, num_heads):
+    def __init__(self, img_size, embed_dim, depths, num_heads, drop_path_rate=0.1):
         super().__init__()
+        assert drop_path_rate == 0  # the tool turns stochastic depth off
         self.img_size, self.proj = img_size, nn.Conv2d(3, embed_dim, 4, 4)
     def forward_features(self, x):
         assert x.shape[-1] == self.img_size
@@ -73,12 +75,21 @@ def fake_roots(tmp_path, monkeypatch):
     return str(tmp_path / 'MLLA'), str(tmp_path / 'VECA'), str(tmp_path / 'WeightFormer')
 
 
+class _Affine(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
 def test_times_ours_against_the_official_models(fake_roots, capsys, tmp_path):
     mlla_root, veca_root, wfm_root = fake_roots
     out_json = tmp_path / 'rows.json'
     rows = compare_official.main(['--mlla-root', mlla_root, '--veca-root', veca_root,
                                   '--weightformer-root', wfm_root, '--no-check',
-                                  '--sizes', '64', '--blocks', '2', '--runs', '1',
+                                  '--sizes', '64', '--rounds', '2',
                                   '--threads', '1', '--json', str(out_json)])
     assert [r['reference'] for r in rows] == ['official MLLA-T', 'official VECA-small',
                                               'official WeightFormer-T',
@@ -93,19 +104,46 @@ def test_times_ours_against_the_official_models(fake_roots, capsys, tmp_path):
     assert json.loads(out_json.read_text())['rows'] == rows
 
 
+def test_times_training_steps(fake_roots):
+    mlla_root, veca_root, wfm_root = fake_roots
+    rows = compare_official.main(['--mlla-root', mlla_root, '--veca-root', veca_root,
+                                  '--weightformer-root', wfm_root, '--no-check', '--train',
+                                  '--sizes', '64', '--rounds', '2',
+                                  '--threads', '1'])
+    assert {r['mode'] for r in rows} == {'train'} and len(rows) == 4
+    assert all(v > 0 for r in rows for v in r['ms'].values())
+
+
+def test_training_step_runs_backward_in_train_mode():
+    model = _Affine().eval()
+    x = torch.randn(3, 8)
+    cmp = compare_official.Comparison({'m': lambda: (model(x), [model(x) * 2])}, {'m': model})
+    cmp.training_steps()['m']()
+    assert model.training
+    # d/dW of sum(y) + sum(2y) = 3 * (column sums of x), for each output row
+    assert torch.allclose(model.fc.weight.grad, 3 * x.sum(0).expand(4, 8))
+
+
+def test_paired_timing_alternates_calls_and_pairs_the_ratios():
+    calls = []
+
+    def sleeper(name, secs):
+        def fn():
+            calls.append(name)
+            time.sleep(secs)
+        return fn
+
+    ms, ratio = compare_official.time_paired({'a': sleeper('a', .002), 'b': sleeper('b', .006)},
+                                             rounds=4)
+    assert calls == ['a', 'b'] + ['a', 'b', 'b', 'a', 'a', 'b', 'b', 'a']  # warm-up, 4 rounds
+    assert ratio['a'] == 1.0 and 2 < ratio['b'] < 4.5
+    assert ms['b'] > ms['a'] >= 2
+
+
 def test_stand_ins_fail_the_output_check(fake_roots):
     # by default ours must load the official weights: a stand-in's cannot be loaded
     with pytest.raises(RuntimeError, match='Missing key'):
         compare_official.main(['--weightformer-root', fake_roots[2], '--sizes', '64'])
-
-
-class _Affine(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(8, 4)
-
-    def forward(self, x):
-        return self.fc(x)
 
 
 def test_output_check_accepts_the_same_network():

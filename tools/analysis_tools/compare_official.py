@@ -16,11 +16,14 @@ checkpoint filter (strictly), and the two outputs must agree to ``--tol`` (relat
 official output's largest value): so both sides are the same network with the same weights,
 which also checks the filters against the real official code. ``--no-check`` skips this.
 
-Both sides run in eval mode, batch 1, no grad, ``--threads`` threads, on the CPU (our ops run
-their PyTorch references, the CPU path, never Triton's interpreter), and are timed in
-alternating blocks (median of all runs), so drift hits both alike. On a shared machine the
-spread between processes is several percent: repeat the command before reading a difference
-of that size. ``--json`` writes the rows.
+Both sides run in eval mode, batch 1, no grad (``--train``: a training step instead, forward
+and backward of the outputs' sum in train mode; stochastic depth, dropout and VECA's nested core
+dropout off on both sides, so both do the same work), ``--threads`` threads, on the CPU (our ops
+run their PyTorch references, the CPU path, never Triton's interpreter). They are timed call
+by call in alternation, ``--rounds`` times, and each ratio to the official model is the median
+of the ratios of neighbouring calls, so drift and other tenants hit both sides alike. On a
+shared machine results still spread by several percent between runs: repeat the command before
+reading a difference of that size. ``--json`` writes the rows.
 """
 import argparse
 import importlib.util
@@ -30,7 +33,7 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, List, Sequence, Tuple
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
@@ -58,12 +61,33 @@ def _load(path: str, name: str):
 class Comparison:
     """One official model against ours, at one input size.
 
-    ``timed``: the calls to time, the official model first. ``outputs``: the official output,
-    then each of our models that holds the official weights, as tensors of the same layout
-    (empty with ``--no-check``).
+    ``timed``: the forward calls to time, the official model first; ``models``: the module
+    behind each (for ``--train``). ``outputs``: the official output, then each of our models
+    that holds the official weights, as tensors of the same layout (empty with ``--no-check``).
     """
     timed: Dict[str, Callable[[], object]]
+    models: Dict[str, nn.Module]
     outputs: Dict[str, Callable[[], torch.Tensor]] = field(default_factory=dict)
+
+    def training_steps(self) -> Dict[str, Callable[[], None]]:
+        """``timed`` as training steps: each model in train mode, forward, backward."""
+        steps = {}
+        for name, fn in self.timed.items():
+            model = self.models[name].train()
+
+            def step(fn=fn, model=model) -> None:
+                model.zero_grad(set_to_none=True)
+                sum(t.float().sum() for t in _tensors(fn())).backward()
+
+            steps[name] = step
+        return steps
+
+
+def _tensors(out) -> List[torch.Tensor]:
+    """The tensors of a model output (a tensor or nested tuples/lists of them)."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    return [t for o in out for t in _tensors(o)]
 
 
 def perturb_(model: nn.Module, seed: int = 0) -> nn.Module:
@@ -100,20 +124,29 @@ def check_outputs(outputs: Dict[str, Callable[[], torch.Tensor]],
     return diffs
 
 
-def time_alternating(fns: Dict[str, Callable[[], object]], blocks: int,
-                     runs: int) -> Dict[str, float]:
-    """Median ms per call of each function, timed in ``blocks`` rounds of ``runs`` calls each
-    (one warm-up call per block), the order reversed every other round."""
-    times: Dict[str, List[float]] = {k: [] for k in fns}
+def time_paired(fns: Dict[str, Callable[[], object]],
+                rounds: int) -> Tuple[Dict[str, float], Dict[str, float]]:
+    """Time each function once per round, for ``rounds`` rounds (after one warm-up call each),
+    the order reversed every other round.
+
+    Returns the median ms per call of each, and each one's median over the rounds of its time
+    divided by the first function's in the same round. Calls next to each other share the
+    machine's state at that moment (another tenant, the clock), so the paired ratio is steadier
+    than a ratio of medians on a noisy machine.
+    """
     items = list(fns.items())
-    for b in range(blocks):
-        for name, fn in (items if b % 2 == 0 else items[::-1]):
+    for _, fn in items:
+        fn()
+    times: Dict[str, List[float]] = {k: [] for k in fns}
+    for r in range(rounds):
+        for name, fn in (items if r % 2 == 0 else items[::-1]):
+            t0 = time.perf_counter()
             fn()
-            for _ in range(runs):
-                t0 = time.perf_counter()
-                fn()
-                times[name].append(time.perf_counter() - t0)
-    return {k: statistics.median(v) * 1e3 for k, v in times.items()}
+            times[name].append(time.perf_counter() - t0)
+    ref = times[items[0][0]]
+    ms = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+    ratio = {k: statistics.median(t / t0 for t, t0 in zip(v, ref)) for k, v in times.items()}
+    return ms, ratio
 
 
 def mlla_pairs(root: str, side: int, check: bool = True) -> List[Comparison]:
@@ -121,13 +154,15 @@ def mlla_pairs(root: str, side: int, check: bool = True) -> List[Comparison]:
     from mmeffattn.models.backbones.sema import checkpoint_filter_mlla
     mlla = _load(osp.join(root, 'models', 'mlla.py'), 'official_mlla')
     # MLLA-T (cfgs/mlla_t.yaml); its RoPE table is fixed at construction, so build per size
-    off = mlla.MLLA(img_size=side, embed_dim=64, depths=[2, 4, 8, 4],
-                    num_heads=[2, 4, 8, 16]).eval()
-    ours = MILA(arch='tiny', out_indices=(3, )).eval()
-    sema = SEMA(arch='tiny', out_indices=(3, ), attn_backend='reference').eval()
+    off = mlla.MLLA(img_size=side, embed_dim=64, depths=[2, 4, 8, 4], num_heads=[2, 4, 8, 16],
+                    drop_path_rate=0.).eval()
+    ours = MILA(arch='tiny', out_indices=(3, ), drop_path_rate=0.).eval()
+    sema = SEMA(arch='tiny', out_indices=(3, ), drop_path_rate=0.,
+                attn_backend='reference').eval()
     x = torch.randn(1, 3, side, side)
     cmp = Comparison({'official MLLA-T': lambda: off.forward_features(x),
-                      'MILA-T': lambda: ours(x), 'SEMA-T': lambda: sema(x)})
+                      'MILA-T': lambda: ours(x), 'SEMA-T': lambda: sema(x)},
+                     {'official MLLA-T': off, 'MILA-T': ours, 'SEMA-T': sema})
     if check:
         perturb_(off)
         # the official forward_features ends with the classification norm and token mean:
@@ -152,10 +187,11 @@ def veca_pairs(root: str, side: int, check: bool = True,
     cfg.distill_output_dim = None
     off = OfficialVECA(cfg).eval()
     ours = VECA(arch=family, out_type='raw', num_cores=cfg.num_query_tokens,
-                attn_backend='reference').eval()
+                nested_dropout=False, attn_backend='reference').eval()
     x = torch.randn(1, 3, side, side)
     name = f'VECA-{family}'
-    cmp = Comparison({f'official {name}': lambda: off(x), name: lambda: ours(x)})
+    cmp = Comparison({f'official {name}': lambda: off(x), name: lambda: ours(x)},
+                     {f'official {name}': off, name: ours})
     if check:
         perturb_(off)
         ours.load_state_dict(checkpoint_filter_veca(off.state_dict()))
@@ -183,7 +219,7 @@ def weightformer_pairs(root: str, side: int, check: bool = True,
                             attn_backend='reference').eval()
         name = f'WeightFormer-{arch[0].upper()}'
         cmp = Comparison({f'official {name}': lambda off=off: off.forward_features(x),
-                          name: lambda ours=ours: ours(x)})
+                          name: lambda ours=ours: ours(x)}, {f'official {name}': off, name: ours})
         if check:
             perturb_(off)
             ours.load_state_dict(checkpoint_filter_weightformer(off.state_dict()))
@@ -200,8 +236,10 @@ def main(argv=None) -> List[dict]:
     p.add_argument('--weightformer-root', help='checkout of github.com/LeapLabTHU/WeightFormer')
     p.add_argument('--sizes', type=int, nargs='+', default=[224, 512])
     p.add_argument('--threads', type=int, default=2)
-    p.add_argument('--blocks', type=int, default=4)
-    p.add_argument('--runs', type=int, default=3)
+    p.add_argument('--rounds', type=int, default=12,
+                   help='timed calls of each model, alternating (after one warm-up call)')
+    p.add_argument('--train', action='store_true',
+                   help='time training steps (forward + backward in train mode), not forwards')
     p.add_argument('--tol', type=float, default=1e-4,
                    help='largest relative output difference accepted by the check')
     p.add_argument('--no-check', action='store_true',
@@ -222,18 +260,22 @@ def main(argv=None) -> List[dict]:
             torch.manual_seed(0)
             for cmp in make(root, side, check=not args.no_check):
                 diffs = check_outputs(cmp.outputs, args.tol) if cmp.outputs else {}
-                with torch.no_grad():
-                    ms = time_alternating(cmp.timed, args.blocks, args.runs)
+                if args.train:
+                    ms, ratio = time_paired(cmp.training_steps(), args.rounds)
+                else:
+                    with torch.no_grad():
+                        ms, ratio = time_paired(cmp.timed, args.rounds)
                 ref = next(iter(ms))
-                line = ', '.join(f'{k} {v:.1f} ms ({v / ms[ref]:.2f}x)' for k, v in ms.items())
+                line = ', '.join(f'{k} {v:.1f} ms ({ratio[k]:.2f}x)' for k, v in ms.items())
                 same = ''.join(f'; {k} output within {v:.1e} of official' for k, v in diffs.items())
                 print(f'{side}x{side}: {line}{same}', flush=True)
-                rows.append(dict(size=side, ms=ms, reference=ref, output_diff=diffs))
+                rows.append(dict(size=side, mode='train' if args.train else 'eval', ms=ms,
+                                 ratio=ratio, reference=ref, output_diff=diffs))
     if args.json:
         from mmeffattn.analysis.benchmarking import environment
         with open(args.json, 'w') as f:
             json.dump(dict(environment=environment(torch.device('cpu'), torch.float32),
-                           blocks=args.blocks, runs=args.runs, tol=None if args.no_check
+                           rounds=args.rounds, tol=None if args.no_check
                            else args.tol, rows=rows), f, indent=1)
     return rows
 
