@@ -5,6 +5,7 @@ import os.path as osp
 import pytest
 
 from e2e_helpers import run_tool, write_config
+from mmeffattn.analysis.logs import load_log
 
 pytestmark = pytest.mark.e2e
 
@@ -57,6 +58,12 @@ def test_upernet_on_ade20k_sample(tmp_path, config, shared_data):
     run_tool(['tools/train.py', cfg, '--work-dir', work])
     ckpt = osp.join(work, 'iter_2.pth')
     assert osp.isfile(ckpt)
+    # the log read back as tools/analysis_tools/analyze_logs.py reads it: this
+    # iteration-based loop's validation (logged at step 0) placed at iteration 2
+    log = load_log(work)
+    x, y, x_label = log.series('mIoU')
+    assert (x, x_label) == ([2], 'iteration') and 0. <= y[0] <= 100.
+    assert log.series('loss')[0] == [1, 2]
     out_json = str(tmp_path / 'metrics.json')
     run_tool(['tools/test.py', cfg, ckpt, '--work-dir', work, '--out-json', out_json,
               '--show-dir', str(tmp_path / 'vis')])
