@@ -124,10 +124,10 @@ class Runner:
             self.compiled(self.x)
 
     def forward_backward(self) -> None:
+        from mmeffattn.analysis.benchmarking import backward_of_outputs
         with self._autocast():
             outs = self.model(self.x)
-        outs = outs if isinstance(outs, (tuple, list)) else (outs, )
-        sum(o.float().mean() for o in outs if isinstance(o, torch.Tensor)).backward()
+        backward_of_outputs(outs)
         for p in self.model.parameters():
             p.grad = None
 

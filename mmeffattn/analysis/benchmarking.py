@@ -12,7 +12,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-__all__ = ['PeakTensorMemory', 'peak_memory', 'time_once', 'median', 'fit_exponent',
+__all__ = ['PeakTensorMemory', 'peak_memory', 'time_once', 'backward_of_outputs', 'median',
+           'fit_exponent',
            'environment', 'matmul_flops_per_s', 'is_oom', 'synchronize', 'grid_tokens',
            'parse_size', 'predict_power_law', 'copy_bandwidth', 'MEMORY_METHOD']
 
@@ -101,6 +102,13 @@ def time_once(fn: Callable[[], Any], device: torch.device) -> float:
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
+
+
+def backward_of_outputs(out: Any) -> None:
+    """Backward of the sum of a model's outputs (a tensor or any nest of them; other leaves are
+    ignored): the stand-in loss of a timed training step."""
+    leaves = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+    sum(t.float().sum() for t in leaves).backward()
 
 
 def median(xs: Sequence[float]) -> Optional[float]:

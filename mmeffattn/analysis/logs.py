@@ -35,7 +35,7 @@ class TrainLog:
     Attributes:
         sources: the ``scalars.json`` files read, oldest first.
         train: training lines (dicts as logged).
-        val: validation lines.
+        val: validation lines, their ``step`` set to where they ran (see :func:`load_log`).
         by_epoch: whether the loop was epoch-based (validation ``step`` is then an epoch).
         skipped: files left out, with the reason.
     """

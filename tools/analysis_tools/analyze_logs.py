@@ -74,11 +74,10 @@ def summary(log: TrainLog, name: str) -> dict:
     if losses:
         print('  ' + ', '.join(f'{k} {v:.4f}' for k, v in losses.items()))
     metrics = {}
-    unit = 'epoch' if log.by_epoch else 'iteration'
     for key in log.keys()['val']:
         if key in ('time', 'data_time'):  # the validation loop's speed, not a metric
             continue
-        x, y, _ = log.series(key, kind='val')
+        x, y, unit = log.series(key, kind='val')
         # OpenMMLab's metrics (mAP, mIoU, accuracy) are better when higher
         best = max(range(len(y)), key=y.__getitem__)
         metrics[key] = dict(last=y[-1], best=y[best], best_at=x[best])

@@ -31,7 +31,6 @@ import json
 import os.path as osp
 import statistics
 import sys
-import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Sequence, Tuple
 
@@ -39,6 +38,9 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
+
+from mmeffattn.analysis.benchmarking import (backward_of_outputs, environment,  # noqa: E402
+                                             time_once)
 
 # WeightFormer's model/wfm.py factories (wfm_tiny, wfm_small): patch 16, depth 17, mlp ratio 4
 WFM_DIMS = {'tiny': 192, 'small': 384}
@@ -77,17 +79,10 @@ class Comparison:
 
             def step(fn=fn, model=model) -> None:
                 model.zero_grad(set_to_none=True)
-                sum(t.float().sum() for t in _tensors(fn())).backward()
+                backward_of_outputs(fn())
 
             steps[name] = step
         return steps
-
-
-def _tensors(out) -> List[torch.Tensor]:
-    """The tensors of a model output (a tensor or nested tuples/lists of them)."""
-    if isinstance(out, torch.Tensor):
-        return [out]
-    return [t for o in out for t in _tensors(o)]
 
 
 def perturb_(model: nn.Module, seed: int = 0) -> nn.Module:
@@ -137,12 +132,11 @@ def time_paired(fns: Dict[str, Callable[[], object]],
     items = list(fns.items())
     for _, fn in items:
         fn()
+    cpu = torch.device('cpu')
     times: Dict[str, List[float]] = {k: [] for k in fns}
     for r in range(rounds):
         for name, fn in (items if r % 2 == 0 else items[::-1]):
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
+            times[name].append(time_once(fn, cpu))
     ref = times[items[0][0]]
     ms = {k: statistics.median(v) * 1e3 for k, v in times.items()}
     ratio = {k: statistics.median(t / t0 for t, t0 in zip(v, ref)) for k, v in times.items()}
@@ -272,7 +266,6 @@ def main(argv=None) -> List[dict]:
                 rows.append(dict(size=side, mode='train' if args.train else 'eval', ms=ms,
                                  ratio=ratio, reference=ref, output_diff=diffs))
     if args.json:
-        from mmeffattn.analysis.benchmarking import environment
         with open(args.json, 'w') as f:
             json.dump(dict(environment=environment(torch.device('cpu'), torch.float32),
                            rounds=args.rounds, tol=None if args.no_check
