@@ -17,9 +17,16 @@
 
 Each step has a time limit (the total fits in 10 minutes); its result, time and log go to
 ``<out-dir>/gpu_check.json`` and ``<out-dir>/<step>.log``. Without a CUDA device it stops at
-once with exit status 2 and says so.
+once with exit status 2 and says so. ``--dry-run`` runs the same steps on this machine's CPU at
+smoke sizes (the kernels step checks the references, not the kernels): it proves the plumbing,
+e.g. on a copy of the GPU machine's software stack, and measures nothing.
+
+On a lent GPU machine, whose image has PyTorch and Triton but not the OpenMMLab stack, run it
+through ``scripts/gpu_device.sh`` with the wheels of ``scripts/gpu_wheels.sh`` (README,
+Performance).
 """
 import argparse
+import importlib.util
 import json
 import os
 import os.path as osp
@@ -42,6 +49,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument('--out-dir', default='work_dirs/gpu_check')
     p.add_argument('--steps', nargs='+', choices=list(STEP_LIMITS), default=list(STEP_LIMITS))
     p.add_argument('--bf16', action='store_true', help='backbone benchmark in bf16 autocast')
+    p.add_argument('--dry-run', action='store_true',
+                   help='every step on this CPU at smoke sizes: checks the plumbing only')
     return p.parse_args(argv)
 
 
@@ -208,30 +217,56 @@ def run_step(name: str, cmd: List[str], out_dir: str, limit: int) -> Dict[str, A
     return dict(status=status, command=' '.join(cmd), log=log)
 
 
+def step_commands(args: argparse.Namespace) -> Dict[str, List[str]]:
+    """The command of each subprocess step (``--dry-run``: the same tools on the CPU, at smoke
+    sizes)."""
+    py = sys.executable
+    # tests/ops/test_aot.py compiles for sm_80/sm_90 on the CPU: CI's work, not the GPU's
+    op_tests = [py, '-m', 'pytest', 'tests/ops', '-q', '-p', 'no:cacheprovider',
+                '--ignore', 'tests/ops/test_aot.py']
+    if importlib.util.find_spec('xdist') is not None:
+        op_tests += ['-n', '2' if args.dry_run else '4']
+    ops = [py, 'tools/benchmark_ops.py', '--out-dir', osp.join(args.out_dir, 'ops')]
+    backbones = [py, 'tools/benchmark.py', '--out-dir', osp.join(args.out_dir, 'backbones'),
+                 '--dtype', 'bf16' if args.bf16 else 'fp32']
+    if args.dry_run:
+        op_tests += ['-k', 'gradcheck']
+        ops += ['--preset', 'smoke', '--device', 'cpu', '--tokens', '196']
+        backbones += ['--preset', 'smoke', '--device', 'cpu', '--models', 'all',
+                      '--sizes', '64']
+    else:
+        ops += ['--preset', 'gpu']
+        backbones += ['--preset', 'gpu']
+    return dict(op_tests=op_tests, benchmark_ops=ops, benchmark=backbones)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
-    problem = cuda_problem()
+    problem = '' if args.dry_run else cuda_problem()
     if problem:
         print(f'gpu_check: cannot run: {problem}', file=sys.stderr)
         return NO_CUDA_EXIT
     os.makedirs(args.out_dir, exist_ok=True)
-    py = sys.executable
+    commands = step_commands(args)
     steps = {
-        'kernels': lambda: check_kernels(args.out_dir),
-        'op_tests': lambda: run_step('op_tests', [py, '-m', 'pytest', 'tests/ops', '-q', '-x',
-                                                  '-p', 'no:cacheprovider'],
-                                     args.out_dir, STEP_LIMITS['op_tests']),
-        'benchmark_ops': lambda: run_step(
-            'benchmark_ops', [py, 'tools/benchmark_ops.py', '--preset', 'gpu', '--out-dir',
-                              osp.join(args.out_dir, 'ops')],
-            args.out_dir, STEP_LIMITS['benchmark_ops']),
-        'benchmark': lambda: run_step(
-            'benchmark', [py, 'tools/benchmark.py', '--preset', 'gpu', '--out-dir',
-                          osp.join(args.out_dir, 'backbones'),
-                          '--dtype', 'bf16' if args.bf16 else 'fp32'],
-            args.out_dir, STEP_LIMITS['benchmark']),
+        'kernels': (lambda: check_kernels(args.out_dir, device='cpu', backend='reference',
+                                          dtypes=('float32', ))) if args.dry_run else
+                   (lambda: check_kernels(args.out_dir)),
+        **{name: (lambda name=name: run_step(name, commands[name], args.out_dir,
+                                              STEP_LIMITS[name]))
+           for name in commands},
     }
-    summary: Dict[str, Any] = {}
+    from mmeffattn.analysis.benchmarking import environment
+    import torch
+    # written after every step, so a run cut short still leaves what it finished
+    summary: Dict[str, Any] = dict(
+        dry_run=args.dry_run, steps=args.steps,
+        environment=environment(torch.device('cpu' if args.dry_run else 'cuda'), torch.float32))
+
+    def write_summary() -> None:
+        with open(osp.join(args.out_dir, 'gpu_check.json'), 'w') as f:
+            json.dump(summary, f, indent=1)
+
     t_all = time.time()
     for name in args.steps:
         print(f'[{name}] (limit {STEP_LIMITS[name]} s)', flush=True)
@@ -242,18 +277,13 @@ def main(argv=None) -> int:
             summary[name] = dict(status='FAIL', error=f'{type(e).__name__}: {e}',
                                  traceback=traceback.format_exc()[-3000:])
         summary[name]['seconds'] = round(time.time() - t0, 1)
+        summary['total_seconds'] = round(time.time() - t_all, 1)
+        write_summary()
         print(f'[{name}] {summary[name]["status"]} in {summary[name]["seconds"]} s', flush=True)
-    summary['total_seconds'] = round(time.time() - t_all, 1)
-    from mmeffattn.analysis.benchmarking import environment
-    import torch
-    summary['environment'] = environment(torch.device('cuda'), torch.float32)
-    with open(osp.join(args.out_dir, 'gpu_check.json'), 'w') as f:
-        json.dump(summary, f, indent=1)
-    ok = all(v['status'] == 'ok' for k, v in summary.items() if k in STEP_LIMITS)
+    ok = all(summary[name]['status'] == 'ok' for name in args.steps)
     print(f'gpu_check: {"all steps passed" if ok else "FAILURES"}; '
           f'{args.out_dir}/gpu_check.json ({summary["total_seconds"]} s)')
     return 0 if ok else 1
-
 
 if __name__ == '__main__':
     sys.exit(main())

@@ -159,6 +159,9 @@ def environment(device: torch.device, dtype: torch.dtype) -> Dict[str, Any]:
                triton_interpreter=_backend.TRITON_INTERPRET,
                memory_method=MEMORY_METHOD['cuda' if device.type == 'cuda' else 'cpu'],
                time=time.strftime('%Y-%m-%d %H:%M:%S %Z'))
+    if _backend.HAS_TRITON:  # the compiled code, and so the speed, depends on its version
+        import triton
+        env['triton_version'] = triton.__version__
     if device.type == 'cuda':
         props = torch.cuda.get_device_properties(device)
         env.update(gpu=props.name, gpu_memory_gb=round(props.total_memory / 2**30, 1),

@@ -1,0 +1,90 @@
+"""scripts/gpu_device.sh (tools/gpu_check.py on a lent GPU machine) and scripts/gpu_wheels.sh
+(what it carries there): the whole pipeline in --dry-run on this CPU, its step bookkeeping, and
+the carried wheels pinned like the rest of the project."""
+import json
+import os
+import os.path as osp
+import re
+import subprocess
+import sys
+import tarfile
+
+import pytest
+
+ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+sys.path.insert(0, osp.join(ROOT, 'tools'))
+import gpu_check  # noqa: E402
+
+
+def _script_default(name: str, var: str) -> str:
+    text = open(osp.join(ROOT, 'scripts', name)).read()
+    return re.search(r'\$\{' + var + r':-([^}]*)\}', text).group(1)
+
+
+def test_device_script_dry_run_packs_every_step(tmp_path):
+    """The device call's whole path on this CPU: no wheels to install, every step of gpu_check
+    at smoke sizes, the out-dir packed into $OUT as the device tool brings it back."""
+    out = tmp_path / 'out'
+    out.mkdir()
+    env = dict(os.environ, OUT=str(out), MMEFFATTN_GPU_PYTHON_BIN=sys.executable,
+               MMEFFATTN_GPU_WHEELS=str(tmp_path / 'no-wheels'), TMPDIR=str(tmp_path))
+    proc = subprocess.run(['bash', 'scripts/gpu_device.sh', '--dry-run'], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == ['gpu_check.json', 'gpu_check.tar.gz']
+    summary = json.loads((out / 'gpu_check.json').read_text())
+    assert summary['dry_run'] and summary['steps'] == list(gpu_check.STEP_LIMITS)
+    assert {s: summary[s]['status'] for s in gpu_check.STEP_LIMITS} == \
+        dict.fromkeys(gpu_check.STEP_LIMITS, 'ok')
+    with tarfile.open(out / 'gpu_check.tar.gz') as tar:
+        names = set(tar.getnames())
+        backbones = json.load(tar.extractfile('gpu_check/backbones/benchmark.json'))
+        versions = tar.extractfile('gpu_check/versions.txt').read().decode()
+    assert {f'gpu_check/{f}' for f in ('gpu_check.json', 'kernels.json', 'op_tests.log',
+                                       'benchmark_ops.log', 'benchmark.log',
+                                       'ops/benchmark_ops.json')} <= names
+    assert 'torch' in versions and 'mmengine' in versions
+    from mmeffattn.analysis.model_zoo import MODEL_ZOO
+    ran = {r['model'] for r in backbones['results'] if r['status'] == 'ok'}
+    assert {name for name, spec in MODEL_ZOO.items() if spec.ours} <= ran
+    assert not list(tmp_path.glob('mmeffattn-gpu.*'))  # its scratch folder is removed
+
+
+def test_run_step_reports_exit_status_and_time_limit(tmp_path):
+    ok = gpu_check.run_step('a', [sys.executable, '-c', 'print(1)'], str(tmp_path), 60)
+    bad = gpu_check.run_step('b', [sys.executable, '-c', 'raise SystemExit(3)'], str(tmp_path), 60)
+    slow = gpu_check.run_step('c', [sys.executable, '-c', 'import time; time.sleep(30)'],
+                              str(tmp_path), 1)
+    assert (ok['status'], bad['status'], slow['status']) == \
+        ('ok', 'FAIL (exit 3)', 'FAIL (time limit 1 s)')
+    assert (tmp_path / 'a.log').read_text().strip() == '1'
+
+
+def test_step_limits_leave_room_to_pack_up():
+    limit = int(_script_default('gpu_device.sh', 'MMEFFATTN_GPU_LIMIT_S'))
+    assert sum(gpu_check.STEP_LIMITS.values()) + 10 <= limit < 600  # the device call's 600 s
+
+
+def test_op_tests_on_the_gpu_leave_out_the_cpu_compiles():
+    args = gpu_check.parse_args(['--out-dir', 'x'])
+    cmd = gpu_check.step_commands(args)
+    assert 'tests/ops/test_aot.py' in cmd['op_tests'] and '-x' not in cmd['op_tests']
+    assert cmd['benchmark'][cmd['benchmark'].index('--preset') + 1] == 'gpu'
+    dry = gpu_check.step_commands(gpu_check.parse_args(['--out-dir', 'x', '--dry-run']))
+    assert dry['benchmark'][dry['benchmark'].index('--device') + 1] == 'cpu'
+
+
+def test_carried_wheels_have_the_versions_the_project_pins():
+    text = open(osp.join(ROOT, 'scripts', 'gpu_wheels.sh')).read()
+    block = text[text.index('WHEELS=('):text.index(')', text.index('WHEELS=('))]
+    carried = dict(re.findall(r'([A-Za-z0-9_.-]+)==([0-9][A-Za-z0-9.]*)', block))
+    pins = {}
+    for name in ('runtime.txt', 'tests.txt', 'deploy.txt'):
+        path = osp.join(ROOT, 'requirements', name)
+        if osp.exists(path):
+            pins.update(re.findall(r'^([A-Za-z0-9_.-]+)==([0-9][A-Za-z0-9.]*)',
+                                   open(path).read(), re.M))
+    setup = open(osp.join(ROOT, 'scripts', 'setup.sh')).read()
+    pins['mmcv-lite'] = re.search(r'^MMCV_VERSION=(\S+)', setup, re.M).group(1)
+    for name in ('mmengine', 'mmpretrain', 'mmcv-lite'):
+        assert carried[name] == pins[name], name
