@@ -41,17 +41,27 @@ sys.path.insert(0, ROOT)
 
 #: seconds per step (sum < 600 with room for start-up)
 STEP_LIMITS = dict(kernels=90, op_tests=140, benchmark_ops=100, benchmark=230)
+#: steps run only when named in --steps: ours against LaplacianFormer's official CUDA operators
+#: (compiled there with nvcc first), with ``--laplacianformer-root``
+OPTIONAL_STEP_LIMITS = dict(official_kernels=300)
 NO_CUDA_EXIT = 2
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument('--out-dir', default='work_dirs/gpu_check')
-    p.add_argument('--steps', nargs='+', choices=list(STEP_LIMITS), default=list(STEP_LIMITS))
+    p.add_argument('--steps', nargs='+', choices=list(STEP_LIMITS) + list(OPTIONAL_STEP_LIMITS),
+                   default=list(STEP_LIMITS))
+    p.add_argument('--laplacianformer-root',
+                   help='official checkout for the official_kernels step (compare_official_kernels.py)')
     p.add_argument('--bf16', action='store_true', help='backbone benchmark in bf16 autocast')
     p.add_argument('--dry-run', action='store_true',
                    help='every step on this CPU at smoke sizes: checks the plumbing only')
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if 'official_kernels' in args.steps and not args.laplacianformer_root:
+        p.error('the official_kernels step needs --laplacianformer-root (a checkout of '
+                'github.com/BirdWithDreams/LaplacianFormer)')
+    return args
 
 
 def cuda_problem() -> str:
@@ -237,7 +247,12 @@ def step_commands(args: argparse.Namespace) -> Dict[str, List[str]]:
     else:
         ops += ['--preset', 'gpu']
         backbones += ['--preset', 'gpu']
-    return dict(op_tests=op_tests, benchmark_ops=ops, benchmark=backbones)
+    commands = dict(op_tests=op_tests, benchmark_ops=ops, benchmark=backbones)
+    if args.laplacianformer_root:
+        commands['official_kernels'] = [
+            py, 'tools/analysis_tools/compare_official_kernels.py', '--laplacianformer-root',
+            args.laplacianformer_root, '--json', osp.join(args.out_dir, 'official_kernels.json')]
+    return commands
 
 
 def main(argv=None) -> int:
@@ -248,12 +263,13 @@ def main(argv=None) -> int:
         return NO_CUDA_EXIT
     os.makedirs(args.out_dir, exist_ok=True)
     commands = step_commands(args)
+    limits = {**STEP_LIMITS, **OPTIONAL_STEP_LIMITS}
     steps = {
         'kernels': (lambda: check_kernels(args.out_dir, device='cpu', backend='reference',
                                           dtypes=('float32', ))) if args.dry_run else
                    (lambda: check_kernels(args.out_dir)),
         **{name: (lambda name=name: run_step(name, commands[name], args.out_dir,
-                                              STEP_LIMITS[name]))
+                                              limits[name]))
            for name in commands},
     }
     from mmeffattn.analysis.benchmarking import environment
@@ -269,7 +285,7 @@ def main(argv=None) -> int:
 
     t_all = time.time()
     for name in args.steps:
-        print(f'[{name}] (limit {STEP_LIMITS[name]} s)', flush=True)
+        print(f'[{name}] (limit {limits[name]} s)', flush=True)
         t0 = time.time()
         try:
             summary[name] = steps[name]()

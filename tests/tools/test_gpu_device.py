@@ -88,3 +88,16 @@ def test_carried_wheels_have_the_versions_the_project_pins():
     pins['mmcv-lite'] = re.search(r'^MMCV_VERSION=(\S+)', setup, re.M).group(1)
     for name in ('mmengine', 'mmpretrain', 'mmcv-lite'):
         assert carried[name] == pins[name], name
+
+
+def test_official_kernels_step_is_optional_and_needs_its_checkout():
+    assert 'official_kernels' not in gpu_check.parse_args(['--out-dir', 'x']).steps
+    with pytest.raises(SystemExit):
+        gpu_check.parse_args(['--steps', 'official_kernels'])
+    args = gpu_check.parse_args(['--out-dir', 'x', '--steps', 'kernels', 'official_kernels',
+                                 '--laplacianformer-root', '.official/LaplacianFormer'])
+    cmd = gpu_check.step_commands(args)['official_kernels']
+    assert 'tools/analysis_tools/compare_official_kernels.py' in cmd
+    assert cmd[cmd.index('--laplacianformer-root') + 1] == '.official/LaplacianFormer'
+    assert gpu_check.OPTIONAL_STEP_LIMITS['official_kernels'] + 10 <= \
+        int(_script_default('gpu_device.sh', 'MMEFFATTN_GPU_LIMIT_S'))

@@ -95,11 +95,15 @@ def perturb_(model: nn.Module, seed: int = 0) -> nn.Module:
     return model
 
 
-def check_outputs(outputs: Dict[str, Callable[[], torch.Tensor]],
-                  tol: float) -> Dict[str, float]:
+MISMATCH_HINT = 'the checkpoint filter or the architecture does not match this official checkout'
+
+
+def check_outputs(outputs: Dict[str, Callable[[], torch.Tensor]], tol: float,
+                  hint: str = MISMATCH_HINT) -> Dict[str, float]:
     """Largest difference of each of our outputs from the official one (the first entry),
     relative to the official output's largest magnitude. Raises ``RuntimeError`` beyond
-    ``tol``: timing two different networks would mean nothing."""
+    ``tol`` (its message ends with ``hint``): timing two different computations would mean
+    nothing."""
     items = iter(outputs.items())
     ref_name, ref_fn = next(items)
     with torch.no_grad():
@@ -115,14 +119,15 @@ def check_outputs(outputs: Dict[str, Callable[[], torch.Tensor]],
     if bad:
         raise RuntimeError(f'with the weights of {ref_name}, ' + ', '.join(
             f'{k} differs by {v:.2e}' for k, v in bad.items()) + f' (relative; --tol {tol:g}): '
-            'the checkpoint filter or the architecture does not match this official checkout')
+            + hint)
     return diffs
 
 
-def time_paired(fns: Dict[str, Callable[[], object]],
-                rounds: int) -> Tuple[Dict[str, float], Dict[str, float]]:
+def time_paired(fns: Dict[str, Callable[[], object]], rounds: int,
+                device: torch.device = torch.device('cpu')
+                ) -> Tuple[Dict[str, float], Dict[str, float]]:
     """Time each function once per round, for ``rounds`` rounds (after one warm-up call each),
-    the order reversed every other round.
+    the order reversed every other round (``time_once``: CUDA events on a GPU).
 
     Returns the median ms per call of each, and each one's median over the rounds of its time
     divided by the first function's in the same round. Calls next to each other share the
@@ -132,11 +137,10 @@ def time_paired(fns: Dict[str, Callable[[], object]],
     items = list(fns.items())
     for _, fn in items:
         fn()
-    cpu = torch.device('cpu')
     times: Dict[str, List[float]] = {k: [] for k in fns}
     for r in range(rounds):
         for name, fn in (items if r % 2 == 0 else items[::-1]):
-            times[name].append(time_once(fn, cpu))
+            times[name].append(time_once(fn, device))
     ref = times[items[0][0]]
     ms = {k: statistics.median(v) * 1e3 for k, v in times.items()}
     ratio = {k: statistics.median(t / t0 for t, t0 in zip(v, ref)) for k, v in times.items()}
