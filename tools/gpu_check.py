@@ -52,8 +52,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument('--out-dir', default='work_dirs/gpu_check')
     p.add_argument('--steps', nargs='+', choices=list(STEP_LIMITS) + list(OPTIONAL_STEP_LIMITS),
                    default=list(STEP_LIMITS))
-    p.add_argument('--laplacianformer-root',
-                   help='official checkout for the official_kernels step (compare_official_kernels.py)')
+    p.add_argument('--laplacianformer-root', help='official checkout for the official_kernels '
+                   'step (tools/analysis_tools/compare_official_kernels.py)')
     p.add_argument('--bf16', action='store_true', help='backbone benchmark in bf16 autocast')
     p.add_argument('--dry-run', action='store_true',
                    help='every step on this CPU at smoke sizes: checks the plumbing only')
@@ -264,25 +264,19 @@ def main(argv=None) -> int:
     os.makedirs(args.out_dir, exist_ok=True)
     commands = step_commands(args)
     limits = {**STEP_LIMITS, **OPTIONAL_STEP_LIMITS}
-    steps = {
-        'kernels': (lambda: check_kernels(args.out_dir, device='cpu', backend='reference',
-                                          dtypes=('float32', ))) if args.dry_run else
-                   (lambda: check_kernels(args.out_dir)),
-        **{name: (lambda name=name: run_step(name, commands[name], args.out_dir,
-                                              limits[name]))
-           for name in commands},
-    }
+    # a dry run checks the references on the CPU: the harness, not the kernels
+    kernel_kwargs = dict(device='cpu', backend='reference', dtypes=('float32', )) \
+        if args.dry_run else {}
+    steps = {'kernels': lambda: check_kernels(args.out_dir, **kernel_kwargs),
+             **{name: (lambda name=name: run_step(name, commands[name], args.out_dir,
+                                                   limits[name]))
+                for name in commands}}
     from mmeffattn.analysis.benchmarking import environment
     import torch
     # written after every step, so a run cut short still leaves what it finished
     summary: Dict[str, Any] = dict(
         dry_run=args.dry_run, steps=args.steps,
         environment=environment(torch.device('cpu' if args.dry_run else 'cuda'), torch.float32))
-
-    def write_summary() -> None:
-        with open(osp.join(args.out_dir, 'gpu_check.json'), 'w') as f:
-            json.dump(summary, f, indent=1)
-
     t_all = time.time()
     for name in args.steps:
         print(f'[{name}] (limit {limits[name]} s)', flush=True)
@@ -294,7 +288,8 @@ def main(argv=None) -> int:
                                  traceback=traceback.format_exc()[-3000:])
         summary[name]['seconds'] = round(time.time() - t0, 1)
         summary['total_seconds'] = round(time.time() - t_all, 1)
-        write_summary()
+        with open(osp.join(args.out_dir, 'gpu_check.json'), 'w') as f:
+            json.dump(summary, f, indent=1)
         print(f'[{name}] {summary[name]["status"]} in {summary[name]["seconds"]} s', flush=True)
     ok = all(summary[name]['status'] == 'ok' for name in args.steps)
     print(f'gpu_check: {"all steps passed" if ok else "FAILURES"}; '
