@@ -16,8 +16,8 @@
    Triton path; ``--dtype bf16`` with ``--bf16``).
 
 Each step has a time limit (the total fits in 10 minutes); its result, time and log go to
-``<out-dir>/gpu_check.json`` and ``<out-dir>/<step>.log``. Without a CUDA device it stops at
-once with exit status 2 and says so. ``--dry-run`` runs the same steps on this machine's CPU at
+``<out-dir>/gpu_check.json`` (tables in ``gpu_check.md``) and ``<out-dir>/<step>.log``. Without
+a CUDA device it stops at once with exit status 2 and says so. ``--dry-run`` runs the same steps on this machine's CPU at
 smoke sizes (the kernels step checks the references, not the kernels): it proves the plumbing,
 e.g. on a copy of the GPU machine's software stack, and measures nothing.
 
@@ -210,6 +210,49 @@ def check_kernels(out_dir: str, device: str = 'cuda', backend: str = 'triton',
     return dict(status='ok' if not failed else 'FAIL', checked=len(rows), failed=len(failed))
 
 
+def summary_markdown(summary: Dict[str, Any], out_dir: str) -> str:
+    """``gpu_check.md``: the steps, then the kernels' check (measured next to predicted) and the
+    official-operator comparison when those steps ran; the benchmarks write their own tables
+    (``ops/benchmark_ops.md``, ``backbones/benchmark.md``)."""
+    env = summary['environment']
+    where = 'dry run on the CPU (plumbing only)' if summary['dry_run'] else env.get('gpu', 'GPU')
+    lines = [f'# gpu_check: {where}', '',
+             f'{env["time"]}; torch {env["torch"]}, Triton {env.get("triton_version", "none")}, '
+             f'Python {env["python"]}' + (f', compute capability {env["capability"]}'
+                                          if 'capability' in env else '') + '.', '',
+             '| step | status | seconds |', '|---|---|---:|']
+    lines += [f'| {name} | {summary[name]["status"]} | {summary[name]["seconds"]} |'
+              for name in summary['steps'] if name in summary]
+
+    def table(file: str, title: str, header: List[str], row: Callable[[dict], List[Any]]):
+        path = osp.join(out_dir, file)
+        if not osp.isfile(path):
+            return
+        with open(path) as f:
+            data = json.load(f)
+        rows = data['rows'] if isinstance(data, dict) else data
+        lines.extend(['', f'## {title}', '', '| ' + ' | '.join(header) + ' |',
+                      '|' + '---|' * len(header)])
+        lines.extend('| ' + ' | '.join('' if v is None else str(v) for v in row(r)) + ' |'
+                     for r in rows)
+
+    table('kernels.json', 'Kernels against the fp64 reference (forward + backward)',
+          ['case', 'dtype', 'status', 'measured µs', 'predicted µs', 'of roofline', 'error'],
+          lambda r: [r['case'], r['dtype'], r['status'], r.get('measured_us'),
+                     r.get('predicted_us') and f'{r["predicted_us"]} ({r["predicted_for"]})',
+                     r.get('roofline_fraction') and f'{r["roofline_fraction"]:.0%}',
+                     r.get('error', '')[:120]])
+    table('official_kernels.json', "Against LaplacianFormer's official CUDA operators",
+          ['case', 'dtype', 'fwd ms ours / official', 'fwd+bwd ms ours / official',
+           'output diff', 'error'],
+          lambda r: [r['case'], r['dtype']] + [
+              f'{r[f"{m}_ms"]["ours"]:.3f} / {r[f"{m}_ms"]["official"]:.3f} '
+              f'({r[f"{m}_ratio"]:.2f}x)' if f'{m}_ms' in r else None
+              for m in ('fwd', 'fwd_bwd')] + [r.get('output_diff') and f'{r["output_diff"]:.1e}',
+                                              r.get('error', '')[:120]])
+    return '\n'.join(lines) + '\n'
+
+
 # --------------------------------------------------------------------------------------------
 # steps 2-4: subprocesses
 # --------------------------------------------------------------------------------------------
@@ -290,6 +333,8 @@ def main(argv=None) -> int:
         summary['total_seconds'] = round(time.time() - t_all, 1)
         with open(osp.join(args.out_dir, 'gpu_check.json'), 'w') as f:
             json.dump(summary, f, indent=1)
+        with open(osp.join(args.out_dir, 'gpu_check.md'), 'w') as f:
+            f.write(summary_markdown(summary, args.out_dir))
         print(f'[{name}] {summary[name]["status"]} in {summary[name]["seconds"]} s', flush=True)
     ok = all(summary[name]['status'] == 'ok' for name in args.steps)
     print(f'gpu_check: {"all steps passed" if ok else "FAILURES"}; '

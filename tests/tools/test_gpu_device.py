@@ -40,7 +40,8 @@ def test_device_script_dry_run_packs_every_step(tmp_path):
         names = set(tar.getnames())
         backbones = json.load(tar.extractfile('gpu_check/backbones/benchmark.json'))
         versions = tar.extractfile('gpu_check/versions.txt').read().decode()
-    assert {f'gpu_check/{f}' for f in ('gpu_check.json', 'kernels.json', 'op_tests.log',
+    assert {f'gpu_check/{f}' for f in ('gpu_check.json', 'gpu_check.md', 'kernels.json',
+                                       'op_tests.log',
                                        'benchmark_ops.log', 'benchmark.log',
                                        'ops/benchmark_ops.json')} <= names
     assert 'torch' in versions and 'mmengine' in versions
@@ -101,3 +102,28 @@ def test_official_kernels_step_is_optional_and_needs_its_checkout():
     assert cmd[cmd.index('--laplacianformer-root') + 1] == '.official/LaplacianFormer'
     assert gpu_check.OPTIONAL_STEP_LIMITS['official_kernels'] + 10 <= \
         int(_script_default('gpu_device.sh', 'MMEFFATTN_GPU_LIMIT_S'))
+
+
+def test_summary_tables_put_measured_next_to_predicted(tmp_path):
+    (tmp_path / 'kernels.json').write_text(json.dumps([
+        dict(case='sema B8', dtype='bfloat16', status='ok', measured_us=50.0, predicted_us=20.0,
+             predicted_for='H200', roofline_fraction=0.4),
+        dict(case='newton B2', dtype='float32', status='FAIL', error='AssertionError: RMS')]))
+    (tmp_path / 'official_kernels.json').write_text(json.dumps(dict(rows=[
+        dict(case='laplacian B8', dtype='float16', fwd_ms=dict(official=2.0, ours=1.0),
+             fwd_ratio=0.5, fwd_bwd_ms=dict(official=6.0, ours=3.0), fwd_bwd_ratio=0.5,
+             output_diff=3e-4),
+        dict(case='newton B2', dtype='torch.float32', error='RuntimeError: differs')])))
+    summary = dict(dry_run=False, steps=['kernels', 'official_kernels'],
+                   environment=dict(time='t', torch='2.11', triton_version='3.6.0',
+                                    python='3.12', gpu='NVIDIA H200', capability='9.0'),
+                   kernels=dict(status='FAIL', seconds=3.0),
+                   official_kernels=dict(status='ok', seconds=90.0))
+    md = gpu_check.summary_markdown(summary, str(tmp_path))
+    assert md.startswith('# gpu_check: NVIDIA H200') and 'Triton 3.6.0' in md
+    assert '| kernels | FAIL | 3.0 |' in md
+    assert '| sema B8 | bfloat16 | ok | 50.0 | 20.0 (H200) | 40% |  |' in md
+    assert 'AssertionError: RMS' in md
+    assert '| laplacian B8 | float16 | 1.000 / 2.000 (0.50x) | 3.000 / 6.000 (0.50x) | 3.0e-04 |' \
+        in md
+    assert 'RuntimeError: differs' in md
