@@ -285,8 +285,9 @@ def step_commands(args: argparse.Namespace) -> Dict[str, List[str]]:
     if args.dry_run:
         op_tests += ['-k', 'gradcheck']
         ops += ['--preset', 'smoke', '--device', 'cpu', '--tokens', '196']
+        # every model, forward and backward once (no FLOP count, as the gpu preset)
         backbones += ['--preset', 'smoke', '--device', 'cpu', '--models', 'all',
-                      '--sizes', '64']
+                      '--sizes', '64', '--repeats', '1', '--warmup', '0', '--no-flops']
     else:
         ops += ['--preset', 'gpu']
         backbones += ['--preset', 'gpu']
