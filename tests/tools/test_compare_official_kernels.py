@@ -56,6 +56,7 @@ def stand_in(eps: float = cok.OFFICIAL_EPS, key_layout_bdm: bool = True):
 def test_laplacian_glue_agrees_with_our_op_and_is_timed():
     cases = cok.laplace_cases(stand_in(), 'cpu', [torch.float32], LAM, shapes=[(1, 2, 13, 5, 7)])
     row = cok.compare(cases[0], tol=1e-5, rounds=2, device='cpu')
+    assert row['dtype'] == 'float32'
     assert row['output_diff'] < 1e-6 and row['grad0_diff'] < 1e-5 and row['grad1_diff'] < 1e-5
     assert set(row['fwd_ms']) == set(row['fwd_bwd_ms']) == {'official', 'ours'}
     assert row['fwd_ratio'] > 0 and row['fwd_bwd_ratio'] > 0

@@ -113,7 +113,7 @@ def test_summary_tables_put_measured_next_to_predicted(tmp_path):
         dict(case='laplacian B8', dtype='float16', fwd_ms=dict(official=2.0, ours=1.0),
              fwd_ratio=0.5, fwd_bwd_ms=dict(official=6.0, ours=3.0), fwd_bwd_ratio=0.5,
              output_diff=3e-4),
-        dict(case='newton B2', dtype='torch.float32', error='RuntimeError: differs')])))
+        dict(case='newton B2', dtype='float32', error='RuntimeError: differs')])))
     summary = dict(dry_run=False, steps=['kernels', 'official_kernels'],
                    environment=dict(time='t', torch='2.11', triton_version='3.6.0',
                                     python='3.12', gpu='NVIDIA H200', capability='9.0'),

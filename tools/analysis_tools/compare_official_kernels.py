@@ -137,6 +137,10 @@ class KernelCase:
     inputs: List[torch.Tensor]
     grads_compared: bool
 
+    @property
+    def dtype_name(self) -> str:
+        return str(self.dtype).replace('torch.', '')
+
     def outputs(self) -> Dict[str, Callable[[], torch.Tensor]]:
         return {name: (lambda fn=fn: fn(*self.inputs)) for name, fn in self.fns.items()}
 
@@ -210,7 +214,7 @@ def _backend(device) -> Optional[str]:
 def compare(case: KernelCase, tol: float, rounds: int, device) -> Dict[str, Any]:
     """Check that the two sides agree, then time them."""
     hint = 'our op and the official operator do not compute the same thing here'
-    row: Dict[str, Any] = dict(case=case.name, dtype=str(case.dtype).replace('torch.', ''))
+    row: Dict[str, Any] = dict(case=case.name, dtype=case.dtype_name)
     row['output_diff'] = check_outputs(case.outputs(), tol, hint)['ours']
     if case.grads_compared:
         grads = case.gradients()
@@ -256,7 +260,7 @@ def main(argv=None) -> int:
                   f'{row["fwd_bwd_ms"]["official"]:.3f} ms ({row["fwd_bwd_ratio"]:.2f}x); '
                   f'output within {row["output_diff"]:.1e}', flush=True)
         except Exception as e:  # one failing case must not hide the others
-            row = dict(case=case.name, dtype=str(case.dtype), error=f'{type(e).__name__}: {e}')
+            row = dict(case=case.name, dtype=case.dtype_name, error=f'{type(e).__name__}: {e}')
             print(f'{case.name} [{row["dtype"]}]: FAIL {row["error"][:300]}', flush=True)
         rows.append(row)
     if args.json:
