@@ -116,31 +116,20 @@ def gpu_name(device) -> str:
 
 
 def time_call(fn: Callable, inputs: List[Any], backend: str, reps: int = 20) -> float:
-    """Median seconds of one forward + backward of ``fn(backend, *inputs)`` (CUDA events on a
-    GPU, wall clock otherwise), after 3 warm-up calls."""
+    """Median seconds of one forward + backward of ``fn(backend, *inputs)`` (``time_once``:
+    CUDA events on a GPU, wall clock otherwise), after 3 warm-up calls."""
     import torch
+    from mmeffattn.analysis.benchmarking import time_once
     xs = [x.detach().requires_grad_() for x in inputs]
-    cuda = xs[0].is_cuda
-    grad = None
-    times = []
-    for i in range(reps + 3):
-        if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-        t0 = time.perf_counter()
-        out = fn(backend, *xs)
-        if grad is None:
-            grad = torch.ones_like(out)
-        out.backward(grad)
-        if cuda:
-            end.record()
-            end.synchronize()
-            seconds = start.elapsed_time(end) / 1e3
-        else:
-            seconds = time.perf_counter() - t0
-        if i >= 3:
-            times.append(seconds)
-    return sorted(times)[len(times) // 2]
+    grad = torch.ones_like(fn(backend, *xs))
+
+    def step() -> None:
+        fn(backend, *xs).backward(grad)
+
+    for _ in range(3):
+        step()
+    times = sorted(time_once(step, xs[0].device) for _ in range(reps))
+    return times[len(times) // 2]
 
 
 def check_kernels(out_dir: str, device: str = 'cuda', backend: str = 'triton',

@@ -13,9 +13,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 __all__ = ['PeakTensorMemory', 'peak_memory', 'time_once', 'backward_of_outputs', 'median',
-           'fit_exponent',
-           'environment', 'matmul_flops_per_s', 'is_oom', 'synchronize', 'grid_tokens',
-           'parse_size', 'predict_power_law', 'copy_bandwidth', 'MEMORY_METHOD']
+           'fit_exponent', 'environment', 'matmul_flops_per_s', 'is_oom', 'synchronize',
+           'grid_tokens', 'parse_size', 'predict_power_law', 'copy_bandwidth', 'MEMORY_METHOD']
 
 #: how memory is measured, stated in every output
 MEMORY_METHOD = {
