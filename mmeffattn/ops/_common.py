@@ -44,13 +44,22 @@ def window_attention(q_w: torch.Tensor, k_w: torch.Tensor, v_w: torch.Tensor,
     Two paths, one result (the NaN contract included): fp32 inputs with at least
     :data:`FUSED_MIN_KEYS` keys go through torch's fused ``scaled_dot_product_attention`` (2x
     faster than matmul + softmax on the CPU for VECA's patch-to-core attention, as fast at SEMA's
-    7x7 windows); everything else is a plain matmul and softmax (fp32 for 16-bit inputs). The fused
-    CPU kernel drops a NaN query when the keys are fewer than one SIMD block of fp32 lanes (a
-    finite row comes out: below 8 keys with AVX2, below 16 with AVX-512) and a NaN key at 1 key,
-    and is 3-5x slower than the plain form for bf16 training (torch 2.14, 2 cores);
+    7x7 windows), except masked windows that need a gradient; everything else is a plain matmul
+    and softmax (fp32 for 16-bit inputs). The fused CPU kernel drops a NaN query when the keys
+    are fewer than one SIMD block of fp32 lanes (a finite row comes out: below 8 keys with AVX2,
+    below 16 with AVX-512) and a NaN key at 1 key, and is 3-5x slower than the plain form for
+    bf16 training (torch 2.14, 2 cores);
     tests/reliability/test_nan_contract.py holds both paths to the contract.
     """
-    if q_w.dtype == torch.float32 and k_w.shape[-2] >= FUSED_MIN_KEYS:
+    fused = q_w.dtype == torch.float32 and k_w.shape[-2] >= FUSED_MIN_KEYS
+    if fused and mask is not None:
+        if torch.is_grad_enabled() and any(x.requires_grad for x in (q_w, k_w, v_w)):
+            fused = False  # a masked fused backward is 1.1-1.4x slower than the plain form's
+        else:
+            # the fused CPU kernel takes a mask of q's rank only: given [nW, 1, L] it runs its
+            # unfused math fallback, 1.2-1.8x slower at SEMA's windows on a padded grid
+            mask = mask.view((1,) * (q_w.dim() - mask.dim()) + tuple(mask.shape))
+    if fused:
         return F.scaled_dot_product_attention(q_w, k_w, v_w, attn_mask=mask, scale=scale)
     logits = (q_w * scale) @ k_w.transpose(-1, -2)  # [BH, nW, L, L]
     if mask is not None:

@@ -662,6 +662,25 @@ def test_reference_equals_window_slicing(case: Case) -> None:
     assert_close(out, expected, torch.float64, 'out')
 
 
+@pytest.mark.parametrize('train', [False, True], ids=['inference', 'training'])
+def test_reference_kernel_on_a_padded_grid(train: bool) -> None:
+    """fp32 on a grid padded to its windows (13 x 17, window 7: masked keys): inference runs
+    torch's fused CPU attention, not its silent math fallback (which a mask of the wrong rank
+    brings, 1.2-1.8x slower); training runs the plain matmul + softmax, faster there than the
+    fused kernel's masked backward. Both give the windows-by-slicing result."""
+    case = Case(1, 2, 13, 17, 7, 32, 'fp32')
+    q, k, v = (x.requires_grad_(train) for x in make_qkv(case, 'cpu'))
+    with torch.profiler.profile() as prof:
+        out = sema_attention(q, k, v, (13, 17), 7, backend='reference')
+    names = {e.key for e in prof.key_averages()}
+    fused = {'aten::_scaled_dot_product_flash_attention_for_cpu'}
+    assert (names & fused == set()) if train else fused <= names, sorted(names)
+    assert 'aten::_softmax' in names if train else 'aten::_softmax' not in names, sorted(names)
+    expected = windows_by_slicing(*(x.detach().double() for x in (q, k, v)), (13, 17), 7,
+                                  32 ** -0.5)
+    assert_close(out.detach().double(), expected, torch.float32, 'out')
+
+
 def test_reference_one_window_is_plain_attention() -> None:
     """A grid that is exactly one window, without the mean, is plain softmax attention; that also
     matches torch's scaled_dot_product_attention."""
