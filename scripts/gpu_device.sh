@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run tools/gpu_check.py on a lent GPU machine, from this repository's root there.
 #
-# Prepared here with `bash scripts/gpu_wheels.sh`; then one device call (README, Performance):
+# Prepared here with `bash scripts/gpu_wheels.sh`; then one device call (docs/perf/gpu.md):
 #   carry ['.whl'], timeout_s 600, command 'bash scripts/gpu_device.sh'
 # It installs the carried wheels (the machine has no network) into a private folder, runs every
 # step of gpu_check under a time limit that leaves room to pack up, and packs the out-dir into

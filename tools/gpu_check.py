@@ -22,8 +22,8 @@ smoke sizes (the kernels step checks the references, not the kernels): it proves
 e.g. on a copy of the GPU machine's software stack, and measures nothing.
 
 On a lent GPU machine, whose image has PyTorch and Triton but not the OpenMMLab stack, run it
-through ``scripts/gpu_device.sh`` with the wheels of ``scripts/gpu_wheels.sh`` (README,
-Performance).
+through ``scripts/gpu_device.sh`` with the wheels of ``scripts/gpu_wheels.sh``
+(``docs/perf/gpu.md``).
 """
 import argparse
 import importlib.util
