@@ -45,7 +45,8 @@ def window_attention(q_w: torch.Tensor, k_w: torch.Tensor, v_w: torch.Tensor,
     :data:`FUSED_MIN_KEYS` keys go through torch's fused ``scaled_dot_product_attention`` (2x
     faster than matmul + softmax on the CPU for VECA's patch-to-core attention, as fast at SEMA's
     7x7 windows), except masked windows that need a gradient; everything else is a plain matmul
-    and softmax (fp32 for 16-bit inputs). The fused CPU kernel drops a NaN query when the keys
+    and softmax (the softmax in fp32 for 16-bit inputs, the logits too for fp16, whose range
+    they can leave). The fused CPU kernel drops a NaN query when the keys
     are fewer than one SIMD block of fp32 lanes (a finite row comes out: below 8 keys with AVX2,
     below 16 with AVX-512) and a NaN key at 1 key, and is 3-5x slower than the plain form for
     bf16 training (torch 2.14, 2 cores);
@@ -61,6 +62,8 @@ def window_attention(q_w: torch.Tensor, k_w: torch.Tensor, v_w: torch.Tensor,
             mask = mask.view((1,) * (q_w.dim() - mask.dim()) + tuple(mask.shape))
     if fused:
         return F.scaled_dot_product_attention(q_w, k_w, v_w, attn_mask=mask, scale=scale)
+    if q_w.dtype == torch.float16:  # fp16 logits overflow past 65504 (the kernels' are fp32)
+        q_w, k_w = q_w.float(), k_w.float()
     logits = (q_w * scale) @ k_w.transpose(-1, -2)  # [BH, nW, L, L]
     if mask is not None:
         logits = logits.masked_fill(~mask, float('-inf'))

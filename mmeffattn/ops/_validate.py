@@ -61,6 +61,9 @@ def check_qkv(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if not (q.shape == k.shape == v.shape):
         raise ValueError(f'{op}: q, k, v must have the same shape [B, heads, {tokens}, D], got '
                          f'q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}')
+    if q.numel() == 0:
+        raise ValueError(f'{op}: q, k, v are empty, shape {tuple(q.shape)} [B, heads, {tokens}, '
+                         f'D]; every dim must be at least 1 (leave empty batches out of the call)')
     check_alike(op, (('q', q), ('k', k), ('v', v)))
 
 

@@ -469,8 +469,8 @@ def test_cpu_without_interpreter(monkeypatch, spies) -> None:
 
 
 def test_unsupported_inputs_fall_back(monkeypatch, spies) -> None:
-    """fp64 (gradcheck through the public op), head dims over 128, and bf16 under the
-    interpreter run the reference automatically; forcing Triton names the reason."""
+    """fp64 (gradcheck through the public op), head dims over 128 or under 16, and bf16 under
+    the interpreter run the reference automatically; forcing Triton names the reason."""
     monkeypatch.delenv(_backend.ENV_VAR, raising=False)
     (q, k, v), rope = small_inputs(torch.float64)
     core_periphery_attention(q, k, v, 3, rope=rope)
@@ -480,10 +480,15 @@ def test_unsupported_inputs_fall_back(monkeypatch, spies) -> None:
     assert spies == ['reference'] * 2
     with pytest.raises(RuntimeError, match='head dim 192 > 128'):
         core_periphery_attention(q, k, v, 3, backend='triton')
+    (q, k, v), rope = small_inputs(D=8)  # narrower than the kernels' tiles
+    core_periphery_attention(q, k, v, 3, rope=rope)
+    assert spies == ['reference'] * 3
+    with pytest.raises(RuntimeError, match='head dim 8 < 16'):
+        core_periphery_attention(q, k, v, 3, backend='triton')
     if _backend.TRITON_INTERPRET and not HAS_CUDA:
         (q, k, v), rope = small_inputs(torch.bfloat16)
         core_periphery_attention(q, k, v, 3, rope=rope)
-        assert spies == ['reference'] * 3
+        assert spies == ['reference'] * 4
         with pytest.raises(RuntimeError, match='bfloat16'):
             core_periphery_attention(q, k, v, 3, rope=rope, backend='triton')
 
@@ -512,6 +517,7 @@ def _bad_inputs():
         ('dtype', (x, x.half(), x, 3), {}, r'same dtype.*cast them'),
         ('int', (x.long(),) * 3 + (3,), {}, r'floating point'),
         ('device', (x, x.to('meta'), x, 3), {}, r'one device'),
+        ('empty-heads', (x[:, :0],) * 3 + (3,), {}, r'q, k, v are empty, shape \(2, 0, 12, 16\)'),
         ('cores-0', (x, x, x, 0), {}, r'num_cores=0 is out of range.*1 <= num_cores < C \+ N'),
         ('cores-all', (x, x, x, 12), {}, r'num_cores=12 is out of range for C \+ N = 12'),
         ('cores-float', (x, x, x, 3.0), {}, r'num_cores must be an int'),
@@ -522,6 +528,8 @@ def _bad_inputs():
         ('rope-one', (x, x, x, 3), dict(rope=(t,)), r'pair of tensors.*length 1'),
         ('rope-heads-dim', (x, x, x, 3), dict(rope=(t[:, None], t[:, None])),
          r'rope cos must be \[B or 1, C \+ N, D\] = \[2 or 1, 12, 16\].*squeeze\(1\)'),
+        ('rope-batch-1', (x[:1],) * 3 + (3,), dict(rope=(t[:1, :11], t[:1, :11])),
+         r'= \[1, 12, 16\] \(shared'),
         ('rope-tokens', (x, x, x, 3), dict(rope=(t[:, :11], t[:, :11])), r'got \(2, 11, 16\)'),
         ('rope-batch', (x, x, x, 3), dict(rope=(torch.zeros(3, 12, 16),) * 2), r'\[2 or 1'),
         ('rope-sin', (x, x, x, 3), dict(rope=(t, t[:1, :, :8])), r'rope sin must be'),

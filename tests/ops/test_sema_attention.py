@@ -681,6 +681,20 @@ def test_reference_kernel_on_a_padded_grid(train: bool) -> None:
     assert_close(out.detach().double(), expected, torch.float32, 'out')
 
 
+def test_reference_fp16_logits_past_the_fp16_range() -> None:
+    """fp16 inputs whose logits exceed 65504 (fp16's largest value): the reference computes
+    them in fp32, as the kernels do, and matches float64 instead of giving NaN rows."""
+    case = Case(1, 2, 9, 10, 7, 32, 'fp32', with_mean=False)
+    q, k, v = make_qkv(case, 'cpu')
+    q, k = (q * 130).half(), (k * 130).half()
+    q[0, 0, 0] = 1.5 * k[0, 0, 5]  # one logit near 1.6e5
+    out = sema_attention(q, k, v.half(), (9, 10), 7, with_mean=False, backend='reference')
+    expected = sema_attention(q.double(), k.double(), v.half().double(), (9, 10), 7,
+                              with_mean=False, backend='reference')
+    assert torch.isfinite(out).all()
+    assert_close(out, expected, torch.float16, 'out')
+
+
 def test_reference_one_window_is_plain_attention() -> None:
     """A grid that is exactly one window, without the mean, is plain softmax attention; that also
     matches torch's scaled_dot_product_attention."""
@@ -920,6 +934,8 @@ def _bad_inputs():
         ('dtype', (x, x.half(), x, (5, 6), 4), r'same dtype.*cast them'),
         ('int', (x.long(),) * 3 + ((5, 6), 4), r'floating point'),
         ('device', (x, x.to('meta'), x, (5, 6), 4), r'one device'),
+        ('empty-batch', (torch.zeros(0, 2, 30, 16),) * 3 + ((5, 6), 4),
+         r'q, k, v are empty, shape \(0, 2, 30, 16\).*every dim must be at least 1'),
     ]
 
 
@@ -932,8 +948,9 @@ def test_invalid_out_layout() -> None:
 @pytest.mark.parametrize('kwargs,match', [
     (dict(return_mean=True, with_mean=False), r'return_mean=True .* needs with_mean=True'),
     (dict(return_mean=1), r'return_mean must be True or False, got 1'),
-    (dict(return_mean=None), r'return_mean must be True or False')],
-    ids=['without-mean', 'int', 'none'])
+    (dict(return_mean=None), r'return_mean must be True or False'),
+    (dict(with_mean='no'), r"with_mean must be True or False, got 'no'")],
+    ids=['without-mean', 'int', 'none', 'with-mean-str'])
 def test_invalid_return_mean(kwargs, match) -> None:
     x, qk = torch.zeros(1, 2, 30, 16), torch.zeros(1, 30, 2, 2, 16)
     with pytest.raises(ValueError, match=f'sema_attention: {match}'):
@@ -959,7 +976,8 @@ def _bad_qk_inputs():
         ('v-tokens-major', (qk, v.transpose(1, 2), (5, 6), 4),
          r'v must be \[B, heads, N, D\] = \(1, 2, 30, 16\) to match qk'),
         ('tokens', (qk, v, (5, 5), 4), r'sema_attention_qk: q has N=30 tokens'),
-        ('dtype', (qk, v.half(), (5, 6), 4), r'sema_attention_qk: .*same dtype'),
+        ('dtype', (qk, v.half(), (5, 6), 4), r'sema_attention_qk: qk and v .*same dtype'),
+        ('int', (qk.long(), v, (5, 6), 4), r'sema_attention_qk: qk must be floating point'),
         ('head-dim', (torch.zeros(1, 30, 2, 2, 8), torch.zeros(1, 2, 30, 8), (5, 6), 4),
          r'sema_attention_qk: head dim D=8'),
         ('out-layout', (qk, v, (5, 6), 4, 'bnc'), r'sema_attention_qk: out_layout'),

@@ -91,6 +91,10 @@ CASES = {
         lambda backend, x, kernel, weight: ops.dynamic_dwconv(
             x, kernel, None, weight, normalize=True, backend=backend),
         lambda: dict(x=_randn(1, 2, 4, 5), kernel=_randn(1, 2, 3, 3), weight=_randn(2, 3, 3))),
+    # K // 2 = 3 >= the map's 2 rows: some taps reach no pixel at all
+    'dynamic_dwconv-kernel-wider-than-map': Case(
+        lambda backend, x, kernel: ops.dynamic_dwconv(x, kernel, backend=backend),
+        lambda: dict(x=_randn(1, 2, 2, 3), kernel=_randn(1, 2, 7, 7))),
     'laplacian_kernel': Case(
         lambda backend, x, y: ops.laplacian_kernel(x, y, 2.0, backend=backend),
         lambda: dict(x=_randn(1, 2, 5, 16), y=_randn(1, 2, 4, 16))),

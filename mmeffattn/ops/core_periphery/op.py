@@ -11,8 +11,9 @@ from .._common import import_kernels, offsets_reason, token_offsets_fit
 from .._validate import check_alike, check_int, check_qkv, check_real
 from .naive import core_periphery_attention_naive
 
-#: the kernels pad the head dim to a power of two >= 16 with masks, up to this
-MAX_TRITON_HEAD_DIM = 128
+#: head dims the kernels run (they pad D to a power of two with masks; their forward tiles are
+#: tuned from 16 channels up, so a narrower head runs the reference)
+MIN_TRITON_HEAD_DIM, MAX_TRITON_HEAD_DIM = 16, 128
 core_periphery_attention_triton, _KERNELS_IMPORT_ERROR = import_kernels(
     __package__, 'core_periphery_attention_triton', module='library')
 
@@ -26,8 +27,6 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_cores: 
     """Raise ValueError naming the problem and the fix; return rope as a ``(cos, sin)`` tuple."""
     check_qkv(_NAME, q, k, v, tokens='C + N')
     B, _, L, D = q.shape
-    if B == 0 or q.shape[1] == 0 or D == 0:
-        raise ValueError(f'{_NAME}: q has an empty batch, head or channel dim: {tuple(q.shape)}')
     check_real(_NAME, 'scale', scale, 'the logit scale, D ** -0.5 by default', optional=True)
     C = check_int(_NAME, 'num_cores', num_cores)
     if not 1 <= C < L:
@@ -48,7 +47,8 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_cores: 
                          f'pass rope=None')
     for name, t in (('cos', cos), ('sin', sin)):
         if t.dim() != 3 or t.shape[0] not in (1, B) or tuple(t.shape[1:]) != (L, D):
-            raise ValueError(f'{_NAME}: rope {name} must be [B or 1, C + N, D] = [{B} or 1, {L}, '
+            batch = '1' if B == 1 else f'{B} or 1'
+            raise ValueError(f'{_NAME}: rope {name} must be [B or 1, C + N, D] = [{batch}, {L}, '
                              f'{D}] (shared by the heads), got {tuple(t.shape)}; drop a heads dim '
                              f'with .squeeze(1) or broadcast a [C + N, D] table with .unsqueeze(0)')
     check_alike(_NAME, (('q', q), ('rope cos', cos), ('rope sin', sin)), same_dtype=False)
@@ -67,6 +67,9 @@ def core_periphery_triton_reasons(q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     # cos and sin are cast to q's dtype before the kernels, so only q, k, v dtypes matter
     reasons = triton_reasons('core-periphery', _KERNELS_IMPORT_ERROR, tensors + tuple(rope or ()),
                              tensors, SUPPORTED_DTYPES, interpret=interpret)
+    if q.shape[-1] < MIN_TRITON_HEAD_DIM:
+        reasons.append(f'head dim {q.shape[-1]} < {MIN_TRITON_HEAD_DIM} (the kernels\' tiles '
+                       f'are at least {MIN_TRITON_HEAD_DIM} channels wide)')
     if q.shape[-1] > MAX_TRITON_HEAD_DIM:
         reasons.append(f'head dim {q.shape[-1]} > {MAX_TRITON_HEAD_DIM} (the kernels hold a '
                        f'whole head in one tile)')

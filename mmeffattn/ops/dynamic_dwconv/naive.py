@@ -43,6 +43,8 @@ def _conv_by_taps(x: torch.Tensor, k: torch.Tensor, b: Optional[torch.Tensor]) -
     out = x.new_zeros(x.shape) if b is None else b.reshape(B, C, 1, 1).expand_as(x).clone()
     for t in range(K * K):
         dh, dw = t // K - K // 2, t % K - K // 2  # out[h, w] += x[h + dh, w + dw] * k[t]
+        if abs(dh) >= H or abs(dw) >= W:  # the tap reaches no pixel (K // 2 >= the map side)
+            continue
         out[:, :, max(0, -dh):H - max(0, dh), max(0, -dw):W - max(0, dw)] += (
             x[:, :, max(0, dh):H - max(0, -dh), max(0, dw):W - max(0, -dw)] * k[:, :, t])
     return out

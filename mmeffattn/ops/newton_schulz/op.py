@@ -29,8 +29,9 @@ def _check_inputs(a: torch.Tensor, iters: int, eps: float) -> int:
     if a.shape[2] != a.shape[3]:
         raise ValueError(f'{_NAME}: a must hold square matrices [B, heads, M, M], got shape '
                          f'{tuple(a.shape)}; pass the landmark-landmark kernel matrix')
-    if a.shape[2] < 1:
-        raise ValueError(f'{_NAME}: a must hold at least 1x1 matrices, got {tuple(a.shape)}')
+    if a.numel() == 0:
+        raise ValueError(f'{_NAME}: a is empty, shape {tuple(a.shape)} [B, heads, M, M]; every '
+                         f'dim must be at least 1 (leave empty batches out of the call)')
     check_alike(_NAME, (('a', a), ))
     check_real(_NAME, 'eps', eps, 'the diagonal added to a', nonnegative=True)
     return check_int(_NAME, 'iters', iters, 0, 'the number of Newton-Schulz steps')
@@ -50,9 +51,12 @@ def check_converged(a: torch.Tensor, inv: torch.Tensor, iters: int, eps: float) 
                          f'to an inverse of a + eps I (residual ||P inv - I||_F / sqrt(M) >= '
                          f'{MAX_RESIDUAL:g}; [batch, head] residual: {shown}'
                          f'{", ..." if len(bad) > 4 else ""}) after iters={iters}: the matrix is '
-                         f'singular (e.g. all zero), or too ill-conditioned or not symmetric '
-                         f'enough for the iteration. Add eps > 0 (eps={eps:g} now) or iterations; '
-                         f'pass check=False to get the iterate anyway')
+                         f'singular (e.g. all zero), too ill-conditioned for that many steps (add '
+                         f'eps > 0, eps={eps:g} now, or iterations), or outside what the '
+                         f'iteration inverts (not symmetric enough, or negative entries that make '
+                         f'its largest row sum smaller than its largest eigenvalue: more steps '
+                         f'cannot help; it is meant for kernel matrices with nonnegative '
+                         f'entries). Pass check=False to get the iterate anyway')
 
 
 def newton_schulz_triton_reasons(a: torch.Tensor, interpret: Optional[bool] = None) -> List[str]:
@@ -78,9 +82,12 @@ def newton_schulz_pinv(a: torch.Tensor, iters: int, eps: float, *,
                                                  # the float range (|s| outside 1e-18..1e18)
         repeat iters times:  V = 2 V - (V P) V
 
-    Converges to ``P^{-1}`` when ``||I - alpha P^2|| < 1`` (e.g. ``P`` symmetric positive
-    definite, as a Laplacian kernel matrix plus ``eps I``); the number of steps it needs grows
-    with ``log(cond(P))``. :func:`newton_schulz_residual` reports how far a result is from the
+    Converges to ``P^{-1}`` when ``||I - alpha P^2|| < 1``, e.g. for ``P`` symmetric positive
+    definite with nonnegative entries (a Laplacian kernel matrix plus ``eps I``), whose largest
+    row sum bounds its eigenvalues; the number of steps it needs grows with ``log(cond(P))``. A
+    matrix with negative entries can have a largest row sum below its largest eigenvalue (e.g.
+    ``[[2, -1.9], [-1.9, 2]]``: row sums 0.1, eigenvalues 0.1 and 3.9), and then it diverges
+    however many steps it runs. :func:`newton_schulz_residual` reports how far a result is from the
     inverse; ``check`` uses it to raise on a matrix the iteration could not invert.
 
     Non-finite inputs (the NaN contract of every op, the same on the reference and on Triton): a

@@ -7,7 +7,7 @@ import torch
 from .._backend import KERNEL_DTYPES as SUPPORTED_DTYPES  # noqa: F401 (public)
 from .._backend import dispatch, triton_reasons
 from .._common import import_kernels, offsets_reason, token_offsets_fit
-from .._validate import check_int, check_qkv, check_real, check_tensor
+from .._validate import check_alike, check_int, check_qkv, check_real, check_tensor
 from .naive import sema_attention_naive, sema_attention_qk_naive, unbind_qk
 
 sema_attention_triton, sema_attention_qk_triton, _KERNELS_IMPORT_ERROR = import_kernels(
@@ -57,10 +57,12 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: Sequenc
     return H, W
 
 
-def _check_return_mean(name: str, with_mean: bool, return_mean: bool) -> None:
-    """``return_mean`` must be a bool, and True only with the mean term (``with_mean``)."""
-    if not isinstance(return_mean, bool):
-        raise ValueError(f'{name}: return_mean must be True or False, got {return_mean!r}')
+def _check_mean_flags(name: str, with_mean: bool, return_mean: bool) -> None:
+    """``with_mean`` and ``return_mean`` must be bools, ``return_mean`` True only with the mean
+    term (``with_mean``)."""
+    for flag, value in (('with_mean', with_mean), ('return_mean', return_mean)):
+        if not isinstance(value, bool):
+            raise ValueError(f'{name}: {flag} must be True or False, got {value!r}')
     if return_mean and not with_mean:
         raise ValueError(f'{name}: return_mean=True returns the value mean instead of adding '
                          f'it, so it needs with_mean=True (with_mean=False has no mean)')
@@ -128,7 +130,7 @@ def sema_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: Tuple[
         RuntimeError: ``backend='triton'`` on inputs the kernels cannot run (lists the reasons).
     """
     hw = _check_inputs(q, k, v, hw, window_size, scale, out_layout)
-    _check_return_mean(_NAME, with_mean, return_mean)
+    _check_mean_flags(_NAME, with_mean, return_mean)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     return dispatch(_NAME, backend, lambda: sema_triton_reasons(q, k, v), (q, k, v),
                     sema_attention_triton, sema_attention_naive, q, k, v, hw,
@@ -175,6 +177,7 @@ def sema_attention_qk(qk: torch.Tensor, v: torch.Tensor, hw: Tuple[int, int], wi
                  '.reshape(B, N, 2, heads, D)')
     check_tensor(_NAME_QK, 'v', v, '[B, heads, N, D]',
                  'reshape tokens [B, N, heads*D] with .reshape(B, N, heads, D).transpose(1, 2)')
+    check_alike(_NAME_QK, (('qk', qk), ('v', v)))  # (before the unbound views' checks)
     B, N, two, nh, D = qk.shape
     if two != 2:
         raise ValueError(f'{_NAME_QK}: qk must be [B, N, 2, heads, D] (queries then keys on dim '
@@ -184,7 +187,7 @@ def sema_attention_qk(qk: torch.Tensor, v: torch.Tensor, hw: Tuple[int, int], wi
                          f'[B, N, 2, heads, D] {tuple(qk.shape)}, got {tuple(v.shape)}')
     q, k = unbind_qk(qk)  # views, only for the checks
     hw = _check_inputs(q, k, v, hw, window_size, scale, out_layout, name=_NAME_QK)
-    _check_return_mean(_NAME_QK, with_mean, return_mean)
+    _check_mean_flags(_NAME_QK, with_mean, return_mean)
     scale = D ** -0.5 if scale is None else float(scale)
     return dispatch(_NAME_QK, backend, lambda: sema_triton_reasons(q, k, v), (qk, v),
                     sema_attention_qk_triton, sema_attention_qk_naive, qk, v, hw,
