@@ -91,10 +91,12 @@ def core_periphery_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     Non-finite inputs (the NaN contract of every op, the same on the reference and on Triton): a
     NaN in an input element makes exactly the outputs that depend on it NaN and leaves every
     other output unchanged; an inf follows IEEE arithmetic through the formula above, so a
-    dependent output is non-finite or the formula's limit (a -inf logit gives its key zero weight, a +inf
-    one makes its row NaN). A query reaches its own row; a core key or value every row (a patch
-    one the core rows); a rope entry the rows its rotated q and k reach. The reference does not
-    use torch's fused attention, whose CPU kernel dropped a NaN query when there were few keys.
+    dependent output is non-finite or the formula's limit (a -inf logit gives its key zero
+    weight, a +inf one makes its row NaN). A query reaches its own row; a core key or value
+    every row (a patch one the core rows); a rope entry the rows its rotated q and k reach. One
+    exception, fp32 on the reference: a row whose every logit is -inf (only infinite q or k
+    entries make one) comes out 0 rather than NaN, as torch's fused attention gives it (see
+    :func:`mmeffattn.ops._common.window_attention`, which uses it from 16 keys up).
 
     Args:
         q, k, v: ``[B, heads, C + N, D]``, one dtype and device, any strides.

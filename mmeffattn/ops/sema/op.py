@@ -93,10 +93,13 @@ def sema_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: Tuple[
     Non-finite inputs (the NaN contract of every op, the same on the reference and on Triton): a
     NaN in an input element makes exactly the outputs that depend on it NaN and leaves every
     other output unchanged; an inf follows IEEE arithmetic through the formula above, so a
-    dependent output is non-finite or the formula's limit (a -inf logit gives its key zero weight, a +inf
-    one makes its row NaN). A query reaches its own row, a key every row of its window, a value
-    its channel in the rows of its window (in every row with ``with_mean``; with ``return_mean``
-    its channel of the returned mean instead).
+    dependent output is non-finite or the formula's limit (a -inf logit gives its key zero
+    weight, a +inf one makes its row NaN). A query reaches its own row, a key every row of its
+    window, a value its channel in the rows of its window (in every row with ``with_mean``; with
+    ``return_mean`` its channel of the returned mean instead). One exception, fp32 on the
+    reference with windows of 16 keys or more: a row whose every logit is -inf (only infinite q
+    or k entries make one) comes out finite rather than NaN, as torch's fused attention gives
+    it (see :func:`mmeffattn.ops._common.window_attention`).
 
     Args:
         q, k, v: ``[B, heads, N, D]``, ``N = H * W`` tokens in row-major order, ``16 <= D <= 128``,
