@@ -46,7 +46,8 @@ def setup_launcher(cfg: Config, launcher: str) -> None:
 
 
 def enable_amp(cfg: Config) -> None:
-    """``--amp``: fp16 with dynamic loss scaling on a GPU, bf16 autocast on the CPU."""
+    """``--amp``: fp16 with dynamic loss scaling on a GPU, bf16 autocast on the CPU (refused
+    for models that run mmcv's NMS while training, whose CPU kernel takes no bf16)."""
     optim_wrapper = cfg.optim_wrapper.get('type', 'OptimWrapper')
     if optim_wrapper in ('AmpOptimWrapper', 'mmeffattn.CPUAutocastOptimWrapper'):
         return
@@ -57,8 +58,33 @@ def enable_amp(cfg: Config) -> None:
     if torch.cuda.is_available():
         cfg.optim_wrapper.type = 'AmpOptimWrapper'
         cfg.optim_wrapper.setdefault('loss_scale', 'dynamic')
-    else:
-        cfg.optim_wrapper.type = 'mmeffattn.CPUAutocastOptimWrapper'
+        return
+    nms_key = _training_nms_key(cfg.get('model', {}).get('train_cfg'), 'model.train_cfg')
+    if nms_key:
+        raise ValueError(f'--amp on the CPU trains under bf16 autocast, but this model runs '
+                         f"mmcv's NMS while training ({nms_key}), whose CPU kernel takes fp32 "
+                         f'boxes only (it stops with "expected scalar type Float but found '
+                         f'BFloat16"). Train this config without --amp on a CPU, or with --amp '
+                         f"on a GPU (fp16, which mmcv's CUDA NMS takes)")
+    cfg.optim_wrapper.type = 'mmeffattn.CPUAutocastOptimWrapper'
+
+
+def _training_nms_key(train_cfg: object, key: str) -> Optional[str]:
+    """The dotted config key of the first ``nms`` setting in a model's ``train_cfg`` (e.g. Mask
+    R-CNN's RPN proposals, ``model.train_cfg.rpn_proposal.nms``), None if it has none."""
+    if isinstance(train_cfg, dict):
+        for name, value in train_cfg.items():
+            if name == 'nms' and value is not None:
+                return f'{key}.nms'
+            found = _training_nms_key(value, f'{key}.{name}')
+            if found:
+                return found
+    elif isinstance(train_cfg, (list, tuple)):  # e.g. Cascade R-CNN's per-stage rcnn settings
+        for i, value in enumerate(train_cfg):
+            found = _training_nms_key(value, f'{key}[{i}]')
+            if found:
+                return found
+    return None
 
 
 def prepare_runtime() -> None:
