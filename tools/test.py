@@ -163,6 +163,11 @@ def main(argv=None) -> dict:
     if args.show_dir:
         enable_visualization(cfg, args.show_dir)
     check_dataset_paths(cfg, ['test'])
+    # A test run trains nothing. With a training loop configured, a hook that reads runner.iter
+    # (mmseg's visualization hook) builds it, and with it the training set, which the machine
+    # that tests may not have.
+    for key in ('train_dataloader', 'train_cfg', 'optim_wrapper', 'param_scheduler'):
+        cfg[key] = None
     setup_launcher(cfg, args.launcher)
 
     from mmengine.config import Config

@@ -71,3 +71,11 @@ def test_upernet_on_ade20k_sample(tmp_path, config, shared_data):
     assert 'mIoU' in metrics and 0.0 <= metrics['mIoU'] <= 100.0
     import glob
     assert glob.glob(str(tmp_path / 'vis' / '**' / '*.png'), recursive=True), 'nothing drawn'
+    # testing needs no training set: mmseg's visualization hook reads runner.iter, which built
+    # the training loop and its data loader until tools/test.py dropped them
+    out_json2 = str(tmp_path / 'metrics2.json')
+    run_tool(['tools/test.py', cfg, ckpt, '--work-dir', work, '--out-json', out_json2,
+              '--show-dir', str(tmp_path / 'vis2'), '--cfg-options',
+              f'train_dataloader.dataset.data_root={tmp_path / "no_training_set"}'])
+    assert json.load(open(out_json2))['metrics'] == metrics
+    assert glob.glob(str(tmp_path / 'vis2' / '**' / '*.png'), recursive=True), 'nothing drawn'
