@@ -11,6 +11,7 @@ Two problems that every OpenMMLab user of this stack meets, solved once here:
   (``device_ids=None``).
 """
 import os
+import os.path as osp
 
 import torch
 import torch.distributed as dist
@@ -66,6 +67,23 @@ def register_config_package() -> None:
     mmengine 0.10.7 resolves ``pkg::`` only for packages in its fixed ``MODULE2PACKAGE`` table,
     so the name is added there; it then finds the configs under ``mmeffattn/.mim/configs``. This
     runs on ``import mmeffattn``, i.e. in our tools before any config is parsed.
+
+    mmengine finds that folder beside the installed distribution's metadata, which an editable
+    install (``pip install -e .``) keeps in site-packages, where no ``mmeffattn`` folder is:
+    the lookup then worked only from the project root (whose ``mmeffattn.egg-info`` it found
+    first). So the config module's lookup is told where this package really is.
     """
+    from mmengine.config import config as cfg_module
     from mmengine.config import utils as cfg_utils
     cfg_utils.MODULE2PACKAGE.setdefault('mmeffattn', 'mmeffattn')
+    lookup = cfg_module.get_installed_path
+    if getattr(lookup, 'mmeffattn_aware', False):
+        return
+
+    def get_installed_path(package: str) -> str:
+        if package == 'mmeffattn':
+            return osp.dirname(osp.dirname(osp.abspath(__file__)))  # mmeffattn/engine/..
+        return lookup(package)
+
+    get_installed_path.mmeffattn_aware = True
+    cfg_module.get_installed_path = get_installed_path

@@ -57,6 +57,20 @@ def test_config_inherits_from_another_package_via_mim(tmp_path):
     assert cfg.model.backbone.drop_path_rate == 0.0
 
 
+def test_mim_inheritance_works_outside_the_project_root(tmp_path):
+    """From another directory too: there an editable install's metadata in site-packages, beside
+    no ``mmeffattn`` folder, sent mmengine to a missing ``.mim/model-index.yml``."""
+    import subprocess
+    import sys
+    (tmp_path / 'my_cfg.py').write_text(
+        "_base_ = 'mmeffattn::sema/mask-rcnn_sema-t_fpn_1x_coco.py'\n")
+    code = ('import mmeffattn; from mmengine.config import Config; '
+            'print(Config.fromfile("my_cfg.py").model.backbone.type)')
+    res = subprocess.run([sys.executable, '-c', code], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0 and res.stdout.split()[-1] == 'mmeffattn.SEMA', res.stderr[-2000:]
+
+
 def test_mila_configs_build_the_registered_mila_class():
     """configs/mila use type='mmeffattn.MILA'; the model is the one SEMA(attn_type='linear')
     built before (same parameter names and shapes)."""
