@@ -187,6 +187,44 @@ def test_pretrained_other_family_raises_and_names_it(name, tmp_path):
         assert torch.equal(v, before[k]), k
 
 
+PAIRS = [(a, b) for a in NAMES for b in NAMES if a != b and {a, b} != {'MILA', 'SEMA'}]
+
+
+@pytest.mark.parametrize('name,other', PAIRS, ids=[f'{b}-into-{a}' for a, b in PAIRS])
+def test_every_other_family_is_named(name, other, tmp_path):
+    """Each family's checkpoint, loaded (with the right prefix) into each other family, is named
+    as what it is (SEMA's value-projection check once read a WeightFormer checkpoint as MILA's
+    and a VECA one as SEMA's)."""
+    path = _save(build(other).state_dict(), tmp_path / 'other.pth', 'backbone.')
+    model = build(name, init_cfg=dict(type='Pretrained', checkpoint=path, prefix='backbone.'))
+    with pytest.raises(RuntimeError, match=rf'looks like a {other} checkpoint, not a {name} one'):
+        model.init_weights()
+
+
+@pytest.mark.parametrize('name,arch,other_arch', [('SEMA', 's', 't'), ('WeightFormer', 't', 's')])
+def test_checkpoint_of_another_arch_names_it(name, arch, other_arch, tmp_path):
+    """A checkpoint of another arch of the same family: the error names the arch it fits (its
+    keys and shapes), not another family."""
+    with torch.device('meta'):
+        state = FAMILIES[name](arch=other_arch).state_dict()
+    path = _save({k: torch.zeros(v.shape, dtype=v.dtype) for k, v in state.items()},
+                 tmp_path / 'ckpt.pth', 'backbone.')
+    model = FAMILIES[name](arch=arch, init_cfg=dict(type='Pretrained', checkpoint=path,
+                                                     prefix='backbone.'))
+    with pytest.raises(RuntimeError, match=rf"fits {name}\(arch='{other_arch}'\), not this model"):
+        model.init_weights()
+
+
+def test_whole_model_checkpoint_without_prefix_is_not_called_foreign(tmp_path):
+    """Our own classifier checkpoint given without its prefix: the error points at the prefix,
+    not at 'weights of another architecture'."""
+    path = _save(build('SEMA').state_dict(), tmp_path / 'cls.pth', 'backbone.')
+    model = build('SEMA', init_cfg=dict(type='Pretrained', checkpoint=path))
+    with pytest.raises(RuntimeError, match=r"lie under 'backbone\.'") as info:
+        model.init_weights()
+    assert 'another architecture' not in str(info.value)
+
+
 def test_sema_checkpoint_into_mila_names_the_cause(tmp_path):
     """issue 13: this loaded with only a WARNING ('ignoring 36 unexpected keys')."""
     path = _save(FAMILIES['SEMA'](arch='tiny').state_dict(), tmp_path / 'sema.pth', 'backbone.')

@@ -752,20 +752,28 @@ class SEMA(BaseBackbone):
         return (f'{self.__class__.__name__}(arch={self.arch_settings}, '
                 f'attn_type={self.attn_type!r}{cfg})')
 
+    @classmethod
+    def checkpoint_family(cls, keys: List[str]) -> str:
+        """Which of SEMA and MILA a checkpoint of this signature is: SEMA's has the value
+        projection ``attn.v``."""
+        return 'SEMA' if any('.attn.v.' in k for k in keys) else 'MILA'
+
     def mismatch_cause(self, missing: List[str], unexpected: List[str],
                        mismatched: List[str]) -> Optional[str]:
-        # SEMA and MILA differ by SEMA's value projection attn.v, with all other keys shared
-        if self.attn_type == 'linear' and any('.attn.v.' in k for k in unexpected):
-            return ("This looks like a SEMA checkpoint: MILA (attn_type='linear') has no value "
-                    "projection (attn.v); build mmeffattn.SEMA for it, or pick a MILA/MLLA "
-                    'checkpoint.')
-        if any('.attn.v.' in k for k in unexpected) and \
-                not any('.attn.v.' in k for k in missing):
+        # SEMA and MILA of one arch differ by SEMA's value projection attn.v alone: only a
+        # mismatch of exactly those keys is that (another family's or arch's differs elsewhere)
+        def only_v(keys: List[str]) -> bool:
+            return bool(keys) and all('.attn.v.' in k for k in keys)
+
+        if only_v(unexpected) and not missing and not mismatched:
+            if self.attn_type == 'linear':
+                return ("This looks like a SEMA checkpoint: MILA (attn_type='linear') has no "
+                        "value projection (attn.v); build mmeffattn.SEMA for it, or pick a "
+                        'MILA/MLLA checkpoint.')
             return ('The checkpoint has a value projection (attn.v) that this model, built with '
                     'value_proj=False, lacks: build it with value_proj=True (the default), or '
                     'pick a checkpoint trained without it.')
-        if self.attn_type == 'sema' and any('.attn.v.' in k for k in missing) and \
-                not any('.attn.v.' in k for k in unexpected):
+        if self.attn_type == 'sema' and only_v(missing) and not unexpected and not mismatched:
             return ("This looks like a MILA/MLLA checkpoint: it has no value projection "
                     "(attn.v) that SEMA needs; build mmeffattn.MILA for it, or pick a SEMA "
                     'checkpoint.')

@@ -217,10 +217,15 @@ def guess_family(keys: List[str], exclude: type) -> Optional[str]:
     if own and any(re.search(own, k) for k in keys):
         return None
     from ..backbones.base import backbone_families  # (the backbones import this module)
-    for name, cls in backbone_families().items():
-        sig = getattr(cls, 'checkpoint_signature', None)
-        if sig and not issubclass(exclude, cls) and any(re.search(sig, k) for k in keys):
-            return name
+    matches = [(name, cls) for name, cls in backbone_families().items()
+               if getattr(cls, 'checkpoint_signature', None) and not issubclass(exclude, cls)
+               and any(re.search(cls.checkpoint_signature, k) for k in keys)]
+    # a subclass inherits its base's signature (MILA is SEMA with linear attention): the base
+    # names the checkpoint, through its checkpoint_family(keys) where it has one
+    for name, cls in matches:
+        if not any(cls is not other and issubclass(cls, other) for _, other in matches):
+            refine = getattr(cls, 'checkpoint_family', None)
+            return refine(keys) if refine else name
     return None
 
 
@@ -329,22 +334,51 @@ class StrictPretrainedMixin:
         load_state_dict_strict(
             self, state_dict, f'Checkpoint {checkpoint!r}', describe=self.describe(),
             optional_keys=self.optional_keys, ignorable_keys=self.ignorable_keys, strict=strict,
-            hint=lambda m, u, s: self._mismatch_hint(m, u, s, prefix), logger=logger)
+            hint=lambda m, u, s: self._mismatch_hint(m, u, s, prefix, state_dict), logger=logger)
         logger.info(f'{self.__class__.__name__}: loaded {len(state_dict)} tensors from '
                     f'{checkpoint!r}' + (f' (prefix {prefix!r})' if prefix else ''))
 
+    def fitting_archs(self, state_dict: StateDict) -> List[str]:
+        """The ``arch_zoo`` entries whose model (this class, default options otherwise) has
+        exactly the checkpoint's keys and shapes, up to :attr:`optional_keys` the checkpoint
+        may lack and :attr:`ignorable_keys` it may add; built on the meta device (no memory)."""
+        want = {k: tuple(v.shape) for k, v in state_dict.items()
+                if not (self.ignorable_keys and re.search(self.ignorable_keys, k))}
+        names, seen = [], []
+        for name, settings in (getattr(type(self), 'arch_zoo', None) or {}).items():
+            if settings in seen:  # an alias ('t' and 'tiny')
+                continue
+            seen.append(settings)
+            try:
+                with torch.device('meta'):
+                    have = {k: tuple(v.shape) for k, v in type(self)(arch=name).state_dict().items()}
+            except Exception:  # an arch that needs other options: no guess from it
+                continue
+            if all(have.get(k) == shape for k, shape in want.items()) and all(
+                    k in want for k in have
+                    if not (self.optional_keys and re.search(self.optional_keys, k))):
+                names.append(name)
+        return names
+
     def _mismatch_hint(self, missing: List[str], unexpected: List[str], mismatched: List[str],
-                       prefix: Optional[str]) -> str:
-        # a checkpoint sharing (almost) no key with the model, of no family of ours: foreign
-        # weights (checked first: a family's own guess assumes a near miss)
+                       prefix: Optional[str], state_dict: Optional[StateDict] = None) -> str:
+        found = guess_prefix(self.prefix_probe, unexpected) if missing else None
+        # a checkpoint sharing (almost) no key with the model, of no family of ours and not
+        # the model under another prefix: foreign weights (checked first: a family's own guess
+        # assumes a near miss)
         foreign = bool(unexpected) and len(missing) >= 0.9 * len(self.state_dict()) and \
-            guess_family(unexpected, type(self)) is None
+            guess_family(unexpected, type(self)) is None and not found
         cause = None if foreign else self.mismatch_cause(missing, unexpected, mismatched)
         if foreign:
             cause = (f'The checkpoint shares almost no key with {type(self).__name__}: these look '
                      f'like weights of another architecture (from the model-level pretrained of '
                      f'a stock mmseg/mmdet config? then set model.pretrained=None).')
-        found = guess_prefix(self.prefix_probe, unexpected) if missing else None
+        elif cause is None and state_dict is not None and not found:
+            archs = self.fitting_archs(state_dict)
+            if archs:
+                cause = (f'The checkpoint fits {type(self).__name__}(arch='
+                         f"{' or '.join(repr(a) for a in archs)}), not this model "
+                         f'({self.describe()}): build that arch.')
         if found:
             fix = (f'The backbone weights seem to lie under {found!r}: set '
                    f"init_cfg=dict(type='Pretrained', checkpoint=..., prefix={found!r})")
