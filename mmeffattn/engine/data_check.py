@@ -114,9 +114,51 @@ def _check_json_once(path: str, key: str, seen: set) -> None:
     check_annotation_json(path, key)
 
 
+def _dataset_key(path_key: str) -> str:
+    """The dataset a path key belongs to: ``'test_dataloader.dataset'`` for
+    ``'test_dataloader.dataset.data_prefix.img'``."""
+    for field in ('.data_root', '.ann_file', '.data_prefix.'):
+        if field in path_key:
+            return path_key[:path_key.index(field)]
+    return path_key
+
+
+def _missing_paths_fix(cfg: Config, missing: List[Tuple[str, str]],
+                       phases: Iterable[str]) -> str:
+    """How to fix ``missing`` paths, in the config keys that hold them: each dataset's
+    ``data_root`` (its other paths are relative to it) and the phases' evaluator annotation
+    files, e.g. COCO's, which the evaluator reads on its own."""
+    datasets = list(dict.fromkeys(_dataset_key(key) for key, _ in missing))
+    types = sorted({str(_get_key(cfg, ds).get('type', '')).split('.')[-1] for ds in datasets}
+                   - {''})
+    options = [f'{ds}.data_root=/path/to/dataset/' for ds in datasets]
+    # the datasets' own annotation files, relative to their roots (COCO's evaluator repeats one)
+    anns = [str(_get_key(cfg, ds).get('ann_file') or '') for ds in datasets]
+    for ev_key in dict.fromkeys(k for phase in phases for k in PHASE_EVALUATORS[phase]):
+        ev = cfg.get(ev_key)
+        if isinstance(ev, (dict, ConfigDict)) and isinstance(ev.get('ann_file'), str):
+            ann = next((a for a in anns if a and not osp.isabs(a) and ev['ann_file'].endswith(a)),
+                       None)
+            options.append(f'{ev_key}.ann_file=' + (f'/path/to/dataset/{ann}' if ann else
+                                                    '/path/to/annotations.json'))
+    layout = f' (the layout {" / ".join(types)} expects)' if types else ''
+    return (f'Put the dataset there{layout}, or point the config at it, e.g. --cfg-options '
+            + ' '.join(options))
+
+
+def _get_key(cfg: Config, key: str) -> dict:
+    """The config entry at a dotted key with ``[i]`` indices (e.g. ``a.datasets[1]``)."""
+    node = cfg
+    for part in key.replace('[', '.[').split('.'):
+        node = node[int(part[1:-1])] if part.startswith('[') else node.get(part, {})
+    return node if isinstance(node, (dict, ConfigDict)) else {}
+
+
 def check_dataset_paths(cfg: Config, phases: Iterable[str]) -> None:
-    """Raise ``FileNotFoundError`` naming every missing dataset path used by ``phases``, and
-    :class:`AnnotationFileError` naming an annotation JSON file that is not valid JSON."""
+    """Raise ``FileNotFoundError`` naming every missing dataset path used by ``phases`` and the
+    config keys that fix it, and :class:`AnnotationFileError` naming an annotation JSON file
+    that is not valid JSON."""
+    phases = list(phases)
     missing = []
     seen = set()
     for key, path in _loader_paths(cfg, phases):
@@ -127,11 +169,6 @@ def check_dataset_paths(cfg: Config, phases: Iterable[str]) -> None:
             missing.append((key, path))
     if missing:
         lines = '\n'.join(f'  {key} = {path!r}' for key, path in missing)
-        raise FileNotFoundError(
-            'dataset paths in the config do not exist:\n' + lines + '\n'
-            'Put the dataset there (OpenMMLab layout, e.g. data/coco/ with annotations/, '
-            'train2017/, val2017/), or point the config at it, e.g. '
-            '--cfg-options train_dataloader.dataset.data_root=/path/to/coco/ '
-            'val_dataloader.dataset.data_root=/path/to/coco/ '
-            'val_evaluator.ann_file=/path/to/coco/annotations/instances_val2017.json')
+        raise FileNotFoundError('dataset paths in the config do not exist:\n' + lines + '\n'
+                                + _missing_paths_fix(cfg, missing, phases))
     check_annotation_files(cfg, phases)

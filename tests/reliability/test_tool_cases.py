@@ -106,3 +106,31 @@ def test_dist_scripts_use_the_project_venv(tmp_path, script):
     assert run(PYTHON=str(bindir / 'python')) == 'PATH'
     shutil.rmtree(proj / '.venv')
     assert run() == 'PATH'
+
+
+@pytest.mark.parametrize('config,phase,keys,absent', [
+    ('configs/mask_rcnn_sema_t_3x.py', 'test',
+     ['test_dataloader.dataset.data_root=/path/to/dataset/',
+      'test_evaluator.ann_file=/path/to/dataset/annotations/instances_val2017.json'],
+     ['train_dataloader']),
+    ('configs/sema/sema-t_upernet_8xb2-160k_ade20k-512x512.py', 'train',
+     ['(the layout ADE20KDataset expects)', 'train_dataloader.dataset.data_root=',
+      'val_dataloader.dataset.data_root='], ['coco', 'evaluator']),
+    ('configs/sema/sema-t_8xb128_in1k.py', 'test',
+     ['(the layout ImageNet expects)', 'test_dataloader.dataset.data_root='],
+     ['coco', 'train_dataloader']),
+], ids=['coco-test', 'ade20k-train', 'imagenet-test'])
+def test_missing_dataset_fix_names_the_phase_keys(tmp_path, config, phase, keys, absent):
+    """The fix names the keys of the datasets that are missing (test.py's test_dataloader, not
+    the training ones) and, for COCO, the evaluator's annotation file; no COCO advice for others."""
+    from mmeffattn.engine import check_dataset_paths
+    cfg = Config.fromfile(config)
+    for loader in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
+        cfg[loader].dataset.data_root = str(tmp_path / 'absent') + '/'
+    with pytest.raises(FileNotFoundError) as exc:
+        check_dataset_paths(cfg, [phase])
+    fix = str(exc.value).splitlines()[-1]
+    for key in keys:
+        assert key in fix, fix
+    for word in absent:
+        assert word not in fix.lower(), fix
