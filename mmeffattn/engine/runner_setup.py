@@ -144,8 +144,9 @@ COMPILE_KEYS = ('fullgraph', 'dynamic', 'backend', 'mode', 'options', 'disable')
 
 
 def check_compile_option(cfg: Config) -> None:
-    """``compile`` must be a bool or a dict of ``torch.compile`` arguments: say so before
-    anything is built (mmengine would assert only when training starts)."""
+    """``compile`` must be a bool or a dict of ``torch.compile`` arguments (a known backend and
+    mode, bool flags): say so before anything is built (mmengine would assert only when training
+    starts, torch.compile only when it runs, without naming the config key)."""
     option = cfg.get('compile')
     if option is None or isinstance(option, bool):
         return
@@ -157,6 +158,22 @@ def check_compile_option(cfg: Config) -> None:
     if unknown:
         raise ValueError(f'compile has unknown keys {unknown}: torch.compile takes '
                          f'{", ".join(COMPILE_KEYS)}')
+    backend, mode = option.get('backend', 'inductor'), option.get('mode')
+    if isinstance(backend, str):  # (a callable backend is torch.compile's to check)
+        backends = torch._dynamo.list_backends(exclude_tags=())
+        if backend not in backends:
+            raise ValueError(f'compile.backend={backend!r} is not a torch.compile backend; use '
+                             f'one of {", ".join(backends)}')
+    if mode is not None:
+        modes = list(torch._inductor.list_mode_options())
+        if mode not in modes:
+            raise ValueError(f'compile.mode={mode!r} is not a torch.compile mode; use one of '
+                             f'{", ".join(modes)} (or leave it unset)')
+    for key in ('fullgraph', 'disable'):
+        if not isinstance(option.get(key, False), bool):
+            raise ValueError(f'compile.{key} must be True or False, got {option[key]!r}')
+    if option.get('dynamic') not in (None, True, False):
+        raise ValueError(f"compile.dynamic must be True, False or None, got {option['dynamic']!r}")
 
 
 def _keep_eager(obj: object, name: str) -> None:

@@ -20,6 +20,20 @@ def test_unknown_key_is_named():
         check_compile_option(Config(dict(compile=dict(backnd='inductor'))))
 
 
+@pytest.mark.parametrize('option,match', [
+    (dict(backend='nonexistent_backend'), r"compile\.backend='nonexistent_backend' is not a "
+                                          r'torch\.compile backend; use one of .*inductor'),
+    (dict(mode='bogus'), r"compile\.mode='bogus' is not a torch\.compile mode; use one of "
+                         r'.*max-autotune'),
+    (dict(fullgraph='yes'), r"compile\.fullgraph must be True or False, got 'yes'"),
+    (dict(dynamic=1.5), r'compile\.dynamic must be True, False or None, got 1\.5'),
+], ids=['backend', 'mode', 'fullgraph', 'dynamic'])
+def test_bad_values_are_named(option, match):
+    """Refused before the build, naming the key (torch raised only when the run compiled)."""
+    with pytest.raises(ValueError, match=match):
+        check_compile_option(Config(dict(compile=option)))
+
+
 def test_not_a_bool_or_dict():
     with pytest.raises(ValueError, match="compile='yes': use compile=True or a dict"):
         check_compile_option(Config(dict(compile='yes')))
