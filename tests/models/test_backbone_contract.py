@@ -225,6 +225,24 @@ def test_whole_model_checkpoint_without_prefix_is_not_called_foreign(tmp_path):
     assert 'another architecture' not in str(info.value)
 
 
+@pytest.mark.parametrize('name', NAMES)
+def test_fully_frozen_backbone_without_checkpoint_is_refused(name):
+    """A linear probe whose checkpoint was not set trained its head on random features with
+    only an INFO line; now it stops, unless allowed (smoke tests). A partly frozen backbone
+    still trains from scratch."""
+    probe = build(name)
+    init = dict(type='Pretrained', checkpoint=None)
+    model = build(name, frozen_stages=probe.num_freezable, init_cfg=init)
+    for p in model.parameters():  # (the mini configs add a trainable pyramid for detection)
+        p.requires_grad_(False)
+    with pytest.raises(RuntimeError, match=rf'{name}: every parameter is frozen .*checkpoint='
+                                           r'None.*init_cfg\.allow_random=True'):
+        model.init_weights()
+    model.init_cfg = dict(init, allow_random=True)
+    model.init_weights()
+    build(name, frozen_stages=0, init_cfg=init).init_weights()
+
+
 def test_sema_checkpoint_into_mila_names_the_cause(tmp_path):
     """issue 13: this loaded with only a WARNING ('ignoring 36 unexpected keys')."""
     path = _save(FAMILIES['SEMA'](arch='tiny').state_dict(), tmp_path / 'sema.pth', 'backbone.')

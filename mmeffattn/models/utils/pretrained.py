@@ -236,7 +236,8 @@ class StrictPretrainedMixin:
     checkpoint with mmengine's ``CheckpointLoader``, unwraps it, keeps the keys under ``prefix``
     (stripped), maps them with :meth:`checkpoint_filter` and loads them with
     :func:`load_state_dict_strict`. ``checkpoint=None`` (our configs' default) keeps the
-    initialization. ``strict=False`` loads what fits and logs how much it ignored. Other
+    initialization, except that a backbone frozen whole (a linear probe) is refused without
+    ``allow_random=True``. ``strict=False`` loads what fits and logs how much it ignored. Other
     ``init_cfg`` entries run the mmengine way.
 
     Subclasses set:
@@ -290,16 +291,29 @@ class StrictPretrainedMixin:
             self.init_cfg = saved
         cfg = pretrained[0]
         if cfg.get('checkpoint') is None:
+            params = list(self.parameters())
+            if params and not any(p.requires_grad for p in params) and \
+                    not cfg.get('allow_random', False):
+                # a linear probe without its checkpoint would fit a head on random features
+                raise RuntimeError(
+                    f'{self.__class__.__name__}: every parameter is frozen (frozen_stages='
+                    f'{getattr(self, "frozen_stages", "?")}) and the Pretrained init_cfg has '
+                    f'checkpoint=None, so training would fit the rest of the model to random '
+                    f'features. Set model.backbone.init_cfg.checkpoint=PATH (the configs\' '
+                    f'`pretrained`), or model.backbone.init_cfg.allow_random=True for a smoke '
+                    f'test.')
             # configs name the entry with checkpoint=None so that one --cfg-options key switches
             # ImageNet weights on; until then the backbone trains from scratch
             MMLogger.get_current_instance().info(
                 f'{self.__class__.__name__}: Pretrained init_cfg has checkpoint=None; training '
                 f'from scratch (set model.backbone.init_cfg.checkpoint=PATH to load weights)')
             return
-        unknown = sorted(set(cfg) - {'type', 'checkpoint', 'prefix', 'map_location', 'strict'})
+        unknown = sorted(set(cfg) - {'type', 'checkpoint', 'prefix', 'map_location', 'strict',
+                                     'allow_random'})
         if unknown:
             raise ValueError(f'{self.__class__.__name__}: unknown Pretrained init_cfg keys '
-                             f'{unknown}; use checkpoint, prefix, map_location, strict')
+                             f'{unknown}; use checkpoint, prefix, map_location, strict '
+                             f'(allow_random: a fully frozen backbone without a checkpoint)')
         self.load_pretrained(cfg['checkpoint'], prefix=cfg.get('prefix'),
                              map_location=cfg.get('map_location', 'cpu'),
                              strict=cfg.get('strict', True))
