@@ -73,18 +73,14 @@ def _training_nms_key(train_cfg: object, key: str) -> Optional[str]:
     """The dotted config key of the first ``nms`` setting in a model's ``train_cfg`` (e.g. Mask
     R-CNN's RPN proposals, ``model.train_cfg.rpn_proposal.nms``), None if it has none."""
     if isinstance(train_cfg, dict):
-        for name, value in train_cfg.items():
-            if name == 'nms' and value is not None:
-                return f'{key}.nms'
-            found = _training_nms_key(value, f'{key}.{name}')
-            if found:
-                return found
+        if train_cfg.get('nms') is not None:
+            return f'{key}.nms'
+        children = ((f'{key}.{name}', value) for name, value in train_cfg.items())
     elif isinstance(train_cfg, (list, tuple)):  # e.g. Cascade R-CNN's per-stage rcnn settings
-        for i, value in enumerate(train_cfg):
-            found = _training_nms_key(value, f'{key}[{i}]')
-            if found:
-                return found
-    return None
+        children = ((f'{key}[{i}]', value) for i, value in enumerate(train_cfg))
+    else:
+        return None
+    return next(filter(None, (_training_nms_key(value, k) for k, value in children)), None)
 
 
 def prepare_runtime() -> None:

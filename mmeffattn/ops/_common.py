@@ -46,14 +46,14 @@ def window_attention(q_w: torch.Tensor, k_w: torch.Tensor, v_w: torch.Tensor,
     faster than matmul + softmax on the CPU for VECA's patch-to-core attention, as fast at SEMA's
     7x7 windows), except masked windows that need a gradient; everything else is a plain matmul
     and softmax (the softmax in fp32 for 16-bit inputs, the logits too for fp16, whose range
-    they can leave). The fused CPU kernel drops a NaN query when the keys
-    are fewer than one SIMD block of fp32 lanes (a finite row comes out: below 8 keys with AVX2,
-    below 16 with AVX-512) and a NaN key at 1 key, and is 3-5x slower than the plain form for
-    bf16 training (torch 2.14, 2 cores); tests/reliability/test_nan_contract.py holds both paths
-    to the contract. Its one exception: a row whose every logit is -inf (an infinite q or k
-    entry, against every key) is NaN by IEEE arithmetic (0 / 0) and on the plain path, but the
-    fused kernel returns a finite row (0 without a mask). Catching it would take a pass over q
-    and k on every call, for inputs that are already broken.
+    they can leave). The fused CPU kernel drops a NaN query when the keys are fewer than one SIMD
+    block of fp32 lanes (a finite row comes out: below 8 keys with AVX2, below 16 with AVX-512)
+    and a NaN key at 1 key, and is 3-5x slower than the plain form for bf16 training (torch
+    2.14, 2 cores); tests/reliability/test_nan_contract.py holds both paths to the contract. Its
+    one exception: a row whose every logit is -inf (an infinite q or k entry, against every
+    key) is NaN by IEEE arithmetic (0 / 0) and on the plain path, but the fused kernel returns a
+    finite row (0 without a mask). Catching it would take a pass over q and k on every call, for
+    inputs that are already broken.
     """
     fused = q_w.dtype == torch.float32 and k_w.shape[-2] >= FUSED_MIN_KEYS
     if fused and mask is not None:

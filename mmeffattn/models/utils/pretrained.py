@@ -365,9 +365,10 @@ class StrictPretrainedMixin:
             seen.append(settings)
             try:
                 with torch.device('meta'):
-                    have = {k: tuple(v.shape) for k, v in type(self)(arch=name).state_dict().items()}
+                    model = type(self)(arch=name)
             except Exception:  # an arch that needs other options: no guess from it
                 continue
+            have = {k: tuple(v.shape) for k, v in model.state_dict().items()}
             if all(have.get(k) == shape for k, shape in want.items()) and all(
                     k in want for k in have
                     if not (self.optional_keys and re.search(self.optional_keys, k))):
