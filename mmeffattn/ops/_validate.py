@@ -28,6 +28,14 @@ def check_tensor(op: str, name: str, x: object, layout: str, hint: str = '') -> 
                          f'{tuple(x.shape)}{"; " + hint if hint else ""}')
 
 
+def check_not_empty(op: str, name: str, x: torch.Tensor, layout: str) -> None:
+    """``x`` (``name``, of ``layout``) has no zero-size dim: the kernels launch nothing for one,
+    and some crashed."""
+    if x.numel() == 0:
+        raise ValueError(f'{op}: {name} must not be empty, got shape {tuple(x.shape)} {layout}; '
+                         f'every dim must be at least 1 (leave empty batches out of the call)')
+
+
 def check_alike(op: str, named: Named, same_dtype: bool = True) -> None:
     """The given tensors (None entries are skipped) are floating point, on one device and, with
     ``same_dtype``, of one dtype."""
@@ -61,9 +69,7 @@ def check_qkv(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if not (q.shape == k.shape == v.shape):
         raise ValueError(f'{op}: q, k, v must have the same shape [B, heads, {tokens}, D], got '
                          f'q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}')
-    if q.numel() == 0:
-        raise ValueError(f'{op}: q, k, v are empty, shape {tuple(q.shape)} [B, heads, {tokens}, '
-                         f'D]; every dim must be at least 1 (leave empty batches out of the call)')
+    check_not_empty(op, 'q, k, v', q, f'[B, heads, {tokens}, D]')
     check_alike(op, (('q', q), ('k', k), ('v', v)))
 
 

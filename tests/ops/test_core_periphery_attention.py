@@ -517,7 +517,7 @@ def _bad_inputs():
         ('dtype', (x, x.half(), x, 3), {}, r'same dtype.*cast them'),
         ('int', (x.long(),) * 3 + (3,), {}, r'floating point'),
         ('device', (x, x.to('meta'), x, 3), {}, r'one device'),
-        ('empty-heads', (x[:, :0],) * 3 + (3,), {}, r'q, k, v are empty, shape \(2, 0, 12, 16\)'),
+        ('empty-heads', (x[:, :0],) * 3 + (3,), {}, r'q, k, v must not be empty, got shape \(2, 0, 12, 16\)'),
         ('cores-0', (x, x, x, 0), {}, r'num_cores=0 is out of range.*1 <= num_cores < C \+ N'),
         ('cores-all', (x, x, x, 12), {}, r'num_cores=12 is out of range for C \+ N = 12'),
         ('cores-float', (x, x, x, 3.0), {}, r'num_cores must be an int'),

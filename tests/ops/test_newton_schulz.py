@@ -442,7 +442,7 @@ def _t(*shape, dtype=torch.float32):
 @pytest.mark.parametrize('args, match', [
     ((_t(2, 4, 4), 3, EPS), r'a must be \[B, heads, M, M\] \(4 dims\).*a\[None\]'),
     ((_t(1, 2, 4, 5), 3, EPS), r'square matrices.*landmark-landmark'),
-    ((_t(1, 2, 0, 0), 3, EPS), r'a is empty, shape \(1, 2, 0, 0\)'),
+    ((_t(1, 2, 0, 0), 3, EPS), r'a must not be empty, got shape \(1, 2, 0, 0\)'),
     ((_t(0, 2, 3, 3), 3, EPS), r'every dim must be at least 1'),
     ((_t(1, 2, 4, 4, dtype=torch.int32), 3, EPS), r'floating point'),
     ((_t(1, 2, 4, 4), -1, EPS), r'iters must be an int >= 0.*got -1'),

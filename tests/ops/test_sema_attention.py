@@ -935,7 +935,7 @@ def _bad_inputs():
         ('int', (x.long(),) * 3 + ((5, 6), 4), r'floating point'),
         ('device', (x, x.to('meta'), x, (5, 6), 4), r'one device'),
         ('empty-batch', (torch.zeros(0, 2, 30, 16),) * 3 + ((5, 6), 4),
-         r'q, k, v are empty, shape \(0, 2, 30, 16\).*every dim must be at least 1'),
+         r'q, k, v must not be empty, got shape \(0, 2, 30, 16\).*every dim must be at least 1'),
     ]
 
 

@@ -7,7 +7,7 @@ import torch
 from .._backend import KERNEL_DTYPES as SUPPORTED_DTYPES  # noqa: F401 (public)
 from .._backend import dispatch, triton_reasons
 from .._common import import_kernels, offsets_reason, sample_offsets_fit
-from .._validate import check_alike, check_tensor
+from .._validate import check_alike, check_not_empty, check_tensor
 from .naive import dynamic_dwconv_naive
 
 #: largest kernel side compiled without spills (tests/ops/test_dynamic_dwconv.py); larger
@@ -25,9 +25,8 @@ def _check_inputs(x: torch.Tensor, kernel: torch.Tensor, bias: Optional[torch.Te
     check_tensor(_NAME, 'x', x, '[B, C, H, W]', 'turn tokens [B, H*W, C] into a map with '
                  '.transpose(1, 2).reshape(B, C, H, W)')
     check_tensor(_NAME, 'kernel', kernel, '[B, C, K, K]')
+    check_not_empty(_NAME, 'x', x, '[B, C, H, W]')
     B, C, H, W = x.shape
-    if min(B, C, H, W) < 1:
-        raise ValueError(f'{_NAME}: x must not be empty, got shape {tuple(x.shape)}')
     if tuple(kernel.shape[:2]) != (B, C) or kernel.shape[2] != kernel.shape[3]:
         raise ValueError(f'{_NAME}: kernel must be [B, C, K, K] = [{B}, {C}, K, K] (one square '
                          f'kernel per sample and channel of x), got {tuple(kernel.shape)}; a '

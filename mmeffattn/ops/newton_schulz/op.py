@@ -7,7 +7,7 @@ import torch
 from .._backend import KERNEL_DTYPES as SUPPORTED_DTYPES  # noqa: F401 (public)
 from .._backend import dispatch, triton_reasons
 from .._common import import_kernels, is_eager
-from .._validate import check_alike, check_int, check_real, check_tensor
+from .._validate import check_alike, check_int, check_not_empty, check_real, check_tensor
 from .naive import newton_schulz_pinv_naive, newton_schulz_residual
 
 newton_schulz_pinv_triton, _KERNELS_IMPORT_ERROR = import_kernels(
@@ -29,9 +29,7 @@ def _check_inputs(a: torch.Tensor, iters: int, eps: float) -> int:
     if a.shape[2] != a.shape[3]:
         raise ValueError(f'{_NAME}: a must hold square matrices [B, heads, M, M], got shape '
                          f'{tuple(a.shape)}; pass the landmark-landmark kernel matrix')
-    if a.numel() == 0:
-        raise ValueError(f'{_NAME}: a is empty, shape {tuple(a.shape)} [B, heads, M, M]; every '
-                         f'dim must be at least 1 (leave empty batches out of the call)')
+    check_not_empty(_NAME, 'a', a, '[B, heads, M, M]')
     check_alike(_NAME, (('a', a), ))
     check_real(_NAME, 'eps', eps, 'the diagonal added to a', nonnegative=True)
     return check_int(_NAME, 'iters', iters, 0, 'the number of Newton-Schulz steps')
