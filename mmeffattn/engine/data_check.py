@@ -5,7 +5,7 @@ built; here it fails at once with the path, the config key and how to fix it.
 """
 import json
 import os.path as osp
-from typing import Iterable, Iterator, List, Tuple
+from typing import Iterable, Iterator, List, NamedTuple
 
 from mmengine.config import Config, ConfigDict
 
@@ -23,8 +23,20 @@ PHASE_LOADERS = {
 }
 
 
-def _dataset_paths(ds: dict, key: str) -> List[tuple]:
-    """(config key, path) pairs that must exist for one dataset config."""
+class DatasetPath(NamedTuple):
+    """A path one dataset config needs: ``dataset[field]`` resolved against its ``data_root``."""
+    dataset_key: str  # e.g. 'train_dataloader.dataset' (a wrapper's inner one: '...dataset')
+    field: str  # 'data_root', 'ann_file' or 'data_prefix.<name>'
+    path: str
+    dataset: dict
+
+    @property
+    def key(self) -> str:
+        return f'{self.dataset_key}.{self.field}'
+
+
+def _dataset_paths(ds: dict, key: str) -> List[DatasetPath]:
+    """The paths that must exist for one dataset config (wrappers' inner datasets included)."""
     if ds is None:
         return []
     if 'datasets' in ds:  # ConcatDataset and friends
@@ -37,14 +49,15 @@ def _dataset_paths(ds: dict, key: str) -> List[tuple]:
     root = ds.get('data_root') or ''
     out = []
     if root:
-        out.append((f'{key}.data_root', root))
+        out.append(DatasetPath(key, 'data_root', root, ds))
     ann = ds.get('ann_file')
     if ann:
-        out.append((f'{key}.ann_file', osp.join(root, ann) if not osp.isabs(ann) else ann))
+        out.append(DatasetPath(key, 'ann_file', osp.join(root, ann) if not osp.isabs(ann) else ann,
+                               ds))
     prefix = ds.get('data_prefix') or {}
     for name, sub in (prefix.items() if isinstance(prefix, dict) else []):
         if isinstance(sub, str) and sub:
-            out.append((f'{key}.data_prefix.{name}', osp.join(root, sub)))
+            out.append(DatasetPath(key, f'data_prefix.{name}', osp.join(root, sub), ds))
     return out
 
 
@@ -80,8 +93,8 @@ def check_annotation_json(path: str, key: str = 'ann_file') -> None:
             f'ends with {tail!r}: truncated or not JSON): {fix}')
 
 
-def _loader_paths(cfg: Config, phases: Iterable[str]) -> Iterator[Tuple[str, str]]:
-    """``(config key, path)`` of every dataset path of the dataloaders ``phases`` use."""
+def _loader_paths(cfg: Config, phases: Iterable[str]) -> Iterator[DatasetPath]:
+    """Every dataset path of the dataloaders ``phases`` use."""
     for phase in phases:
         for loader_key in PHASE_LOADERS[phase]:
             loader = cfg.get(loader_key)
@@ -93,9 +106,9 @@ def check_annotation_files(cfg: Config, phases: Iterable[str]) -> None:
     """Check every existing ``*.json`` annotation file of ``phases`` (datasets and evaluators)
     with :func:`check_annotation_json`."""
     seen = set()
-    for key, path in _loader_paths(cfg, phases):
-        if key.endswith('ann_file'):
-            _check_json_once(path, key, seen)
+    for p in _loader_paths(cfg, phases):
+        if p.field == 'ann_file':
+            _check_json_once(p.path, p.key, seen)
     for phase in phases:
         for ev_key in PHASE_EVALUATORS[phase]:
             evaluators = cfg.get(ev_key)
@@ -114,26 +127,15 @@ def _check_json_once(path: str, key: str, seen: set) -> None:
     check_annotation_json(path, key)
 
 
-def _dataset_key(path_key: str) -> str:
-    """The dataset a path key belongs to: ``'test_dataloader.dataset'`` for
-    ``'test_dataloader.dataset.data_prefix.img'``."""
-    for field in ('.data_root', '.ann_file', '.data_prefix.'):
-        if field in path_key:
-            return path_key[:path_key.index(field)]
-    return path_key
-
-
-def _missing_paths_fix(cfg: Config, missing: List[Tuple[str, str]],
-                       phases: Iterable[str]) -> str:
+def _missing_paths_fix(cfg: Config, missing: List[DatasetPath], phases: Iterable[str]) -> str:
     """How to fix ``missing`` paths, in the config keys that hold them: each dataset's
     ``data_root`` (its other paths are relative to it) and the phases' evaluator annotation
     files, e.g. COCO's, which the evaluator reads on its own."""
-    datasets = list(dict.fromkeys(_dataset_key(key) for key, _ in missing))
-    types = sorted({str(_get_key(cfg, ds).get('type', '')).split('.')[-1] for ds in datasets}
-                   - {''})
-    options = [f'{ds}.data_root=/path/to/dataset/' for ds in datasets]
+    datasets = {p.dataset_key: p.dataset for p in missing}  # (in order, once each)
+    types = sorted({str(ds.get('type', '')).split('.')[-1] for ds in datasets.values()} - {''})
+    options = [f'{key}.data_root=/path/to/dataset/' for key in datasets]
     # the datasets' own annotation files, relative to their roots (COCO's evaluator repeats one)
-    anns = [str(_get_key(cfg, ds).get('ann_file') or '') for ds in datasets]
+    anns = [str(ds.get('ann_file') or '') for ds in datasets.values()]
     for ev_key in dict.fromkeys(k for phase in phases for k in PHASE_EVALUATORS[phase]):
         ev = cfg.get(ev_key)
         if isinstance(ev, (dict, ConfigDict)) and isinstance(ev.get('ann_file'), str):
@@ -146,14 +148,6 @@ def _missing_paths_fix(cfg: Config, missing: List[Tuple[str, str]],
             + ' '.join(options))
 
 
-def _get_key(cfg: Config, key: str) -> dict:
-    """The config entry at a dotted key with ``[i]`` indices (e.g. ``a.datasets[1]``)."""
-    node = cfg
-    for part in key.replace('[', '.[').split('.'):
-        node = node[int(part[1:-1])] if part.startswith('[') else node.get(part, {})
-    return node if isinstance(node, (dict, ConfigDict)) else {}
-
-
 def check_dataset_paths(cfg: Config, phases: Iterable[str]) -> None:
     """Raise ``FileNotFoundError`` naming every missing dataset path used by ``phases`` and the
     config keys that fix it, and :class:`AnnotationFileError` naming an annotation JSON file
@@ -161,14 +155,14 @@ def check_dataset_paths(cfg: Config, phases: Iterable[str]) -> None:
     phases = list(phases)
     missing = []
     seen = set()
-    for key, path in _loader_paths(cfg, phases):
-        if path.startswith(('s3:', 'http:', 'https:', 'petrel:')) or (key, path) in seen:
+    for p in _loader_paths(cfg, phases):
+        if p.path.startswith(('s3:', 'http:', 'https:', 'petrel:')) or (p.key, p.path) in seen:
             continue
-        seen.add((key, path))
-        if not osp.exists(path):
-            missing.append((key, path))
+        seen.add((p.key, p.path))
+        if not osp.exists(p.path):
+            missing.append(p)
     if missing:
-        lines = '\n'.join(f'  {key} = {path!r}' for key, path in missing)
+        lines = '\n'.join(f'  {p.key} = {p.path!r}' for p in missing)
         raise FileNotFoundError('dataset paths in the config do not exist:\n' + lines + '\n'
                                 + _missing_paths_fix(cfg, missing, phases))
     check_annotation_files(cfg, phases)
