@@ -138,6 +138,8 @@ def test_arch_aliases_custom_and_invalid():
         VECA(arch='huge')
     with pytest.raises(ValueError, match='num_heads'):
         VECA(arch=dict(embed_dims=64, depth=2))
+    with pytest.raises(ValueError, match="arch 'depth' must be >= 1, got 0"):
+        VECA(arch=dict(embed_dims=64, depth=0, num_heads=2))
     with pytest.raises(ValueError, match='divisible by num_heads'):
         VECA(arch=dict(embed_dims=64, depth=2, num_heads=3))
     with pytest.raises(ValueError, match='head dim divisible by 4, got 18'):

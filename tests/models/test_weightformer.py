@@ -281,6 +281,8 @@ def test_arch_aliases_custom_and_invalid():
         WeightFormer(arch='huge')
     with pytest.raises(ValueError, match='depth'):
         WeightFormer(arch=dict(embed_dims=32))
+    with pytest.raises(ValueError, match="arch 'depth' must be >= 1, got 0"):
+        WeightFormer(arch=dict(embed_dims=32, depth=0))
     with pytest.raises(ValueError, match='divisible by 4'):
         WeightFormer(arch=dict(embed_dims=30, depth=2))
 

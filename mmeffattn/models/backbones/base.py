@@ -29,10 +29,16 @@ from mmengine.model import BaseModule
 
 from ..utils import FreezeStagesMixin, StrictPretrainedMixin, parse_out_indices, resolve_arch
 
-__all__ = ['BaseBackbone', 'HWShape', 'drop_path_rates', 'run_block', 'backbone_families',
-           'pretrained_to_init_cfg']
+__all__ = ['BaseBackbone', 'HWShape', 'drop_path_rates', 'quarter_blocks', 'run_block',
+           'backbone_families', 'pretrained_to_init_cfg']
 
 HWShape = Tuple[int, int]
+
+
+def quarter_blocks(depth: int) -> Tuple[int, ...]:
+    """The last block of each quarter of a single-stage trunk of ``depth`` blocks (fewer than
+    four indices under four blocks): its default ``out_indices`` for a pyramid."""
+    return tuple(sorted({max((k + 1) * depth // 4 - 1, 0) for k in range(4)}))
 
 
 def drop_path_rates(rate: float, n: int) -> List[float]:
@@ -173,7 +179,10 @@ class BaseBackbone(StrictPretrainedMixin, FreezeStagesMixin, BaseModule):
 
     @classmethod
     def _check_arch(cls, arch: dict) -> dict:
-        """Family-specific checks (and normalization) of resolved arch settings."""
+        """Family-specific checks (and normalization) of resolved arch settings; here, the
+        ``depth`` of a single-stage trunk."""
+        if 'depth' in arch and arch['depth'] < 1:
+            raise ValueError(f"arch 'depth' must be >= 1, got {arch['depth']}")
         return arch
 
     def _init_training_switches(self, out_indices: Union[int, Sequence[int]], num: int,

@@ -57,7 +57,7 @@ from ..layers.tokens import map_to_tokens, pad_to_multiple, tokens_to_map
 from ..layers.vit_pyramid import build_vit_pyramid
 from ..utils import (clip_keys, deprecated_alias, init_linear_and_norm,
                      strip_key_prefix, strip_module_prefix, unwrap_state_dict)
-from .base import BaseBackbone, HWShape, drop_path_rates, run_block
+from .base import BaseBackbone, HWShape, drop_path_rates, quarter_blocks, run_block
 
 __all__ = ['VECA', 'RoPE2D', 'CorePeripheryAttention', 'VECABlock', 'fps_core_coords',
            'checkpoint_filter_veca_official', 'convert_veca', 'checkpoint_filter_veca']
@@ -489,12 +489,6 @@ class VECA(BaseBackbone):
         self._freeze_stages()
 
     # ---------------------------------------------------------------- construction helpers
-    @classmethod
-    def _check_arch(cls, arch: dict) -> dict:
-        if arch['depth'] < 1:
-            raise ValueError(f"arch 'depth' must be >= 1, got {arch['depth']}")
-        return arch
-
     def _parse_budget_weights(self, weights: Optional[Sequence[float]]) -> Tuple[float, ...]:
         n = len(self.budgets)
         if weights is None:
@@ -513,7 +507,7 @@ class VECA(BaseBackbone):
         if out_indices is not None:
             return out_indices
         depth = self.depth
-        evenly = tuple(sorted({max((k + 1) * depth // 4 - 1, 0) for k in range(4)}))
+        evenly = quarter_blocks(depth)
         if self.out_type in ('raw', 'global') or (self.out_type == 'pyramid' and len(evenly) < 4):
             return (depth - 1, )  # (a pyramid from the last block for trunks under 4 deep)
         return evenly

@@ -51,7 +51,7 @@ from ..layers.tokens import map_to_tokens, pad_to_multiple, tokens_to_map
 from ..layers.vit_pyramid import build_vit_pyramid
 from ..utils import (clip_keys, deprecated_alias, init_linear_and_norm, strip_module_prefix,
                      unwrap_state_dict)
-from .base import BaseBackbone, HWShape, drop_path_rates, run_block
+from .base import BaseBackbone, HWShape, drop_path_rates, quarter_blocks, run_block
 
 __all__ = ['WeightFormer', 'DynamicLinear', 'DynamicDWConv',
            'checkpoint_filter_weightformer_official', 'convert_weightformer',
@@ -415,12 +415,6 @@ class WeightFormer(BaseBackbone):
         self._freeze_stages()
 
     # ---------------------------------------------------------------- construction helpers
-    @classmethod
-    def _check_arch(cls, arch: dict) -> dict:
-        if arch['depth'] < 1:
-            raise ValueError(f"arch 'depth' must be >= 1, got {arch['depth']}")
-        return arch
-
     def _default_out_indices(
             self, out_indices: Optional[Union[int, Sequence[int]]]) -> Union[int, Sequence[int]]:
         depth = self.depth
@@ -428,7 +422,7 @@ class WeightFormer(BaseBackbone):
             return out_indices
         if self.out_type == 'avgpool':
             return (depth - 1, )
-        return tuple(sorted({max((k + 1) * depth // 4 - 1, 0) for k in range(4)}))
+        return quarter_blocks(depth)
 
     # ---------------------------------------------------------------- train mode, freezing
     def frozen_modules(self) -> List[nn.Module]:
