@@ -264,6 +264,48 @@ def test_reference_gradcheck_fp64(iters: int) -> None:
                                     eps=1e-6, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize('backend, M, dtype', [
+    pytest.param('triton', 13, 'fp32', marks=needs_triton),
+    pytest.param('triton', 40, 'fp16', marks=needs_triton),
+    ('reference', 13, 'fp32'), ('reference', 13, 'bf16')], ids=lambda x: str(x))
+def test_inverse_gradient_is_the_official_backward(backend: str, M: int, dtype: str) -> None:
+    """gradient='inverse': the same forward as 'unrolled', and dL/da = -V^T G V^T from the
+    result V, as the official CUDA operator's backward; only V is kept for it."""
+    dt = DTYPES[dtype]
+    a = kernel_matrix(1, 2, M).to(DEVICE, dt).requires_grad_()
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        out = newton_schulz_pinv(a, 4, EPS, gradient='inverse', backend=backend)
+    assert [t.shape for t in saved] == [a.shape]
+    assert torch.equal(out, newton_schulz_pinv(a.detach(), 4, EPS, backend=backend))
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE, dt)
+    out.backward(g)
+    vt = out.detach().double().transpose(-1, -2)
+    assert a.grad.dtype == dt
+    assert_close(a.grad, -(vt @ g.double() @ vt), dt, 'da')
+
+
+def test_inverse_gradient_agrees_with_unrolled_once_converged() -> None:
+    """In fp64: converged (30 steps, condition number ~80), both gradients are the gradient of
+    torch.linalg.inv; 3 steps in, only 'unrolled' is the derivative of what is returned and the
+    two differ."""
+    a = kernel_matrix(1, 2, 24)
+    g = torch.randn(a.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+
+    def grad(fn):
+        x = a.clone().requires_grad_()
+        fn(x).backward(g)
+        return x.grad
+
+    exact = grad(lambda x: torch.linalg.inv(x + EPS * eye_like(x)))
+    for gradient in ('unrolled', 'inverse'):
+        got = grad(lambda x: newton_schulz_pinv(x, 30, EPS, gradient=gradient))
+        assert_close(got, exact, torch.float64, gradient)
+    early = [grad(lambda x: newton_schulz_pinv(x, 3, EPS, gradient=gradient, check=False))
+             for gradient in ('unrolled', 'inverse')]
+    assert (early[0] - early[1]).norm() > 0.1 * early[0].norm()
+
+
 @pytest.mark.parametrize('dtype', ['fp16', 'bf16'])
 def test_reference_low_precision(dtype: str) -> None:
     check_against_reference(Case(1, 2, 13, 6, dtype), backend='reference', device='cpu')
@@ -456,6 +498,12 @@ def _t(*shape, dtype=torch.float32):
 def test_invalid_inputs(args, match) -> None:
     with pytest.raises(ValueError, match=match):
         newton_schulz_pinv(*args)
+
+
+def test_invalid_gradient() -> None:
+    with pytest.raises(ValueError, match=r"gradient must be one of \('unrolled', 'inverse'\), "
+                                         r"got 'exact'"):
+        newton_schulz_pinv(_t(1, 2, 4, 4), 3, EPS, gradient='exact')
 
 
 def test_public_api() -> None:

@@ -16,7 +16,8 @@ The token mixer replaces SOFT's Gaussian kernel ``exp(-||q - k||_2^2 / 2)`` by t
   statistics (below);
 - keys are the queries (one projection, as in SOFT), so ``K(L, K) = K(Q, L)^T``;
 - ``W^-1`` by :func:`mmeffattn.ops.newton_schulz_pinv` (Newton-Schulz iterations, the paper's
-  solver, default) or, for the paper's solver ablation (``pinv_solver='cg'``), by
+  solver, default; its gradient by default that of the exact inverse at the result,
+  ``-V^T G V^T``, as the official CUDA operator's backward, ``ns_gradient``) or, for the paper's solver ablation (``pinv_solver='cg'``), by
   :func:`~mmeffattn.models.layers.linear_solve.conjugate_gradient_solve` against ``K(L, K) V``;
   the kernel matrices come from :func:`mmeffattn.ops.laplacian_kernel`.
 
@@ -104,6 +105,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from mmeffattn.ops import compute_dtype, laplacian_kernel, newton_schulz_pinv
+from mmeffattn.ops.newton_schulz import GRADIENTS as NS_GRADIENTS
 from mmeffattn.registry import MODELS
 from ..layers import DropPath, Mlp
 from ..layers.heads import check_heads
@@ -200,7 +202,7 @@ def check_feature_scale(feature_scale: Union[float, str, None]) -> None:
 
 
 def _check_solver_args(whitening_stats: str, landmark_grid: int, pinv_solver: str,
-                       cg_iters: int, cg_tol: float) -> None:
+                       cg_iters: int, cg_tol: float, ns_gradient: str) -> None:
     """Raise ValueError naming the accepted values of the whitening-statistics and solver
     arguments."""
     if whitening_stats not in WHITENING_STATS:
@@ -212,6 +214,10 @@ def _check_solver_args(whitening_stats: str, landmark_grid: int, pinv_solver: st
                          f' got {landmark_grid!r}')
     if pinv_solver not in PINV_SOLVERS:
         raise ValueError(f'pinv_solver must be one of {PINV_SOLVERS}, got {pinv_solver!r}')
+    if ns_gradient not in NS_GRADIENTS:
+        raise ValueError(f"ns_gradient must be one of {NS_GRADIENTS} ('inverse': the official "
+                         f"operator's -V^T G V^T; 'unrolled': through every Newton-Schulz step), "
+                         f"got {ns_gradient!r}")
     if isinstance(cg_iters, bool) or not isinstance(cg_iters, int) or cg_iters < 1:
         raise ValueError(f'cg_iters must be an integer >= 1, got {cg_iters!r}')
     if isinstance(cg_tol, bool) or not isinstance(cg_tol, (int, float)) or not cg_tol >= 0:
@@ -338,6 +344,9 @@ class LaplacianAttention(nn.Module):
             ``exp(-||x - y||^2 / 2)``, features scaled by ``head_dim ** -0.25`` as SOFT).
         lam: Laplacian bandwidth ``lambda`` (> 0) on the features the kernel sees.
         ns_iters: Newton-Schulz iterations (>= 0).
+        ns_gradient: gradient of the Newton-Schulz inverse (``gradient`` of
+            :func:`newton_schulz_pinv`): ``'inverse'`` (``-V^T G V^T``, the official operator's)
+            or ``'unrolled'`` (through every step).
         eps: ridge added to ``K(L, L)`` before inverting (>= 0).
         whitening: ``'kernel'`` (:class:`KernelWhitening` on ``K(Z, L)``, the paper's map),
             ``'query'`` (:class:`DiagonalWhitening` on the queries, an ablation) or None.
@@ -361,8 +370,8 @@ class LaplacianAttention(nn.Module):
     """
 
     def __init__(self, dim: int, num_heads: int, sr_ratio: int = 1, kernel: str = 'laplacian',
-                 lam: float = 4., ns_iters: int = 20, eps: float = 0.01,
-                 whitening: Union[str, bool, None] = 'kernel',
+                 lam: float = 4., ns_iters: int = 20, ns_gradient: str = 'inverse',
+                 eps: float = 0.01, whitening: Union[str, bool, None] = 'kernel',
                  whitening_stats: str = 'per_landmark', landmark_grid: int = 7,
                  feature_scale: Union[float, str, None] = None,
                  pinv_solver: str = 'newton_schulz', cg_iters: int = 20, cg_tol: float = 1e-6,
@@ -375,7 +384,8 @@ class LaplacianAttention(nn.Module):
         if dwc_kernel % 2 != 1:
             raise ValueError(f'dwc_kernel must be odd (same-size output), got {dwc_kernel}')
         whitening = resolve_whitening(whitening)
-        _check_solver_args(whitening_stats, landmark_grid, pinv_solver, cg_iters, cg_tol)
+        _check_solver_args(whitening_stats, landmark_grid, pinv_solver, cg_iters, cg_tol,
+                           ns_gradient)
         check_feature_scale(feature_scale)
         self.dim = dim
         self.num_heads = num_heads
@@ -383,7 +393,7 @@ class LaplacianAttention(nn.Module):
         self.sr_ratio = sr_ratio
         self.kernel = kernel
         self.lam = float(lam)
-        self.ns_iters = ns_iters
+        self.ns_iters, self.ns_gradient = ns_iters, ns_gradient
         self.eps = float(eps)
         self.whitening = whitening
         self.whitening_stats = whitening_stats
@@ -437,7 +447,8 @@ class LaplacianAttention(nn.Module):
         if self.pinv_solver == 'cg':
             return conjugate_gradient_solve(k_ll, r, self.eps, iters=self.cg_iters,
                                             tol=self.cg_tol)
-        return newton_schulz_pinv(k_ll, self.ns_iters, self.eps, backend=self.backend) @ r
+        return newton_schulz_pinv(k_ll, self.ns_iters, self.eps, gradient=self.ns_gradient,
+                                  backend=self.backend) @ r
 
     def kernel_whiten(self, s: torch.Tensor, update_stats: bool) -> torch.Tensor:
         """:class:`KernelWhitening` of ``s [B, h, N, M]`` (float32). A half-precision model
@@ -485,7 +496,8 @@ class LaplacianAttention(nn.Module):
         return (f'dim={self.dim}, num_heads={self.num_heads}, sr_ratio={self.sr_ratio}, '
                 f'kernel={self.kernel!r}, lam={self.lam}, feature_scale={self.feature_scale!r}, '
                 f'whitening={self.whitening!r}, landmark_grid={self.landmark_grid}, '
-                f'pinv_solver={self.pinv_solver!r}, ns_iters={self.ns_iters}, eps={self.eps}, '
+                f'pinv_solver={self.pinv_solver!r}, ns_iters={self.ns_iters}, '
+                f'ns_gradient={self.ns_gradient!r}, eps={self.eps}, '
                 f'max_landmarks={self.max_landmarks}')
 
 
@@ -639,6 +651,10 @@ class LaplacianFormer(BaseBackbone):
         lam: Laplacian bandwidth, the paper's lambda on the features the kernel sees (paper: 4
             is best).
         ns_iters: Newton-Schulz iterations.
+        ns_gradient: gradient of the Newton-Schulz inverse: ``'inverse'`` (default; the
+            exact inverse's at the result, ``-V^T G V^T``, as the official CUDA operator's and
+            SOFT's backward) or ``'unrolled'`` (the derivative through every step; they differ
+            while the iteration has not converged).
         eps: ridge of the landmark kernel matrix before inversion.
         whitening: ``'kernel'`` (default): the paper's injective map, diagonal whitening of each
             query's kernel-similarity vector (:class:`KernelWhitening`); ``'query'``:
@@ -700,6 +716,7 @@ class LaplacianFormer(BaseBackbone):
                  kernel: str = 'laplacian',
                  lam: float = 4.,
                  ns_iters: int = 20,
+                 ns_gradient: str = 'inverse',
                  eps: float = 0.01,
                  whitening: Union[str, bool, None] = 'kernel',
                  whitening_stats: str = 'per_landmark',
@@ -734,7 +751,8 @@ class LaplacianFormer(BaseBackbone):
             raise ValueError(f'max_landmarks must be None or an integer >= 1 (official CUDA '
                              f'inverse: 128), got {max_landmarks!r}')
         whitening = resolve_whitening(whitening)
-        _check_solver_args(whitening_stats, landmark_grid, pinv_solver, cg_iters, cg_tol)
+        _check_solver_args(whitening_stats, landmark_grid, pinv_solver, cg_iters, cg_tol,
+                           ns_gradient)
         check_feature_scale(feature_scale)
         embed_dims = self.arch_settings['embed_dims']
         depths = self.arch_settings['depths']
@@ -744,6 +762,7 @@ class LaplacianFormer(BaseBackbone):
                              f'stage ({self.num_layers})')
         self.kernel = kernel
         self.lam, self.ns_iters, self.eps = float(lam), ns_iters, float(eps)
+        self.ns_gradient = ns_gradient
         self.whitening, self.whitening_stats = whitening, whitening_stats
         self.feature_scale, self.pinv_solver = feature_scale, pinv_solver
         self.num_features = list(embed_dims)
@@ -757,7 +776,7 @@ class LaplacianFormer(BaseBackbone):
             softmax = softmax_last_stage and i == self.num_layers - 1
             attn_kwargs = {} if softmax else dict(
                 sr_ratio=self.arch_settings['sr_ratios'][i], kernel=kernel, lam=self.lam,
-                ns_iters=ns_iters, eps=self.eps, whitening=whitening,
+                ns_iters=ns_iters, ns_gradient=ns_gradient, eps=self.eps, whitening=whitening,
                 whitening_stats=whitening_stats, landmark_grid=landmark_grid,
                 feature_scale=feature_scale, pinv_solver=pinv_solver, cg_iters=cg_iters,
                 cg_tol=cg_tol, max_landmarks=max_landmarks, dwc_kernel=dwc_kernel_sizes[i],

@@ -68,6 +68,35 @@ def newton_schulz_pinv_naive(a: torch.Tensor, iters: int, eps: float) -> torch.T
     return v.to(a.dtype)
 
 
+#: what the gradient w.r.t. ``a`` is: ``'unrolled'``, the exact derivative of the returned
+#: iterate (backpropagated through every step; the iterates are stored); ``'inverse'``, the
+#: derivative of the exact inverse evaluated at the result, ``-V^T G V^T`` (the official
+#: LaplacianFormer CUDA operator's and SOFT's backward; nothing stored but the result)
+GRADIENTS = ('unrolled', 'inverse')
+
+
+class _InverseGradient(torch.autograd.Function):
+    """Gives a computed inverse ``v`` of ``a + eps I`` the gradient of the exact inverse."""
+
+    @staticmethod
+    def forward(ctx, a: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(v)
+        return v.view_as(v)
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        v, = ctx.saved_tensors
+        vt = v.to(compute_dtype(v.dtype)).transpose(-1, -2)
+        # d(P^-1) = -P^-1 dP P^-1, so dL/dP = -P^-T G P^-T; P = a + eps I gives dL/da = dL/dP
+        return -(vt @ g.to(vt.dtype) @ vt).to(v.dtype), None
+
+
+def with_inverse_gradient(a: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """``v`` (``[..., M, M]``, computed without a graph) as a differentiable function of ``a``
+    whose backward is ``-V^T G V^T`` (``gradient='inverse'``); differentiable once."""
+    return _InverseGradient.apply(a, v)
+
+
 def newton_schulz_residual(a: torch.Tensor, inv: torch.Tensor, eps: float) -> torch.Tensor:
     """How far ``inv`` is from ``(a + eps I)^{-1}``: ``||P inv - I||_F / sqrt(M)`` per matrix,
     computed in fp64 (no gradient). 0 for the exact inverse; the Newton-Schulz iteration
