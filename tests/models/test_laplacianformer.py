@@ -109,7 +109,7 @@ def test_invalid_arch_raises_with_valid_names():
     (dict(lam=-4.), 'lam must be a positive'),
     (dict(ns_iters=-1), 'ns_iters must be an integer'),
     (dict(ns_iters=2.5), 'ns_iters must be an integer'),
-    (dict(ns_gradient='exact'), r"ns_gradient must be one of \('unrolled', 'inverse'\)"),
+    (dict(ns_backward='exact'), r"ns_backward must be one of \('unrolled', 'implicit'\)"),
     (dict(eps=-0.1), 'eps must be a number'),
     (dict(out_indices=(0, 4)), 'out_indices'),
     (dict(frozen_stages=5), 'frozen_stages'),
@@ -217,7 +217,7 @@ def test_ops_receive_lam_iters_eps_and_landmarks(monkeypatch):
         return real_k(x, y, lam, **kw)
 
     def spy_pinv(a, iters, eps, **kw):
-        pinv_calls.append((tuple(a.shape), iters, eps, kw.get('backend'), kw.get('gradient')))
+        pinv_calls.append((tuple(a.shape), iters, eps, kw.get('backend'), kw.get('backward')))
         return real_p(a, iters, eps, **kw)
 
     monkeypatch.setattr(lf_mod, 'laplacian_kernel', spy_kernel)
@@ -230,7 +230,7 @@ def test_ops_receive_lam_iters_eps_and_landmarks(monkeypatch):
     assert len(kernel_calls) == 6 and len(pinv_calls) == 3
     assert {c[2] for c in kernel_calls} == {2.5} and {c[3] for c in kernel_calls} == {'reference'}
     # the official operator's gradient by default (-V^T G V^T)
-    assert {c[1:] for c in pinv_calls} == {(7, 0.03, 'reference', 'inverse')}
+    assert {c[1:] for c in pinv_calls} == {(7, 0.03, 'reference', 'implicit')}
     # landmarks: ceil(H / sr) x ceil(W / sr) cells, sr = 8, 4, 2
     m = [math.ceil(16 / 8) * math.ceil(12 / 8), math.ceil(8 / 4) * math.ceil(6 / 4),
          math.ceil(4 / 2) * math.ceil(3 / 2)]
@@ -242,15 +242,15 @@ def test_ops_receive_lam_iters_eps_and_landmarks(monkeypatch):
         assert pinv_calls[i][0] == (1, heads[i], m[i], m[i])
 
 
-def test_ns_gradient_reaches_every_inverse(monkeypatch):
+def test_ns_backward_reaches_every_inverse(monkeypatch):
     seen = []
     real = lf_mod.newton_schulz_pinv
     monkeypatch.setattr(lf_mod, 'newton_schulz_pinv',
-                        lambda a, *args, **kw: seen.append(kw['gradient']) or real(a, *args, **kw))
-    model = LaplacianFormer(arch=MINI, ns_gradient='unrolled')
+                        lambda a, *args, **kw: seen.append(kw['backward']) or real(a, *args, **kw))
+    model = LaplacianFormer(arch=MINI, ns_backward='unrolled')
     sum(o.sum() for o in model(torch.randn(2, 3, 64, 64))).backward()
     assert seen == ['unrolled'] * 3
-    assert "ns_gradient='unrolled'" in repr(model)
+    assert "ns_backward='unrolled'" in repr(model)
 
 
 def test_max_landmarks_caps_the_inverted_matrices(monkeypatch):

@@ -268,14 +268,14 @@ def test_reference_gradcheck_fp64(iters: int) -> None:
     pytest.param('triton', 13, 'fp32', marks=needs_triton),
     pytest.param('triton', 40, 'fp16', marks=needs_triton),
     ('reference', 13, 'fp32'), ('reference', 13, 'bf16')], ids=lambda x: str(x))
-def test_inverse_gradient_is_the_official_backward(backend: str, M: int, dtype: str) -> None:
-    """gradient='inverse': the same forward as 'unrolled', and dL/da = -V^T G V^T from the
+def test_implicit_backward_is_the_official_one(backend: str, M: int, dtype: str) -> None:
+    """backward='implicit': the same forward as 'unrolled', and dL/da = -V^T G V^T from the
     result V, as the official CUDA operator's backward; only V is kept for it."""
     dt = DTYPES[dtype]
     a = kernel_matrix(1, 2, M).to(DEVICE, dt).requires_grad_()
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
-        out = newton_schulz_pinv(a, 4, EPS, gradient='inverse', backend=backend)
+        out = newton_schulz_pinv(a, 4, EPS, backward='implicit', backend=backend)
     assert [t.shape for t in saved] == [a.shape]
     assert torch.equal(out, newton_schulz_pinv(a.detach(), 4, EPS, backend=backend))
     g = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE, dt)
@@ -285,7 +285,7 @@ def test_inverse_gradient_is_the_official_backward(backend: str, M: int, dtype: 
     assert_close(a.grad, -(vt @ g.double() @ vt), dt, 'da')
 
 
-def test_inverse_gradient_agrees_with_unrolled_once_converged() -> None:
+def test_implicit_and_unrolled_agree_once_converged() -> None:
     """In fp64: converged (30 steps, condition number ~80), both gradients are the gradient of
     torch.linalg.inv; 3 steps in, only 'unrolled' is the derivative of what is returned and the
     two differ."""
@@ -298,11 +298,11 @@ def test_inverse_gradient_agrees_with_unrolled_once_converged() -> None:
         return x.grad
 
     exact = grad(lambda x: torch.linalg.inv(x + EPS * eye_like(x)))
-    for gradient in ('unrolled', 'inverse'):
-        got = grad(lambda x: newton_schulz_pinv(x, 30, EPS, gradient=gradient))
-        assert_close(got, exact, torch.float64, gradient)
-    early = [grad(lambda x: newton_schulz_pinv(x, 3, EPS, gradient=gradient, check=False))
-             for gradient in ('unrolled', 'inverse')]
+    for backward in ('unrolled', 'implicit'):
+        got = grad(lambda x: newton_schulz_pinv(x, 30, EPS, backward=backward))
+        assert_close(got, exact, torch.float64, backward)
+    early = [grad(lambda x: newton_schulz_pinv(x, 3, EPS, backward=backward, check=False))
+             for backward in ('unrolled', 'implicit')]
     assert (early[0] - early[1]).norm() > 0.1 * early[0].norm()
 
 
@@ -500,10 +500,10 @@ def test_invalid_inputs(args, match) -> None:
         newton_schulz_pinv(*args)
 
 
-def test_invalid_gradient() -> None:
-    with pytest.raises(ValueError, match=r"gradient must be one of \('unrolled', 'inverse'\), "
+def test_invalid_backward() -> None:
+    with pytest.raises(ValueError, match=r"backward must be one of \('unrolled', 'implicit'\), "
                                          r"got 'exact'"):
-        newton_schulz_pinv(_t(1, 2, 4, 4), 3, EPS, gradient='exact')
+        newton_schulz_pinv(_t(1, 2, 4, 4), 3, EPS, backward='exact')
 
 
 def test_public_api() -> None:

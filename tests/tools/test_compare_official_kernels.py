@@ -17,9 +17,11 @@ import compare_official_kernels as cok  # noqa: E402
 LAM, ITERS = 4.0, 12
 
 
-def stand_in(eps: float = cok.OFFICIAL_EPS, key_layout_bdm: bool = True):
+def stand_in(eps: float = cok.OFFICIAL_EPS, key_layout_bdm: bool = True,
+             inv_bwd_sign: float = -1.):
     """The official operators' semantics in PyTorch (``key_layout_bdm=False``: a stand-in that
-    takes keys as [B, h, M, D], i.e. a wrong reading of the interface)."""
+    takes keys as [B, h, M, D], i.e. a wrong reading of the interface;
+    ``inv_bwd_sign=1``: an inverse backward with the sign lost)."""
 
     def diff(q, kt):  # [B, h, N, D, M]
         kt = kt if key_layout_bdm else kt.transpose(-2, -1)
@@ -45,7 +47,7 @@ def stand_in(eps: float = cok.OFFICIAL_EPS, key_layout_bdm: bool = True):
 
     def inv_bwd(g, inv, da):
         it = inv.transpose(-2, -1)
-        da.copy_(-(it @ g @ it))
+        da.copy_(inv_bwd_sign * (it @ g @ it))
 
     return types.SimpleNamespace(
         LaplaceSubtraction_forward=fwd, LaplaceSubtraction_backward_query=bwd_q,
@@ -65,10 +67,10 @@ def test_laplacian_glue_agrees_with_our_op_and_is_timed():
 def test_newton_glue_agrees_with_our_op():
     cases = cok.newton_cases(stand_in(), 'cpu', [torch.float32], ITERS, LAM, shapes=[(2, 1, 9)])
     row = cok.compare(cases[0], tol=1e-5, rounds=1, device='cpu')
-    assert row['output_diff'] < 1e-5 and 'grad0_diff' not in row  # backwards differ by design
+    assert row['output_diff'] < 1e-5 and row['grad0_diff'] < 1e-5  # -V^T G V^T on both sides
 
 
-@pytest.mark.parametrize('wrong', ['key_layout', 'eps'])
+@pytest.mark.parametrize('wrong', ['key_layout', 'eps', 'inverse_backward'])
 def test_a_misread_interface_fails_the_check(wrong):
     """The check is what makes a timing mean anything: keys in the other layout, or another
     eps, must be caught."""
@@ -76,8 +78,8 @@ def test_a_misread_interface_fails_the_check(wrong):
         cases = cok.laplace_cases(stand_in(key_layout_bdm=False), 'cpu', [torch.float32], LAM,
                                   shapes=[(1, 1, 6, 6, 6)])
     else:
-        cases = cok.newton_cases(stand_in(eps=0.1), 'cpu', [torch.float32], ITERS, LAM,
-                                 shapes=[(1, 1, 9)])
+        official = stand_in(eps=0.1) if wrong == 'eps' else stand_in(inv_bwd_sign=1.)
+        cases = cok.newton_cases(official, 'cpu', [torch.float32], ITERS, LAM, shapes=[(1, 1, 9)])
     with pytest.raises(RuntimeError, match='do not compute the same thing'):
         cok.compare(cases[0], tol=1e-4, rounds=1, device='cpu')
 

@@ -14,9 +14,9 @@ project) and compared with our ops at LaplacianFormer's shapes:
 - ``laplacian``: ``exp(-L1(q, k) / lambda)``, the official distance followed by the exponential
   in PyTorch, against our ``laplacian_kernel`` (one fused kernel); outputs and both gradients must
   agree (``--tol``, relative to the largest value);
-- ``newton``: the official inverse against our ``newton_schulz_pinv`` (eps 0.01); the forwards
-  must agree. Backwards differ by design (ours differentiates the iterate it returns), so only
-  their times are compared.
+- ``newton``: the official inverse against our ``newton_schulz_pinv`` (eps 0.01) with
+  ``backward='implicit'``, LaplacianFormer's default and the official backward (``-V^T G V^T``);
+  outputs and gradients must agree.
 
 Each case is timed forward alone and forward + backward, the calls alternating one by one for
 ``--rounds`` rounds (CUDA events; ratios are medians of neighbouring calls' ratios, as in
@@ -201,8 +201,9 @@ def newton_cases(ext, device, dtypes: Sequence[torch.dtype], iters: int, lam: fl
             a = torch.exp(-torch.cdist(lm, lm, p=1) / lam).to(device, dtype)
             fns = {'official': lambda a: OfficialInverse.apply(ext, a, iters),
                    'ours': lambda a: newton_schulz_pinv(a, iters, OFFICIAL_EPS, check=False,
+                                                        backward='implicit',
                                                         backend=_backend(device))}
-            cases.append(KernelCase(f'newton B{B}-H{h}-M{M}-it{iters}', dtype, fns, [a], False))
+            cases.append(KernelCase(f'newton B{B}-H{h}-M{M}-it{iters}', dtype, fns, [a], True))
     return cases
 
 

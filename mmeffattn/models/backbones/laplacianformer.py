@@ -17,7 +17,8 @@ The token mixer replaces SOFT's Gaussian kernel ``exp(-||q - k||_2^2 / 2)`` by t
 - keys are the queries (one projection, as in SOFT), so ``K(L, K) = K(Q, L)^T``;
 - ``W^-1`` by :func:`mmeffattn.ops.newton_schulz_pinv` (Newton-Schulz iterations, the paper's
   solver, default; its gradient by default that of the exact inverse at the result,
-  ``-V^T G V^T``, as the official CUDA operator's backward, ``ns_gradient``) or, for the paper's solver ablation (``pinv_solver='cg'``), by
+  ``-V^T G V^T``, as the official CUDA operator's backward, ``ns_backward``) or, for the
+  paper's solver ablation (``pinv_solver='cg'``), by
   :func:`~mmeffattn.models.layers.linear_solve.conjugate_gradient_solve` against ``K(L, K) V``;
   the kernel matrices come from :func:`mmeffattn.ops.laplacian_kernel`.
 
@@ -105,7 +106,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from mmeffattn.ops import compute_dtype, laplacian_kernel, newton_schulz_pinv
-from mmeffattn.ops.newton_schulz import GRADIENTS as NS_GRADIENTS
+from mmeffattn.ops.newton_schulz import BACKWARDS as NS_BACKWARDS
 from mmeffattn.registry import MODELS
 from ..layers import DropPath, Mlp
 from ..layers.heads import check_heads
@@ -202,7 +203,7 @@ def check_feature_scale(feature_scale: Union[float, str, None]) -> None:
 
 
 def _check_solver_args(whitening_stats: str, landmark_grid: int, pinv_solver: str,
-                       cg_iters: int, cg_tol: float, ns_gradient: str) -> None:
+                       cg_iters: int, cg_tol: float, ns_backward: str) -> None:
     """Raise ValueError naming the accepted values of the whitening-statistics and solver
     arguments."""
     if whitening_stats not in WHITENING_STATS:
@@ -214,10 +215,10 @@ def _check_solver_args(whitening_stats: str, landmark_grid: int, pinv_solver: st
                          f' got {landmark_grid!r}')
     if pinv_solver not in PINV_SOLVERS:
         raise ValueError(f'pinv_solver must be one of {PINV_SOLVERS}, got {pinv_solver!r}')
-    if ns_gradient not in NS_GRADIENTS:
-        raise ValueError(f"ns_gradient must be one of {NS_GRADIENTS} ('inverse': the official "
+    if ns_backward not in NS_BACKWARDS:
+        raise ValueError(f"ns_backward must be one of {NS_BACKWARDS} ('implicit': the official "
                          f"operator's -V^T G V^T; 'unrolled': through every Newton-Schulz step), "
-                         f"got {ns_gradient!r}")
+                         f"got {ns_backward!r}")
     if isinstance(cg_iters, bool) or not isinstance(cg_iters, int) or cg_iters < 1:
         raise ValueError(f'cg_iters must be an integer >= 1, got {cg_iters!r}')
     if isinstance(cg_tol, bool) or not isinstance(cg_tol, (int, float)) or not cg_tol >= 0:
@@ -344,8 +345,8 @@ class LaplacianAttention(nn.Module):
             ``exp(-||x - y||^2 / 2)``, features scaled by ``head_dim ** -0.25`` as SOFT).
         lam: Laplacian bandwidth ``lambda`` (> 0) on the features the kernel sees.
         ns_iters: Newton-Schulz iterations (>= 0).
-        ns_gradient: gradient of the Newton-Schulz inverse (``gradient`` of
-            :func:`newton_schulz_pinv`): ``'inverse'`` (``-V^T G V^T``, the official operator's)
+        ns_backward: backward of the Newton-Schulz inverse (``backward`` of
+            :func:`newton_schulz_pinv`): ``'implicit'`` (``-V^T G V^T``, the official operator's)
             or ``'unrolled'`` (through every step).
         eps: ridge added to ``K(L, L)`` before inverting (>= 0).
         whitening: ``'kernel'`` (:class:`KernelWhitening` on ``K(Z, L)``, the paper's map),
@@ -370,7 +371,7 @@ class LaplacianAttention(nn.Module):
     """
 
     def __init__(self, dim: int, num_heads: int, sr_ratio: int = 1, kernel: str = 'laplacian',
-                 lam: float = 4., ns_iters: int = 20, ns_gradient: str = 'inverse',
+                 lam: float = 4., ns_iters: int = 20, ns_backward: str = 'implicit',
                  eps: float = 0.01, whitening: Union[str, bool, None] = 'kernel',
                  whitening_stats: str = 'per_landmark', landmark_grid: int = 7,
                  feature_scale: Union[float, str, None] = None,
@@ -385,7 +386,7 @@ class LaplacianAttention(nn.Module):
             raise ValueError(f'dwc_kernel must be odd (same-size output), got {dwc_kernel}')
         whitening = resolve_whitening(whitening)
         _check_solver_args(whitening_stats, landmark_grid, pinv_solver, cg_iters, cg_tol,
-                           ns_gradient)
+                           ns_backward)
         check_feature_scale(feature_scale)
         self.dim = dim
         self.num_heads = num_heads
@@ -393,7 +394,7 @@ class LaplacianAttention(nn.Module):
         self.sr_ratio = sr_ratio
         self.kernel = kernel
         self.lam = float(lam)
-        self.ns_iters, self.ns_gradient = ns_iters, ns_gradient
+        self.ns_iters, self.ns_backward = ns_iters, ns_backward
         self.eps = float(eps)
         self.whitening = whitening
         self.whitening_stats = whitening_stats
@@ -447,7 +448,7 @@ class LaplacianAttention(nn.Module):
         if self.pinv_solver == 'cg':
             return conjugate_gradient_solve(k_ll, r, self.eps, iters=self.cg_iters,
                                             tol=self.cg_tol)
-        return newton_schulz_pinv(k_ll, self.ns_iters, self.eps, gradient=self.ns_gradient,
+        return newton_schulz_pinv(k_ll, self.ns_iters, self.eps, backward=self.ns_backward,
                                   backend=self.backend) @ r
 
     def kernel_whiten(self, s: torch.Tensor, update_stats: bool) -> torch.Tensor:
@@ -497,7 +498,7 @@ class LaplacianAttention(nn.Module):
                 f'kernel={self.kernel!r}, lam={self.lam}, feature_scale={self.feature_scale!r}, '
                 f'whitening={self.whitening!r}, landmark_grid={self.landmark_grid}, '
                 f'pinv_solver={self.pinv_solver!r}, ns_iters={self.ns_iters}, '
-                f'ns_gradient={self.ns_gradient!r}, eps={self.eps}, '
+                f'ns_backward={self.ns_backward!r}, eps={self.eps}, '
                 f'max_landmarks={self.max_landmarks}')
 
 
@@ -651,7 +652,7 @@ class LaplacianFormer(BaseBackbone):
         lam: Laplacian bandwidth, the paper's lambda on the features the kernel sees (paper: 4
             is best).
         ns_iters: Newton-Schulz iterations.
-        ns_gradient: gradient of the Newton-Schulz inverse: ``'inverse'`` (default; the
+        ns_backward: backward of the Newton-Schulz inverse: ``'implicit'`` (default; the
             exact inverse's at the result, ``-V^T G V^T``, as the official CUDA operator's and
             SOFT's backward) or ``'unrolled'`` (the derivative through every step; they differ
             while the iteration has not converged).
@@ -716,7 +717,7 @@ class LaplacianFormer(BaseBackbone):
                  kernel: str = 'laplacian',
                  lam: float = 4.,
                  ns_iters: int = 20,
-                 ns_gradient: str = 'inverse',
+                 ns_backward: str = 'implicit',
                  eps: float = 0.01,
                  whitening: Union[str, bool, None] = 'kernel',
                  whitening_stats: str = 'per_landmark',
@@ -752,7 +753,7 @@ class LaplacianFormer(BaseBackbone):
                              f'inverse: 128), got {max_landmarks!r}')
         whitening = resolve_whitening(whitening)
         _check_solver_args(whitening_stats, landmark_grid, pinv_solver, cg_iters, cg_tol,
-                           ns_gradient)
+                           ns_backward)
         check_feature_scale(feature_scale)
         embed_dims = self.arch_settings['embed_dims']
         depths = self.arch_settings['depths']
@@ -762,7 +763,7 @@ class LaplacianFormer(BaseBackbone):
                              f'stage ({self.num_layers})')
         self.kernel = kernel
         self.lam, self.ns_iters, self.eps = float(lam), ns_iters, float(eps)
-        self.ns_gradient = ns_gradient
+        self.ns_backward = ns_backward
         self.whitening, self.whitening_stats = whitening, whitening_stats
         self.feature_scale, self.pinv_solver = feature_scale, pinv_solver
         self.num_features = list(embed_dims)
@@ -776,7 +777,7 @@ class LaplacianFormer(BaseBackbone):
             softmax = softmax_last_stage and i == self.num_layers - 1
             attn_kwargs = {} if softmax else dict(
                 sr_ratio=self.arch_settings['sr_ratios'][i], kernel=kernel, lam=self.lam,
-                ns_iters=ns_iters, ns_gradient=ns_gradient, eps=self.eps, whitening=whitening,
+                ns_iters=ns_iters, ns_backward=ns_backward, eps=self.eps, whitening=whitening,
                 whitening_stats=whitening_stats, landmark_grid=landmark_grid,
                 feature_scale=feature_scale, pinv_solver=pinv_solver, cg_iters=cg_iters,
                 cg_tol=cg_tol, max_landmarks=max_landmarks, dwc_kernel=dwc_kernel_sizes[i],

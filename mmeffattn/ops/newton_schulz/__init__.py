@@ -4,7 +4,7 @@
 ``newton_schulz_residual``; ``kernels.py``: Triton kernels; ``function.py``: launchers, the
 large-matrix PyTorch path and the autograd Function; ``op.py``: the public, dispatching function.
 """
-from .naive import GRADIENTS, newton_schulz_pinv_naive, newton_schulz_residual
+from .naive import BACKWARDS, newton_schulz_pinv_naive, newton_schulz_residual
 from .op import newton_schulz_pinv
 
-__all__ = ['GRADIENTS', 'newton_schulz_pinv', 'newton_schulz_pinv_naive', 'newton_schulz_residual']
+__all__ = ['BACKWARDS', 'newton_schulz_pinv', 'newton_schulz_pinv_naive', 'newton_schulz_residual']

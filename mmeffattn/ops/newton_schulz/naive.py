@@ -68,14 +68,15 @@ def newton_schulz_pinv_naive(a: torch.Tensor, iters: int, eps: float) -> torch.T
     return v.to(a.dtype)
 
 
-#: what the gradient w.r.t. ``a`` is: ``'unrolled'``, the exact derivative of the returned
-#: iterate (backpropagated through every step; the iterates are stored); ``'inverse'``, the
-#: derivative of the exact inverse evaluated at the result, ``-V^T G V^T`` (the official
-#: LaplacianFormer CUDA operator's and SOFT's backward; nothing stored but the result)
-GRADIENTS = ('unrolled', 'inverse')
+#: the backwards (what the gradient w.r.t. ``a`` is): ``'unrolled'``, the exact derivative of
+#: the returned iterate (backpropagated through every step; the iterates are stored);
+#: ``'implicit'``, the derivative of the exact inverse evaluated at the result, ``-V^T G V^T``
+#: (the official LaplacianFormer CUDA operator's and SOFT's backward; nothing stored but the
+#: result)
+BACKWARDS = ('unrolled', 'implicit')
 
 
-class _InverseGradient(torch.autograd.Function):
+class _ImplicitBackward(torch.autograd.Function):
     """Gives a computed inverse ``v`` of ``a + eps I`` the gradient of the exact inverse."""
 
     @staticmethod
@@ -91,10 +92,10 @@ class _InverseGradient(torch.autograd.Function):
         return -(vt @ g.to(vt.dtype) @ vt).to(v.dtype), None
 
 
-def with_inverse_gradient(a: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def with_implicit_backward(a: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """``v`` (``[..., M, M]``, computed without a graph) as a differentiable function of ``a``
-    whose backward is ``-V^T G V^T`` (``gradient='inverse'``); differentiable once."""
-    return _InverseGradient.apply(a, v)
+    whose backward is ``-V^T G V^T`` (``backward='implicit'``); differentiable once."""
+    return _ImplicitBackward.apply(a, v)
 
 
 def newton_schulz_residual(a: torch.Tensor, inv: torch.Tensor, eps: float) -> torch.Tensor:

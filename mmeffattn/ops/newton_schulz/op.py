@@ -9,8 +9,8 @@ from .._backend import KERNEL_DTYPES as SUPPORTED_DTYPES  # noqa: F401 (public)
 from .._backend import dispatch, triton_reasons
 from .._common import import_kernels, is_eager
 from .._validate import check_alike, check_int, check_not_empty, check_real, check_tensor
-from .naive import (GRADIENTS, newton_schulz_pinv_naive, newton_schulz_residual,
-                    with_inverse_gradient)
+from .naive import (BACKWARDS, newton_schulz_pinv_naive, newton_schulz_residual,
+                    with_implicit_backward)
 
 newton_schulz_pinv_triton, _KERNELS_IMPORT_ERROR = import_kernels(
     __package__, 'newton_schulz_pinv_triton', module='library')
@@ -24,10 +24,10 @@ _NAME = 'newton_schulz_pinv'
 MAX_RESIDUAL = 1.0
 
 
-def _check_inputs(a: torch.Tensor, iters: int, eps: float, gradient: str) -> int:
+def _check_inputs(a: torch.Tensor, iters: int, eps: float, backward: str) -> int:
     """Raise ValueError naming the problem and the fix; return ``iters`` as an int."""
-    if gradient not in GRADIENTS:
-        raise ValueError(f'{_NAME}: gradient must be one of {GRADIENTS}, got {gradient!r}')
+    if backward not in BACKWARDS:
+        raise ValueError(f'{_NAME}: backward must be one of {BACKWARDS}, got {backward!r}')
     check_tensor(_NAME, 'a', a, '[B, heads, M, M]', 'add the missing dims with a[None] or '
                  'reshape')
     if a.shape[2] != a.shape[3]:
@@ -74,7 +74,7 @@ def newton_schulz_triton_reasons(a: torch.Tensor, interpret: Optional[bool] = No
 
 
 def newton_schulz_pinv(a: torch.Tensor, iters: int, eps: float, *,
-                       gradient: str = 'unrolled',
+                       backward: str = 'unrolled',
                        check: Optional[bool] = None,
                        backend: Optional[str] = None) -> torch.Tensor:
     """Newton-Schulz approximation of ``(a + eps I)^{-1}`` (LaplacianFormer, SOFT)::
@@ -100,28 +100,30 @@ def newton_schulz_pinv(a: torch.Tensor, iters: int, eps: float, *,
     on all of its entries, so a NaN or inf in ``a`` makes that matrix's result NaN and leaves the
     other matrices unchanged; such matrices are not reported by ``check``.
 
-    Differentiable w.r.t. ``a``, in one of two ways (``gradient``): ``'unrolled'`` (default),
+    Differentiable w.r.t. ``a``, in one of two ways (``backward``): ``'unrolled'`` (default),
     the exact derivative of the returned iterate (``alpha`` included, not detached), whether or
-    not the iteration has converged; ``'inverse'``, the derivative of the exact inverse taken at
+    not the iteration has converged; ``'implicit'``, the derivative of the exact inverse taken at
     the result, ``dL/da = -V^T G V^T`` (``G = dL/dV``), which is what LaplacianFormer's official
     CUDA operator and SOFT's backward compute. The two agree once the iteration has converged;
     before that (ill-conditioned ``a``) they differ, and only ``'unrolled'`` is the gradient of
-    the function computed. ``'inverse'`` stores nothing but the result and costs two matmuls.
+    the function computed. ``'implicit'`` stores nothing but the result and costs two matmuls.
 
     The Triton backend runs ``M <= 128`` in its kernels (``M`` padded to a power of two with
     the identity, fp32, tensor cores at about fp32 accuracy through 'tf32x3'): up to ``M = 32``
     one program per matrix for the whole iteration, beyond that ``MP / 16`` programs per matrix
     (MP: M padded to a power of two) and one launch per step; larger matrices run the same
-    iteration with batched matmuls in PyTorch (fp32), with the same hand-written backward. With ``gradient='unrolled'`` the forward stores
-    the ``iters`` iterates when a gradient is needed (``iters * B * heads * M * M`` fp32) and
-    the backward reverses the iteration; ``'inverse'`` runs the forward without a graph on
-    either backend and attaches ``-V^T G V^T`` (batched matmuls).
+    iteration with batched matmuls in PyTorch (fp32), with the same hand-written backward.
+    With ``backward='unrolled'`` the forward stores the ``iters`` iterates when a gradient is
+    needed (``iters * B * heads * M * M`` fp32) and the backward reverses the iteration;
+    ``'implicit'`` runs the forward without a graph on either backend and attaches
+    ``-V^T G V^T`` (batched matmuls).
 
     Args:
         a: ``[B, heads, M, M]``; any strides.
         iters: number of iterations, ``>= 0``.
         eps: diagonal regularization, ``>= 0`` (LaplacianFormer: 0.01).
-        gradient: ``'unrolled'`` or ``'inverse'`` (see above; :data:`GRADIENTS`).
+        backward: ``'unrolled'`` or ``'implicit'`` (see above; :data:`BACKWARDS`; the names of
+            ``conjugate_gradient_solve``'s).
         check: compute the residual of the result and raise ``ValueError`` naming the
             matrices whose residual is NaN or ``>= 1`` (not invertible, e.g. zero, or not
             converged). ``None`` (default): check CPU inputs only, since on a GPU the check
@@ -139,14 +141,14 @@ def newton_schulz_pinv(a: torch.Tensor, iters: int, eps: float, *,
             matrix it could not invert.
         RuntimeError: ``backend='triton'`` on inputs the kernels cannot run (lists the reasons).
     """
-    iters = _check_inputs(a, iters, eps, gradient)
+    iters = _check_inputs(a, iters, eps, backward)
     eps = float(eps)
-    inverse_grad = gradient == 'inverse' and torch.is_grad_enabled() and a.requires_grad
-    with torch.no_grad() if inverse_grad else contextlib.nullcontext():
+    implicit = backward == 'implicit' and torch.is_grad_enabled() and a.requires_grad
+    with torch.no_grad() if implicit else contextlib.nullcontext():
         out = dispatch(_NAME, backend, lambda: newton_schulz_triton_reasons(a), (a, ),
                        newton_schulz_pinv_triton, newton_schulz_pinv_naive, a, iters, eps)
-    if inverse_grad:
-        out = with_inverse_gradient(a, out)
+    if implicit:
+        out = with_implicit_backward(a, out)
     if check or (check is None and a.device.type == 'cpu' and is_eager()):
         check_converged(a, out.detach(), iters, eps)
     return out
