@@ -1,29 +1,14 @@
-# Mask R-CNN + SEMA-T, 3x schedule (36 epochs) with multi-scale training and random crops (the
-# DETR-style augmentation MLLA's 3x configs use). Drop path 0.3.
-_base_ = 'mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_ms-crop-3x_coco.py'
+# Mask R-CNN + SEMA-T, 3x schedule (36 epochs): MLLA's 3x recipe
+# (downstream/detection/configs/mlla/mlla_t_mrcnn_3x.py), the 1x config's with multi-scale +
+# crop training for 36 epochs, lr / 10 after epochs 27 and 33, drop path 0.3.
+_base_ = './mask-rcnn_sema-t_fpn_1x_coco.py'
 
-custom_imports = dict(imports=['mmeffattn'], allow_failed_imports=False)
+model = dict(backbone=dict(drop_path_rate=0.3))
 
-# ImageNet-1k weights of the backbone (from configs/sema/sema-t_8xb128_in1k.py); None trains from
-# scratch. Set with --cfg-options model.backbone.init_cfg.checkpoint=PATH.
-pretrained = None
-
-model = dict(
-    backbone=dict(
-        _delete_=True,
-        type='mmeffattn.SEMA',
-        arch='tiny',
-        attn_type='sema',
-        window_size=7,
-        drop_path_rate=0.3,
-        out_indices=(0, 1, 2, 3),
-        with_cp=False,
-        init_cfg=dict(type='Pretrained', checkpoint=pretrained, prefix='backbone.')),
-    neck=dict(in_channels=[64, 128, 256, 512]))
-
-optim_wrapper = dict(
-    type='OptimWrapper',
-    paramwise_cfg=dict(custom_keys={'norm': dict(decay_mult=0.)}, _delete_=True),
-    optimizer=dict(_delete_=True, type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=0.05))
-
-auto_scale_lr = dict(enable=False, base_batch_size=16)
+max_epochs = 36
+train_cfg = dict(max_epochs=max_epochs)
+param_scheduler = [
+    dict(type='LinearLR', start_factor=0.001, by_epoch=False, begin=0, end=500),
+    dict(type='MultiStepLR', begin=0, end=max_epochs, by_epoch=True, milestones=[27, 33],
+         gamma=0.1)
+]

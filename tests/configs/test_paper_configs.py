@@ -46,8 +46,33 @@ def test_sema_resolution_eval_configs(size):
 def test_sema_1024_finetune_config():
     cfg = _load('configs/sema/sema-t_8xb16-30e_in1k-1024px.py')
     assert _types(cfg.train_dataloader.dataset.pipeline)['RandomResizedCrop']['scale'] == 1024
-    assert _types(cfg.test_dataloader.dataset.pipeline)['CenterCrop']['crop_size'] == 1024
+    # Swin's 384 fine-tuning at batch 1024 (its lrs are per 512 images); tested without a crop
+    test = _types(cfg.test_dataloader.dataset.pipeline)
+    assert test['Resize']['scale'] == (1024, 1024) and 'CenterCrop' not in test
     assert cfg.train_cfg.max_epochs == 30 and 'load_from' in cfg
+    assert cfg.optim_wrapper.optimizer.lr == 4e-5 and cfg.auto_scale_lr.base_batch_size == 1024
+    warmup, cosine = cfg.param_scheduler
+    assert warmup.start_factor == 1e-3 and warmup.end == 5 and cosine.eta_min == 4e-7
+
+
+@pytest.mark.parametrize('family', ['sema', 'mila'])
+def test_mask_rcnn_configs_are_mllas_recipe(family):
+    """MLLA's 1x and 3x Mask R-CNN configs share the DETR-style multi-scale + crop pipeline and
+    a 500-iteration warm-up; they differ in epochs, milestones and drop path."""
+    for schedule, epochs, milestones, drop_path in (('1x', 12, [8, 11], 0.1),
+                                                    ('ms-crop-3x', 36, [27, 33], 0.3)):
+        cfg = _load(f'configs/{family}/mask-rcnn_{family}-t_fpn_{schedule}_coco.py')
+        pipeline = _types(cfg.train_dataloader.dataset.pipeline)
+        multi_scale, crop = pipeline['RandomChoice']['transforms']
+        assert multi_scale[0]['scales'][0] == (480, 1333) and len(multi_scale[0]['scales']) == 11
+        assert [t['type'] for t in crop] == ['RandomChoiceResize', 'RandomCrop',
+                                             'RandomChoiceResize']
+        assert crop[1]['crop_size'] == (384, 600)
+        warmup, steps = cfg.param_scheduler
+        assert (warmup.type, warmup.end, warmup.start_factor) == ('LinearLR', 500, 0.001)
+        assert steps.milestones == milestones and cfg.train_cfg.max_epochs == epochs
+        assert cfg.model.backbone.drop_path_rate == drop_path
+        assert cfg.optim_wrapper.optimizer.lr == 1e-4
 
 
 def test_weightformer_b_is_the_official_wfm_base_at_448():
