@@ -2,7 +2,8 @@
 # (config/SOFT_*.yaml; the official LaplacianFormer code publishes no training script): AdamW
 # lr 1e-3 for batch 1024, weight decay 0.05, 10 warm-up epochs then cosine to 5e-5, gradient
 # clipping at 1.0; RandAugment, Mixup 0.8 / CutMix 1.0, label smoothing 0.1 and random erasing 0.25
-# from the Swin base; drop path 0.1. Laplacian kernel, lambda 4 on the unscaled features, kernel
+# from the Swin base; drop path 0.1; an EMA of the weights (SOFT: decay 0.99996 per step), which
+# validation, test and checkpoints use. Laplacian kernel, lambda 4 on the unscaled features, kernel
 # whitening, 20 Newton-Schulz steps, eps 0.01. Ablations: laplacianformer-t_{cg,query-whitening}_*.
 _base_ = 'mmpretrain::swin_transformer/swin-tiny_16xb64_in1k.py'
 
@@ -37,3 +38,7 @@ param_scheduler = [
     dict(type='CosineAnnealingLR', eta_min=5e-5, by_epoch=True, begin=10),
 ]
 auto_scale_lr = dict(base_batch_size=1024)
+
+custom_hooks = [
+    dict(type='EMAHook', momentum=4e-5, update_buffers=True, priority='ABOVE_NORMAL'),
+]

@@ -35,6 +35,7 @@ val_dataloader = dict(batch_size=16, dataset=dict(pipeline=test_pipeline))
 test_dataloader = val_dataloader
 
 model = dict(backbone=dict(with_cp=True))  # 65k tokens at stride 4: checkpoint the blocks
+custom_hooks = []  # Swin's fine-tuning has neither an EMA nor MESA
 
 optim_wrapper = dict(optimizer=dict(lr=4e-5, weight_decay=1e-8), clip_grad=dict(max_norm=5.0))
 param_scheduler = [

@@ -58,3 +58,5 @@ def test_two_process_cpu_training(tmp_path, shared_data):
     assert osp.isfile(osp.join(work, 'epoch_1.pth')), log[-3000:]
     # 16 images, batch 4 per process, 2 processes: 2 iterations per epoch
     assert 'Epoch(train) [1][2/2]' in log, log[-3000:]
+    # MLLA's MESA term (on from int(0.25 * 1) = epoch 0) with the EMA model, under DDP
+    assert 'loss_mesa' in log, log[-3000:]
