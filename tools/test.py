@@ -33,7 +33,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('checkpoint', help='checkpoint file')
     parser.add_argument('--work-dir', help='where logs (and by default the metrics JSON) go')
     parser.add_argument('--out-json',
-                        help='metrics JSON path (default: WORK_DIR/test_metrics.json)')
+                        help='metrics JSON path (default: WORK_DIR/test_metrics.json); an '
+                             'existing folder, or a path ending in /, gets test_metrics.json '
+                             'inside it')
     parser.add_argument('--show-dir', help='draw predictions on the test images into this folder')
     parser.add_argument('--tta', action='store_true',
                         help="test-time augmentation from the config's tta_model/tta_pipeline")
@@ -48,7 +50,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def enable_visualization(cfg, show_dir: str) -> None:
-    """Turn on the downstream library's visualization hook, whichever it is."""
+    """Turn on the downstream library's visualization hook, whichever it is, for every test
+    image."""
     hook = cfg.default_hooks.get('visualization')
     if hook is None:
         raise RuntimeError('--show-dir needs a "visualization" entry in default_hooks')
@@ -58,8 +61,8 @@ def enable_visualization(cfg, show_dir: str) -> None:
     elif kind == 'SegVisualizationHook':  # mmseg writes through the visualizer's save_dir
         hook.update(draw=True, interval=1)
         cfg.visualizer['save_dir'] = osp.abspath(show_dir)
-    elif kind == 'VisualizationHook':  # mmpretrain
-        hook.update(enable=True, out_dir=osp.abspath(show_dir))
+    elif kind == 'VisualizationHook':  # mmpretrain: draws one sample in `interval` (5000)
+        hook.update(enable=True, interval=1, out_dir=osp.abspath(show_dir))
     else:
         raise RuntimeError(f'--show-dir does not know the visualization hook {hook["type"]!r}')
 
@@ -123,6 +126,20 @@ def apply_tta(cfg, config_path: Optional[str] = None) -> None:
     cfg.model = ConfigDict(**cfg.tta_model, module=cfg.model)
 
 
+def metrics_path(out_json: Optional[str], work_dir: str) -> str:
+    """The metrics JSON file for ``--out-json`` (``None``: ``WORK_DIR/test_metrics.json``).
+
+    A folder (one that exists, or a path ending in a separator) gets ``test_metrics.json`` inside
+    it. Decided before the evaluation: opening a folder as the file failed only after it, with
+    ``IsADirectoryError``, and the metrics were lost.
+    """
+    if not out_json:
+        return osp.join(work_dir, 'test_metrics.json')
+    if osp.isdir(out_json) or out_json.endswith(('/', os.sep)):
+        return osp.join(out_json, 'test_metrics.json')
+    return out_json
+
+
 def to_jsonable(value):
     try:
         return float(value) if not isinstance(value, (int, str, bool)) else value
@@ -155,6 +172,7 @@ def main(argv=None) -> dict:
     cfg = load_config(args.config, args.cfg_options)
     check_compile_option(cfg)
     set_work_dir(cfg, args.config, args.work_dir)
+    out = metrics_path(args.out_json, cfg.work_dir)
     if args.tta:  # before anything is loaded, so that a config without TTA fails at once
         apply_tta(cfg, args.config)
     # A missing, truncated or refused file ends here with one line, before anything is built.
@@ -187,7 +205,6 @@ def main(argv=None) -> dict:
                               'passed the score threshold); the JSON records an empty dict')
 
     if is_main_process():
-        out = args.out_json or osp.join(cfg.work_dir, 'test_metrics.json')
         os.makedirs(osp.dirname(osp.abspath(out)), exist_ok=True)
         record = dict(config=args.config, checkpoint=args.checkpoint, tta=args.tta,
                       metrics={k: to_jsonable(v) for k, v in metrics.items()})

@@ -6,9 +6,10 @@
   ``with`` block around one load: nothing is added to torch's process-wide allow-list.
 * **Atomic saves.** :func:`atomic_save` writes to a temporary file in the destination folder,
   fsyncs it and renames it over the final name, so a kill leaves the old file or the new one,
-  never a truncated file under the final name.
-* **Clear errors.** :func:`load_checkpoint_file` turns a missing, empty, truncated or refused file
-  into one line that names the file and says what to do (:class:`CheckpointError`).
+  never a truncated file under the final name. The partial temporary file such a kill leaves is
+  removed by the next save to that name, and by ``--resume`` (:func:`find_resume_checkpoint`).
+* **Clear errors.** :func:`load_checkpoint_file` turns a missing, empty, truncated or refused file,
+  or a folder, into one line that names it and says what to do (:class:`CheckpointError`).
 
 :func:`install_checkpoint_io` routes mmengine's Runner through all three (``import mmeffattn``
 calls it, so configs that ``custom_imports`` mmeffattn get it from any tool).
@@ -20,6 +21,7 @@ import io
 import os
 import os.path as osp
 import pickle
+import re
 import tempfile
 from typing import Any, Callable, Iterable, Iterator, List, Optional
 
@@ -108,7 +110,7 @@ def _short(exc: BaseException, limit: int = 160) -> str:
 
 def load_checkpoint_file(path: str, map_location: Any = 'cpu', *, mmap: bool = False,
                          extra_safe_globals: Iterable[Any] = (), hint: str = _CORRUPT_HINT,
-                         weights_only: bool = True) -> Any:
+                         weights_only: bool = True, folder_hint: str = '') -> Any:
     """``torch.load`` a local checkpoint safely, or raise a one-line :class:`CheckpointError`.
 
     Args:
@@ -119,12 +121,18 @@ def load_checkpoint_file(path: str, map_location: Any = 'cpu', *, mmap: bool = F
         extra_safe_globals: more objects (or ``(obj, name)`` pairs) the safe loader may build.
         hint: what the user should do when the file is truncated or corrupt.
         weights_only: keep ``True`` unless the caller trusts the file.
+        folder_hint: another way out when ``path`` is a folder (besides naming a file in it).
 
     Raises:
         CheckpointNotFoundError: no file at ``path``.
-        CheckpointError: the file is empty, truncated, corrupt, or holds refused objects.
+        CheckpointError: ``path`` is a folder, or the file is empty, truncated, corrupt, or holds
+            refused objects.
     """
     path = osp.expanduser(str(path))
+    if osp.isdir(path):
+        raise CheckpointError(f'checkpoint {path!r} is a directory, not a checkpoint file: pass a '
+                              f'.pth file{_newest_in(path)}'
+                              f'{", or " + folder_hint if folder_hint else ""}')
     if not osp.isfile(path):
         raise CheckpointNotFoundError(f'checkpoint {path!r} does not exist')
     if osp.getsize(path) == 0:
@@ -156,9 +164,16 @@ def load_checkpoint_file(path: str, map_location: Any = 'cpu', *, mmap: bool = F
                               f'{hint}') from None
 
 
+def _newest_in(folder: str) -> str:
+    """`` (e.g. its newest, '<folder>/epoch_3.pth')``, or `` (it holds none)``."""
+    found = glob.glob(osp.join(glob.escape(folder), '*.pth'))
+    if not found:
+        return ' (it holds none)'
+    return f' (e.g. its newest, {max(found, key=osp.getmtime)!r})'
+
+
 def _unsupported_global(exc: BaseException) -> str:
     """The refused global named in torch's weights-only message, or its first line."""
-    import re
     m = re.search(r'(?:Unsupported global|GLOBAL) ?:? ?(?:GLOBAL )?([\w.]+)', str(exc))
     return f'GLOBAL {m.group(1)}' if m else _short(exc)
 
@@ -172,14 +187,38 @@ def _umask() -> int:
     return mask
 
 
+#: the name ``tempfile.mkstemp(prefix=f'.{name}.', suffix='.tmp')`` gives a temporary file:
+#: CPython draws 8 characters from ``[a-z0-9_]``. Nothing else matches, so that cleaning up never
+#: removes a file the writer did not create.
+_TEMP_NAME = r'\.({name})\.[a-z0-9_]{{8}}\.tmp'
+
+
+def _stale_temp_files(folder: str, name: str) -> List[str]:
+    """Temporary files of :func:`atomic_write` in ``folder`` for targets matching the regular
+    expression ``name``, i.e. what a save killed in the middle of writing left behind."""
+    pattern = re.compile(_TEMP_NAME.format(name=name))
+    with contextlib.suppress(OSError):
+        return sorted(osp.join(folder, n) for n in os.listdir(folder) if pattern.fullmatch(n))
+    return []
+
+
+def _remove(paths: Iterable[str]) -> None:
+    for path in paths:
+        with contextlib.suppress(OSError):  # gone already (another rank, or a user)
+            os.remove(path)
+
+
 def atomic_write(path: str, write: Callable[[io.BufferedWriter], None]) -> None:
     """Call ``write(f)`` on a temporary file beside ``path``, fsync it, then rename it to ``path``.
 
     A kill at any moment leaves ``path`` as it was (absent or the previous file) or complete; the
-    partly written temporary file is ``.<name>.*.tmp`` and is removed on any Python exception.
+    partly written temporary file is ``.<name>.XXXXXXXX.tmp`` and is removed on any Python
+    exception. One left by a kill (which no ``except`` sees) is removed here by the next save to
+    the same ``path``: a checkpoint's worth of disk would otherwise stay in a hidden file forever.
     """
     path = osp.abspath(path)
     folder = osp.dirname(path)
+    _remove(_stale_temp_files(folder, re.escape(osp.basename(path))))
     fd, tmp = tempfile.mkstemp(prefix=f'.{osp.basename(path)}.', suffix='.tmp', dir=folder)
     try:
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; match a plain open()
@@ -215,8 +254,16 @@ def find_resume_checkpoint(work_dir: str) -> Optional[str]:
     mmengine's CheckpointHook names the latest checkpoint in ``WORK_DIR/last_checkpoint``. Without
     that file (e.g. a kill between a save and its record), the newest ``*.pth`` in the work dir is
     used. A named checkpoint that is missing or unreadable raises :class:`CheckpointError` rather
-    than silently starting from scratch.
+    than silently starting from scratch. The partial ``.<name>.pth.XXXXXXXX.tmp`` files of saves
+    that were killed (hidden files, never taken for a checkpoint) are removed, and listed: the
+    run that wrote them is over.
     """
+    leftovers = _stale_temp_files(work_dir, r'.+\.pth')
+    if leftovers:
+        _remove(leftovers)
+        from mmengine.logging import print_log
+        print_log(f'--resume: removed the partial file(s) of interrupted checkpoint saves in '
+                  f'{work_dir}: ' + ', '.join(osp.basename(p) for p in leftovers), logger=None)
     record = osp.join(work_dir, 'last_checkpoint')
     if osp.isfile(record):
         with open(record) as f:
@@ -237,7 +284,7 @@ def find_resume_checkpoint(work_dir: str) -> Optional[str]:
 def _check_readable(path: str, why: str) -> None:
     hint = (f'pass --resume PATH with an earlier checkpoint, or remove the bad file to start '
             f'from scratch')
-    if not osp.isfile(path):
+    if not osp.exists(path):  # (a folder gets load_checkpoint_file's message)
         raise CheckpointNotFoundError(f'cannot resume: checkpoint {path!r} does not exist ({why})'
                                       f'; {hint}')
     try:

@@ -8,7 +8,8 @@ Two problems that every OpenMMLab user of this stack meets, solved once here:
   checkpoints contain, only for the duration of each load.
 * mmengine's ``pytorch`` launcher calls ``torch.cuda.set_device``; on a CPU-only machine we start
   the gloo process group ourselves (mmengine then skips its own) and make DDP wrap a CPU module
-  (``device_ids=None``).
+  (``device_ids=None``). Its ``slurm`` and ``mpi`` launchers select a GPU as well: without CUDA
+  (and without the torchrun environment) they are refused with a message naming the launcher.
 """
 import os
 import os.path as osp
@@ -35,16 +36,29 @@ def cpu_distributed_requested(launcher: str) -> bool:
     return launcher != 'none' and not torch.cuda.is_available()
 
 
-def init_cpu_distributed(timeout_s: int = 1800) -> None:
-    """Start a gloo process group from the torchrun environment (RANK, WORLD_SIZE, ...)."""
+def init_cpu_distributed(timeout_s: int = 1800, launcher: str = 'pytorch') -> None:
+    """Start a gloo process group from the torchrun environment (RANK, WORLD_SIZE, ...).
+
+    ``launcher`` is the ``--launcher`` the user passed, named in the error when that environment
+    is missing: on CPUs the tools support ``pytorch`` (torchrun), since mmengine's ``slurm`` and
+    ``mpi`` launchers select a CUDA device.
+    """
     if dist.is_available() and dist.is_initialized():
         return
     missing = [k for k in ('RANK', 'WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT')
                if k not in os.environ]
-    if missing:
+    if missing and launcher == 'pytorch':
         raise RuntimeError(
             f'--launcher pytorch needs the torchrun environment, but {missing} are not set: start '
-            f'the run with tools/dist_train.sh (or torchrun), not plain python.')
+            f'the run with tools/dist_train.sh or tools/dist_test.sh (or torchrun), not plain '
+            f'python.')
+    if missing:
+        raise RuntimeError(
+            f"--launcher {launcher} needs a CUDA GPU (mmengine's {launcher} launcher selects "
+            f'one), and this machine has none: on CPUs the tools run distributed only with '
+            f'--launcher pytorch under torchrun (bash tools/dist_train.sh CONFIG NUM_PROCS, or '
+            f'tools/dist_test.sh CONFIG CHECKPOINT NUM_PROCS), or in one process without '
+            f'--launcher.')
     import datetime
     dist.init_process_group(backend='gloo', timeout=datetime.timedelta(seconds=timeout_s))
 

@@ -41,7 +41,7 @@ def setup_launcher(cfg: Config, launcher: str) -> None:
     if 'LOCAL_RANK' not in os.environ:
         os.environ['LOCAL_RANK'] = '0'
     if cpu_distributed_requested(launcher):
-        init_cpu_distributed()
+        init_cpu_distributed(launcher=launcher)
         configure_cpu_ddp(cfg)
 
 
@@ -125,8 +125,12 @@ def configure_resume(cfg: Config, resume: Optional[str]) -> None:
         print_log(f'--resume: resuming from {path}', logger='current')
     else:
         path = resume
+    # a folder is probably the work dir, whose latest checkpoint --resume alone finds
     meta = load_checkpoint_file(path, mmap=True, hint='pass --resume PATH with an intact '
-                                'checkpoint, e.g. an earlier one in the same folder').get('meta')
+                                'checkpoint, e.g. an earlier one in the same folder',
+                                folder_hint=f'--resume with no value to continue from the latest '
+                                f'checkpoint in the work dir (--work-dir {path} --resume for '
+                                f'this folder)').get('meta')
     cfg.resume = True
     cfg.load_from = path
     randomness = dict(cfg.get('randomness') or {})

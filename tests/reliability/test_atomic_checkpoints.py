@@ -1,5 +1,6 @@
 """Atomic checkpoints: a kill in the middle of a save leaves the old file or the new one under the
-final name, never a truncated file - for the Runner's saves and the converters' saves."""
+final name, never a truncated file - for the Runner's saves and the converters' saves. The partial
+temporary file the kill leaves is never resumed from, and the next save (or --resume) removes it."""
 import os
 import os.path as osp
 import subprocess
@@ -98,3 +99,65 @@ def test_runner_save_is_patched_on_import():
     import mmeffattn  # noqa: F401
     from mmengine.runner import runner
     assert getattr(runner.save_checkpoint, '_mmeffattn_atomic', False)
+
+
+# The child dies (SIGKILL, which no ``except`` sees) in the middle of an atomic save, leaving the
+# partial temporary file under the name the writer really gives it.
+_KILLED_SAVE = r'''
+import os, signal, sys
+from mmeffattn.engine import atomic_write
+
+def write(f):
+    f.write(b'x' * 4096)
+    f.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+atomic_write(sys.argv[1], write)
+'''
+
+# Names that only look like a leftover of a save to iter_2.pth: another target's, not hidden,
+# another suffix, a random part of another length, one mkstemp never makes (upper case).
+_LOOKALIKES = ['.iter_20.pth.abcd1234.tmp', 'iter_2.pth.abcd1234.tmp',
+               '.iter_2.pth.abcd1234.tmp.bak', '.iter_2.pth.notes.tmp', '.iter_2.pth.ABCD1234.tmp']
+
+
+def test_next_save_removes_what_a_killed_save_left(tmp_path):
+    """A kill in the middle of writing left a hidden, checkpoint-sized ``.iter_2.pth.*.tmp``
+    beside the checkpoint forever; the next save to that name removes it, and nothing else."""
+    path = str(tmp_path / 'iter_2.pth')
+    proc = subprocess.run([sys.executable, '-c', _KILLED_SAVE, path], cwd=ROOT, env=tool_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -9, proc.stderr[-3000:]
+    (leftover, ) = os.listdir(tmp_path)
+    assert leftover.startswith('.iter_2.pth.') and leftover.endswith('.tmp'), leftover
+    for name in _LOOKALIKES:
+        (tmp_path / name).write_bytes(b'not ours')
+
+    from mmeffattn.engine import atomic_save
+    atomic_save({'w': torch.ones(2)}, path)
+    assert sorted(os.listdir(tmp_path)) == sorted(['iter_2.pth', *_LOOKALIKES])
+    assert torch.equal(torch.load(path, weights_only=True)['w'], torch.ones(2))
+
+
+def test_resume_never_takes_a_leftover_and_removes_it(tmp_path, capsys):
+    """A leftover is never resumed from, even a complete checkpoint newer than every ``*.pth``
+    (killed between the write and the rename); ``--resume`` removes the leftovers of the run."""
+    import tempfile
+
+    from mmeffattn.engine import find_resume_checkpoint
+    torch.save({'meta': {'iter': 1}}, str(tmp_path / 'iter_1.pth'))
+    os.utime(tmp_path / 'iter_1.pth', (1, 1))
+    fd, leftover = tempfile.mkstemp(prefix='.iter_2.pth.', suffix='.tmp', dir=str(tmp_path))
+    with os.fdopen(fd, 'wb') as f:  # the name atomic_write gives, with a whole checkpoint in it
+        torch.save({'meta': {'iter': 2}}, f)
+    (tmp_path / '.keep.txt.abcd1234.tmp').write_bytes(b'a save, but not of a checkpoint')
+
+    assert find_resume_checkpoint(str(tmp_path)) == str(tmp_path / 'iter_1.pth')
+    assert sorted(os.listdir(tmp_path)) == ['.keep.txt.abcd1234.tmp', 'iter_1.pth']
+    assert osp.basename(leftover) in capsys.readouterr().out  # said what it removed
+
+    os.remove(tmp_path / 'iter_1.pth')
+    fd, _ = tempfile.mkstemp(prefix='.iter_2.pth.', suffix='.tmp', dir=str(tmp_path))
+    os.close(fd)
+    assert find_resume_checkpoint(str(tmp_path)) is None  # only a leftover: nothing to resume
+    assert os.listdir(tmp_path) == ['.keep.txt.abcd1234.tmp']

@@ -112,3 +112,48 @@ def test_runner_load_from_and_pretrained_name_the_file(tmp_path):
     cfg.work_dir, cfg.load_from = str(tmp_path / 'w'), bad
     with pytest.raises(CheckpointError, match='pretrained.pth'):
         Runner.from_cfg(cfg).train()
+
+
+def _work_dir_with_checkpoints(work) -> str:
+    """A work dir holding iter_2.pth and, newer, iter_3.pth; returns the newer one's path."""
+    work.mkdir()
+    for i, name in enumerate(['iter_2.pth', 'iter_3.pth']):
+        torch.save({'meta': {'iter': i + 2}, 'state_dict': {}}, str(work / name))
+        os.utime(work / name, (1000 + i, 1000 + i))
+    return str(work / 'iter_3.pth')
+
+
+def test_test_tool_with_a_folder_as_checkpoint(tmp_path, capsys):
+    """A folder passed as the checkpoint was reported as not existing."""
+    cfg = toy_config(tmp_path / 'cfg.py')
+    work = tmp_path / 'w'
+    newest = _work_dir_with_checkpoints(work)
+    err = _one_line_error(capsys, 'test', [cfg, str(work), '--work-dir', str(tmp_path / 'out')])
+    assert 'does not exist' not in err and f"'{work}' is a directory" in err
+    assert 'pass a .pth file' in err and repr(newest) in err
+
+
+def test_train_resume_with_a_folder(tmp_path, capsys):
+    """``--resume DIR`` says to pass a .pth file, or --resume alone for the work dir's latest."""
+    cfg = toy_config(tmp_path / 'cfg.py')
+    work = tmp_path / 'w'
+    newest = _work_dir_with_checkpoints(work)
+    err = _one_line_error(capsys, 'train', [cfg, '--work-dir', str(tmp_path / 'out'),
+                                            '--resume', str(work)])
+    assert 'does not exist' not in err and f"'{work}' is a directory" in err
+    assert repr(newest) in err and '--resume with no value' in err
+    assert f'--work-dir {work} --resume' in err
+
+
+def test_folder_errors_of_the_loaders(tmp_path):
+    from mmeffattn.engine import CheckpointError, find_resume_checkpoint, load_checkpoint_file
+    empty = tmp_path / 'empty'
+    empty.mkdir()
+    with pytest.raises(CheckpointError, match=r"is a directory, not a checkpoint file: pass a "
+                                              r"\.pth file \(it holds none\)$"):
+        load_checkpoint_file(str(empty))
+    work = tmp_path / 'w'
+    work.mkdir()
+    (work / 'last_checkpoint').write_text(str(empty))  # a record naming a folder
+    with pytest.raises(CheckpointError, match='cannot resume .*is a directory'):
+        find_resume_checkpoint(str(work))

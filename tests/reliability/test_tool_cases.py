@@ -1,16 +1,21 @@
 """Small tool cases: an invalid annotation JSON names the file; tools/test.py keeps the training
-config dump; the dist scripts find the project's .venv without an activated environment."""
+config dump, takes a folder for --out-json and draws every classification test image for
+--show-dir; --launcher slurm/mpi on a CPU is refused by name; the dist scripts find the project's
+.venv without an activated environment."""
 import glob
+import json
 import os
 import os.path as osp
 import shutil
 import stat
 import subprocess
+import sys
 
 import pytest
+import torch
 from mmengine.config import Config
 
-from reliability_toys import ROOT, load_tool, toy_config
+from reliability_toys import ROOT, load_tool, tool_env, toy_config
 
 pytestmark = pytest.mark.usefixtures('one_thread')
 
@@ -51,14 +56,17 @@ def test_valid_annotation_json_passes(tmp_path):
     check_dataset_paths(_coco_cfg(tmp_path, '{"images": [], "annotations": []}'), ['train'])
 
 
-def test_test_tool_keeps_the_training_config_dump(tmp_path):
-    extra = '''
+#: a test loop for the toy config (toy_config(..., extra=TOY_TEST))
+TOY_TEST = '''
 test_dataloader = dict(batch_size=4, num_workers=0, sampler=dict(type='DefaultSampler',
                        shuffle=False), dataset=dict(type='ReliabilityToyDataset', size=8))
 test_evaluator = dict(type='ReliabilityToyMetric')
 test_cfg = dict()
 '''
-    cfg = toy_config(tmp_path / 'toy.py', max_steps=2, interval=2, extra=extra)
+
+
+def test_test_tool_keeps_the_training_config_dump(tmp_path):
+    cfg = toy_config(tmp_path / 'toy.py', max_steps=2, interval=2, extra=TOY_TEST)
     work = str(tmp_path / 'work')
     load_tool('train').main([cfg, '--work-dir', work])
     dump = osp.join(work, 'toy.py')
@@ -71,6 +79,71 @@ test_cfg = dict()
     test_dumps = glob.glob(osp.join(work, '*', 'test_toy.py'))
     assert len(test_dumps) == 1 and 'batch_size=2' in open(test_dumps[0]).read()
     assert not glob.glob(osp.join(work, '2*.py'))  # no stray <timestamp>.py left in the work dir
+
+
+def _untrained_toy_checkpoint(path) -> str:
+    from reliability_toys import ReliabilityToyModel
+    torch.save({'state_dict': ReliabilityToyModel().state_dict()}, str(path))
+    return str(path)
+
+
+def test_out_json_folder_gets_test_metrics_json(tmp_path):
+    """``--out-json DIR`` failed with IsADirectoryError, after the whole evaluation."""
+    cfg = toy_config(tmp_path / 'toy.py', extra=TOY_TEST)
+    ckpt = _untrained_toy_checkpoint(tmp_path / 'toy.pth')
+    test = load_tool('test')
+    folder = tmp_path / 'results'
+    folder.mkdir()
+    metrics = test.main([cfg, ckpt, '--work-dir', str(tmp_path / 'w'), '--out-json', str(folder)])
+    with open(folder / 'test_metrics.json') as f:
+        assert json.load(f)['metrics'] == pytest.approx(metrics)
+    # a folder still to be made, written as one (a trailing separator)
+    test.main([cfg, ckpt, '--work-dir', str(tmp_path / 'w'), '--out-json',
+               str(tmp_path / 'new') + os.sep])
+    assert osp.isfile(tmp_path / 'new' / 'test_metrics.json')
+
+
+@pytest.mark.e2e
+def test_show_dir_draws_every_classification_test_image(tmp_path, shared_data):
+    """``tools/test.py --show-dir`` with an mmpretrain config draws each test image once: its
+    VisualizationHook draws one sample in ``interval`` (5000 by default), so only the first
+    image was drawn."""
+    root = shared_data('imagenet_sample') + '/'
+    cfg = tmp_path / 'cfg.py'
+    base = osp.join(ROOT, 'configs', 'weightformer', 'weightformer-t_8xb128_in1k.py')
+    cfg.write_text(f'''_base_ = {base!r}
+test_pipeline = [dict(type='LoadImageFromFile'), dict(type='Resize', scale=(64, 64)),
+                 dict(type='PackInputs')]
+test_dataloader = dict(batch_size=2, num_workers=0, persistent_workers=False,
+    dataset=dict(data_root={root!r}, split='val', indices=5, pipeline=test_pipeline))
+''')
+    ckpt = str(tmp_path / 'untrained.pth')  # what is drawn does not depend on the weights
+    torch.save({'state_dict': {}}, ckpt)
+    vis = tmp_path / 'vis'
+    proc = subprocess.run([sys.executable, osp.join(ROOT, 'tools', 'test.py'), str(cfg), ckpt,
+                           '--work-dir', str(tmp_path / 'work'), '--show-dir', str(vis)],
+                          cwd=ROOT, env=tool_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with open(osp.join(root, 'meta', 'val.txt')) as f:
+        first5 = [line.split()[0] for line in f][:5]
+    # 5 images in batches of 2: the batches after the first are drawn too, the last one short
+    assert sorted(p.name for p in vis.rglob('*.png')) == [f'{n}_0.png' for n in first5]
+
+
+@pytest.mark.parametrize('tool', ['train', 'test'])
+@pytest.mark.parametrize('launcher', ['slurm', 'mpi'])
+def test_gpu_launcher_on_a_cpu_names_it(tmp_path, monkeypatch, tool, launcher):
+    """``--launcher slurm`` on a CPU-only machine said "--launcher pytorch needs the torchrun
+    environment"."""
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    for key in ('RANK', 'WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT'):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv('LOCAL_RANK', '0')  # (the tools set it; restored after the test)
+    cfg = toy_config(tmp_path / 'toy.py', extra=TOY_TEST)
+    args = [cfg] + ([_untrained_toy_checkpoint(tmp_path / 'toy.pth')] if tool == 'test' else [])
+    with pytest.raises(RuntimeError, match=f'^--launcher {launcher} needs a CUDA GPU .* '
+                                           f'--launcher pytorch under torchrun'):
+        load_tool(tool).main(args + ['--work-dir', str(tmp_path / 'w'), '--launcher', launcher])
 
 
 def _fake_python(path, tag):

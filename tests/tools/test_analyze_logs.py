@@ -161,3 +161,15 @@ def test_cli_plots_summarizes_and_times(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert 'coco/bbox_mAP: last 0.2000, highest 0.3000 at epoch 2' in printed
     assert 'slowest epoch 3 (0.7000 s/iter), fastest epoch 1 (0.5000 s/iter)' in printed
+
+
+def test_summary_keeps_losses_under_a_head_prefix(tmp_path, capsys):
+    """mmseg logs each head's losses under its prefix (decode.loss_ce, aux.loss_ce): the summary
+    keeps them, and leaves out what is not a loss (decode.acc_seg, lr, time)."""
+    lines = [dict(lr=.01, loss=1.5, **{'decode.loss_ce': 1., 'decode.acc_seg': 40.,
+                                       'aux.loss_ce': .5}, time=.5, data_time=.01, iter=s,
+                  step=s) for s in (10, 20)]
+    write_run(tmp_path, '20261202_100000', lines)
+    (s, ) = analyze_logs.main(['summary', str(tmp_path)])
+    assert s['losses'] == {'loss': 1.5, 'decode.loss_ce': 1., 'aux.loss_ce': .5}
+    assert 'decode.loss_ce 1.0000, aux.loss_ce 0.5000' in capsys.readouterr().out

@@ -68,7 +68,8 @@ def summary(log: TrainLog, name: str) -> dict:
     """The last training line's losses and, per validation metric, its last and best value."""
     last = log.train[-1]
     where = f'epoch {last["epoch"]}, ' if 'epoch' in last else ''
-    losses = {k: v for k, v in last.items() if k.startswith('loss')}
+    # mmseg logs each head's losses under its prefix (decode.loss_ce, aux.loss_ce)
+    losses = {k: v for k, v in last.items() if k.split('.')[-1].startswith('loss')}
     print(f'{name}: {len(log.sources)} training run(s), last logged at {where}iteration '
           f'{last["step"]}')
     if losses:
