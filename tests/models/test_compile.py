@@ -51,6 +51,29 @@ def test_compiled_equals_eager(name):
         torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5)
 
 
+# WeightFormer broke fullgraph at a second size (a check on a symbolic token count); SEMA is
+# the family with the most size branches; the others with --run-slow
+@pytest.mark.parametrize('name', [
+    pytest.param(n, marks=() if n in ('SEMA', 'WeightFormer') else pytest.mark.slow)
+    for n in NAMES])
+def test_dynamic_sizes_share_one_graph(name):
+    """dynamic=True, fullgraph=True: four sizes compile once and equal eager. The sizes share
+    what the models branch on for speed: none a multiple of 4 (the stem pads), every stage grid
+    padded to SEMA's 7x7 windows, at least two windows per stage, no side of 1; and torch's own
+    convolution heuristics (a size threshold) decide alike for all. Non-square first (duck
+    sizing would tie H to W)."""
+    from torch._dynamo.utils import counters
+    model = build(name)
+    compiled = torch.compile(model, backend='eager', dynamic=True, fullgraph=True)
+    counters.clear()
+    with torch.no_grad():
+        for hw in [(258, 270), (257, 262), (270, 263), (263, 258)]:
+            x = torch.randn(1, 3, *hw)
+            for g, r in zip(compiled(x), model(x)):
+                torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-5)
+    assert counters['stats']['unique_graphs'] == 1
+
+
 @pytest.mark.slow
 def test_inductor_equals_eager_on_the_smallest_backbone():
     """Inductor's generated code on one family (a minute of compilation on a shared CPU)."""

@@ -16,13 +16,16 @@ def is_symbolic(*sizes: Any) -> bool:
 def pad_to_multiple(x: torch.Tensor, multiple: int) -> torch.Tensor:
     """Zero pad ``[..., H, W]`` on the bottom/right to multiples of ``multiple``.
 
-    Returns ``x`` itself when nothing is missing; a symbolic size is always padded (see
-    :func:`is_symbolic`), with the padding written as ``(n + m - 1) // m * m - n`` so that the
-    padded side is a plain multiple of ``m`` for torch.export's symbolic shapes (``(-n) % m``
-    gives expressions whose later ``!= 1`` guards it cannot decide).
+    Returns ``x`` itself when nothing is missing, in eager calls; a symbolic size (see
+    :func:`is_symbolic`), and any size while torch.compile traces, is always padded (a zero pad
+    is a no-op), so that a compiled model does not recompile when a size changes from a multiple
+    to a non-multiple. The padding is written as ``(n + m - 1) // m * m - n`` so that the padded
+    side is a plain multiple of ``m`` for torch.export's symbolic shapes (``(-n) % m`` gives
+    expressions whose later ``!= 1`` guards it cannot decide).
     """
     H, W = x.shape[-2:]
-    if not is_symbolic(H, W) and not (H % multiple or W % multiple):
+    branch_free = is_symbolic(H, W) or torch.compiler.is_compiling()
+    if not branch_free and not (H % multiple or W % multiple):
         return x
     m = multiple
     return F.pad(x, (0, (W + m - 1) // m * m - W, 0, (H + m - 1) // m * m - H))
