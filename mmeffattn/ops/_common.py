@@ -4,6 +4,7 @@ The Triton side of the shared code (``@triton.jit`` helpers, the softmax-backwar
 pre-pass) is :mod:`mmeffattn.ops._common_kernels`; launch plumbing is :mod:`mmeffattn.ops._launch`.
 An op uses these instead of another op's private modules.
 """
+import contextlib
 import importlib
 import sys
 import warnings
@@ -11,6 +12,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
+from torch._subclasses.fake_tensor import is_fake
 
 from ._backend import HAS_TRITON
 
@@ -73,12 +75,33 @@ def window_attention(q_w: torch.Tensor, k_w: torch.Tensor, v_w: torch.Tensor,
     return torch.softmax(logits, dim=-1, dtype=compute_dtype(q_w.dtype)).to(v_w.dtype) @ v_w
 
 
-def is_eager() -> bool:
-    """Whether the caller runs eagerly, not inside a graph being captured (``torch.compile``,
-    ``torch.export`` and the ONNX exporter, ``torch.jit.trace``). Checks that read a tensor's
-    values (the references' non-finite guards, ``newton_schulz_pinv``'s convergence check) run
-    only eagerly: a graph cannot branch on a value."""
-    return not (torch.compiler.is_compiling() or torch.jit.is_tracing())
+def is_eager(*tensors: Optional[torch.Tensor]) -> bool:
+    """Whether the caller runs eagerly on tensors with values: not inside a graph being captured
+    (``torch.compile``, ``torch.export`` and the ONNX exporter, ``torch.jit.trace``), not under
+    a ``FakeTensorMode``, and none of ``tensors`` (the ones a check would read; None entries are
+    skipped) is a fake tensor or on the meta device. Checks that read a tensor's values (the
+    references' non-finite guards, ``newton_schulz_pinv``'s convergence check) run only eagerly:
+    a graph cannot branch on a value, and fake and meta tensors have none (reading one raises)."""
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return False
+    if torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None:
+        return False  # (real tensors met under the mode become fake ones)
+    return not any(t is not None and (t.device.type == 'meta' or is_fake(t)) for t in tensors)
+
+
+def autocast_enabled(device_type: str) -> bool:
+    """Whether autocast is on for ``device_type``; False for a device type autocast does not
+    know (e.g. meta, for which ``torch.is_autocast_enabled`` raises)."""
+    return torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)
+
+
+def autocast_off(device_type: str) -> contextlib.AbstractContextManager:
+    """A context with autocast off for ``device_type``, for code that computes in the dtypes it
+    chooses whatever autocast its caller runs under (an op documented to return its inputs'
+    dtype, as the Triton kernels do). Enters nothing unless autocast is on there, so a graph
+    captured without autocast is unchanged."""
+    return (torch.autocast(device_type, enabled=False) if autocast_enabled(device_type)
+            else contextlib.nullcontext())
 
 
 #: the fewest keys for which :func:`window_attention` uses torch's fused attention (see there):

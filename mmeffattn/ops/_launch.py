@@ -5,6 +5,7 @@ A launcher describes each kernel launch as a :class:`KernelConfig` and starts it
 the ahead-of-time compilation tests compile exactly the configurations the launchers use.
 """
 import contextlib
+import threading
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
@@ -47,25 +48,35 @@ class Launch:
     args: Tuple[Any, ...]
 
 
-_recorder: Optional[List[Launch]] = None
+#: the recording list of :func:`record_launches` (``.recorder``), per thread: the fake
+#: implementations record (``_library.py``), so a fake-tensor trace in one thread must not turn
+#: another thread's eager launches into records (their outputs would stay uninitialised)
+_state = threading.local()
+
+
+def _recorder() -> Optional[List[Launch]]:
+    return getattr(_state, 'recorder', None)
 
 
 @contextlib.contextmanager
 def record_launches() -> Iterator[List[Launch]]:
     """Within the block, launchers record their launches in the yielded list and run nothing
-    (outputs stay uninitialised). Used to compile exactly what the launchers launch."""
-    global _recorder
-    previous, _recorder = _recorder, []
+    (outputs stay uninitialised). Used to compile exactly what the launchers launch. Only the
+    calling thread's launches are recorded (other threads launch as usual meanwhile)."""
+    previous = _recorder()
+    _state.recorder = launches = []
     try:
-        yield _recorder
+        yield launches
     finally:
-        _recorder = previous
+        _state.recorder = previous
 
 
 def launch(role: str, config: KernelConfig, grid: Tuple[int, ...], *args: Any) -> None:
-    """Launch ``config.kernel`` on ``grid`` (or record it inside :func:`record_launches`)."""
-    if _recorder is not None:
-        _recorder.append(Launch(role, config, grid, args))
+    """Launch ``config.kernel`` on ``grid`` (or record it inside :func:`record_launches` in this
+    thread)."""
+    recorder = _recorder()
+    if recorder is not None:
+        recorder.append(Launch(role, config, grid, args))
         return
     kernel = config.kernel
     if any(isinstance(a, torch.Tensor) and is_fake(a) for a in args):

@@ -400,6 +400,35 @@ def test_reference_low_precision(dtype: str) -> None:
                             device='cpu')
 
 
+@pytest.mark.parametrize('backend,splits', [
+    ('reference', None), pytest.param('triton', None, marks=needs_triton),
+    pytest.param('triton', 2, marks=needs_triton)], ids=['reference', 'triton', 'triton-split2'])
+def test_autocast_is_not_followed(backend: str, splits: Optional[int]) -> None:
+    """Under ``torch.autocast`` both backends compute and return q's dtype, exactly as without
+    it: the kernels cannot follow autocast, so the reference turns it off (it gave bf16), and
+    the merge of split core rows stays in fp32 (autocast ran its einsum in bf16)."""
+    case = Case(1, 2, 5, 40, 16, 'fp32', 'shared')
+    q, k, v, rope = make_inputs(case)
+
+    def run(autocast: bool):
+        leaves = [x.clone().requires_grad_() for x in (q, k, v) + rope]
+        with torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=autocast):
+            if splits is not None:  # the internal entry point: a forced split count
+                from mmeffattn.ops.core_periphery import function
+                out = function.core_periphery_attention_triton(*leaves[:3], case.C,
+                                                               rope=leaves[3:], splits=splits)
+            else:
+                out = core_periphery_attention(*leaves[:3], case.C, rope=leaves[3:],
+                                               backend=backend)
+        out.square().sum().backward()  # (outside autocast, as AMP does)
+        return [out.detach()] + [x.grad for x in leaves]
+
+    expected, got = run(False), run(True)
+    for name, a, b in zip(['out', 'dq', 'dk', 'dv', 'dcos', 'dsin'], got, expected):
+        assert a.dtype == torch.float32, name
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
+
+
 @pytest.mark.parametrize('rope', [None, 'batch', 'shared'])
 def test_reference_gradcheck_fp64(rope) -> None:
     # two cores, three patches, two samples (so a shared table sums over the batch)

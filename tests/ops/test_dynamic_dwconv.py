@@ -166,6 +166,22 @@ def test_triton_zero_kernels_no_grad_and_partial_grad() -> None:
                 assert t.grad is None
 
 
+@needs_triton
+@pytest.mark.parametrize('weight_shape', ['conv', 'flat'])
+def test_triton_gradients_are_new_tensors(weight_shape: str) -> None:
+    """The kernel's and the static kernel's gradients are new contiguous tensors in their
+    inputs' shapes (``[B, C, K, K]``; ``[C, 1, K, K]`` or ``[C, K, K]``), not reshaped views of
+    the reduction's buffers."""
+    from mmeffattn.ops.dynamic_dwconv import function
+    x, kernel, bias, weight = make_inputs(Case(1, 3, 5, 6, 3, 'fp32'))
+    if weight_shape == 'flat':
+        weight = weight.reshape(3, 3, 3)
+    grads = function.dynamic_dwconv_bwd(torch.ones_like(x), x, kernel, weight, True, True)
+    for name, g, t in zip(['dx', 'dkernel', 'dbias', 'dweight'], grads, (x, kernel, bias, weight)):
+        assert g._base is None and g.is_contiguous(), name
+        assert g.shape == t.shape, name
+
+
 # ------------------------------------------------------------------------------------------
 # the reference alone
 # ------------------------------------------------------------------------------------------

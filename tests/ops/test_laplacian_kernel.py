@@ -119,6 +119,26 @@ def test_triton_partial_grad() -> None:
     assert_close(y.grad, y64.grad, torch.float32, 'dy')
 
 
+@needs_triton
+@pytest.mark.parametrize('N, dtype', [(5, 'fp32'), (70, 'fp32'), (5, 'fp16')],
+                         ids=['one-split', 'three-splits', 'fp16'])
+def test_triton_gradients_are_new_tensors(N: int, dtype: str) -> None:
+    """dx and dy are new contiguous tensors, not views: one split of dy's fp32 partial sums is
+    allocated as dy itself, several are summed into a new one (a view of a partial-sum buffer,
+    or of the sum's result, was returned)."""
+    from mmeffattn.ops.laplacian import function
+    x, y = make_inputs(Case(1, 2, N, 7, 6, dtype))
+    out = function.laplacian_fwd(x, y, 3.0)
+    dx, dy = function.laplacian_bwd(torch.ones_like(out), x, y, out, 3.0)
+    for name, t, ref in (('out', out, None), ('dx', dx, x), ('dy', dy, y)):
+        assert t._base is None and t.is_contiguous(), name
+        if ref is not None:
+            assert (t.shape, t.dtype) == (ref.shape, ref.dtype), name
+    x64, y64 = (t.double().requires_grad_() for t in (x, y))
+    laplacian_kernel_naive(x64, y64, 3.0).sum().backward()
+    assert_close(dy, y64.grad, DTYPES[dtype], 'dy')
+
+
 @pytest.mark.parametrize('backend', [
     pytest.param('triton', marks=needs_triton), 'reference'])
 def test_fp16_large_distances_do_not_underflow(backend: str) -> None:

@@ -52,13 +52,14 @@ class Case(NamedTuple):
 @pytest.fixture
 def force_path(monkeypatch):
     """``force_path(case)`` makes the launchers take the case's path on small matrices."""
-    from mmeffattn.ops.newton_schulz import function
+    from mmeffattn.ops.newton_schulz import function, library
 
     def apply(case: Case) -> None:
         if case.path == 'tiled':
             monkeypatch.setattr(function, 'MAX_REGISTER_MP', {'fwd': 0, 'bwd': 0})
         elif case.path == 'matmul':
             monkeypatch.setattr(function, 'MAX_ONCHIP_M', 0)
+            monkeypatch.setattr(library, 'MAX_ONCHIP_M', 0)  # (library imports the name)
     return apply
 
 
@@ -398,6 +399,74 @@ def test_ill_conditioned_triton_fp32_reports_non_convergence() -> None:
     assert r60.item() > 1.0
     with pytest.raises(ValueError, match=r'1 of the 1 matrices did not converge.*iters=60'):
         newton_schulz_pinv(a.to(DEVICE), 60, 0.0, check=True, backend='triton')
+
+
+# ------------------------------------------------------------------------------------------
+# outputs, fake and meta tensors, autocast
+# ------------------------------------------------------------------------------------------
+@needs_triton
+@pytest.mark.parametrize('M, dtype', [(5, 'fp32'), (16, 'fp32'), (16, 'fp16'), (40, 'fp32'),
+                                      (64, 'fp32')],
+                         ids=['pad-fp32', 'exact-fp32', 'exact-fp16', 'pad-tiled', 'exact-tiled'])
+def test_triton_results_are_new_tensors(M: int, dtype: str) -> None:
+    """The launchers' result and gradient are new contiguous ``[B, heads, M, M]`` tensors, not
+    views of the padded fp32 ``[B*heads, MP, MP]`` buffers the kernels write, whether M is
+    padded or not (M = MP in fp32 is the buffer itself, allocated with the result's shape),
+    with the whole-matrix and the tiled kernels; so the public op's result can be modified in
+    place after a call that needs a gradient, as the reference's."""
+    from mmeffattn.ops.newton_schulz import function
+    a = kernel_matrix(1, 2, M).to(DEVICE, DTYPES[dtype])
+    out, ws = function.newton_schulz_fwd(a, 3, EPS, True)
+    da = function.newton_schulz_bwd(torch.ones_like(out), a, ws, 3, EPS)
+    for name, t in (('out', out), ('da', da)):
+        assert t._base is None and t.is_contiguous(), name
+        assert (t.shape, t.dtype) == (a.shape, a.dtype), name
+    x = a.clone().requires_grad_()
+    inv = newton_schulz_pinv(x, 3, EPS, check=False, backend='triton')
+    assert inv._base is None and inv.is_contiguous()
+    inv.mul_(2)  # an operator output that is a view refused this
+    inv.sum().backward()
+    ref = newton_schulz_pinv(a, 3, EPS, check=False, backend='reference')
+    torch.testing.assert_close(inv.detach(), 2 * ref, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize('backend', [pytest.param('triton', marks=needs_triton), 'reference'])
+def test_fake_and_meta_inputs(backend: str) -> None:
+    """Under a FakeTensorMode and on meta tensors the default convergence check (CPU inputs,
+    eagerly) is skipped, as in a captured graph: there is no value to check."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    a = kernel_matrix(1, 2, 6).float()
+    with FakeTensorMode() as mode:
+        out = newton_schulz_pinv(mode.from_tensor(a), 3, EPS, backend=backend)
+    assert (out.shape, out.dtype) == (a.shape, a.dtype)
+    if backend == 'reference':  # (the kernels do not take meta tensors)
+        out = newton_schulz_pinv(a.to('meta'), 3, EPS, backend=backend)
+        assert (out.shape, out.dtype, out.device.type) == (a.shape, a.dtype, 'meta')
+
+
+@needs_triton
+@pytest.mark.parametrize('backend, M', [pytest.param('triton', 130, marks=needs_triton),
+                                          ('reference', 13)])
+def test_autocast_is_not_followed(backend: str, M: int) -> None:
+    """Under autocast the fp32 iteration stays fp32 on both backends (a custom operator's
+    implementation, and the reference, run under the caller's autocast, which ran the matmuls
+    in bf16): the Triton backend's batched matmuls past the on-chip limit, and the reference."""
+    a = kernel_matrix(1, 1, M).float().to(DEVICE)
+
+    def forward():
+        x = a.clone().requires_grad_()
+        return x, newton_schulz_pinv(x, 4, EPS, check=False, backend=backend)
+
+    def grads(x, out):
+        out.backward(torch.ones_like(out))  # outside autocast, as AMP's backward
+        return out.detach(), x.grad
+
+    expected = grads(*forward())
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
+        x, out = forward()
+    for name, g, e in zip(('out', 'da'), grads(x, out), expected):
+        assert g.dtype == torch.float32, name
+        torch.testing.assert_close(g, e, rtol=0, atol=0, msg=name)
 
 
 # ------------------------------------------------------------------------------------------

@@ -763,6 +763,41 @@ def test_reference_low_precision(dtype: str) -> None:
     check_against_reference(Case(1, 2, 13, 17, 7, 32, dtype), backend='reference', device='cpu')
 
 
+@pytest.mark.parametrize('backend', [pytest.param('triton', marks=needs_triton), 'reference'])
+@pytest.mark.parametrize('entry,with_mean,return_mean', [
+    ('sema_attention', True, False), ('sema_attention', False, False),
+    ('sema_attention', True, True), ('sema_attention_qk', True, False)],
+    ids=['mean', 'nomean', 'return-mean', 'qk'])
+def test_autocast_is_not_followed(backend: str, entry: str, with_mean: bool,
+                                  return_mean: bool) -> None:
+    """Under ``torch.autocast`` both backends compute and return the inputs' dtype, exactly as
+    without it: the kernels cannot follow autocast, so the reference turns it off (it gave bf16,
+    or fp32 through the mean's promotion, from a bf16 computation)."""
+    case = Case(1, 2, 5, 6, 4, 16, 'fp32')
+    q, k, v = make_qkv(case)
+    qk = torch.stack((q, k), dim=2).transpose(1, 3)  # [B, N, 2, heads, D]
+
+    def run(autocast: bool):
+        leaves = [x.clone().requires_grad_() for x in (qk, v)]
+        with torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=autocast):
+            if entry == 'sema_attention_qk':
+                res = sema_attention_qk(*leaves, (case.H, case.W), case.window,
+                                        with_mean=with_mean, backend=backend)
+            else:
+                res = sema_attention(*(t.transpose(1, 2) for t in leaves[0].unbind(2)),
+                                     leaves[1], (case.H, case.W), case.window,
+                                     with_mean=with_mean, return_mean=return_mean,
+                                     backend=backend)
+        res = res if isinstance(res, tuple) else (res, )
+        sum(t.square().sum() for t in res).backward()  # (outside autocast, as AMP does)
+        return [t.detach() for t in res] + [x.grad for x in leaves]
+
+    expected, got = run(False), run(True)
+    for i, (a, b) in enumerate(zip(got, expected)):
+        assert a.dtype == torch.float32, i
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=f'tensor {i}')
+
+
 @pytest.mark.parametrize('with_mean,return_mean', [(True, False), (False, False), (True, True)],
                          ids=['mean', 'nomean', 'return-mean'])
 def test_reference_gradcheck_fp64(with_mean: bool, return_mean: bool) -> None:

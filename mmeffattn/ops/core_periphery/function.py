@@ -32,7 +32,8 @@ from torch.autograd.function import once_differentiable
 from .._launch import (KernelConfig, Launch, device_guard as _device_guard,  # noqa: F401
                        launch as _launch, next_pow2 as _next_pow2, record_launches,
                        unit_last_stride as _unit_last_stride)
-from .._common import bh_strides as _strides, check_token_offsets as _check_int32_offsets
+from .._common import autocast_off, bh_strides as _strides
+from .._common import check_token_offsets as _check_int32_offsets
 from .._common_kernels import delta_config, softmax_bwd_delta
 from . import kernels
 
@@ -343,9 +344,12 @@ def core_periphery_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             _launch('fwd_cores', cfg, grid, *inputs, o_part, lse_part, *strides,
                     BH * C * D, C * D, D, BH * C, C, *sizes)
             # merge the splits' softmaxes: weight each normalised part by its share of the mass
-            lse_c = torch.logsumexp(lse_part * math.log(2), dim=0) / math.log(2)  # [BH, C]
-            weight = torch.exp2(lse_part - lse_c)  # [S, BH, C]
-            o.view(BH, L, D)[:, :C] = torch.einsum('sbc,sbcd->bcd', weight, o_part).to(q.dtype)
+            # (in fp32, as the kernels, also under autocast, which would run einsum in half)
+            with autocast_off(q.device.type):
+                lse_c = torch.logsumexp(lse_part * math.log(2), dim=0) / math.log(2)  # [BH, C]
+                weight = torch.exp2(lse_part - lse_c)  # [S, BH, C]
+                o.view(BH, L, D)[:, :C] = torch.einsum('sbc,sbcd->bcd', weight,
+                                                       o_part).to(q.dtype)
             lse[:, :C] = lse_c
     return o, lse
 
@@ -463,8 +467,10 @@ def core_periphery_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     dcos = dsin = None
     if rope_grad:  # one reduction per table: over the source (q, k), the heads (and a shared
         # table's batch); two separate results, not views of one (custom operators need that)
-        dims = (0, 1, 2) if tables.shape[0] == 1 else (0, 2)
-        dcos, dsin = (dtab[:, i].view(2, B, nh, L, D).sum(dims).view(-1, L, D).to(tables.dtype)
+        # nor of a reduction's result (a view cannot be modified in place under autograd):
+        # the kept unit dim (table i's plane) is a shared table's leading 1
+        dims = (0, 2, 3) if tables.shape[0] == 1 else (0, 1, 3)
+        dcos, dsin = (dtab[:, i:i + 1].view(2, 1, B, nh, L, D).sum(dims).to(tables.dtype)
                       for i in range(2))
     return dq, dk, dv, dcos, dsin
 

@@ -3,7 +3,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from .._common import window_attention
+from .._common import autocast_off, window_attention
 
 
 def rotate_pairs(x: torch.Tensor) -> torch.Tensor:
@@ -40,16 +40,18 @@ def core_periphery_attention_naive(
         scale: logit scale, ``D ** -0.5`` by default.
 
     Returns:
-        ``[B, heads, C + N, D]``: rows ``< C`` attend over all keys, rows ``>= C`` over the C
+        ``[B, heads, C + N, D]`` in q's dtype, also under autocast, which it turns off (as the
+        Triton kernels ignore it): rows ``< C`` attend over all keys, rows ``>= C`` over the C
         core keys.
     """
     C = num_cores
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    if rope is not None:
-        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-    # two dense attentions instead of one masked one: the patch rows only touch C keys, so the
-    # cost is O(C * (C + N)) rather than O((C + N) ** 2)
-    out_cores = window_attention(q[:, :, :C], k, v, None, scale)  # [B, heads, C, D]
-    out_patches = window_attention(q[:, :, C:], k[:, :, :C], v[:, :, :C], None,
-                                   scale)  # [B, heads, N, D]
-    return torch.cat((out_cores, out_patches), dim=2)
+    with autocast_off(q.device.type):
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        # two dense attentions instead of one masked one: the patch rows only touch C keys, so
+        # the cost is O(C * (C + N)) rather than O((C + N) ** 2)
+        out_cores = window_attention(q[:, :, :C], k, v, None, scale)  # [B, heads, C, D]
+        out_patches = window_attention(q[:, :, C:], k[:, :, :C], v[:, :, :C], None,
+                                       scale)  # [B, heads, N, D]
+        return torch.cat((out_cores, out_patches), dim=2)

@@ -108,7 +108,10 @@ def core_periphery_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
             :mod:`mmeffattn.ops._backend` (``$MMEFFATTN_OPS_BACKEND`` applies when None).
 
     Returns:
-        ``[B, heads, C + N, D]`` in q's dtype (contiguous from the Triton backend).
+        ``[B, heads, C + N, D]`` in q's dtype (contiguous from the Triton backend). Neither
+        backend follows autocast: under ``torch.autocast`` the op computes and returns q's
+        dtype as without it (cast fp32 inputs to the autocast dtype first to run it in half
+        precision).
 
     Raises:
         ValueError: malformed inputs (the message says what to change).

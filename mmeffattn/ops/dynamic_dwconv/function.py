@@ -139,16 +139,20 @@ def dynamic_dwconv_bwd(dy: torch.Tensor, x: torch.Tensor, kernel: torch.Tensor,
                 *_strides4(dx_arg), C, H, W, n_tiles, per_prog, n_groups)
         if needs_dk:
             red_cfg = cfgs['bwd_reduce']
-            dk = torch.empty_like(k)
+            # dk [B, C, K*K] for the kernel, as a view of a new [B, C, K, K]: dkernel is then
+            # that tensor, not a view
+            dkernel_buf = torch.empty(kernel.shape, dtype=k.dtype, device=k.device)
+            dk = dkernel_buf.view(k.shape)
             red = torch.empty((B, C, K * K + 1), dtype=torch.float32, device=x.device)
             _launch('bwd_reduce', red_cfg, (-(-C // red_cfg.constexprs['BC']), B),
                     k, part, dk, red, k.stride(0), C, n_groups)
             if needs[1]:
-                dkernel = dk.reshape(kernel.shape)
+                dkernel = dkernel_buf
             if needs[2]:
                 dbias = red[:, :, K * K].sum(dim=0)
-            if needs[3]:
-                dweight = red[:, :, :K * K].sum(dim=0).reshape(weight.shape).to(weight.dtype)
+            if needs[3]:  # (shaped before the sum, whose result is then new, not a view)
+                dweight = red[:, :, :K * K].unflatten(2, weight.shape[1:]).sum(dim=0).to(
+                    weight.dtype)
     return dx, dkernel, dbias, dweight
 
 

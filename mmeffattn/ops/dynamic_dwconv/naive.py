@@ -7,7 +7,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from .._common import is_eager
+from .._common import autocast_enabled, is_eager
 
 
 def effective_kernel(kernel: torch.Tensor, weight: Optional[torch.Tensor] = None,
@@ -76,12 +76,13 @@ def dynamic_dwconv_naive(x: torch.Tensor, kernel: torch.Tensor,
     K = kernel.shape[-1]
     k = effective_kernel(kernel, weight, normalize)  # [B*C, 1, K, K]
     b = None if bias is None else bias.repeat(B)  # [B*C]
-    if not torch.is_autocast_enabled(x.device.type):  # (autocast casts them itself)
+    if not autocast_enabled(x.device.type):  # (autocast casts them itself)
         k = k.to(x.dtype)
         b = None if b is None else b.to(x.dtype)
     # rare: see _conv_by_taps; in a captured graph the convolution is F.conv2d's (whose fp32 CPU
-    # kernel keeps the padding rule), since a graph cannot branch on the values
-    if is_eager() and not bool(torch.isfinite(k).all()):
+    # kernel keeps the padding rule), since a graph cannot branch on the values; fake and meta
+    # tensors have none to check
+    if is_eager(k) and not bool(torch.isfinite(k).all()):
         return _conv_by_taps(x, k, b)
     out = F.conv2d(x.reshape(1, B * C, H, W), k, b, padding=K // 2, groups=B * C)
     return out.reshape(B, C, H, W)

@@ -93,7 +93,11 @@ def dynamic_weight(u: torch.Tensor, v: torch.Tensor, n_tokens: float,
             :mod:`mmeffattn.ops._backend` (``$MMEFFATTN_OPS_BACKEND`` applies when None).
 
     Returns:
-        ``[B, C_out, C_in]`` (contiguous from the Triton backend).
+        ``[B, C_out, C_in]`` in u's dtype, or the promoted dtype with a weight (contiguous from
+        the Triton backend). Under autocast the reference follows it, as WeightFormer's
+        ``DynamicLinear`` did: ``v^T u`` runs in the autocast dtype, and without a weight the
+        result comes back in it; the Triton backend does not follow autocast (the dtypes and
+        arithmetic are those without it).
 
     Raises:
         ValueError: malformed inputs (the message says what to change).

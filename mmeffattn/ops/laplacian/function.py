@@ -104,7 +104,10 @@ def laplacian_bwd(g: torch.Tensor, x: torch.Tensor, y: torch.Tensor, out: torch.
     rows = bwd_row_split(N, n_d * B * heads)
     n_split = -(-N // rows)
     dx = torch.empty((B, heads, N, D), dtype=x.dtype, device=x.device) if needs_xy[0] else None
-    dy_part = (torch.empty((n_split, B * heads, M, D), dtype=torch.float32, device=x.device)
+    # the kernel writes contiguous [n_split, B*heads, M, D] fp32 partial sums; a single one is
+    # allocated as [B, heads, M, D], so that it is dy itself for fp32 (not a view of a buffer)
+    part_shape = (B, heads, M, D) if n_split == 1 else (n_split, B, heads, M, D)
+    dy_part = (torch.empty(part_shape, dtype=torch.float32, device=x.device)
                if needs_xy[1] else out)
     with _device_guard(x):
         _launch('bwd', cfg, (n_split * n_d, B * heads), x, y, g, out,
@@ -112,7 +115,7 @@ def laplacian_bwd(g: torch.Tensor, x: torch.Tensor, y: torch.Tensor, out: torch.
                 *g.stride(), *out.stride(), heads, N, M, D, -1.0 / lam, rows, n_d)
     dy = None
     if needs_xy[1]:
-        dy = (dy_part[0] if n_split == 1 else dy_part.sum(0)).view(B, heads, M, D).to(y.dtype)
+        dy = (dy_part if n_split == 1 else dy_part.sum(0)).to(y.dtype)
     return dx, dy
 
 

@@ -27,6 +27,7 @@ from typing import Dict, Optional, Tuple
 import torch
 from torch.autograd.function import once_differentiable
 
+from .._common import autocast_off
 from .._launch import (KernelConfig, Launch, device_guard as _device_guard,  # noqa: F401
                        launch as _launch, next_pow2 as _next_pow2, record_launches)
 from . import kernels
@@ -119,14 +120,25 @@ def _padded(x: torch.Tensor, mp: int) -> torch.Tensor:
     return out
 
 
+def _new_result(a: torch.Tensor, mp: int, zero: bool = False) -> torch.Tensor:
+    """A new fp32 ``[B, heads, MP, MP]`` buffer for a result the kernels write through its
+    ``[B*heads, MP, MP]`` view (uninitialised, or zeros). Allocated with the result's own
+    shape, so that for ``M == MP`` in fp32 :func:`_unpadded` returns the buffer itself: no copy,
+    and no view (an operator output that is a view cannot be modified in place under autograd)."""
+    B, heads = a.shape[:2]
+    new = a.new_zeros if zero else a.new_empty
+    return new((B, heads, mp, mp), dtype=KERNEL_DTYPE)
+
+
 def _unpadded(x: torch.Tensor, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
-    """Inverse of :func:`_padded`: contiguous ``shape`` in ``dtype``."""
-    B, heads, M, _ = shape
-    mp = x.shape[-1]
-    x = x.view(B, heads, mp, mp)
-    if M == mp and x.dtype == dtype:
+    """Inverse of :func:`_padded` for a :func:`_new_result` buffer ``x`` ``[B, heads, MP, MP]``:
+    a new contiguous ``shape`` in ``dtype``, never a view of ``x`` (a view would keep the whole
+    padded buffer alive); ``x`` itself when it already is that."""
+    M = shape[-1]
+    if M == x.shape[-1] and x.dtype == dtype:
         return x
-    return x[:, :, :M, :M].to(dtype, memory_format=torch.contiguous_format)
+    # copy=True: ``to`` returns the strided block as is when the dtype does not change
+    return x[:, :, :M, :M].to(dtype, memory_format=torch.contiguous_format, copy=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -140,8 +152,9 @@ def newton_schulz_fwd(a: torch.Tensor, iters: int, eps: float, store_iterates: b
     Args:
         a: ``[B, heads, M, M]``, any strides, ``M <= MAX_ONCHIP_M``.
     Returns:
-        out ``[B, heads, M, M]`` contiguous in a's dtype; ws fp32 ``[B*heads, iters, MP, MP]``
-        with ``V_k`` in slot ``k`` (None unless ``store_iterates``).
+        out ``[B, heads, M, M]`` contiguous in a's dtype (a tensor of its own, not a view of
+        the padded buffer); ws fp32 ``[B*heads, iters, MP, MP]`` with ``V_k`` in slot ``k``
+        (None unless ``store_iterates``).
     """
     B, heads, M, _ = a.shape
     BH = B * heads
@@ -149,7 +162,8 @@ def newton_schulz_fwd(a: torch.Tensor, iters: int, eps: float, store_iterates: b
     cfg = cfgs['fwd']
     mp = cfg.constexprs['MP']
     a_pad = _padded(a, mp)
-    out = torch.empty_like(a_pad)
+    result = _new_result(a, mp)
+    out = result.view(BH, mp, mp)
     with _device_guard(a):
         if _is_tiled(cfg):
             # V_k in slot k (kept) or ping-pong slots; the last step writes straight to out
@@ -165,13 +179,13 @@ def newton_schulz_fwd(a: torch.Tensor, iters: int, eps: float, store_iterates: b
         else:
             ws = a_pad.new_empty((BH, iters if store_iterates else 0, mp, mp))
             _launch('fwd', cfg, (BH,), a_pad, out, ws, M, iters, eps, ALPHA_NUM)
-    return _unpadded(out, a.shape, a.dtype), (ws if store_iterates else None)
+    return _unpadded(result, a.shape, a.dtype), (ws if store_iterates else None)
 
 
 def newton_schulz_bwd(g: torch.Tensor, a: torch.Tensor, ws: Optional[torch.Tensor], iters: int,
                       eps: float, input_precision: str = DEFAULT_INPUT_PRECISION
                       ) -> torch.Tensor:
-    """Backward launcher: dL/da ``[B, heads, M, M]`` contiguous in a's dtype.
+    """Backward launcher: dL/da ``[B, heads, M, M]`` contiguous in a's dtype (not a view).
 
     Args:
         g: gradient of the output (any strides); ws: the forward's iterates (None when
@@ -185,12 +199,14 @@ def newton_schulz_bwd(g: torch.Tensor, a: torch.Tensor, ws: Optional[torch.Tenso
     a_pad, g_pad = _padded(a, mp), _padded(g, mp)
     if ws is None:  # iters == 0: nothing stored, nothing read
         ws = a_pad.new_empty((BH, 0, mp, mp))
+    result = _new_result(a, mp, zero=_is_tiled(cfg))
+    da = result.view(BH, mp, mp)
     with _device_guard(a):
         if _is_tiled(cfg):
             # G ping-pongs between two buffers (g_pad is G at the start), Q = V^T G of the
-            # current step, dP accumulated in place (and then turned into da in place)
+            # current step, dP accumulated in place in the zeroed da (then turned into da in place)
             scratch = a_pad.new_empty((3, BH, mp, mp))
-            s_q, da = scratch[2], a_pad.new_zeros((BH, mp, mp))
+            s_q = scratch[2]
             grid = (mp // cfg.constexprs['BR'], BH)
             s_g = g_pad
             for kk in range(iters):
@@ -204,10 +220,9 @@ def newton_schulz_bwd(g: torch.Tensor, a: torch.Tensor, ws: Optional[torch.Tenso
             _launch('bwd_alpha', cfgs['bwd_alpha'], grid, a_pad, s_g, da, da, s_g.stride(0), M,
                     eps, ALPHA_NUM)
         else:
-            da = torch.empty_like(a_pad)
             _launch('bwd', cfg, (BH,), a_pad, g_pad, ws, da, M, iters, ws.shape[1], eps,
                     ALPHA_NUM)
-    return _unpadded(da, a.shape, a.dtype)
+    return _unpadded(result, a.shape, a.dtype)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -216,37 +231,40 @@ def newton_schulz_bwd(g: torch.Tensor, a: torch.Tensor, ws: Optional[torch.Tenso
 def newton_schulz_fwd_torch(a: torch.Tensor, iters: int, eps: float, store_iterates: bool
                             ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """The forward with batched matmuls: ``(out, iterates)``, iterates ``[iters, B, heads, M,
-    M]`` in the compute dtype (None unless ``store_iterates``)."""
-    p = regularized(a.to(compute_dtype(a.dtype)), eps)
-    v = initial_iterate(p)
-    kept = []
-    for _ in range(iters):
-        if store_iterates:
-            kept.append(v)
-        v = 2 * v - (v @ p) @ v
-    return v.to(a.dtype), (torch.stack(kept) if store_iterates and iters else None)
+    M]`` in the compute dtype (None unless ``store_iterates``); the matmuls in the compute
+    dtype also under autocast, as the kernels'."""
+    with autocast_off(a.device.type):
+        p = regularized(a.to(compute_dtype(a.dtype)), eps)
+        v = initial_iterate(p)
+        kept = []
+        for _ in range(iters):
+            if store_iterates:
+                kept.append(v)
+            v = 2 * v - (v @ p) @ v
+        return v.to(a.dtype), (torch.stack(kept) if store_iterates and iters else None)
 
 
 def newton_schulz_bwd_torch(g: torch.Tensor, a: torch.Tensor, iterates: Optional[torch.Tensor],
                             iters: int, eps: float) -> torch.Tensor:
     """The kernels' backward (same recursion, see ``newton_schulz_bwd_kernel``) with batched
-    matmuls, in the compute dtype; returns dL/da in a's dtype."""
-    p = regularized(a.to(compute_dtype(a.dtype)), eps)
-    g = g.to(p.dtype)
-    dp = torch.zeros_like(p)
-    pt = p.transpose(-1, -2)
-    for k in reversed(range(iters)):
-        vt = iterates[k].transpose(-1, -2)
-        vtg = vt @ g
-        dp -= vtg @ vt
-        g = 2 * g - pt @ vtg - (g @ vt) @ pt
-    rows = p.sum(-1)  # [B, heads, M]
-    s = rows.amax(-1, keepdim=True)  # [B, heads, 1]
-    alpha = ALPHA_NUM / (s * s)
-    ds = -2 * alpha / s * (g * p).sum((-1, -2))[..., None]  # [B, heads, 1]
-    top = (rows == s).to(p.dtype)  # [B, heads, M]
-    dp += alpha[..., None] * g + (ds / top.sum(-1, keepdim=True) * top)[..., None]
-    return dp.to(a.dtype)
+    matmuls, in the compute dtype (also under autocast); returns dL/da in a's dtype."""
+    with autocast_off(a.device.type):
+        p = regularized(a.to(compute_dtype(a.dtype)), eps)
+        g = g.to(p.dtype)
+        dp = torch.zeros_like(p)
+        pt = p.transpose(-1, -2)
+        for k in reversed(range(iters)):
+            vt = iterates[k].transpose(-1, -2)
+            vtg = vt @ g
+            dp -= vtg @ vt
+            g = 2 * g - pt @ vtg - (g @ vt) @ pt
+        rows = p.sum(-1)  # [B, heads, M]
+        s = rows.amax(-1, keepdim=True)  # [B, heads, 1]
+        alpha = ALPHA_NUM / (s * s)
+        ds = -2 * alpha / s * (g * p).sum((-1, -2))[..., None]  # [B, heads, 1]
+        top = (rows == s).to(p.dtype)  # [B, heads, M]
+        dp += alpha[..., None] * g + (ds / top.sum(-1, keepdim=True) * top)[..., None]
+        return dp.to(a.dtype)
 
 
 class NewtonSchulzFunction(torch.autograd.Function):

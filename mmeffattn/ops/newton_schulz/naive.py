@@ -2,7 +2,7 @@
 test oracle and the CPU path."""
 import torch
 
-from .._common import compute_dtype
+from .._common import autocast_off, compute_dtype
 
 #: numerator of the initial scale ``alpha = ALPHA_NUM / (max_i sum_j P_ij)^2`` (official value)
 ALPHA_NUM = 1.8
@@ -61,10 +61,11 @@ def newton_schulz_pinv_naive(a: torch.Tensor, iters: int, eps: float) -> torch.T
     Returns:
         ``[B, heads, M, M]`` in a's dtype (computed in fp32 for fp16/bf16 inputs).
     """
-    p = regularized(a.to(compute_dtype(a.dtype)), eps)
-    v = initial_iterate(p)
-    for _ in range(iters):
-        v = 2 * v - (v @ p) @ v
+    with autocast_off(a.device.type):  # fp32 matmuls for 16-bit inputs, as the kernels
+        p = regularized(a.to(compute_dtype(a.dtype)), eps)
+        v = initial_iterate(p)
+        for _ in range(iters):
+            v = 2 * v - (v @ p) @ v
     return v.to(a.dtype)
 
 

@@ -127,9 +127,10 @@ def newton_schulz_pinv(a: torch.Tensor, iters: int, eps: float, *,
         check: compute the residual of the result and raise ``ValueError`` naming the
             matrices whose residual is NaN or ``>= 1`` (not invertible, e.g. zero, or not
             converged). ``None`` (default): check CPU inputs only, since on a GPU the check
-            waits for the result (a host synchronisation per call), and only eagerly (not while
-            torch.compile, torch.export or a trace captures the call: a graph cannot branch on
-            the residual); pass ``True`` to check there too, ``False`` to skip it.
+            waits for the result (a host synchronisation per call), and only eagerly, on
+            tensors with values (not while torch.compile, torch.export or a trace captures the
+            call, a graph cannot branch on the residual; nor under a FakeTensorMode or on meta
+            tensors); pass ``True`` to check there too, ``False`` to skip it.
         backend: ``None`` (automatic), ``'triton'`` or ``'reference'``; see
             :mod:`mmeffattn.ops._backend` (``$MMEFFATTN_OPS_BACKEND`` applies when None).
 
@@ -149,6 +150,6 @@ def newton_schulz_pinv(a: torch.Tensor, iters: int, eps: float, *,
                        newton_schulz_pinv_triton, newton_schulz_pinv_naive, a, iters, eps)
     if implicit:
         out = with_implicit_backward(a, out)
-    if check or (check is None and a.device.type == 'cpu' and is_eager()):
+    if check or (check is None and a.device.type == 'cpu' and is_eager(a)):
         check_converged(a, out.detach(), iters, eps)
     return out

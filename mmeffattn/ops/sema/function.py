@@ -162,8 +162,10 @@ def sema_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, geom: WindowGeom
                             device=q.device)
     elif with_mean:
         # every window's output adds the mean, so it must exist before any window is stored
-        # (per-window partial sums would need a second pass over the output)
-        mean = v.mean(dim=2, dtype=torch.float32).reshape(B * nh, D)
+        # (per-window partial sums would need a second pass over the output); written through
+        # a view, as a reshape of mean's result would make this operator output a view
+        mean = torch.empty((B * nh, D), dtype=torch.float32, device=q.device)
+        torch.mean(v, dim=2, dtype=torch.float32, out=mean.view(B, nh, D))
     lse = (torch.empty((B * nh, N), dtype=torch.float32, device=q.device)
            if n_blocks > 1 else None)
     _check_int32_offsets(q, k, v, o)

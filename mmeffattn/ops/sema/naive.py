@@ -4,7 +4,7 @@ from typing import Optional, Tuple, Union
 import torch
 import torch.nn.functional as F
 
-from .._common import is_symbolic
+from .._common import autocast_off, is_symbolic
 from .._common import window_attention  # noqa: F401  (also this module's public helper)
 
 
@@ -136,8 +136,19 @@ def sema_attention_naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: 
 
     Returns:
         ``[B, heads, N, D]`` or ``[B, N, heads, D]``; with ``return_mean``, ``(out, mean)``:
-        the windowed attention alone and ``mean_j v_j`` ``[B, heads, D]``.
+        the windowed attention alone and ``mean_j v_j`` ``[B, heads, D]``. In the inputs'
+        dtype, also under autocast, which it turns off (as the Triton kernels ignore it).
     """
+    with autocast_off(q.device.type):
+        return _sema_attention_naive(q, k, v, hw, window_size, scale, with_mean, out_layout,
+                                     return_mean)
+
+
+def _sema_attention_naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          hw: Tuple[int, int], window_size: int, scale: Optional[float],
+                          with_mean: bool, out_layout: str, return_mean: bool
+                          ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+    """:func:`sema_attention_naive` (same arguments), run as autocast leaves it."""
     B, nh, N, D = q.shape
     scale = D ** -0.5 if scale is None else scale
     mean = v.mean(dim=2) if with_mean else None  # [B, nh, D]

@@ -126,7 +126,9 @@ def sema_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: Tuple[
         (contiguous from the Triton backend). With ``return_mean``, ``(out, mean)``: ``out``
         without the mean and ``mean`` ``[B, heads, D]`` in v's dtype, differentiable (its
         gradient reaches every value vector divided by N); ``out + mean`` broadcast over the
-        tokens is the default result.
+        tokens is the default result. Neither backend follows autocast: under
+        ``torch.autocast`` the op computes and returns the inputs' dtype as without it (cast
+        fp32 inputs to the autocast dtype first to run it in half precision).
 
     Raises:
         ValueError: malformed inputs (the message says what to change).
@@ -168,8 +170,8 @@ def sema_attention_qk(qk: torch.Tensor, v: torch.Tensor, hw: Tuple[int, int], wi
             :func:`sema_attention`.
 
     Returns:
-        ``[B, heads, N, D]`` or ``[B, N, heads, D]`` (``out_layout``) in the inputs' dtype;
-        with ``return_mean``, ``(out, mean)`` as :func:`sema_attention`.
+        ``[B, heads, N, D]`` or ``[B, N, heads, D]`` (``out_layout``) in the inputs' dtype,
+        also under autocast; with ``return_mean``, ``(out, mean)`` as :func:`sema_attention`.
 
     Raises:
         ValueError: malformed inputs (the message says what to change).
