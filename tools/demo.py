@@ -5,27 +5,37 @@ Runs the same tools a user runs (tools/train.py, tools/test.py) on a COCO-format
 the project generates deterministically (no download), so it doubles as an end-to-end check:
 
     python tools/demo.py                        # ~15 minutes on 2 CPU cores
-    python tools/demo.py --epochs 1 --num-train 16 --num-val 8   # a quick smoke run
+    python tools/demo.py --epochs 1 --num-train 16 --num-val 8 --work-dir work_dirs/demo_smoke
+                                                # a quick smoke run, kept apart from the main job
 
-Re-running resumes an interrupted training from its last checkpoint.
+Re-running the same command resumes an interrupted training from its last checkpoint. What a run
+was started with (dataset, config, epochs, seed) is recorded in WORK_DIR/demo_run.json; a work dir
+holding checkpoints of other settings (or of unrecorded ones) is renamed to WORK_DIR.old-<time>,
+never deleted, and the run starts fresh.
 """
 import argparse
+import glob
+import hashlib
 import json
 import os
 import os.path as osp
 import subprocess
 import sys
 import time
+from typing import List, Optional, Tuple
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 sys.path.insert(0, ROOT)
 DEMO_CONFIG = osp.join(ROOT, 'configs', 'demo', 'mask-rcnn_sema-t_fpn_shapes.py')
+#: In the work dir: the settings its run was started with, compared by the next run.
+MANIFEST = 'demo_run.json'
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument('--work-dir', default=osp.join(ROOT, 'work_dirs', 'demo'),
-                   help='checkpoints, logs, metrics and pictures go here')
+                   help='checkpoints, logs, metrics and pictures go here; a run of the same '
+                        'settings there is resumed, one of other settings is moved aside')
     p.add_argument('--data-root', default=osp.join(ROOT, 'data', 'shapes'),
                    help='where the synthetic dataset is generated (reused if already there)')
     p.add_argument('--config', default=DEMO_CONFIG, help='the demo config')
@@ -42,6 +52,140 @@ def run(cmd, what: str) -> None:
     start = time.time()
     subprocess.run(cmd, check=True, cwd=ROOT)
     print(f'=== {what}: done in {time.time() - start:.0f} s', flush=True)
+
+
+def _sha256(*paths: str) -> str:
+    h = hashlib.sha256()
+    for path in paths:
+        with open(path, 'rb') as f:
+            h.update(f.read())
+    return h.hexdigest()
+
+
+def run_settings(config: str, data_root: str, seed: int, epochs: Optional[int]) -> dict:
+    """What decides the training of a run: the dataset as generated, the config, the schedule
+    and the seed. Two runs with equal settings train the same model, so one may resume the
+    other; anything else the demo passes to tools/train.py follows from these."""
+    from mmengine.config import Config
+
+    from mmeffattn.datasets import load_shapes_meta
+    # the config as loaded, its _base_ chain included (an edit to any of them changes the
+    # training), before the demo's overrides, which are recorded as values below
+    cfg = Config.fromfile(config, import_custom_modules=False)
+    cfg_text = json.dumps(cfg.to_dict(), sort_keys=True, default=repr)
+    meta = load_shapes_meta(data_root) or {}
+    ann = osp.join(data_root, 'annotations')
+    return dict(
+        data_root=data_root,
+        # the generator's parameters (its version included) and the annotations it wrote: a
+        # dataset regenerated with the same parameters is the same dataset (it is
+        # deterministic), and the hash catches one that is not
+        dataset=meta.get('params'),
+        dataset_sha256=_sha256(osp.join(ann, 'instances_train2017.json'),
+                               osp.join(ann, 'instances_val2017.json')),
+        config=osp.abspath(config),
+        config_sha256=hashlib.sha256(cfg_text.encode()).hexdigest(),
+        epochs=int(epochs if epochs is not None else cfg.train_cfg.max_epochs),
+        seed=seed)
+
+
+def _flat(d: dict, prefix: str = '') -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f'{prefix}{k}.'))
+        else:
+            out[f'{prefix}{k}'] = v
+    return out
+
+
+def settings_differences(old: dict, new: dict) -> List[str]:
+    """``['dataset.num_train 8 -> 12', 'epochs 1 -> 2', 'config_sha256 differs', ...]``."""
+    old, new = _flat(old), _flat(new)
+    keys = [k for k in list(new) + [k for k in old if k not in new] if old.get(k) != new.get(k)]
+    if any(k.startswith('dataset.') for k in keys):  # then the hash only repeats it
+        keys = [k for k in keys if k != 'dataset_sha256']
+    return [f'{k} differs' if k.endswith('sha256') else f'{k} {old.get(k)!r} -> {new.get(k)!r}'
+            for k in keys]
+
+
+def _has_checkpoints(work_dir: str) -> bool:
+    return (osp.isfile(osp.join(work_dir, 'last_checkpoint'))
+            or bool(glob.glob(osp.join(work_dir, '*.pth'))))
+
+
+def read_manifest(work_dir: str) -> Optional[dict]:
+    """The work dir's record of what its run was started with, or None (none, or unreadable)."""
+    try:
+        with open(osp.join(work_dir, MANIFEST)) as f:
+            manifest = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return manifest if isinstance(manifest, dict) and 'settings' in manifest else None
+
+
+def plan_work_dir(work_dir: str, settings: dict) -> Tuple[str, str]:
+    """What this run does with ``work_dir``: ``('resume' | 'fresh' | 'move', why)``.
+
+    Only a run of the same settings is resumed: tools/train.py --resume continues from whatever
+    checkpoint it finds, and one of another dataset or schedule would be silently mixed in.
+    """
+    if not _has_checkpoints(work_dir):
+        return 'fresh', 'no checkpoint in it'
+    manifest = read_manifest(work_dir)
+    if manifest is None:
+        return 'move', (f'its checkpoints have no record of their settings ({MANIFEST}): they '
+                        f'predate it or were not trained by tools/demo.py')
+    diffs = settings_differences(manifest['settings'], settings)
+    if diffs:
+        return 'move', 'it holds a run of other settings: ' + ', '.join(diffs)
+    return 'resume', f'it holds a run of these settings, started {manifest.get("started", "?")}'
+
+
+def _move_aside(work_dir: str) -> str:
+    stamp = time.strftime('%Y%m%d_%H%M%S')
+    target, n = f'{work_dir}.old-{stamp}', 1
+    while osp.exists(target):
+        target, n = f'{work_dir}.old-{stamp}-{n}', n + 1
+    try:
+        os.rename(work_dir, target)
+    except OSError as e:
+        raise SystemExit(f'tools/demo.py: cannot move {work_dir} aside to {target} ({e}); pass '
+                         f'--work-dir with a new folder for this run, or move it yourself')
+    # mmengine records the latest checkpoint by its absolute path: point it into the moved
+    # folder, or resuming that run would load whatever the new run saves under the old name
+    record = osp.join(target, 'last_checkpoint')
+    if osp.isfile(record):
+        with open(record) as f:
+            named = f.read().strip()
+        if osp.normpath(osp.dirname(named)) == osp.normpath(work_dir):
+            with open(record, 'w') as f:
+                f.write(osp.join(target, osp.basename(named)))
+    return target
+
+
+def prepare_work_dir(work_dir: str, settings: dict) -> str:
+    """Resume, start fresh or move the old run aside (see :func:`plan_work_dir`); a new run's
+    ``settings`` are recorded in the work dir before training starts. Returns the line to print."""
+    action, why = plan_work_dir(work_dir, settings)
+    if action == 'move':
+        target = _move_aside(work_dir)
+        line = (f'work dir: {work_dir}: {why}; moved it to {target} (nothing deleted) and '
+                f'starting fresh. To go on with that run instead, rerun its command with '
+                f'--work-dir {target}; give each set of settings its own --work-dir to keep '
+                f'runs apart')
+    elif action == 'resume':  # its record stands, start time included
+        return f'work dir: {work_dir}: {why}: resuming it from its last checkpoint'
+    else:
+        line = f'work dir: {work_dir}: a new run ({why})'
+    os.makedirs(work_dir, exist_ok=True)
+    manifest = dict(tool='tools/demo.py', settings=settings,
+                    started=time.strftime('%Y-%m-%d %H:%M:%S'))
+    path = osp.join(work_dir, MANIFEST)
+    with open(path + '.tmp', 'w') as f:  # a kill leaves the old record or the new one
+        json.dump(manifest, f, indent=1)
+    os.replace(path + '.tmp', path)
+    return line
 
 
 def draw_predictions(config: str, checkpoint: str, data_root: str, out_dir: str,
@@ -105,7 +249,9 @@ def main(argv=None) -> dict:
             return set()
         return {d for d in os.listdir(work_dir) if d[:8].isdigit()}
 
-    # 2. train (resumes from the last checkpoint if a previous run was interrupted)
+    # 2. train: resumes from the last checkpoint if a run of the same settings was interrupted
+    settings = run_settings(args.config, data_root, args.seed, args.epochs)
+    print(prepare_work_dir(work_dir, settings), flush=True)
     before = log_dirs()
     run([py, 'tools/train.py', args.config, '--work-dir', work_dir, '--resume',
          '--cfg-options', *cfg_opts], 'training Mask R-CNN + SEMA-T')

@@ -1,9 +1,16 @@
-"""The main job's pipeline, end to end at a tiny size: data generation, train, test, pictures."""
+"""The main job's pipeline, end to end at a tiny size: data generation, train, test, pictures;
+and its work dir: the same command, killed, resumes; other settings start fresh beside it."""
+import glob
 import json
+import os
 import os.path as osp
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
-from e2e_helpers import run_tool
+from e2e_helpers import ROOT, run_tool
 
 pytestmark = pytest.mark.e2e
 
@@ -25,3 +32,53 @@ def test_demo_smoke(tmp_path):
         assert line in out, out[-3000:]
     log = out.split('training log: ')[1].split()[0]
     assert osp.isfile(log)
+    # what the run was started with, for the next run to compare
+    settings = json.load(open(work / 'demo_run.json'))['settings']
+    assert settings['dataset']['num_train'] == 8 and settings['epochs'] == 1
+    assert f'work dir: {work}: a new run' in out
+
+
+def _kill_after_first_checkpoint(cmd, work_dir: str, timeout: int = 900) -> None:
+    """Run ``cmd`` (tools/demo.py and the tools/train.py it starts) and SIGKILL them all once
+    the work dir's last_checkpoint names epoch_1.pth (a checkpoint is written whole first)."""
+    env = dict(os.environ, PYTHONUNBUFFERED='1')
+    env.pop('TRITON_INTERPRET', None)
+    record, deadline = osp.join(work_dir, 'last_checkpoint'), time.time() + timeout
+    proc = subprocess.Popen([sys.executable, *cmd], cwd=ROOT, env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        while not (osp.isfile(record) and open(record).read().endswith('epoch_1.pth')):
+            assert proc.poll() is None, f'{cmd} ended ({proc.returncode}) before epoch_1.pth'
+            assert time.time() < deadline, f'{cmd}: no epoch_1.pth in {timeout} s'
+            time.sleep(0.5)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+@pytest.mark.slow  # three small trainings: ~5 minutes on 2 busy cores
+def test_demo_killed_run_resumes_other_settings_start_fresh(tmp_path):
+    work, data = str(tmp_path / 'work'), str(tmp_path / 'shapes')
+    cmd = ['tools/demo.py', '--work-dir', work, '--data-root', data, '--epochs', '2',
+           '--num-train', '8', '--num-val', '4', '--num-draw', '1']
+    _kill_after_first_checkpoint(cmd, work)
+    assert not osp.isfile(osp.join(work, 'epoch_2.pth'))
+
+    # the same command goes on from the killed run's checkpoint
+    proc = run_tool(cmd, timeout=900)
+    out = proc.stdout + proc.stderr
+    assert 'resuming it from its last checkpoint' in out, out[-3000:]
+    assert f'--resume: resuming from {osp.join(work, "epoch_1.pth")}' in out, out[-3000:]
+    assert 'Epoch(train) [1]' not in out and 'Epoch(train) [2]' in out
+    assert glob.glob(work + '.old-*') == []
+
+    # another dataset size: the finished run is moved aside whole, the new one starts fresh
+    proc = run_tool(['tools/demo.py', '--work-dir', work, '--data-root', data, '--epochs', '1',
+                     '--num-train', '12', '--num-val', '4', '--num-draw', '1'], timeout=900)
+    out = proc.stdout + proc.stderr
+    [old] = glob.glob(work + '.old-*')
+    assert 'dataset.num_train 8 -> 12' in out and 'epochs 2 -> 1' in out and old in out
+    assert 'no checkpoint to resume from' in out, out[-3000:]
+    assert osp.isfile(osp.join(old, 'epoch_2.pth')) and osp.isfile(osp.join(old, 'metrics.json'))
+    assert osp.isfile(osp.join(work, 'epoch_1.pth'))
+    assert not osp.isfile(osp.join(work, 'epoch_2.pth'))
