@@ -150,3 +150,24 @@ def test_command_line_exports_a_classifier_and_checks_it(tmp_path, capsys):
 def test_bad_shape_is_named():
     with pytest.raises(SystemExit):
         E.parse_args(['cfg.py', '--out', 'x.onnx', '--shape', '16', '64'])
+
+
+def test_a_detector_pyramid_exports_dynamic(tmp_path, capsys):
+    """WeightFormer's ViT pyramid (its half-size level once a ceil-mode pool that torch.export
+    could not keep symbolic) under RetinaNet's FPN, whose two extra levels (strides 64, 128) set
+    the smallest dynamic side to 256; a smaller export size is refused by name."""
+    small = tmp_path / 'det.py'
+    small.write_text(
+        f"_base_ = {osp.join(ROOT, 'configs/weightformer/retinanet_weightformer-t_fpn_1x_coco.py')!r}\n"
+        "model = dict(backbone=dict(arch=dict(_delete_=True, embed_dims=64, depth=2),\n"
+        "                           out_indices=-1),\n"
+        "             neck=dict(in_channels=[64, 64, 64, 64], out_channels=16),\n"
+        "             bbox_head=dict(in_channels=16, feat_channels=16))\n")
+    with pytest.raises(SystemExit, match=r'at least 256 \(twice its coarsest stride\)'):
+        E.main([str(small), '--out', str(tmp_path / 'x.onnx'), '--shape', '128', '160',
+                '--dynamic'])
+    result = E.main([str(small), '--out', str(tmp_path / 'det.onnx'), '--shape', '256', '288',
+                     '--dynamic'])
+    assert result['ok'] and result['what'] == 'backbone+neck', capsys.readouterr().out
+    assert all(isinstance(d, str) for d in result['dims'][2:])  # symbolic height and width
+    assert [r['size'] for r in result['records']][1:] == [(320, 256), (273, 297)]

@@ -155,3 +155,32 @@ def test_mixer_triton_backend_matches_reference(attn_type, monkeypatch):
         except RuntimeError as e:  # the op lists why its kernels cannot run here
             pytest.skip(f'Triton backend unavailable: {e}')
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def _zoo_laplacian(**kwargs):
+    torch.manual_seed(0)
+    return SEMA(arch=dict(embed_dims=32, depths=[1, 1, 1, 1], num_heads=[1, 2, 4, 8]),
+                attn_type='laplacian', drop_path_rate=0., **kwargs)
+
+
+def test_laplacian_mixer_with_cp_counts_the_batch_once():
+    """Gradient checkpointing recomputes a block in backward: the whitening's running
+    statistics must see the batch once (as without checkpointing), in any family's blocks."""
+    plain, ckpt = _zoo_laplacian(), _zoo_laplacian(with_cp=True)
+    ckpt.load_state_dict(plain.state_dict())
+    x = torch.randn(2, 3, 64, 64)
+    for m in (plain, ckpt):
+        m.train()
+        sum(o.pow(2).mean() for o in m(x)).backward()
+    for (k, a), b in zip(plain.state_dict().items(), ckpt.state_dict().values()):
+        torch.testing.assert_close(a, b, msg=k)
+
+
+def test_laplacian_mixer_norm_eval_freezes_the_whitening():
+    model = _zoo_laplacian(norm_eval=True).train()
+    before = {k: v.clone() for k, v in model.state_dict().items() if 'running' in k}
+    assert any('whiten' in k for k in before)
+    with torch.no_grad():
+        model(torch.randn(2, 3, 64, 64))
+    for k, v in before.items():
+        torch.testing.assert_close(model.state_dict()[k], v, rtol=0, atol=0, msg=k)

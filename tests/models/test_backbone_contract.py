@@ -60,6 +60,9 @@ def test_builds_from_registry_and_rejects_bad_options(name):
         cls(arch='huge')
     with pytest.raises(ValueError, match='A custom arch .* must be a dict with keys'):
         cls(arch={'embed_dims': 8})
+    # a misspelt (or another family's) setting is named, not ignored
+    with pytest.raises(ValueError, match=r"has keys it does not take: \['window_size'\]"):
+        cls(arch=dict(cls.mini_arch, window_size=3))
     with pytest.raises(ValueError, match=r'frozen_stages must be an integer in \[-1, '):
         build(name, frozen_stages=model.num_freezable + 1)
 

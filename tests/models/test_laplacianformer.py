@@ -99,6 +99,8 @@ def test_invalid_arch_raises_with_valid_names():
         LaplacianFormer(arch=dict(depths=[1, 1, 1, 1], num_heads=[1, 1, 1, 1]))
     with pytest.raises(ValueError, match='one entry per stage'):
         LaplacianFormer(arch=dict(MINI, depths=[1, 1, 1]))
+    with pytest.raises(ValueError, match=r"arch \['embed_dims'\] must be lists"):
+        LaplacianFormer(arch=dict(MINI, embed_dims=64))
     with pytest.raises(ValueError, match='divisible'):
         LaplacianFormer(arch=dict(MINI, num_heads=[3, 2, 2, 2]))
 

@@ -87,6 +87,8 @@ def test_arch_aliases_and_custom_dict():
     model = SEMA(arch=custom)
     assert model.num_features == [32, 64, 128, 256]
     assert len(model.layers[2].blocks) == 1
+    with pytest.raises(ValueError, match=r"arch 'embed_dims' is the first stage's width, an int"):
+        SEMA(arch=dict(custom, embed_dims=[32, 64, 128, 256]))
 
 
 def test_invalid_arch_lists_valid_names():

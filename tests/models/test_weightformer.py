@@ -24,6 +24,7 @@ from mmeffattn.models.backbones.weightformer import (DynamicDWConv, DynamicLinea
                                                      checkpoint_filter_weightformer_official,
                                                      convert_weightformer)
 from mmeffattn.models.layers import ViTPyramid
+from mmeffattn.models.layers.vit_pyramid import CeilMaxPool2d
 from mmeffattn.registry import MODELS
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
@@ -453,10 +454,36 @@ def test_triton_backend_matches_reference(monkeypatch):
 
 
 # ------------------------------------------------------------------------------- pyramid layer
+@pytest.mark.parametrize('hw', [(6, 5), (7, 7), (8, 6), (1, 3)])
+def test_pyramid_half_level_is_a_ceil_mode_max_pool(hw):
+    x = torch.randn(2, 3, *hw)
+    torch.testing.assert_close(CeilMaxPool2d(2)(x),
+                               torch.nn.MaxPool2d(2, 2, ceil_mode=True)(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize('cls', ['WeightFormer', 'VECA'])
+def test_pyramid_exports_with_symbolic_sizes(cls):
+    """torch.export with a dynamic height and width: a ceil-mode pool for the half-size level
+    made the exporter guard on its output size ("Constraints violated")."""
+    from mmeffattn.models import VECA
+    model = (WeightFormer(arch=dict(embed_dims=32, depth=2), out_type='pyramid', out_indices=-1)
+             if cls == 'WeightFormer' else
+             VECA(arch=dict(embed_dims=64, depth=2, num_heads=2), out_type='pyramid',
+                  out_indices=-1, num_cores=8)).eval()
+    Dim = torch.export.Dim
+    ep = torch.export.export(model, (torch.randn(1, 3, 64, 96), ), strict=False,
+                             dynamic_shapes=({2: Dim('h', min=64, max=4096),
+                                              3: Dim('w', min=64, max=4096)}, ))
+    x = torch.randn(1, 3, 80, 112)  # another size, with a partial last cell at the half level
+    with torch.no_grad():
+        for got, want in zip(ep.module()(x), model(x)):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
 def test_vit_pyramid_levels_and_errors():
     pyr = ViTPyramid(16)
     assert pyr.num_levels == 4 and len(pyr.norms) == 4
-    assert isinstance(pyr.levels[2], nn.Identity) and isinstance(pyr.levels[3], nn.MaxPool2d)
+    assert isinstance(pyr.levels[2], nn.Identity) and isinstance(pyr.levels[3], CeilMaxPool2d)
     assert [type(m).__name__ for m in pyr.levels[0]] == [
         'ConvTranspose2d', 'LayerNorm2d', 'GELU', 'ConvTranspose2d']
     feats = [torch.randn(2, 16, 5, 3) for _ in range(4)]

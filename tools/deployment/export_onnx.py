@@ -46,7 +46,8 @@ DEFAULT_TOLERANCE = 1e-4
 #: smallest image side an export accepts (every backbone of ours has a stride of 32)
 MIN_SIDE = 32
 #: smallest side of a dynamic export: a last-stage grid of one token (32 px) is a size-1 special
-#: case that torch.export would otherwise have to pin
+#: case that torch.export would otherwise have to pin (twice the coarsest stride: a detector's
+#: FPN levels past the backbone's raise it, see :attr:`ExportWrapper.min_dynamic_side`)
 MIN_DYNAMIC_SIDE = 64
 
 
@@ -99,6 +100,18 @@ class ExportWrapper(nn.Module):
         else:
             self.what = {'classifier': 'logits', 'segmentor': 'seg_logits',
                          'backbone': 'backbone'}[self.kind]
+
+    @property
+    def min_dynamic_side(self) -> int:
+        """The smallest side a dynamic export can take: twice the coarsest output stride, so
+        that no output has a side of 1 (torch.export specialises size 1). 32 for our backbones;
+        an FPN's extra levels (mmdet's ``num_outs`` beyond the backbone levels it takes, e.g.
+        RetinaNet's P6-P7) double it each."""
+        neck = getattr(self.model, 'neck', None) if self.what == 'backbone+neck' else None
+        extra = 0
+        if neck is not None and hasattr(neck, 'num_outs') and hasattr(neck, 'backbone_end_level'):
+            extra = max(0, neck.num_outs - (neck.backbone_end_level - neck.start_level))
+        return MIN_DYNAMIC_SIDE * 2 ** extra
 
     def forward(self, x: torch.Tensor) -> Any:
         """``x``: the normalised image ``[B, 3, H, W]``."""
@@ -209,9 +222,9 @@ def export(wrapper: ExportWrapper, shape: Sequence[int], out: str, dynamic: bool
            opset: int = DEFAULT_OPSET, metadata: Optional[Dict[str, str]] = None) -> str:
     """Export ``wrapper`` at ``shape`` (H, W) to ``out`` and return ``out``.
 
-    With ``dynamic`` the height and width are symbolic (height and width at least
-    :data:`MIN_DYNAMIC_SIDE`); a model whose code pins a size (a Python int taken from a shape,
-    a branch on it) makes ``torch.export`` raise, naming the guard.
+    With ``dynamic`` the height and width are symbolic (each at least
+    :attr:`ExportWrapper.min_dynamic_side`); a model whose code pins a size (a Python int taken
+    from a shape, a branch on it) makes ``torch.export`` raise, naming the guard.
     """
     import onnx
     require_onnx()
@@ -219,8 +232,13 @@ def export(wrapper: ExportWrapper, shape: Sequence[int], out: str, dynamic: bool
     dynamic_shapes = None
     if dynamic:
         # the batch stays 1: a dimension exported at size 1 is specialised by torch.export
-        dynamic_shapes = ({2: torch.export.Dim('height', min=MIN_DYNAMIC_SIDE, max=16384),
-                           3: torch.export.Dim('width', min=MIN_DYNAMIC_SIDE, max=16384)}, )
+        side = wrapper.min_dynamic_side
+        if min(shape) < side:
+            raise ValueError(f'a dynamic export of the {wrapper.what} needs each side of the '
+                             f'export size to be at least {side} (twice its coarsest stride), '
+                             f'got {tuple(shape)}; pass a larger --shape')
+        dynamic_shapes = ({2: torch.export.Dim('height', min=side, max=16384),
+                           3: torch.export.Dim('width', min=side, max=16384)}, )
     from mmeffattn.analysis.flops import reference_backend
 
     # the ops' PyTorch references: a Triton kernel (or the interpreter) cannot be exported
@@ -255,12 +273,14 @@ def input_dims(path: str) -> List[Any]:
 # --------------------------------------------------------------------------------------------
 # parity
 # --------------------------------------------------------------------------------------------
-def check_sizes(shape: Sequence[int], dynamic: bool) -> List[Tuple[int, int]]:
-    """The export size, and for a dynamic file two more: one larger and one with odd sides."""
+def check_sizes(shape: Sequence[int], dynamic: bool,
+                min_side: int = MIN_DYNAMIC_SIDE) -> List[Tuple[int, int]]:
+    """The export size, and for a dynamic file two more (each side at least ``min_side``): one
+    larger and one with odd sides."""
     h, w = int(shape[0]), int(shape[1])
     sizes = [(h, w)]
     if dynamic:
-        sizes.append((h + 64, max(w - 32, MIN_SIDE)))
+        sizes.append((h + 64, max(w - 32, min_side)))
         sizes.append((h + 17 if h % 2 == 0 else h + 16, w + 9 if w % 2 == 0 else w + 8))
     return sizes
 
@@ -354,7 +374,10 @@ def main(argv=None) -> Dict[str, Any]:
     wrapper = ExportWrapper(model, args.part).eval()
     meta = dict(preprocess_meta(model), exported=wrapper.what, config=osp.basename(args.config))
     t0 = time.time()
-    export(wrapper, args.shape, args.out, args.dynamic, args.opset, meta)
+    try:
+        export(wrapper, args.shape, args.out, args.dynamic, args.opset, meta)
+    except ValueError as e:  # a shape the dynamic export cannot take: one line, no traceback
+        raise SystemExit(f'export_onnx.py: {e}')
     dims = input_dims(args.out)
     print(f'exported {wrapper.what} of {args.config} to {args.out} (opset {args.opset}, input '
           f'{dims}, {time.time() - t0:.0f} s)', flush=True)
@@ -362,7 +385,8 @@ def main(argv=None) -> Dict[str, Any]:
                                   max_rel_err=None, ok=True)
     if args.no_check:
         return result
-    records = check_parity(args.out, wrapper, check_sizes(args.shape, args.dynamic))
+    records = check_parity(args.out, wrapper,
+                           check_sizes(args.shape, args.dynamic, wrapper.min_dynamic_side))
     for r in records:
         print(f'  {r["size"][0]}x{r["size"][1]}: max relative error {r["rel_err"]:.2e} '
               f'(onnxruntime {r["ort_ms"]:.0f} ms, PyTorch {r["torch_ms"]:.0f} ms), outputs '

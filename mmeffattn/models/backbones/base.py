@@ -16,7 +16,6 @@ must give, and keeps only its own blocks, stages and forward. The base holds:
 A family joins the shared contract tests (tests/models/test_backbone_contract.py) by being
 registered in ``mmeffattn.registry.MODELS`` and setting :attr:`BaseBackbone.mini_arch`.
 """
-import contextlib
 import functools
 import inspect
 import warnings
@@ -27,6 +26,7 @@ import torch.nn as nn
 import torch.utils.checkpoint as cp
 from mmengine.model import BaseModule
 
+from ..layers.recompute import checkpoint_contexts
 from ..utils import FreezeStagesMixin, StrictPretrainedMixin, parse_out_indices, resolve_arch
 
 __all__ = ['BaseBackbone', 'HWShape', 'drop_path_rates', 'quarter_blocks', 'run_block',
@@ -49,17 +49,15 @@ def drop_path_rates(rate: float, n: int) -> List[float]:
     return torch.linspace(0, rate, n, device='cpu').tolist()
 
 
-def run_block(blk: nn.Module, x: torch.Tensor, *args, with_cp: bool = False,
-              context_fn: Optional[Callable[[], Tuple[contextlib.AbstractContextManager,
-                                                      contextlib.AbstractContextManager]]] = None
-              ) -> torch.Tensor:
+def run_block(blk: nn.Module, x: torch.Tensor, *args, with_cp: bool = False) -> torch.Tensor:
     """``blk(x, *args)``, gradient-checkpointed when ``with_cp`` and gradients are needed (by
     ``x`` or by the block's parameters): under ``no_grad`` or for a frozen block with a frozen
-    input, checkpointing would only cost time."""
+    input, checkpointing would only cost time. The recomputation in backward runs under
+    :func:`~mmeffattn.models.layers.recompute.recomputing`, so that layers with running
+    statistics (LaplacianFormer's whitening, in any family's blocks) count the batch once."""
     if with_cp and torch.is_grad_enabled() and (
             x.requires_grad or any(p.requires_grad for p in blk.parameters())):
-        kwargs = {} if context_fn is None else dict(context_fn=context_fn)
-        return cp.checkpoint(blk, x, *args, use_reentrant=False, **kwargs)
+        return cp.checkpoint(blk, x, *args, use_reentrant=False, context_fn=checkpoint_contexts)
     return blk(x, *args)
 
 

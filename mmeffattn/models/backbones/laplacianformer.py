@@ -96,10 +96,8 @@ The closing norm feeds the next stage and is also the output norm of the stage. 
 publish its widths; :attr:`LaplacianFormer.arch_zoo` holds ours, chosen so that the ImageNet
 classifier matches the published parameters and FLOPs (see the table's comment).
 """
-import contextlib
-import threading
 import warnings
-from typing import Iterator, List, Optional, Sequence, Tuple, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -113,6 +111,7 @@ from ..layers.heads import check_heads
 from ..layers.kernel_whitening import KernelWhitening
 from ..layers.linear_solve import conjugate_gradient_solve
 from ..layers.pool import adaptive_avg_pool2d
+from ..layers.recompute import is_recomputing
 from ..layers.tokens import map_to_tokens, tokens_to_map
 from ..utils import init_linear_and_norm
 from .base import BaseBackbone, HWShape, drop_path_rates, run_block
@@ -251,29 +250,6 @@ def gaussian_kernel(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return torch.exp(-0.5 * dist)
 
 
-_STATE = threading.local()  # per thread: the autograd engine recomputes on its own threads
-
-
-@contextlib.contextmanager
-def recomputing() -> Iterator[None]:
-    """Marks a gradient-checkpoint recomputation: :class:`DiagonalWhitening` and
-    :class:`KernelWhitening` then normalize with the batch statistics as in the first pass but do
-    not update their running estimates again."""
-    saved = getattr(_STATE, 'recomputing', False)
-    _STATE.recomputing = True
-    try:
-        yield
-    finally:
-        _STATE.recomputing = saved
-
-
-def _checkpoint_contexts() -> Tuple[contextlib.AbstractContextManager,
-                                    contextlib.AbstractContextManager]:
-    """``context_fn`` of ``torch.utils.checkpoint``: nothing for the forward, :func:`recomputing`
-    for the recomputation in backward."""
-    return contextlib.nullcontext(), recomputing()
-
-
 class DiagonalWhitening(nn.Module):
     """The injective feature map ``z = Sigma^{-1/2} (x - mean) + bias`` with diagonal ``Sigma``.
 
@@ -281,7 +257,7 @@ class DiagonalWhitening(nn.Module):
     variance over all tokens of the batch and updates running estimates (momentum as BatchNorm);
     eval uses the running estimates. A module of its own rather than a ``_BatchNorm`` subclass, so
     that ``SyncBatchNorm.convert_sync_batchnorm`` cannot swap it for a norm without the bias;
-    :class:`LaplacianFormer` applies ``norm_eval`` to it explicitly. Computed (and returned) in
+    ``norm_eval`` reaches it through :attr:`running_statistics`. Computed (and returned) in
     float32 for 16-bit inputs.
 
     Args:
@@ -289,6 +265,9 @@ class DiagonalWhitening(nn.Module):
         momentum: weight of the batch statistics in the running estimates.
         eps: added to the variance.
     """
+
+    #: batch statistics with running estimates: ``norm_eval`` keeps it in eval mode
+    running_statistics = True
 
     def __init__(self, dim: int, momentum: float = 0.1, eps: float = 1e-5) -> None:
         super().__init__()
@@ -307,7 +286,7 @@ class DiagonalWhitening(nn.Module):
                              f'training to estimate a variance, got {flat.shape[0]}; use a '
                              f'larger input or batch, or eval mode (running statistics)')
         mean, var = self.running_mean, self.running_var
-        recomputing = self.training and getattr(_STATE, 'recomputing', False)
+        recomputing = self.training and is_recomputing()
         if recomputing or mean.dtype != flat.dtype:
             # a checkpointed block runs twice per step: count its batch once in the running
             # statistics (throw-away copies keep the recomputed graph identical to the first);
@@ -480,7 +459,7 @@ class LaplacianAttention(nn.Module):
         if self.kwhiten is not None:
             # the query-side factor only (docs/design/laplacian_whitening.md, section 1); a
             # gradient-checkpoint recomputation must not count the batch twice
-            k_zl = self.kernel_whiten(k_zl, not getattr(_STATE, 'recomputing', False))
+            k_zl = self.kernel_whiten(k_zl, not is_recomputing())
         return k_zl @ x / z.shape[-2]  # [B, h, N, Dv]
 
     def forward(self, x: torch.Tensor, hw: HWShape) -> torch.Tensor:
@@ -627,7 +606,7 @@ class LaplacianStage(nn.Module):
         """``[B, C_in, H, W]`` -> ``[B, C, ceil(H / s), ceil(W / s)]``."""
         x, hw = self.patch_embed(x)  # [B, N, C]
         for blk in self.blocks:
-            x = run_block(blk, x, hw, with_cp=self.with_cp, context_fn=_checkpoint_contexts)
+            x = run_block(blk, x, hw, with_cp=self.with_cp)
         return tokens_to_map(self.norm(x), hw).contiguous()
 
 
@@ -796,6 +775,10 @@ class LaplacianFormer(BaseBackbone):
     # ---------------------------------------------------------------- construction helpers
     @classmethod
     def _check_arch(cls, arch: dict) -> dict:
+        scalars = sorted(k for k, v in arch.items() if not isinstance(v, (list, tuple)))
+        if scalars:
+            raise ValueError(f'arch {scalars} must be lists with one entry per stage, got '
+                             f'{ {k: arch[k] for k in scalars} }')
         arch = {k: list(v) for k, v in arch.items()}
         lengths = {k: len(v) for k, v in arch.items()}
         if len(set(lengths.values())) != 1:
@@ -810,15 +793,6 @@ class LaplacianFormer(BaseBackbone):
     def frozen_modules(self) -> List[nn.Module]:
         """The first patch embedding, and the first ``frozen_stages`` stages whole."""
         return [self.layers[0].patch_embed] + [self.layers[i] for i in range(self.frozen_stages)]
-
-    def train(self, mode: bool = True):
-        super().train(mode)
-        # the whitening statistics are batch statistics like BatchNorm's: norm_eval freezes them
-        if mode and self.norm_eval:
-            for m in self.modules():
-                if isinstance(m, (DiagonalWhitening, KernelWhitening)):
-                    m.eval()
-        return self
 
     # ---------------------------------------------------------------- forward
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:

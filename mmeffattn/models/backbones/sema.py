@@ -707,6 +707,9 @@ class SEMA(BaseBackbone):
     # ---------------------------------------------------------------- construction helpers
     @classmethod
     def _check_arch(cls, arch: dict) -> dict:
+        if isinstance(arch['embed_dims'], bool) or not isinstance(arch['embed_dims'], int):
+            raise ValueError(f"arch 'embed_dims' is the first stage's width, an int (each stage "
+                             f"doubles it), got {arch['embed_dims']!r}")
         if len(arch['depths']) != len(arch['num_heads']):
             raise ValueError(f"arch 'depths' {arch['depths']} and 'num_heads' "
                              f"{arch['num_heads']} differ in length")

@@ -41,8 +41,8 @@ class KernelWhitening(nn.Module):
     output are float32 for 16-bit inputs (the Nystrom core runs in float32 anyway).
 
     A module of its own rather than a ``_BatchNorm`` subclass, so that
-    ``SyncBatchNorm.convert_sync_batchnorm`` and ``norm_eval`` loops keyed on ``_BatchNorm`` do not
-    touch it silently: the backbone decides (as it does for ``DiagonalWhitening``).
+    ``SyncBatchNorm.convert_sync_batchnorm`` and loops keyed on ``_BatchNorm`` do not touch it
+    silently; ``norm_eval`` reaches it through :attr:`running_statistics`.
 
     Args:
         num_heads: attention heads (statistics are never shared across heads).
@@ -50,6 +50,10 @@ class KernelWhitening(nn.Module):
         momentum: weight of the batch statistics in the running estimates.
         eps: added to the variance (keeps ``Sigma^{-1/2}`` finite and the map invertible).
     """
+
+    #: batch statistics with running estimates: ``norm_eval`` keeps it in eval mode
+    #: (:class:`~mmeffattn.models.utils.FreezeStagesMixin`), as a BatchNorm
+    running_statistics = True
 
     def __init__(self, num_heads: int, num_landmarks: Optional[int] = None,
                  momentum: float = 0.1, eps: float = 1e-5) -> None:

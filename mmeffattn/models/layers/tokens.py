@@ -13,8 +13,9 @@ def is_symbolic(*sizes: Any) -> bool:
     return any(isinstance(s, torch.SymInt) for s in sizes)
 
 
-def pad_to_multiple(x: torch.Tensor, multiple: int) -> torch.Tensor:
-    """Zero pad ``[..., H, W]`` on the bottom/right to multiples of ``multiple``.
+def pad_to_multiple(x: torch.Tensor, multiple: int, value: float = 0.) -> torch.Tensor:
+    """Pad ``[..., H, W]`` on the bottom/right to multiples of ``multiple`` with ``value``
+    (zeros by default).
 
     Returns ``x`` itself when nothing is missing, in eager calls; a symbolic size (see
     :func:`is_symbolic`), and any size while torch.compile traces, is always padded (a zero pad
@@ -28,7 +29,7 @@ def pad_to_multiple(x: torch.Tensor, multiple: int) -> torch.Tensor:
     if not branch_free and not (H % multiple or W % multiple):
         return x
     m = multiple
-    return F.pad(x, (0, (W + m - 1) // m * m - W, 0, (H + m - 1) // m * m - H))
+    return F.pad(x, (0, (W + m - 1) // m * m - W, 0, (H + m - 1) // m * m - H), value=value)
 
 
 def tokens_to_map(x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:

@@ -27,6 +27,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from mmcv.cnn import build_activation_layer, build_norm_layer
 
+from .tokens import pad_to_multiple
+
 __all__ = ['LayerNorm2d', 'build_norm2d', 'ViTPyramid', 'build_vit_pyramid']
 
 
@@ -61,8 +63,25 @@ def _level(channels: int, scale: float, norm_cfg: dict, act_cfg: dict) -> nn.Mod
                 layers += [build_norm2d(norm_cfg, channels), build_activation_layer(act_cfg)]
             layers.append(nn.ConvTranspose2d(channels, channels, kernel_size=2, stride=2))
         return nn.Sequential(*layers)
-    k = int(round(1 / scale))
-    return nn.MaxPool2d(kernel_size=k, stride=k, ceil_mode=True)
+    return CeilMaxPool2d(int(round(1 / scale)))
+
+
+class CeilMaxPool2d(nn.Module):
+    """``k x k`` max pooling with stride ``k`` that keeps a partial last row and column, as
+    ``nn.MaxPool2d(k, k, ceil_mode=True)``, written as a ``-inf`` pad to multiples of ``k``
+    followed by a plain pool: torch.export cannot keep a ceil-mode pool's sizes symbolic (it
+    guards on its output-size formula), so a dynamic-size export of the pyramid failed."""
+
+    def __init__(self, kernel_size: int) -> None:
+        super().__init__()
+        self.kernel_size = kernel_size
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        k = self.kernel_size
+        return F.max_pool2d(pad_to_multiple(x, k, value=float('-inf')), k, k)
+
+    def extra_repr(self) -> str:
+        return f'kernel_size={self.kernel_size}, stride={self.kernel_size}, ceil_mode=True'
 
 
 class ViTPyramid(nn.Module):

@@ -16,7 +16,8 @@ def resolve_arch(owner: str, arch: Union[str, dict], arch_zoo: Mapping[str, dict
 
     Raises:
         KeyError: an unknown name (the message lists the known ones).
-        ValueError: a custom dict without the essential keys.
+        ValueError: a custom dict without the essential keys, or with a key no variant has
+            (a misspelt or another family's setting would otherwise be ignored silently).
     """
     essential = sorted(essential)
     optional = f' (optional: {sorted(defaults)})' if defaults else ''
@@ -29,5 +30,10 @@ def resolve_arch(owner: str, arch: Union[str, dict], arch_zoo: Mapping[str, dict
     if not isinstance(arch, Mapping) or not set(essential) <= set(arch):
         raise ValueError(f'A custom arch for {owner} must be a dict with keys {essential}'
                          f'{optional}, got {arch!r}')
+    known = set(essential) | set(defaults or {}) | {k for v in arch_zoo.values() for k in v}
+    unknown = sorted(set(arch) - known)
+    if unknown:
+        raise ValueError(f'A custom arch for {owner} has keys it does not take: {unknown}; its '
+                         f'keys are {essential}{optional}')
     # deep copies: a backbone must never mutate the zoo or the caller's config
     return copy.deepcopy({**(defaults or {}), **arch})

@@ -7,7 +7,9 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 class FreezeStagesMixin:
     """Re-applies freezing in every ``train()`` call: modules from :meth:`frozen_modules` go to
-    eval mode with ``requires_grad=False``; with ``norm_eval`` all BatchNorm layers stay in eval.
+    eval mode with ``requires_grad=False``; with ``norm_eval`` all BatchNorm layers, and the
+    layers that declare ``running_statistics = True`` (LaplacianFormer's whitening, whichever
+    family's blocks hold it), stay in eval.
 
     Subclasses set ``frozen_stages`` and ``norm_eval`` and implement :meth:`frozen_modules`.
     """
@@ -28,6 +30,6 @@ class FreezeStagesMixin:
         self._freeze_stages()
         if mode and self.norm_eval:
             for m in self.modules():
-                if isinstance(m, _BatchNorm):
+                if isinstance(m, _BatchNorm) or getattr(m, 'running_statistics', False):
                     m.eval()
         return self
