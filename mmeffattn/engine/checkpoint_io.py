@@ -149,7 +149,9 @@ def load_checkpoint_file(path: str, map_location: Any = 'cpu', *, mmap: bool = F
                                       weights_only=weights_only)
                 raise
     except pickle.UnpicklingError as e:
-        if 'Weights only load failed' in str(e) or 'Unsupported global' in str(e):
+        # (every refusal of the safe loader starts 'Weights only load failed'; only an unknown
+        # global means a real object, anything else (an unsupported opcode) is not a pickle)
+        if 'Unsupported global' in str(e):
             raise CheckpointError(
                 f'checkpoint {path!r} holds objects that the safe loader refuses '
                 f'({_unsupported_global(e)}): it was not written by torch.save of tensors or by '

@@ -48,6 +48,12 @@ def test_load_checkpoint_file_names_the_file(tmp_path):
     junk.write_bytes(os.urandom(4096))
     with pytest.raises(CheckpointError, match='junk.pth'):
         load_checkpoint_file(str(junk))
+    # text is no pickle: called corrupt, not "objects the safe loader refuses" (which would
+    # suggest trusting it with weights_only=False)
+    text = tmp_path / 'notes.pth'
+    text.write_text('not a checkpoint')
+    with pytest.raises(CheckpointError, match=r"notes.pth' is corrupt"):
+        load_checkpoint_file(str(text))
     with pytest.raises(FileNotFoundError, match='missing.pth'):
         load_checkpoint_file(str(tmp_path / 'missing.pth'))
 

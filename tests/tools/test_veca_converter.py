@@ -352,3 +352,26 @@ def test_convert_veca_is_a_deprecated_alias(official_small):
         old = convert_veca(official_small)
     new = checkpoint_filter_veca_official(official_small)
     assert old.keys() == new.keys() and all(torch.equal(old[k], new[k]) for k in new)
+
+
+def test_cli_converts_a_smaller_core_bank(tmp_path):
+    """A bank of 32 cores (4 chunks): the converted backbone builds with its defaults (all 32
+    active) and loads strictly; before, num_cores defaulted to 64 and the build failed."""
+    sd = {k: v for k, v in fake_official_state_dict('small').items()
+          if not k.startswith(tuple(f'{p}.{c}' for p in ('query_token_chunks', 'qcoord_chunks')
+                                    for c in range(4, 8)))}
+    src, dst = tmp_path / 'x.pt', tmp_path / 'y.pth'
+    torch.save({'student': sd}, src)
+    meta = converter_cli.main([str(src), str(dst)])
+    assert meta['backbone']['max_cores'] == 32
+    model = VECA(**{k: v for k, v in meta['backbone'].items() if k != 'type'})
+    assert model.num_cores == 32
+    model.load_state_dict({k[len('backbone.'):]: v
+                           for k, v in torch.load(dst)['state_dict'].items()}, strict=True)
+
+
+def test_cli_names_a_file_that_is_no_checkpoint(tmp_path):
+    src = tmp_path / 'notes.pt'
+    src.write_text('not a checkpoint')
+    with pytest.raises(RuntimeError, match=r"notes.pt' is not a readable checkpoint.*torch.save"):
+        converter_cli.main([str(src), str(tmp_path / 'y.pth')])

@@ -346,7 +346,8 @@ class VECA(BaseBackbone):
             dict with ``embed_dims``, ``depth``, ``num_heads`` (and optionally ``mlp_ratio``,
             default 2.66667).
         num_cores: active cores in eval (and in training without nested dropout): a multiple of
-            ``core_chunk`` in ``[core_chunk, max_cores]``. May be changed on a built model.
+            ``core_chunk`` in ``[core_chunk, max_cores]``; None (default): the whole bank,
+            ``max_cores``. May be changed on a built model.
         out_type: ``'raw'``, ``'global'``, ``'featmap'`` or ``'pyramid'``.
         in_channels: image channels.
         patch_size: patch side (the trunk's stride).
@@ -400,7 +401,7 @@ class VECA(BaseBackbone):
 
     def __init__(self,
                  arch: Union[str, dict] = 'small',
-                 num_cores: int = 64,
+                 num_cores: Optional[int] = None,
                  out_type: str = 'raw',
                  in_channels: int = 3,
                  patch_size: int = 16,
@@ -445,7 +446,8 @@ class VECA(BaseBackbone):
         self.core_chunk = core_chunk
         self.budgets = tuple(range(core_chunk, max_cores + 1, core_chunk))
         self.budget_weights = self._parse_budget_weights(budget_weights)
-        self.num_cores = num_cores  # validated by the setter
+        # validated by the setter; a smaller bank than the official 64 builds without naming it
+        self.num_cores = max_cores if num_cores is None else num_cores
         self.nested_dropout = nested_dropout
         # a budget drawn outside a compiled forward (draw_for_next_forward), used once
         self._drawn_num_cores: Optional[int] = None
