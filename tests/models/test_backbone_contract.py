@@ -298,8 +298,12 @@ def test_bad_inputs_raise_one_clear_error(eval_models, name):
                                          r'\(0, 3, 32, 32\): it needs at least one image'):
         model(torch.randn(0, 3, 32, 32))
     with pytest.raises(TypeError, match=r'float32 weights but got a torch.float16 input: run it '
-                                        r'under torch.autocast.*model\.half\(\)'):
+                                        r'under torch.autocast.*model\.to\(torch.float16\)'):
         model(torch.randn(1, 3, 32, 32).half())
+    # fp64: no autocast advice (autocast takes 16-bit dtypes only)
+    with pytest.raises(TypeError, match=r'float32 weights but got a torch.float64 input: convert '
+                                        r'the model \(model.to\(torch.float64\)\)'):
+        model(torch.randn(1, 3, 32, 32).double())
     with pytest.raises(TypeError, match='floating-point image'):
         model(torch.zeros(1, 3, 32, 32, dtype=torch.uint8))
 

@@ -238,10 +238,12 @@ class BaseBackbone(StrictPretrainedMixin, FreezeStagesMixin, BaseModule):
             raise ValueError(f'{name} weights are on {ref.device} but the input is on '
                              f'{x.device}: move one of them (model.to(x.device))')
         if x.dtype != ref.dtype and not torch.is_autocast_enabled(x.device.type):
+            # autocast takes only 16-bit dtypes (fp16/bf16 on a GPU, bf16 on the CPU)
+            autocast = (f"run it under torch.autocast('{x.device.type}', dtype={x.dtype}), "
+                        if x.dtype in (torch.float16, torch.bfloat16) else '')
             raise TypeError(
-                f'{name} has {ref.dtype} weights but got a {x.dtype} input: run it under '
-                f"torch.autocast('{x.device.type}', dtype={x.dtype}), convert the model "
-                f'(model.half() / model.to({x.dtype})), or convert the input (x.to({ref.dtype}))')
+                f'{name} has {ref.dtype} weights but got a {x.dtype} input: {autocast}convert '
+                f'the model (model.to({x.dtype})), or convert the input (x.to({ref.dtype}))')
 
 
 def backbone_families() -> Dict[str, type]:
