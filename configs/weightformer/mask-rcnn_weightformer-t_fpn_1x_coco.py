@@ -6,7 +6,7 @@ _base_ = 'mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py'
 custom_imports = dict(imports=['mmeffattn'], allow_failed_imports=False)
 
 # ImageNet-1k weights of the backbone: an official WeightFormer checkpoint (prefix=None) or one of
-# configs/weightformer/weightformer-t_8xb128_in1k.py (prefix='backbone.'). None: from scratch.
+# configs/weightformer/weightformer-t_8xb256_in1k.py (prefix='backbone.'). None: from scratch.
 pretrained = None
 embed_dims = 192
 

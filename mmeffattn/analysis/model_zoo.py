@@ -73,11 +73,11 @@ MODEL_ZOO: Dict[str, ZooModel] = {m.name: m for m in [
              published_gflops=4.8, attention='Laplacian-Nystrom', ours=True),
     ZooModel('WeightFormer-T', 'mmeffattn',
              dict(type='WeightFormer', arch='tiny', out_type='featmap', out_indices=(-1, )),
-             classifier='configs/weightformer/weightformer-t_8xb128_in1k.py',
+             classifier='configs/weightformer/weightformer-t_8xb256_in1k.py',
              attention='dynamic weight', ours=True),
     ZooModel('WeightFormer-S', 'mmeffattn',
              dict(type='WeightFormer', arch='small', out_type='featmap', out_indices=(-1, )),
-             classifier='configs/weightformer/weightformer-s_8xb128_in1k.py',
+             classifier='configs/weightformer/weightformer-s_8xb256_in1k.py',
              attention='dynamic weight', ours=True),
     _veca(8), _veca(16), _veca(64),
     # peers, from the registries of the installed OpenMMLab packages

@@ -18,7 +18,7 @@ SEMA_TEST = {448: 512, 672: 768, 1024: 1170}  # crop -> short-side resize (ratio
 # test_sema_resolution_eval_configs checks; VECA-B is VECA-S's recipe with a wider trunk)
 FORWARD_CONFIGS = [
     'configs/sema/sema-t_8xb16-30e_in1k-1024px.py',
-    'configs/weightformer/weightformer-b_8xb128_in1k-448px.py',
+    'configs/weightformer/weightformer-b_8xb256_in1k-448px.py',
     'configs/veca/veca-s_upernet_8xb2-80k_pascal-context-59-480x480.py',
 ]
 
@@ -75,8 +75,17 @@ def test_mask_rcnn_configs_are_mllas_recipe(family):
         assert cfg.optim_wrapper.optimizer.lr == 1e-4
 
 
+def test_weightformer_recipe_is_the_official_batch_and_lr():
+    """cfg/wfm_{t,s,b}.yaml: BATCH_SIZE 256 on 8 GPUs; main.py scales the lrs per 512 images."""
+    for arch in ('t', 's'):
+        cfg = _load(f'configs/weightformer/weightformer-{arch}_8xb256_in1k.py')
+        assert cfg.train_dataloader.batch_size == 256 and cfg.auto_scale_lr.base_batch_size == 2048
+        assert cfg.optim_wrapper.optimizer.lr == 5e-4 * 2048 / 512
+        assert cfg.param_scheduler[-1].eta_min == 5e-6 * 2048 / 512
+
+
 def test_weightformer_b_is_the_official_wfm_base_at_448():
-    cfg = _load('configs/weightformer/weightformer-b_8xb128_in1k-448px.py')
+    cfg = _load('configs/weightformer/weightformer-b_8xb256_in1k-448px.py')
     from mmeffattn.models.backbones.weightformer import WeightFormer
     # official model/wfm.py wfm_base: patch 16, embed_dim 384, depth 17; cfg/wfm_b.yaml: 448,
     # drop path 0.2

@@ -27,7 +27,7 @@ SMALL = {
     'laplacianformer': ('configs/laplacianformer/laplacianformer-t_8xb128_in1k.py',
                         dict(arch=dict(embed_dims=[16, 32, 40, 64], depths=[1, 1, 1, 1],
                                        num_heads=[1, 1, 1, 1]))),
-    'weightformer': ('configs/weightformer/weightformer-t_8xb128_in1k.py',
+    'weightformer': ('configs/weightformer/weightformer-t_8xb256_in1k.py',
                      dict(arch=dict(embed_dims=64, depth=2))),
     'veca': ('configs/veca/veca-s_8xb128_in1k.py',
              dict(arch=dict(embed_dims=64, depth=2, num_heads=2))),

@@ -32,7 +32,7 @@ def _free_port() -> int:
 # two-process run below), every family with --run-slow.
 @pytest.mark.parametrize('config', [
     pytest.param('configs/sema/sema-t_8xb128_in1k.py', id='sema-t', marks=pytest.mark.slow),
-    pytest.param('configs/weightformer/weightformer-t_8xb128_in1k.py', id='weightformer-t'),
+    pytest.param('configs/weightformer/weightformer-t_8xb256_in1k.py', id='weightformer-t'),
     pytest.param('configs/veca/veca-s_8xb128_in1k.py', id='veca-s', marks=pytest.mark.slow),
 ])
 def test_imagenet_config_reports_accuracy(tmp_path, shared_data, config):

@@ -45,7 +45,7 @@ FAMILIES = {
              dict(embed_dims=32, depths=[1, 1, 1, 1], num_heads=[1, 2, 4, 8]), '', 256),
     'mila': ('configs/mila/mila-t_8xb128_in1k.py',
              dict(embed_dims=32, depths=[1, 2, 1, 1], num_heads=[1, 2, 4, 8]), '', 256),
-    'weightformer': ('configs/weightformer/weightformer-t_8xb128_in1k.py',
+    'weightformer': ('configs/weightformer/weightformer-t_8xb256_in1k.py',
                      dict(embed_dims=32, depth=5), '', 32),
     # nested core dropout on (the recipe's): the budget is drawn before each compiled step
     'veca': ('configs/veca/veca-s_8xb128_in1k.py', dict(embed_dims=64, depth=3, num_heads=2),

@@ -110,7 +110,7 @@ def test_show_dir_draws_every_classification_test_image(tmp_path, shared_data):
     image was drawn."""
     root = shared_data('imagenet_sample') + '/'
     cfg = tmp_path / 'cfg.py'
-    base = osp.join(ROOT, 'configs', 'weightformer', 'weightformer-t_8xb128_in1k.py')
+    base = osp.join(ROOT, 'configs', 'weightformer', 'weightformer-t_8xb256_in1k.py')
     cfg.write_text(f'''_base_ = {base!r}
 test_pipeline = [dict(type='LoadImageFromFile'), dict(type='Resize', scale=(64, 64)),
                  dict(type='PackInputs')]

@@ -25,7 +25,7 @@ def test_classifier_keeps_the_resize_crop_ratio():
     o = size_overrides(_pipeline('configs/sema/sema-t_8xb128_in1k.py'), 448)
     assert o == {f'{KEY}.1.scale': 512, f'{KEY}.2.crop_size': 448}
     # WeightFormer: square Resize (256, 256) + CenterCrop 224, as the official transform
-    o = size_overrides(_pipeline('configs/weightformer/weightformer-t_8xb128_in1k.py'), 1024)
+    o = size_overrides(_pipeline('configs/weightformer/weightformer-t_8xb256_in1k.py'), 1024)
     assert o == {f'{KEY}.1.scale': [1170, 1170], f'{KEY}.2.crop_size': 1024}
 
 

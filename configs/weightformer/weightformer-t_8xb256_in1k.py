@@ -1,6 +1,7 @@
-# WeightFormer-T on ImageNet-1k, 300 epochs, as the official cfg/wfm_t.yaml + config.py: AdamW
-# base lr 5e-4 per 512 images (linear scaling: 1e-3 at batch 1024), weight decay 0.05, 20 warm-up
-# epochs then cosine to 5e-6, grad clip 5.0, RandAugment m9, Mixup 0.8 / CutMix 1.0, label
+# WeightFormer-T on ImageNet-1k, 300 epochs, as the official cfg/wfm_t.yaml + config.py: 8 GPUs
+# x 256 images (BATCH_SIZE 256, torchrun --nproc_per_node=8), AdamW base lr 5e-4 per 512 images
+# (linear scaling: 2e-3 at batch 2048), weight decay 0.05, 20 warm-up epochs then cosine to 5e-6
+# per 512 images, grad clip 5.0, RandAugment m9, Mixup 0.8 / CutMix 1.0, label
 # smoothing 0.1, random erasing 0.25, drop path 0.0; test: bicubic resize to 256x256, crop 224.
 _base_ = 'mmpretrain::swin_transformer/swin-tiny_16xb64_in1k.py'
 
@@ -23,13 +24,13 @@ test_pipeline = [
     dict(type='CenterCrop', crop_size=224),
     dict(type='PackInputs'),
 ]
-train_dataloader = dict(batch_size=128)
-val_dataloader = dict(batch_size=128, dataset=dict(pipeline=test_pipeline))
+train_dataloader = dict(batch_size=256)
+val_dataloader = dict(batch_size=256, dataset=dict(pipeline=test_pipeline))
 test_dataloader = val_dataloader
 
-optim_wrapper = dict(optimizer=dict(lr=5e-4 * 1024 / 512), clip_grad=dict(max_norm=5.0))
+optim_wrapper = dict(optimizer=dict(lr=5e-4 * 2048 / 512), clip_grad=dict(max_norm=5.0))
 param_scheduler = [
     dict(type='LinearLR', start_factor=1e-3, by_epoch=True, end=20, convert_to_iter_based=True),
-    dict(type='CosineAnnealingLR', eta_min=5e-6 * 1024 / 512, by_epoch=True, begin=20),
+    dict(type='CosineAnnealingLR', eta_min=5e-6 * 2048 / 512, by_epoch=True, begin=20),
 ]
-auto_scale_lr = dict(base_batch_size=1024)
+auto_scale_lr = dict(base_batch_size=2048)

@@ -1,8 +1,8 @@
 # WeightFormer-B on ImageNet-1k at 448x448: the official cfg/wfm_b.yaml (model wfm_base:
 # patch 16, 384 channels, depth 17, i.e. WeightFormer-S's trunk trained at 448; drop path 0.2)
-# with the recipe of weightformer-t_8xb128_in1k.py (official config.py). Test: bicubic resize to
+# with the recipe of weightformer-t_8xb256_in1k.py (official config.py). Test: bicubic resize to
 # 512x512 (= 448 * 256 / 224), centre crop 448, as the official build_transform. 28x28 tokens.
-_base_ = './weightformer-s_8xb128_in1k.py'
+_base_ = './weightformer-s_8xb256_in1k.py'
 
 model = dict(backbone=dict(arch='base', drop_path_rate=0.2), head=dict(in_channels=384))
 
