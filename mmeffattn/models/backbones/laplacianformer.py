@@ -13,7 +13,11 @@ The token mixer replaces SOFT's Gaussian kernel ``exp(-||q - k||_2^2 / 2)`` by t
 - ``L``: landmarks, the queries average pooled over cells of the token grid: ``sr x sr`` cells
   (``sr = 8, 4, 2`` by stage; partial cells at the bottom/right of odd grids average what they
   hold), or a fixed ``landmark_grid x landmark_grid`` grid when the whitening keeps per-landmark
-  statistics (below);
+  statistics (below). Parameter-free pooling, as Nystromformer's segment means; SOFT instead
+  learns a strided ``sr x sr`` convolution (``head_dim^2 sr^2`` weights) followed by LayerNorm
+  and GELU (``Qlandmark_op`` in its ``softmax_free_transformer.py``). The LaplacianFormer paper's
+  text was not available to check which it uses, and the official repository has no model code;
+  the fitted widths below count no such convolution;
 - keys are the queries (one projection, as in SOFT), so ``K(L, K) = K(Q, L)^T``;
 - ``W^-1`` by :func:`mmeffattn.ops.newton_schulz_pinv` (Newton-Schulz iterations, the paper's
   solver, default; its gradient by default that of the exact inverse at the result,
