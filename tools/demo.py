@@ -182,9 +182,8 @@ def prepare_work_dir(work_dir: str, settings: dict) -> str:
     manifest = dict(tool='tools/demo.py', settings=settings,
                     started=time.strftime('%Y-%m-%d %H:%M:%S'))
     path = osp.join(work_dir, MANIFEST)
-    with open(path + '.tmp', 'w') as f:  # a kill leaves the old record or the new one
-        json.dump(manifest, f, indent=1)
-    os.replace(path + '.tmp', path)
+    from mmeffattn.engine import atomic_write  # a kill leaves the old record or the new one
+    atomic_write(path, lambda f: f.write(json.dumps(manifest, indent=1).encode()))
     return line
 
 

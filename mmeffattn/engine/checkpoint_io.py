@@ -101,9 +101,14 @@ def mmengine_safe_loading(extra: Iterable[Any] = ()) -> Iterator[None]:
 # ---------------------------------------------------------------------------------------------
 # Loading with clear errors
 # ---------------------------------------------------------------------------------------------
-def _short(exc: BaseException, limit: int = 160) -> str:
-    """The first line of an exception message, shortened: the reason, without torch's essay."""
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+def load_error_reason(exc: BaseException, limit: int = 160) -> str:
+    """The reason in a ``torch.load`` exception, one short line without torch's essay: the
+    safe loader's failures put it on a line of their own after their advice (``Unsupported
+    operand 110``, ``Unsupported global: ...``); otherwise the first line."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    text = next((line for line in lines if line.startswith('Unsupported')), lines[0])
     text = text.split('. ')[0]  # torch appends advice meant for torch developers
     return text if len(text) <= limit else text[:limit - 3] + '...'
 
@@ -158,26 +163,30 @@ def load_checkpoint_file(path: str, map_location: Any = 'cpu', *, mmap: bool = F
                 f'an mmengine Runner. Convert it with tools/model_converters, or, only if you '
                 f'trust the file, load it with torch.load(weights_only=False) and save its '
                 f'state_dict') from None
-        raise CheckpointError(f'checkpoint {path!r} is corrupt ({_short(e)}): {hint}') from None
+        raise CheckpointError(f'checkpoint {path!r} is corrupt ({load_error_reason(e)}): {hint}') from None
     except MemoryError:
         raise
     except Exception as e:  # torch's readers fail in many ways on junk (IndexError, KeyError...)
-        raise CheckpointError(f'checkpoint {path!r} is truncated or corrupt ({_short(e)}): '
+        raise CheckpointError(f'checkpoint {path!r} is truncated or corrupt ({load_error_reason(e)}): '
                               f'{hint}') from None
+
+
+def _newest_pth(folder: str) -> Optional[str]:
+    """The most recently written ``*.pth`` in ``folder``, or None."""
+    found = glob.glob(osp.join(glob.escape(folder), '*.pth'))
+    return max(found, key=osp.getmtime) if found else None
 
 
 def _newest_in(folder: str) -> str:
     """`` (e.g. its newest, '<folder>/epoch_3.pth')``, or `` (it holds none)``."""
-    found = glob.glob(osp.join(glob.escape(folder), '*.pth'))
-    if not found:
-        return ' (it holds none)'
-    return f' (e.g. its newest, {max(found, key=osp.getmtime)!r})'
+    newest = _newest_pth(folder)
+    return f' (e.g. its newest, {newest!r})' if newest else ' (it holds none)'
 
 
 def _unsupported_global(exc: BaseException) -> str:
     """The refused global named in torch's weights-only message, or its first line."""
     m = re.search(r'(?:Unsupported global|GLOBAL) ?:? ?(?:GLOBAL )?([\w.]+)', str(exc))
-    return f'GLOBAL {m.group(1)}' if m else _short(exc)
+    return f'GLOBAL {m.group(1)}' if m else load_error_reason(exc)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -275,12 +284,12 @@ def find_resume_checkpoint(work_dir: str) -> Optional[str]:
                 named = osp.join(work_dir, osp.basename(named))  # the work dir was moved
             _check_readable(named, f'{record} names it')
             return named
-    candidates = sorted(glob.glob(osp.join(work_dir, '*.pth')), key=osp.getmtime)
-    if not candidates:
+    newest = _newest_pth(work_dir)
+    if newest is None:
         return None
-    _check_readable(candidates[-1], f'it is the newest *.pth in {work_dir} (there is no '
-                                    f'last_checkpoint record)')
-    return candidates[-1]
+    _check_readable(newest, f'it is the newest *.pth in {work_dir} (there is no '
+                            f'last_checkpoint record)')
+    return newest
 
 
 def _check_readable(path: str, why: str) -> None:

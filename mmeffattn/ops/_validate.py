@@ -95,14 +95,12 @@ def check_real(op: str, name: str, value: object, meaning: str, *, positive: boo
     refused, since a non-finite scalar would silently turn every output into NaN or zero."""
     if value is None and optional:
         return None
-    if torch.compiler.is_compiling():
+    is_number = not isinstance(value, bool) and isinstance(value, numbers.Real)
+    if is_number and torch.compiler.is_compiling():
         # the value may be symbolic there (a size, or a float under dynamic=True): reading it
         # would break the graph or guard on it, so only its type is checked; eager calls check all
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise ValueError(f'{op}: {name} must be a number ({meaning}), got {value!r}')
         return value
-    ok = (not isinstance(value, bool) and isinstance(value, numbers.Real)
-          and math.isfinite(value) and (not positive or value > 0)
+    ok = (is_number and math.isfinite(value) and (not positive or value > 0)
           and (not nonnegative or value >= 0))
     if not ok:
         kind = ('a positive finite float' if positive else

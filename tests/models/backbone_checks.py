@@ -11,8 +11,10 @@ from mmeffattn.models.backbones import base as backbone_base
 
 
 def check_norm_state(modules, train_state: bool) -> bool:
-    """True if every BatchNorm in ``modules`` is in the given training state."""
-    return all(m.training == train_state for m in modules if isinstance(m, _BatchNorm))
+    """True if every BatchNorm, and every layer with ``running_statistics`` (what
+    ``norm_eval`` freezes), in ``modules`` is in the given training state."""
+    return all(m.training == train_state for m in modules
+               if isinstance(m, _BatchNorm) or getattr(m, 'running_statistics', False))
 
 
 def assert_with_cp_equivalent(ref: nn.Module, cp_model: nn.Module, x: torch.Tensor,

@@ -163,17 +163,13 @@ def _zoo_laplacian(**kwargs):
                 attn_type='laplacian', drop_path_rate=0., **kwargs)
 
 
-def test_laplacian_mixer_with_cp_counts_the_batch_once():
+def test_laplacian_mixer_with_cp_counts_the_batch_once(monkeypatch):
     """Gradient checkpointing recomputes a block in backward: the whitening's running
     statistics must see the batch once (as without checkpointing), in any family's blocks."""
-    plain, ckpt = _zoo_laplacian(), _zoo_laplacian(with_cp=True)
+    from backbone_checks import assert_with_cp_equivalent
+    plain, ckpt = _zoo_laplacian().train(), _zoo_laplacian(with_cp=True).train()
     ckpt.load_state_dict(plain.state_dict())
-    x = torch.randn(2, 3, 64, 64)
-    for m in (plain, ckpt):
-        m.train()
-        sum(o.pow(2).mean() for o in m(x)).backward()
-    for (k, a), b in zip(plain.state_dict().items(), ckpt.state_dict().values()):
-        torch.testing.assert_close(a, b, msg=k)
+    assert_with_cp_equivalent(plain, ckpt, torch.randn(2, 3, 64, 64), None, monkeypatch)
 
 
 def test_laplacian_mixer_norm_eval_freezes_the_whitening():

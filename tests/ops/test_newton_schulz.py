@@ -444,7 +444,6 @@ def test_fake_and_meta_inputs(backend: str) -> None:
         assert (out.shape, out.dtype, out.device.type) == (a.shape, a.dtype, 'meta')
 
 
-@needs_triton
 @pytest.mark.parametrize('backend, M', [pytest.param('triton', 130, marks=needs_triton),
                                           ('reference', 13)])
 def test_autocast_is_not_followed(backend: str, M: int) -> None:

@@ -130,12 +130,11 @@ def official_laplacian(ext, q: torch.Tensor, k: torch.Tensor, lam: float) -> tor
 @dataclass
 class KernelCase:
     """One shape and dtype: ``fns`` maps a name (the official one first) to ``fn(*inputs)``;
-    ``grads_compared``: whether input gradients must agree too."""
+    outputs and input gradients must agree."""
     name: str
     dtype: torch.dtype
     fns: Dict[str, Callable[..., torch.Tensor]]
     inputs: List[torch.Tensor]
-    grads_compared: bool
 
     @property
     def dtype_name(self) -> str:
@@ -183,8 +182,7 @@ def laplace_cases(ext, device, dtypes: Sequence[torch.dtype], lam: float,
                     for n in (N, M))
             fns = {'official': lambda q, k: official_laplacian(ext, q, k, lam),
                    'ours': lambda q, k: laplacian_kernel(q, k, lam, backend=_backend(device))}
-            cases.append(KernelCase(f'laplacian B{B}-H{h}-N{N}-M{M}-D{D}', dtype, fns, [q, k],
-                                    True))
+            cases.append(KernelCase(f'laplacian B{B}-H{h}-N{N}-M{M}-D{D}', dtype, fns, [q, k]))
     return cases
 
 
@@ -203,7 +201,7 @@ def newton_cases(ext, device, dtypes: Sequence[torch.dtype], iters: int, lam: fl
                    'ours': lambda a: newton_schulz_pinv(a, iters, OFFICIAL_EPS, check=False,
                                                         backward='implicit',
                                                         backend=_backend(device))}
-            cases.append(KernelCase(f'newton B{B}-H{h}-M{M}-it{iters}', dtype, fns, [a], True))
+            cases.append(KernelCase(f'newton B{B}-H{h}-M{M}-it{iters}', dtype, fns, [a]))
     return cases
 
 
@@ -217,12 +215,11 @@ def compare(case: KernelCase, tol: float, rounds: int, device) -> Dict[str, Any]
     hint = 'our op and the official operator do not compute the same thing here'
     row: Dict[str, Any] = dict(case=case.name, dtype=case.dtype_name)
     row['output_diff'] = check_outputs(case.outputs(), tol, hint)['ours']
-    if case.grads_compared:
-        grads = case.gradients()
-        for i, (off, ours) in enumerate(zip(grads['official'], grads['ours'])):
-            row[f'grad{i}_diff'] = check_outputs({'official': lambda off=off: off,
-                                                  'ours': lambda ours=ours: ours},
-                                                 tol, f'gradient of input {i}: {hint}')['ours']
+    grads = case.gradients()
+    for i, (off, ours) in enumerate(zip(grads['official'], grads['ours'])):
+        row[f'grad{i}_diff'] = check_outputs({'official': lambda off=off: off,
+                                              'ours': lambda ours=ours: ours},
+                                             tol, f'gradient of input {i}: {hint}')['ours']
     for mode, backward in (('fwd', False), ('fwd_bwd', True)):
         ms, ratio = time_paired(case.timed(backward), rounds, torch.device(device))
         row[f'{mode}_ms'], row[f'{mode}_ratio'] = ms, ratio['ours']

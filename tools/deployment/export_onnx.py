@@ -218,6 +218,12 @@ def translation_table() -> Dict[Any, Callable]:
             operator.floordiv: floordiv_translation()}
 
 
+def dynamic_side_error(wrapper: nn.Module, shape: Sequence[int]) -> str:
+    return (f'a dynamic export of the {getattr(wrapper, "what", "model")} needs each side of the '
+            f'export size to be at least {getattr(wrapper, "min_dynamic_side", MIN_DYNAMIC_SIDE)} '
+            f'(twice its coarsest stride), got {tuple(shape)}; pass a larger --shape')
+
+
 def export(wrapper: ExportWrapper, shape: Sequence[int], out: str, dynamic: bool = False,
            opset: int = DEFAULT_OPSET, metadata: Optional[Dict[str, str]] = None) -> str:
     """Export ``wrapper`` at ``shape`` (H, W) to ``out`` and return ``out``.
@@ -232,11 +238,10 @@ def export(wrapper: ExportWrapper, shape: Sequence[int], out: str, dynamic: bool
     dynamic_shapes = None
     if dynamic:
         # the batch stays 1: a dimension exported at size 1 is specialised by torch.export
-        side = wrapper.min_dynamic_side
+        # (any module may be exported; our wrapper knows its outputs' coarsest stride)
+        side = getattr(wrapper, 'min_dynamic_side', MIN_DYNAMIC_SIDE)
         if min(shape) < side:
-            raise ValueError(f'a dynamic export of the {wrapper.what} needs each side of the '
-                             f'export size to be at least {side} (twice its coarsest stride), '
-                             f'got {tuple(shape)}; pass a larger --shape')
+            raise ValueError(dynamic_side_error(wrapper, shape))
         dynamic_shapes = ({2: torch.export.Dim('height', min=side, max=16384),
                            3: torch.export.Dim('width', min=side, max=16384)}, )
     from mmeffattn.analysis.flops import reference_backend
@@ -374,10 +379,9 @@ def main(argv=None) -> Dict[str, Any]:
     wrapper = ExportWrapper(model, args.part).eval()
     meta = dict(preprocess_meta(model), exported=wrapper.what, config=osp.basename(args.config))
     t0 = time.time()
-    try:
-        export(wrapper, args.shape, args.out, args.dynamic, args.opset, meta)
-    except ValueError as e:  # a shape the dynamic export cannot take: one line, no traceback
-        raise SystemExit(f'export_onnx.py: {e}')
+    if args.dynamic and min(args.shape) < wrapper.min_dynamic_side:  # one line, no traceback
+        raise SystemExit(f'export_onnx.py: {dynamic_side_error(wrapper, args.shape)}')
+    export(wrapper, args.shape, args.out, args.dynamic, args.opset, meta)
     dims = input_dims(args.out)
     print(f'exported {wrapper.what} of {args.config} to {args.out} (opset {args.opset}, input '
           f'{dims}, {time.time() - t0:.0f} s)', flush=True)

@@ -25,19 +25,15 @@ def load_official(path: str, unsafe: bool = False,
     try:
         with torch.serialization.safe_globals(list(stand_ins)):
             return torch.load(path, map_location='cpu', weights_only=True)
-    except pickle.UnpicklingError as e:
-        if 'Unsupported global' not in str(e):  # junk the unpickler cannot read at all
-            lines = [line.strip() for line in str(e).splitlines() if line.strip()] or ['?']
-            why = next((line for line in lines if line.startswith('Unsupported')), lines[0])
-            raise RuntimeError(f'{path!r} is not a readable checkpoint ({why[:160]}); pass the '
-                               f'.pth/.pt file the official code saved with torch.save, or a '
-                               f'.safetensors file') from e
-        # an object the safe loader refuses
-        raise RuntimeError(
-            f'{path!r} holds objects that torch.load(weights_only=True) refuses ({e}). If you '
-            f'trust the file, rerun with --unsafe-load.') from e
-    except Exception as e:  # not a torch.save file at all: torch's own errors name neither
-        raise RuntimeError(f'{path!r} is not a readable checkpoint ({type(e).__name__}: {e}); '
+    except Exception as e:
+        from mmeffattn.engine.checkpoint_io import load_error_reason
+        if isinstance(e, pickle.UnpicklingError) and 'Unsupported global' in str(e):
+            raise RuntimeError(  # an object the safe loader refuses
+                f'{path!r} holds objects that torch.load(weights_only=True) refuses '
+                f'({load_error_reason(e)}). If you trust the file, rerun with --unsafe-load.'
+            ) from e
+        # not a torch.save file at all (junk makes torch raise KeyError, IndexError, ...)
+        raise RuntimeError(f'{path!r} is not a readable checkpoint ({load_error_reason(e)}); '
                            f'pass the .pth/.pt file the official code saved with torch.save, '
                            f'or a .safetensors file') from e
 

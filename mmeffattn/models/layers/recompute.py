@@ -19,7 +19,7 @@ _STATE = threading.local()  # per thread: the autograd engine recomputes on its 
 @contextlib.contextmanager
 def recomputing() -> Iterator[None]:
     """Marks a gradient-checkpoint recomputation (see the module docstring)."""
-    saved = getattr(_STATE, 'recomputing', False)
+    saved = is_recomputing()
     _STATE.recomputing = True
     try:
         yield

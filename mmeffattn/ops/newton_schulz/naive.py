@@ -83,7 +83,9 @@ class _ImplicitBackward(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(v)
-        return v.view_as(v)
+        # a copy (M x M per matrix, small next to the iteration): returning ``v`` itself would
+        # make the result a view, which autograd refuses to modify in place
+        return v.clone()
 
     @staticmethod
     def backward(ctx, g: torch.Tensor):
