@@ -32,7 +32,7 @@ from mmeffattn.ops._spec import all_specs, sdpa_macs
 
 __all__ = ['OP_COUNTERS', 'register_op_counter', 'op_macs', 'sdpa_macs', 'sdpa_flop_jit',
            'count_flops', 'FlopCount', 'CountedForward', 'count_parameters',
-           'reference_backend']
+           'reference_backend', 'model_kind']
 
 OpCounter = Callable[..., int]
 #: public op name (an attribute of :mod:`mmeffattn.ops`) -> analytic MACs from the op's arguments:
@@ -237,6 +237,18 @@ def _count(model: nn.Module, inputs: Tuple[Any, ...], device: str) -> FlopCount:
                      op_calls=dict(recorder.calls), unsupported=unsupported, device=device)
 
 
+def model_kind(model: nn.Module) -> str:
+    """``'classifier'``, ``'detector'``, ``'segmentor'`` or ``'module'`` (anything else, e.g. a
+    bare backbone), from the OpenMMLab base classes in the model's MRO (so subclasses such as
+    ``mmeffattn.MESAClassifier`` count as what they extend) without importing the libraries."""
+    names = {cls.__name__ for cls in type(model).__mro__}
+    for kind, base in (('classifier', 'ImageClassifier'), ('detector', 'BaseDetector'),
+                       ('segmentor', 'BaseSegmentor')):
+        if base in names:
+            return kind
+    return 'module'
+
+
 class CountedForward(nn.Module):
     """What is counted for a built model: an mmpretrain classifier's logits (``mode='tensor'``),
     a detector's/segmentor's backbone, or a bare backbone."""
@@ -244,7 +256,7 @@ class CountedForward(nn.Module):
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
-        self.what = ('classifier' if type(model).__name__ == 'ImageClassifier' else
+        self.what = ('classifier' if model_kind(model) == 'classifier' else
                      'backbone' if hasattr(model, 'backbone') else 'module')
 
     @property

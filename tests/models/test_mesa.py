@@ -17,6 +17,12 @@ ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 pytestmark = pytest.mark.usefixtures('one_thread')
 
 
+@pytest.fixture(autouse=True)
+def reference_ops(monkeypatch):
+    # the PyTorch references: the loss term is the subject, not the (interpreted) kernels
+    monkeypatch.setenv('MMEFFATTN_OPS_BACKEND', 'reference')
+
+
 def tiny_classifier(type_: str = 'mmeffattn.MESAClassifier', classes: int = 5):
     from mmpretrain.structures import DataSample  # noqa: F401 (registers mmpretrain's scope)
     with DefaultScope.overwrite_default_scope('mmpretrain'):

@@ -29,19 +29,11 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
 import torch  # noqa: E402
 
+from mmeffattn.analysis.flops import model_kind  # noqa: E402
+
 
 #: the papers' input sizes (H, W) per kind of model
 PAPER_SHAPES = {'classifier': (224, 224), 'detector': (800, 1280), 'segmentor': (512, 2048)}
-
-
-def model_kind(model: torch.nn.Module) -> str:
-    """``'classifier'``, ``'detector'``, ``'segmentor'`` or ``'module'``."""
-    names = {cls.__name__ for cls in type(model).__mro__}
-    for kind, base in (('classifier', 'ImageClassifier'), ('detector', 'BaseDetector'),
-                       ('segmentor', 'BaseSegmentor')):
-        if base in names:
-            return kind
-    return 'module'
 
 
 class WholeModel(torch.nn.Module):

@@ -40,6 +40,8 @@ import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from mmeffattn.analysis.flops import model_kind  # noqa: E402
+
 PARTS = ('auto', 'backbone')
 DEFAULT_OPSET = 18
 DEFAULT_TOLERANCE = 1e-4
@@ -67,18 +69,6 @@ def require_onnx() -> None:
 # --------------------------------------------------------------------------------------------
 # what is exported
 # --------------------------------------------------------------------------------------------
-def model_kind(model: nn.Module) -> str:
-    """``'classifier'``, ``'segmentor'``, ``'detector'`` or ``'backbone'`` (a bare module)."""
-    names = {cls.__name__ for cls in type(model).__mro__}
-    if 'ImageClassifier' in names:
-        return 'classifier'
-    if 'EncoderDecoder' in names or 'BaseSegmentor' in names:
-        return 'segmentor'
-    if 'BaseDetector' in names:
-        return 'detector'
-    return 'backbone'
-
-
 class ExportWrapper(nn.Module):
     """The tensor-in, tensors-out part of a built model that is exported.
 
@@ -93,13 +83,13 @@ class ExportWrapper(nn.Module):
             raise ValueError(f'part must be one of {PARTS}, got {part!r}')
         self.model = model
         self.kind = model_kind(model)
-        if part == 'backbone' and self.kind != 'backbone':
+        if part == 'backbone' and self.kind != 'module':
             self.what = 'backbone'
         elif self.kind == 'detector':
             self.what = 'backbone+neck' if getattr(model, 'with_neck', False) else 'backbone'
         else:
             self.what = {'classifier': 'logits', 'segmentor': 'seg_logits',
-                         'backbone': 'backbone'}[self.kind]
+                         'module': 'backbone'}[self.kind]
 
     @property
     def min_dynamic_side(self) -> int:
@@ -117,7 +107,7 @@ class ExportWrapper(nn.Module):
         """``x``: the normalised image ``[B, 3, H, W]``."""
         m = self.model
         if self.what == 'backbone':
-            return m.backbone(x) if self.kind != 'backbone' else m(x)
+            return m.backbone(x) if self.kind != 'module' else m(x)
         if self.what == 'logits':
             return m(x, mode='tensor')  # [B, num_classes]
         if self.what == 'backbone+neck':
