@@ -1,16 +1,11 @@
 """Token sequences <-> feature maps, without copies where the layout allows."""
-from typing import Any, Tuple
+from typing import Tuple
 
 import torch
 import torch.nn.functional as F
 
-
-def is_symbolic(*sizes: Any) -> bool:
-    """Whether a size is symbolic (a ``torch.SymInt``: torch.export or torch.compile with a
-    dynamic shape). A Python branch or ``int()`` on such a size pins it in the graph (the
-    exported file then takes only that size), so the models take the branch-free path then (a
-    zero pad is a no-op) and keep the cheaper branch for known sizes."""
-    return any(isinstance(s, torch.SymInt) for s in sizes)
+# one definition for the ops and the models (re-exported here for the model code)
+from mmeffattn.ops._common import is_symbolic  # noqa: F401
 
 
 def pad_to_multiple(x: torch.Tensor, multiple: int, value: float = 0.) -> torch.Tensor:
