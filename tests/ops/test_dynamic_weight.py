@@ -332,15 +332,6 @@ def test_public_api() -> None:
     assert set(pkg.__all__) == {'dynamic_weight', 'dynamic_weight_naive'}
 
 
-def test_aot_subset_covers_both_code_paths() -> None:
-    """The AOT subset (``spec.py``) compiles a one-tile and a swept configuration."""
-    from mmeffattn.ops.dynamic_weight.spec import AOT
-    pytest.importorskip('triton')
-    tiles = {launch.config.constexprs['NUM_I_TILES'] > 1 for case in AOT.subset
-             for launch in AOT.record(case) if 'NUM_I_TILES' in launch.config.constexprs}
-    assert tiles == {True, False}
-
-
 def test_old_folder_name_is_a_deprecated_alias() -> None:
     """``mmeffattn.ops.dyn_weight`` (the folder's old name) is the same modules, with a
     DeprecationWarning."""
