@@ -6,9 +6,7 @@ An op uses these instead of another op's private modules.
 """
 import contextlib
 import importlib
-import sys
-import warnings
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -152,7 +150,7 @@ def offsets_reason(fits: Optional[bool], what: str) -> List[str]:
 
 
 # ---------------------------------------------------------------------------------------------
-# the kernel-import guard of every op.py, and deprecated package aliases
+# the kernel-import guard of every op.py
 # ---------------------------------------------------------------------------------------------
 def import_kernels(package: str, *names: str, module: str = 'function') -> Tuple[Any, ...]:
     """``(*objects, import_error)``: ``names`` from ``<package>.<module>`` when Triton is
@@ -168,18 +166,3 @@ def import_kernels(package: str, *names: str, module: str = 'function') -> Tuple
         return (None, ) * len(names) + (f'{type(e).__name__}: {e}', )
     return tuple(getattr(module, n) for n in names) + ('', )
 
-
-def alias_package(old: str, new: str,
-                  submodules: Sequence[str] = ('op', 'naive', 'spec', 'function', 'kernels')
-                  ) -> None:
-    """Make ``old`` (and ``old.<submodule>``) the very modules of ``new``, with a
-    DeprecationWarning; called by the ``__init__`` of a renamed op folder. The same module
-    objects (not copies), so patching ``old.op.x`` patches the op."""
-    warnings.warn(f'{old} is deprecated: import {new} (the folder is named after the op)',
-                  DeprecationWarning, stacklevel=3)
-    sys.modules[old] = importlib.import_module(new)
-    for sub in submodules:
-        try:
-            sys.modules[f'{old}.{sub}'] = importlib.import_module(f'{new}.{sub}')
-        except ImportError:  # function / kernels without Triton
-            pass

@@ -97,11 +97,10 @@ def check_against_reference(case: Case, backend: str, device: str = DEVICE,
     dtype = DTYPES[case.dtype]
     q, k, v, rope = make_inputs(case, device, table_dtype=table_dtype)
     inputs = [x.requires_grad_() for x in (q, k, v) + tuple(rope or ())]
-    if case.splits is not None:  # the internal entry point: a forced split count
+    if case.splits is not None:  # the registered op the dispatch calls, with a forced split
         assert backend == 'triton'
-        from mmeffattn.ops.core_periphery.function import core_periphery_attention_triton
-        out = core_periphery_attention_triton(q, k, v, case.C, rope=rope, scale=case.scale,
-                                              splits=case.splits)
+        out = cp_op.core_periphery_attention_triton(q, k, v, case.C, rope=rope,
+                                                    scale=case.scale, splits=case.splits)
     else:
         out = core_periphery_attention(q, k, v, case.C, rope=rope, scale=case.scale,
                                        backend=backend)
@@ -265,7 +264,6 @@ def test_triton_very_negative_logits(splits) -> None:
     the logits' rounding about a thousandfold: measured 2.1e-3 on the core rows, and 2.8e-5 or
     1.2e-3 on the patch rows with 32- or 16-row blocks (the interpreter's fp32 matmul rounds
     differently per tile shape; the separate dq kernel and the fused one alike)."""
-    from mmeffattn.ops.core_periphery.function import core_periphery_attention_triton
     case = Case(1, 2, 5, 70, 32, 'fp32', scale=1.)
     q, k, v, _ = make_inputs(case)
     direction = torch.randn(case.D, generator=torch.Generator().manual_seed(2)).to(DEVICE)
@@ -273,7 +271,7 @@ def test_triton_very_negative_logits(splits) -> None:
     q = (-k.mean(dim=2, keepdim=True)).expand_as(q).contiguous() + 0.01 * q
     assert (q @ k.transpose(-1, -2)).max() < -100  # logits, with scale 1
     q, k, v = (x.contiguous().requires_grad_() for x in (q, k, v))
-    out = core_periphery_attention_triton(q, k, v, case.C, scale=1., splits=splits)
+    out = cp_op.core_periphery_attention_triton(q, k, v, case.C, scale=1., splits=splits)
     do = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE)
     out.backward(do)
     ref, leaves = reference_fp64(q, k, v, None, case)
@@ -413,10 +411,9 @@ def test_autocast_is_not_followed(backend: str, splits: Optional[int]) -> None:
     def run(autocast: bool):
         leaves = [x.clone().requires_grad_() for x in (q, k, v) + rope]
         with torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=autocast):
-            if splits is not None:  # the internal entry point: a forced split count
-                from mmeffattn.ops.core_periphery import function
-                out = function.core_periphery_attention_triton(*leaves[:3], case.C,
-                                                               rope=leaves[3:], splits=splits)
+            if splits is not None:  # the registered op the dispatch calls, a forced split
+                out = cp_op.core_periphery_attention_triton(*leaves[:3], case.C,
+                                                            rope=leaves[3:], splits=splits)
             else:
                 out = core_periphery_attention(*leaves[:3], case.C, rope=leaves[3:],
                                                backend=backend)

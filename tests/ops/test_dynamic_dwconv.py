@@ -2,7 +2,6 @@
 CUDA) vs the PyTorch reference, reference semantics, gradients, dispatch, input validation and
 ahead-of-time compilation for sm_80 / sm_90."""
 import importlib
-import sys
 from typing import NamedTuple, Optional
 
 import pytest
@@ -353,14 +352,3 @@ def test_public_api() -> None:
     pkg = importlib.import_module('mmeffattn.ops.dynamic_dwconv')  # the op function shadows it
     assert pkg.dynamic_dwconv is dynamic_dwconv and pkg.dynamic_dwconv_naive is dynamic_dwconv_naive
     assert set(pkg.__all__) == {'dynamic_dwconv', 'dynamic_dwconv_naive'}
-
-
-def test_old_folder_name_is_a_deprecated_alias() -> None:
-    """``mmeffattn.ops.dyn_dwconv`` (the folder's old name) is the same modules, with a
-    DeprecationWarning."""
-    import sys
-    for name in [n for n in sys.modules if n.startswith('mmeffattn.ops.dyn_dwconv')]:
-        del sys.modules[name]  # import it afresh so the warning is raised here
-    with pytest.warns(DeprecationWarning, match='mmeffattn.ops.dynamic_dwconv'):
-        old = importlib.import_module('mmeffattn.ops.dyn_dwconv.op')
-    assert old is importlib.import_module('mmeffattn.ops.dynamic_dwconv.op')

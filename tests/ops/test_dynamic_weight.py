@@ -2,7 +2,6 @@
 vs the PyTorch reference, reference semantics, gradients, dispatch, input validation and
 ahead-of-time compilation for sm_80 / sm_90."""
 import importlib
-import sys
 from typing import NamedTuple, Optional
 
 import pytest
@@ -330,14 +329,3 @@ def test_public_api() -> None:
     pkg = importlib.import_module('mmeffattn.ops.dynamic_weight')  # the op function shadows it
     assert pkg.dynamic_weight is dynamic_weight and pkg.dynamic_weight_naive is dynamic_weight_naive
     assert set(pkg.__all__) == {'dynamic_weight', 'dynamic_weight_naive'}
-
-
-def test_old_folder_name_is_a_deprecated_alias() -> None:
-    """``mmeffattn.ops.dyn_weight`` (the folder's old name) is the same modules, with a
-    DeprecationWarning."""
-    import sys
-    for name in [n for n in sys.modules if n.startswith('mmeffattn.ops.dyn_weight')]:
-        del sys.modules[name]  # import it afresh so the warning is raised here
-    with pytest.warns(DeprecationWarning, match='mmeffattn.ops.dynamic_weight'):
-        old = importlib.import_module('mmeffattn.ops.dyn_weight.op')
-    assert old is importlib.import_module('mmeffattn.ops.dynamic_weight.op')

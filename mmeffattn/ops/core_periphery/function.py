@@ -1,4 +1,5 @@
-"""Launchers and the autograd Function of the Triton core-periphery attention kernels.
+"""Launchers of the Triton core-periphery attention kernels (their autograd is registered
+with the custom operators in ``library.py``).
 
 Importing this module needs Triton (``op.py`` guards it). The kernels run compiled on CUDA
 tensors and interpreted on CPU tensors when Triton's interpreter is on.
@@ -27,7 +28,6 @@ import math
 from typing import Dict, NamedTuple, Optional, Tuple
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from .._launch import (KernelConfig, Launch, device_guard as _device_guard,  # noqa: F401
                        launch as _launch, next_pow2 as _next_pow2, record_launches,
@@ -473,64 +473,3 @@ def core_periphery_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
         dcos, dsin = (dtab[:, i:i + 1].view(2, 1, B, nh, L, D).sum(dims).to(tables.dtype)
                       for i in range(2))
     return dq, dk, dv, dcos, dsin
-
-
-class CorePeripheryAttentionFunction(torch.autograd.Function):
-    """Autograd wrapper of the Triton kernels (first-order gradients for q, k, v, cos, sin)."""
-
-    @staticmethod
-    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                cos: Optional[torch.Tensor], sin: Optional[torch.Tensor], num_cores: int,
-                scale: float, input_precision: str, splits: Optional[int]) -> torch.Tensor:
-        q, k, v = _unit_last_stride(q), _unit_last_stride(k), _unit_last_stride(v)
-        if cos is not None:
-            cos, sin = _unit_last_stride(cos), _unit_last_stride(sin)
-            if _table_strides(cos) != _table_strides(sin):  # the kernels take one set
-                cos, sin = cos.contiguous(), sin.contiguous()
-        o, lse = core_periphery_fwd(q, k, v, cos, sin, num_cores, scale, input_precision, splits)
-        if any(ctx.needs_input_grad[:5]):
-            ctx.save_for_backward(q, k, v, cos, sin, o, lse)
-        ctx.num_cores, ctx.scale, ctx.input_precision, ctx.splits = (num_cores, scale,
-                                                                     input_precision, splits)
-        return o
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, do: torch.Tensor):
-        q, k, v, cos, sin, o, lse = ctx.saved_tensors
-        needs = ctx.needs_input_grad
-        dq, dk, dv, dcos, dsin = core_periphery_bwd(
-            do, q, k, v, cos, sin, o, lse, ctx.num_cores, ctx.scale, ctx.input_precision,
-            ctx.splits, rope_grad=needs[3] or needs[4])
-        return (dq if needs[0] else None, dk if needs[1] else None, dv if needs[2] else None,
-                dcos if needs[3] else None, dsin if needs[4] else None,
-                None, None, None, None)
-
-
-def core_periphery_attention_triton(
-        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_cores: int, *,
-        rope: Optional[Tuple[torch.Tensor, torch.Tensor]] = None, scale: Optional[float] = None,
-        input_precision: str = DEFAULT_INPUT_PRECISION,
-        splits: Optional[int] = None) -> torch.Tensor:
-    """Core-periphery attention with the Triton kernels, no input validation (see
-    ``op.core_periphery_attention``).
-
-    Args:
-        q, k, v: ``[B, heads, C + N, D]``.
-        rope: None or ``(cos, sin)``, each ``[B or 1, C + N, D]``; cast to q's dtype here, with
-            autograd, so their gradients come back in their own dtype.
-        splits: force the number of splits of the core rows' long loops (tests).
-    Returns:
-        ``[B, heads, C + N, D]`` contiguous.
-    """
-    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    cos = sin = None
-    if rope is not None:
-        cos, sin = rope[0].to(q.dtype), rope[1].to(q.dtype)
-    return CorePeripheryAttentionFunction.apply(q, k, v, cos, sin, num_cores, scale,
-                                                input_precision, splits)
-
-
-#: the launchers' former names (``cp_*``), kept as aliases
-cp_fwd, cp_bwd = core_periphery_fwd, core_periphery_bwd
-cp_tiles, cp_kernel_configs = core_periphery_tiles, core_periphery_kernel_configs

@@ -1,7 +1,7 @@
 """Triton kernels of core-periphery attention (VECA).
 
-Only ``@triton.jit`` functions live here; launchers and the autograd Function are in
-``function.py``. The attention pattern is two rectangles of one softmax-attention problem, so
+Only ``@triton.jit`` functions live here; the launchers are in ``function.py``.
+The attention pattern is two rectangles of one softmax-attention problem, so
 every kernel works on a *range* of query rows against a *range* of key rows:
 
 * core queries ``[0, C)`` against all keys ``[0, C + N)`` (few rows, a long key loop);

@@ -2,7 +2,7 @@
 (optionally normalized and added to a static kernel, WeightFormer's ``DynamicDWConv``).
 
 ``naive.py``: PyTorch reference (test oracle, CPU path); ``kernels.py``: Triton kernels;
-``function.py``: launchers and autograd Function; ``op.py``: the public, dispatching function.
+``function.py``: launchers; ``library.py``: the registered op and its autograd; ``op.py``: the public, dispatching function.
 """
 from .naive import dynamic_dwconv_naive
 from .op import dynamic_dwconv

@@ -1,4 +1,5 @@
-"""Launchers and the autograd Function of the Triton dynamic depthwise-convolution kernels.
+"""Launchers of the Triton dynamic depthwise-convolution kernels (their autograd is registered
+with the custom operators in ``library.py``).
 
 Importing this module needs Triton (``op.py`` guards it). The kernels run compiled on CUDA
 tensors and interpreted on CPU tensors when Triton's interpreter is on.
@@ -12,12 +13,10 @@ normalization; the static kernel's and the bias's gradients are sums over the sa
 from typing import Dict, Optional, Tuple
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from .._common import sample_offsets_fit as int32_offsets_fit, strides4 as _strides4
 from .._launch import (KernelConfig, Launch, device_guard as _device_guard,  # noqa: F401
-                       launch as _launch, next_pow2 as _next_pow2, record_launches,
-                       unit_last_stride as _unit_last_stride)
+                       launch as _launch, next_pow2 as _next_pow2, record_launches)
 from . import kernels
 
 #: (channels, pixels) per program of the forward and the backward; warps of both
@@ -154,38 +153,3 @@ def dynamic_dwconv_bwd(dy: torch.Tensor, x: torch.Tensor, kernel: torch.Tensor,
                 dweight = red[:, :, :K * K].unflatten(2, weight.shape[1:]).sum(dim=0).to(
                     weight.dtype)
     return dx, dkernel, dbias, dweight
-
-
-class DynamicDWConvFunction(torch.autograd.Function):
-    """Autograd wrapper of the Triton kernels (first-order gradients for every tensor input)."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, kernel: torch.Tensor, bias: Optional[torch.Tensor],
-                weight: Optional[torch.Tensor], normalize: bool) -> torch.Tensor:
-        out = dynamic_dwconv_fwd(x, kernel, bias, weight, normalize)
-        if any(ctx.needs_input_grad[:4]):
-            ctx.save_for_backward(x, kernel, weight)
-        ctx.normalize = normalize
-        ctx.bias_dtype = None if bias is None else bias.dtype
-        return out
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, dy: torch.Tensor):
-        x, kernel, weight = ctx.saved_tensors
-        n = ctx.needs_input_grad
-        dx, dkernel, dbias, dweight = dynamic_dwconv_bwd(
-            dy, x, kernel, weight, ctx.normalize, ctx.bias_dtype is not None,
-            (n[0], n[1], n[2], n[3]))
-        if dbias is not None:
-            dbias = dbias.to(ctx.bias_dtype)
-        return dx, dkernel, dbias, dweight, None
-
-
-def dynamic_dwconv_triton(x: torch.Tensor, kernel: torch.Tensor,
-                          bias: Optional[torch.Tensor] = None,
-                          weight: Optional[torch.Tensor] = None,
-                          normalize: bool = False) -> torch.Tensor:
-    """The dynamic depthwise convolution with the Triton kernels, no input validation (see
-    ``op.dynamic_dwconv``). Returns ``[B, C, H, W]`` in x's dtype and memory layout."""
-    return DynamicDWConvFunction.apply(x, kernel, bias, weight, normalize)

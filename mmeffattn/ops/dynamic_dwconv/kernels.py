@@ -1,7 +1,7 @@
 """Triton kernels of the per-sample dynamic depthwise convolution.
 
-Only ``@triton.jit`` functions live here; launchers and the autograd Function are in
-``function.py``. Conventions shared by every kernel:
+Only ``@triton.jit`` functions live here; the launchers are in ``function.py``.
+Conventions shared by every kernel:
 
 * ``x``, ``dy`` and the outputs ``out``, ``dx`` are ``[B, C, H, W]`` with arbitrary strides
   (NCHW, or the channels-last view a token tensor ``[B, H*W, C]`` gives; Triton specialises the

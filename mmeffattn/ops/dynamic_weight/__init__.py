@@ -2,7 +2,7 @@
 tokens), each output row divided by its norm plus one, plus the static weight.
 
 ``naive.py``: PyTorch reference (test oracle, CPU path); ``kernels.py``: Triton kernels;
-``function.py``: launchers and autograd Function; ``op.py``: the public, dispatching function.
+``function.py``: launchers; ``library.py``: the registered op and its autograd; ``op.py``: the public, dispatching function.
 """
 from .naive import dynamic_weight_naive
 from .op import dynamic_weight

@@ -1,4 +1,5 @@
-"""Launchers and the autograd Function of the Triton dynamic-weight kernels.
+"""Launchers of the Triton dynamic-weight kernels (their autograd is registered with the
+custom operators in ``library.py``).
 
 Importing this module needs Triton (``op.py`` guards it). The kernels run compiled on CUDA
 tensors and interpreted on CPU tensors when Triton's interpreter is on.
@@ -12,7 +13,6 @@ reduction).
 from typing import Dict, Optional, Tuple
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from .._common import sample_offsets_fit as int32_offsets_fit
 from .._launch import (KernelConfig, Launch, device_guard as _device_guard,  # noqa: F401
@@ -145,42 +145,3 @@ def dynamic_weight_bwd(g: torch.Tensor, u: torch.Tensor, v: torch.Tensor, s: flo
                     u.stride(0), u.stride(1), u.stride(2), dp.stride(0), dp.stride(2),
                     dp.stride(1), dv.stride(0), dv.stride(1), M, C_out, C_in)
     return du, dv
-
-
-class DynamicWeightFunction(torch.autograd.Function):
-    """Autograd wrapper of the Triton kernels (first-order gradients for u, v and the weight)."""
-
-    @staticmethod
-    def forward(ctx, u: torch.Tensor, v: torch.Tensor, weight: Optional[torch.Tensor], s: float,
-                input_precision: str) -> torch.Tensor:
-        u, v = _unit_last_stride(u), _unit_last_stride(v)
-        if weight is not None:
-            weight = _unit_last_stride(weight)
-        out = dynamic_weight_fwd(u, v, s, weight, input_precision)
-        if any(ctx.needs_input_grad[:2]):
-            ctx.save_for_backward(u, v)
-        ctx.s, ctx.input_precision = s, input_precision
-        ctx.weight_dtype = None if weight is None else weight.dtype
-        return out
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, g: torch.Tensor):
-        needs = ctx.needs_input_grad
-        du = dv = dweight = None
-        if needs[0] or needs[1]:
-            u, v = ctx.saved_tensors
-            du, dv = dynamic_weight_bwd(g, u, v, ctx.s, (needs[0], needs[1]),
-                                        ctx.input_precision)
-        if needs[2]:
-            dweight = g.sum(dim=0, dtype=torch.float32).to(ctx.weight_dtype)
-        return du, dv, dweight, None, None
-
-
-def dynamic_weight_triton(u: torch.Tensor, v: torch.Tensor, n_tokens: float,
-                          scale: Optional[float] = None, weight: Optional[torch.Tensor] = None,
-                          input_precision: str = DEFAULT_INPUT_PRECISION) -> torch.Tensor:
-    """The dynamic weight with the Triton kernels, no input validation (see
-    ``op.dynamic_weight``). Returns ``[B, C_out, C_in]`` contiguous."""
-    scale = u.shape[-1] ** -0.5 if scale is None else float(scale)
-    return DynamicWeightFunction.apply(u, v, weight, scale / float(n_tokens), input_precision)

@@ -1,7 +1,7 @@
 """Triton kernels of WeightFormer's bilateral dynamic weight.
 
-Only ``@triton.jit`` functions live here; launchers and the autograd Function are in
-``function.py``. Conventions shared by every kernel:
+Only ``@triton.jit`` functions live here; the launchers are in ``function.py``.
+Conventions shared by every kernel:
 
 * ``u [B, M, C_in]`` and ``v [B, M, C_out]`` have arbitrary batch/token strides and unit stride
   on channels; ``out``, ``g`` (its gradient) and ``dp`` are ``[B, C_out, C_in]`` with unit stride

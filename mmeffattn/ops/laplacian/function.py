@@ -1,4 +1,5 @@
-"""Launchers and the autograd Function of the Triton Laplacian-kernel kernels.
+"""Launchers of the Triton Laplacian-kernel kernels (their autograd is registered with the
+custom operators in ``library.py``).
 
 Importing this module needs Triton (``op.py`` guards it). The kernels run compiled on CUDA
 tensors and interpreted on CPU tensors when Triton's interpreter is on.
@@ -12,12 +13,10 @@ import math
 from typing import Dict, Optional, Tuple
 
 import torch
-from torch.autograd.function import once_differentiable
 
-from .._common import INT32_LIMIT, bh_strides as _bh_strides, token_offsets_fit
+from .._common import bh_strides as _bh_strides
 from .._launch import (KernelConfig, Launch, device_guard as _device_guard,  # noqa: F401
-                       launch as _launch, next_pow2 as _next_pow2, record_launches,
-                       unit_last_stride as _unit_last_stride)
+                       launch as _launch, next_pow2 as _next_pow2, record_launches)
 from . import kernels
 
 
@@ -57,12 +56,6 @@ def bwd_row_split(N: int, other_programs: int) -> int:
     splits = max(1, min(-(-N // BWD_ROWS), -(-BWD_TARGET_PROGRAMS // max(1, other_programs))))
     rows = -(-N // splits)
     return -(-rows // BWD_ROWS) * BWD_ROWS
-
-
-def int32_offsets_fit(x: torch.Tensor, y: torch.Tensor) -> bool:
-    """Whether the offsets inside one ``(sample, head)`` of x, y and the ``[N, M]`` output fit
-    the kernels' int32 arithmetic (the sample/head offset is int64)."""
-    return token_offsets_fit(x, y) and x.shape[2] * y.shape[2] < INT32_LIMIT
 
 
 def laplacian_fwd(x: torch.Tensor, y: torch.Tensor, lam: float) -> torch.Tensor:
@@ -117,32 +110,3 @@ def laplacian_bwd(g: torch.Tensor, x: torch.Tensor, y: torch.Tensor, out: torch.
     if needs_xy[1]:
         dy = (dy_part if n_split == 1 else dy_part.sum(0)).to(y.dtype)
     return dx, dy
-
-
-class LaplacianKernelFunction(torch.autograd.Function):
-    """Autograd wrapper of the Triton kernels (first-order gradients for x and y)."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, y: torch.Tensor, lam: float) -> torch.Tensor:
-        x, y = _unit_last_stride(x), _unit_last_stride(y)
-        out = laplacian_fwd(x, y, lam)
-        if any(ctx.needs_input_grad[:2]):
-            ctx.save_for_backward(x, y, out)
-        ctx.lam = lam
-        return out
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, g: torch.Tensor):
-        x, y, out = ctx.saved_tensors
-        N, M = out.shape[2:]
-        if (N - 1) * abs(g.stride(2)) + (M - 1) * abs(g.stride(3)) >= INT32_LIMIT:
-            g = g.contiguous()  # an unusual upstream gradient is copied (int32 offsets)
-        dx, dy = laplacian_bwd(g, x, y, out, ctx.lam, ctx.needs_input_grad[:2])
-        return dx, dy, None
-
-
-def laplacian_kernel_triton(x: torch.Tensor, y: torch.Tensor, lam: float) -> torch.Tensor:
-    """The Laplacian kernel with the Triton kernels, no input validation (see
-    ``op.laplacian_kernel``). Returns ``[B, heads, N, M]`` contiguous."""
-    return LaplacianKernelFunction.apply(x, y, float(lam))

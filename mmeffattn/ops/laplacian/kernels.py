@@ -1,7 +1,7 @@
 """Triton kernels of LaplacianFormer's Laplacian kernel ``exp(-||x_i - y_j||_1 / lam)``.
 
-Only ``@triton.jit`` functions live here; launchers and the autograd Function are in
-``function.py``. Conventions shared by the kernels:
+Only ``@triton.jit`` functions live here; the launchers are in ``function.py``.
+Conventions shared by the kernels:
 
 * Token tensors ``[B, heads, tokens, D]`` have arbitrary sample/head/token strides and unit
   stride on D; a program finds its ``(sample, head)`` from ``program_id(1) = b * heads + h``

@@ -1,5 +1,5 @@
-"""Launchers, the large-matrix PyTorch path and the autograd Function of the Newton-Schulz
-inverse.
+"""Launchers and the large-matrix PyTorch path of the Newton-Schulz inverse (their autograd is
+registered with the custom operators in ``library.py``).
 
 Importing this module needs Triton (``op.py`` guards it). The kernels run compiled on CUDA
 tensors and interpreted on CPU tensors when Triton's interpreter is on.
@@ -26,7 +26,6 @@ checkpointing), and the iteration cannot be run backwards.
 from typing import Dict, Optional, Tuple
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from .._common import autocast_off
 from .._launch import (KernelConfig, Launch, device_guard as _device_guard,  # noqa: F401
@@ -266,31 +265,3 @@ def newton_schulz_bwd_torch(g: torch.Tensor, a: torch.Tensor, iterates: Optional
         top = (rows == s).to(p.dtype)  # [B, heads, M]
         dp += alpha[..., None] * g + (ds / top.sum(-1, keepdim=True) * top)[..., None]
         return dp.to(a.dtype)
-
-
-class NewtonSchulzFunction(torch.autograd.Function):
-    """Autograd wrapper of both paths (first-order gradient for a)."""
-
-    @staticmethod
-    def forward(ctx, a: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
-        store = ctx.needs_input_grad[0] and iters > 0
-        onchip = a.shape[-1] <= MAX_ONCHIP_M
-        fwd = newton_schulz_fwd if onchip else newton_schulz_fwd_torch
-        out, ws = fwd(a, iters, eps, store)
-        if ctx.needs_input_grad[0]:
-            ctx.save_for_backward(a, ws)
-        ctx.iters, ctx.eps, ctx.onchip = iters, eps, onchip
-        return out
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, g: torch.Tensor):
-        a, ws = ctx.saved_tensors
-        bwd = newton_schulz_bwd if ctx.onchip else newton_schulz_bwd_torch
-        return bwd(g, a, ws, ctx.iters, ctx.eps), None, None
-
-
-def newton_schulz_pinv_triton(a: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
-    """The Newton-Schulz inverse with the Triton kernels (batched matmuls beyond
-    :data:`MAX_ONCHIP_M`), no input validation (see ``op.newton_schulz_pinv``)."""
-    return NewtonSchulzFunction.apply(a, int(iters), float(eps))

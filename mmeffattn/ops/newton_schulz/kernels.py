@@ -1,7 +1,7 @@
 """Triton kernels of the Newton-Schulz inverse ``V <- 2 V - (V P) V``, ``P = a + eps I``.
 
-Only ``@triton.jit`` functions live here; launchers, the large-matrix PyTorch path and the
-autograd Function are in ``function.py``. Conventions shared by the kernels:
+Only ``@triton.jit`` functions live here; launchers and the large-matrix PyTorch path
+are in ``function.py``. Conventions shared by the kernels:
 
 * The whole-matrix kernels (small matrices) run one program per matrix
   (``program_id(0) = b * heads + h``), the whole iteration in one launch; the multi-program

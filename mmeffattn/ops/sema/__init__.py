@@ -1,7 +1,7 @@
 """SEMA attention: softmax attention in non-overlapping windows + the mean of all values.
 
 ``naive.py``: PyTorch reference (test oracle, CPU path); ``kernels.py``: Triton kernels;
-``function.py``: launchers and autograd Function; ``op.py``: the public, dispatching function.
+``function.py``: launchers; ``library.py``: the registered op and its autograd; ``op.py``: the public, dispatching function.
 """
 from .naive import sema_attention_naive, sema_attention_qk_naive
 from .op import sema_attention, sema_attention_qk

@@ -1,7 +1,7 @@
 """Triton kernels of SEMA attention (windowed softmax attention + broadcast value mean).
 
-Only ``@triton.jit`` functions live here; launchers and the autograd Function are in
-``function.py``. Layout and conventions shared by every kernel:
+Only ``@triton.jit`` functions live here; the launchers are in ``function.py``.
+Layout and conventions shared by every kernel:
 
 * q, k, v, do and the outputs o, dq, dk, dv are ``[B, heads, N, D]`` with arbitrary
   batch/head/token strides and unit stride on the head dim (the launchers store o straight into
