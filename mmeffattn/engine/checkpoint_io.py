@@ -10,12 +10,17 @@
   removed by the next save to that name, and by ``--resume`` (:func:`find_resume_checkpoint`).
 * **Clear errors.** :func:`load_checkpoint_file` turns a missing, empty, truncated or refused file,
   or a folder, into one line that names it and says what to do (:class:`CheckpointError`).
+* **Weights by URL.** :func:`open_checkpoint` reads a path or an ``http(s)://`` URL; downloads are
+  cached under a name keyed by the whole URL (:func:`download_checkpoint`), and ``.safetensors``
+  files load through the ``safetensors`` package.
 
-:func:`install_checkpoint_io` routes mmengine's Runner through all three (``import mmeffattn``
-calls it, so configs that ``custom_imports`` mmeffattn get it from any tool).
+``import mmeffattn`` changes nothing in mmengine. :func:`install_checkpoint_io` routes mmengine's
+Runner through the loader and the atomic saves; our tools call it, and a config switches it on
+with the opt-in import :mod:`mmeffattn.engine.patch_mmengine` (docs/user_guides/checkpoints.md).
 """
 import contextlib
 import glob
+import hashlib
 import inspect
 import io
 import os
@@ -23,13 +28,17 @@ import os.path as osp
 import pickle
 import re
 import tempfile
-from typing import Any, Callable, Iterable, Iterator, List, Optional
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
 
 import torch
 
 __all__ = ['CheckpointError', 'CheckpointNotFoundError', 'mmengine_safe_globals',
            'mmengine_safe_loading', 'load_checkpoint_file', 'atomic_save', 'atomic_write',
-           'find_resume_checkpoint', 'install_checkpoint_io']
+           'find_resume_checkpoint', 'install_checkpoint_io', 'open_checkpoint',
+           'download_checkpoint', 'checkpoint_cache_path']
 
 #: What to do with a checkpoint that cannot be read: said once, used by every message.
 _CORRUPT_HINT = ('point to an intact checkpoint instead (e.g. an earlier epoch_*.pth / iter_*.pth '
@@ -143,6 +152,8 @@ def load_checkpoint_file(path: str, map_location: Any = 'cpu', *, mmap: bool = F
     if osp.getsize(path) == 0:
         raise CheckpointError(f'checkpoint {path!r} is empty (0 bytes; an interrupted save or '
                               f'download?): {hint}')
+    if is_safetensors(path):
+        return _load_safetensors(path, map_location, hint)
     try:
         with mmengine_safe_loading(extra_safe_globals):
             try:
@@ -169,6 +180,33 @@ def load_checkpoint_file(path: str, map_location: Any = 'cpu', *, mmap: bool = F
     except Exception as e:  # torch's readers fail in many ways on junk (IndexError, KeyError...)
         raise CheckpointError(f'checkpoint {path!r} is truncated or corrupt ({load_error_reason(e)}): '
                               f'{hint}') from None
+
+
+def is_safetensors(path: str) -> bool:
+    """Whether ``path`` holds a safetensors file: by its suffix, or (a download cached under a
+    name without one) by its header, an 8-byte length followed by a JSON object."""
+    if path.endswith('.safetensors'):
+        return True
+    with open(path, 'rb') as f:
+        head = f.read(9)
+    return (len(head) == 9 and not head.startswith(b'PK') and head[8:9] == b'{'
+            and 2 <= int.from_bytes(head[:8], 'little') <= osp.getsize(path) - 8)
+
+
+def _load_safetensors(path: str, map_location: Any, hint: str) -> Dict[str, torch.Tensor]:
+    """The tensors of a ``.safetensors`` file (a flat state dict), on ``map_location``."""
+    try:
+        from safetensors.torch import load_file
+    except ImportError:
+        raise CheckpointError(
+            f'checkpoint {path!r} is a .safetensors file, which needs the safetensors package: '
+            f'pip install safetensors') from None
+    device = map_location if isinstance(map_location, str) else 'cpu'
+    try:
+        return load_file(path, device=device)
+    except Exception as e:  # safetensors raises its own error types on a bad header/size
+        raise CheckpointError(f'checkpoint {path!r} is a truncated or corrupt safetensors file '
+                              f'({load_error_reason(e)}): {hint}') from None
 
 
 def _newest_pth(folder: str) -> Optional[str]:
@@ -257,6 +295,83 @@ def atomic_save(obj: Any, path: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# Weights by URL
+# ---------------------------------------------------------------------------------------------
+def checkpoint_cache_path(url: str, cache_dir: Optional[str] = None) -> str:
+    """Where the download of ``url`` is cached: ``<hash of the whole URL>-<readable name>``.
+
+    The hash keeps files of the same name apart (every Hugging Face file is ``model.safetensors``)
+    and covers the query string; the readable part is the last non-empty segment of the URL's
+    path (``.../f/<id>/?dl=1`` gives ``<id>``). The folder is ``cache_dir``, by default
+    ``<torch hub dir>/checkpoints/mmeffattn`` (``$TORCH_HOME`` moves it).
+    """
+    import torch.hub
+    folder = cache_dir or osp.join(torch.hub.get_dir(), 'checkpoints', 'mmeffattn')
+    parts = urllib.parse.urlsplit(url)
+    name = next((seg for seg in reversed(parts.path.split('/')) if seg), parts.netloc)
+    name = re.sub(r'[^A-Za-z0-9._-]', '_', urllib.parse.unquote(name))[-80:] or 'checkpoint'
+    return osp.join(folder, f'{hashlib.sha256(url.encode()).hexdigest()[:16]}-{name}')
+
+
+def download_checkpoint(url: str, cache_dir: Optional[str] = None, timeout_s: float = 60,
+                        progress: bool = True) -> str:
+    """The local path of ``url``'s file, downloaded once into :func:`checkpoint_cache_path`.
+
+    The download is written atomically (:func:`atomic_write`), so an interrupted one never
+    leaves a partial file under the cached name. A cached file is used without any network.
+
+    Raises:
+        CheckpointError: the URL cannot be downloaded (naming the reason and the way out).
+    """
+    path = checkpoint_cache_path(url, cache_dir)
+    if osp.isfile(path) and osp.getsize(path) > 0:
+        return path
+    os.makedirs(osp.dirname(path), exist_ok=True)
+    local = (f"download it yourself and give its local path (init_cfg=dict(type='Pretrained', "
+             f'checkpoint=LOCAL_PATH)), or place it at {path}')
+    if progress:
+        from mmengine.logging import print_log
+        print_log(f'Downloading {url} to {path}', logger='current')
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            atomic_write(path, lambda f: _copy_stream(response, f))
+    except urllib.error.HTTPError as e:
+        raise CheckpointError(f'cannot download checkpoint {url!r}: the server answered '
+                              f'HTTP {e.code} ({e.reason}); check the URL, or {local}') from None
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, 'reason', None) or e
+        raise CheckpointError(f'cannot download checkpoint {url!r} ({type(e).__name__}: '
+                              f'{reason}): without network access, {local}') from None
+    return path
+
+
+def _copy_stream(src: Any, dst: io.BufferedWriter, chunk: int = 1 << 20) -> None:
+    while True:
+        block = src.read(chunk)
+        if not block:
+            return
+        dst.write(block)
+
+
+def open_checkpoint(checkpoint: str, map_location: Any = 'cpu', *,
+                    cache_dir: Optional[str] = None) -> Any:
+    """Read a checkpoint from a local path or an ``http(s)://`` URL (downloaded once, cached by
+    the whole URL): a ``torch.save`` file through the scoped safe loader, or a ``.safetensors``
+    file. Other ``scheme://`` names go to mmengine's ``CheckpointLoader`` (e.g. a Petrel
+    backend)."""
+    scheme = urllib.parse.urlsplit(str(checkpoint)).scheme.lower()
+    if scheme in ('http', 'https'):
+        return load_checkpoint_file(download_checkpoint(checkpoint, cache_dir),
+                                    map_location=map_location,
+                                    hint=f'delete the cached download to fetch {checkpoint!r} '
+                                         f'again')
+    if '://' in str(checkpoint):
+        from mmengine.runner.checkpoint import CheckpointLoader
+        return CheckpointLoader.load_checkpoint(checkpoint, map_location=map_location)
+    return load_checkpoint_file(checkpoint, map_location=map_location)
+
+
+# ---------------------------------------------------------------------------------------------
 # Resuming
 # ---------------------------------------------------------------------------------------------
 def find_resume_checkpoint(work_dir: str) -> Optional[str]:
@@ -318,14 +433,18 @@ def _is_local(filename: Any, file_client_args: Any, backend_args: Any) -> bool:
 def install_checkpoint_io() -> None:
     """Make mmengine's Runner save atomically and load through the scoped safe loader.
 
-    Two narrow, idempotent patches of mmengine 0.10.7:
+    Not done by ``import mmeffattn``: our tools call it, and a config opts in with
+    ``custom_imports=dict(imports=['mmeffattn', 'mmeffattn.engine.patch_mmengine'])``.
+    Three narrow, idempotent patches of mmengine 0.10.7:
 
     * the ``save_checkpoint`` name inside ``mmengine.runner.runner`` (what
       ``Runner.save_checkpoint``, i.e. the CheckpointHook, calls) writes local files through
       :func:`atomic_save`; other destinations keep mmengine's own function;
     * the loader of plain local paths in ``CheckpointLoader`` (used by ``resume``, ``load_from``
       and ``init_cfg=dict(type='Pretrained')``) reads through :func:`load_checkpoint_file`, so
-      the allow-list is active only during that load and a bad file gives one clear line.
+      the allow-list is active only during that load and a bad file gives one clear line;
+    * its ``http(s)://`` loader downloads through :func:`download_checkpoint` (cached by the
+      whole URL) and reads the file the same way.
     """
     from mmengine.runner import checkpoint as mm_ckpt
     from mmengine.runner import runner as mm_runner
@@ -343,10 +462,18 @@ def install_checkpoint_io() -> None:
         save_checkpoint.__doc__ = 'mmengine save_checkpoint, atomic for local files (mmeffattn).'
         mm_runner.save_checkpoint = save_checkpoint
 
-    loader = mm_ckpt.CheckpointLoader._schemes.get('')
-    if not getattr(loader, '_mmeffattn_scoped', False):
+    if not getattr(mm_ckpt.CheckpointLoader._schemes.get(''), '_mmeffattn_scoped', False):
         def load_from_local(filename, map_location):
             return load_checkpoint_file(filename, map_location=map_location)
 
         load_from_local._mmeffattn_scoped = True
         mm_ckpt.CheckpointLoader.register_scheme(prefixes='', loader=load_from_local, force=True)
+
+    if not getattr(mm_ckpt.CheckpointLoader._schemes.get('https://'), '_mmeffattn_scoped',
+                   False):
+        def load_from_http(filename, map_location=None, model_dir=None, progress=True):
+            return open_checkpoint(filename, map_location=map_location, cache_dir=model_dir)
+
+        load_from_http._mmeffattn_scoped = True
+        mm_ckpt.CheckpointLoader.register_scheme(prefixes=['http://', 'https://'],
+                                                 loader=load_from_http, force=True)

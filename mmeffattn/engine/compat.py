@@ -18,19 +18,6 @@ import torch
 import torch.distributed as dist
 
 
-def allow_mmengine_checkpoints() -> None:
-    """Deprecated: ``import mmeffattn`` now installs a *scoped* safe loader for mmengine's
-    checkpoints (:func:`mmeffattn.engine.install_checkpoint_io`). This alias installs it too, and
-    no longer widens torch's process-wide ``weights_only`` allow-list."""
-    import warnings
-    from .checkpoint_io import install_checkpoint_io
-    warnings.warn('allow_mmengine_checkpoints() is deprecated: mmengine checkpoints load through '
-                  'the scoped loader that import mmeffattn installs (install_checkpoint_io); use '
-                  'mmeffattn.engine.mmengine_safe_loading() around your own torch.load',
-                  DeprecationWarning, stacklevel=2)
-    install_checkpoint_io()
-
-
 def cpu_distributed_requested(launcher: str) -> bool:
     """True when a distributed launcher is used on a machine without CUDA."""
     return launcher != 'none' and not torch.cuda.is_available()
@@ -79,8 +66,9 @@ def register_config_package() -> None:
     """Let configs inherit ours as ``_base_ = 'mmeffattn::sema/...py'``.
 
     mmengine 0.10.7 resolves ``pkg::`` only for packages in its fixed ``MODULE2PACKAGE`` table,
-    so the name is added there; it then finds the configs under ``mmeffattn/.mim/configs``. This
-    runs on ``import mmeffattn``, i.e. in our tools before any config is parsed.
+    so the name is added there; it then finds the configs under ``mmeffattn/.mim/configs``. Our
+    tools call it before any config is parsed; elsewhere the opt-in import
+    :mod:`mmeffattn.engine.patch_mmengine` does (``import mmeffattn`` does not).
 
     mmengine finds that folder beside the installed distribution's metadata, which an editable
     install (``pip install -e .``) keeps in site-packages, where no ``mmeffattn`` folder is:

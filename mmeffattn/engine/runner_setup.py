@@ -12,7 +12,8 @@ from mmengine.logging import print_log
 
 from .checkpoint_io import (CheckpointError, find_resume_checkpoint, install_checkpoint_io,
                             load_checkpoint_file)
-from .compat import configure_cpu_ddp, cpu_distributed_requested, init_cpu_distributed
+from .compat import (configure_cpu_ddp, cpu_distributed_requested, init_cpu_distributed,
+                     register_config_package)
 from .data_check import AnnotationFileError
 
 
@@ -84,9 +85,11 @@ def _training_nms_key(train_cfg: object, key: str) -> Optional[str]:
 
 
 def prepare_runtime() -> None:
-    """What every tool needs before building a Runner: atomic checkpoint saves and the scoped
-    safe loader in mmengine (``import mmeffattn`` did it already; this is idempotent)."""
+    """What every tool needs before it parses a config: atomic checkpoint saves, the scoped safe
+    loader and cached URL downloads in mmengine's Runner, and ``mmeffattn::`` config paths. The
+    same as the opt-in import :mod:`mmeffattn.engine.patch_mmengine` (idempotent)."""
     install_checkpoint_io()
+    register_config_package()
 
 
 def add_exact_resume_hook(cfg: Config) -> None:

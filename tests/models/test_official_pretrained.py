@@ -1,5 +1,5 @@
 """Official checkpoints through ``init_cfg=dict(type='Pretrained', checkpoint=PATH)``, and the
-deprecated ``pretrained=`` argument (mmeffattn/models/utils/official.py, pretrained.py, base.py).
+deprecated ``pretrained=`` argument (mmeffattn/models/utils/pretrained.py, base.py).
 
 Each official layout (MLLA, WeightFormer, VECA) is written here from a seeded model of ours by
 inverting the documented key mapping of the family's converter (the official code is never
@@ -18,7 +18,7 @@ from mmeffattn.models.backbones.base import pretrained_to_init_cfg
 from mmeffattn.models.backbones.sema import MILA, SEMA
 from mmeffattn.models.backbones.veca import VECA
 from mmeffattn.models.backbones.weightformer import WeightFormer, is_dynamic_block
-from mmeffattn.models.utils.official import official_layout_of
+from mmeffattn.models.utils.pretrained import official_layout_of
 
 pytestmark = pytest.mark.usefixtures('one_thread', 'reference_ops')
 
@@ -198,11 +198,13 @@ def test_model_zoo_name_fails_with_the_fix():
         m.init_weights()
 
 
-def test_undownloadable_url_fails_with_the_fix():
+def test_undownloadable_url_fails_with_the_fix(tmp_path, monkeypatch):
     # a closed local port: refused at once, as any download is here
+    monkeypatch.setenv('TORCH_HOME', str(tmp_path))
     m = MILA(arch=MILA.mini_arch,
              init_cfg=dict(type='Pretrained', checkpoint='http://127.0.0.1:9/mlla_t.pth'))
-    with pytest.raises(RuntimeError, match=r'cannot be read or downloaded here.*LOCAL_PATH'):
+    with pytest.raises(RuntimeError, match=r'cannot download checkpoint.*without network access'
+                                           r'.*LOCAL_PATH'):
         m.init_weights()
 
 

@@ -26,6 +26,7 @@ import torch.nn as nn
 import torch.utils.checkpoint as cp
 from mmengine.model import BaseModule
 
+from ...registry import MODELS
 from ..layers.recompute import checkpoint_contexts
 from ..utils import FreezeStagesMixin, StrictPretrainedMixin, parse_out_indices, resolve_arch
 
@@ -247,8 +248,8 @@ class BaseBackbone(StrictPretrainedMixin, FreezeStagesMixin, BaseModule):
 
 
 def backbone_families() -> Dict[str, type]:
-    """Every registered backbone family (``MODELS`` name -> class), for tests and tools."""
-    from mmeffattn.registry import MODELS
-    import mmeffattn.models  # noqa: F401  (registers the families)
+    """Every registered backbone family (``MODELS`` name -> class), for tests and tools.
+
+    Importing this module imports ``mmeffattn``, whose ``__init__`` registers every family."""
     return {name: cls for name, cls in sorted(MODELS.module_dict.items())
             if isinstance(cls, type) and issubclass(cls, BaseBackbone)}

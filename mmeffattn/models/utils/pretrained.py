@@ -6,15 +6,24 @@ unexpected key or a shape mismatch raises an error that names the keys, the like
 fix. Only ``strict=False``, asked for explicitly, loads what fits, and it says at WARNING level how
 many tensors it ignored.
 
-One loader serves every path: the backbones' ``Pretrained`` ``init_cfg``
-(:class:`StrictPretrainedMixin`), the VECA distiller's teacher and the converters' checks.
+One module holds every checkpoint diagnostic, and one loader serves every path: the backbones'
+``Pretrained`` ``init_cfg`` (:class:`StrictPretrainedMixin`), the VECA distiller's teacher and
+the converters' checks. It also recognises the authors' own checkpoints (MLLA, WeightFormer,
+VECA: :data:`OFFICIAL_LAYOUTS`) and converts them on load with the family's converter, found in
+the module that defines the family (timm's ``checkpoint_filter_fn`` convention), so that this
+module imports no backbone. Files and URLs are read by
+:func:`mmeffattn.engine.checkpoint_io.open_checkpoint` (downloads cached by the whole URL).
 """
 import re
-from typing import Callable, Dict, List, Optional, Tuple
+import sys
+from typing import Callable, Dict, List, NamedTuple, Optional, Tuple, Union
 
 import torch
 import torch.nn as nn
 from mmengine.logging import MMLogger
+
+from ...engine.checkpoint_io import open_checkpoint
+from ...registry import MODELS
 
 StateDict = Dict[str, torch.Tensor]
 
@@ -62,24 +71,6 @@ FOREIGN_ZOO_SCHEMES = ('open-mmlab://', 'openmmlab://', 'torchvision://', 'mmcls
                        'mmpretrain://')
 
 
-def _open_checkpoint(checkpoint: str, map_location: str, what: str) -> dict:
-    """mmengine's ``CheckpointLoader`` on ``checkpoint``, with a clear error for a URL that cannot
-    be downloaded (a cached download loads)."""
-    from mmengine.runner.checkpoint import CheckpointLoader
-
-    try:
-        return CheckpointLoader.load_checkpoint(checkpoint, map_location=map_location,
-                                                logger=MMLogger.get_current_instance())
-    except Exception as e:
-        if '://' not in checkpoint:
-            raise
-        raise RuntimeError(
-            f'{what} {checkpoint!r} cannot be read or downloaded here ({type(e).__name__}: '
-            f'{e}). Download it where there is network access and give its local path '
-            f"(init_cfg=dict(type='Pretrained', checkpoint=LOCAL_PATH)); if it came from a stock "
-            f"config's model.pretrained, set model.pretrained=None.") from e
-
-
 def check_not_foreign_zoo(checkpoint: str, what: str = 'checkpoint') -> None:
     """Raise for an OpenMMLab/torchvision model-zoo name: weights of another architecture than an
     mmeffattn backbone (not downloaded)."""
@@ -117,15 +108,16 @@ def select_prefix(state_dict: StateDict, prefix: Optional[str], checkpoint: str,
 def read_checkpoint(checkpoint: str, prefix: Optional[str] = None, map_location: str = 'cpu',
                     what: str = 'checkpoint', prefix_option: str = 'init_cfg prefix',
                     bare_name: str = 'bare') -> StateDict:
-    """The state dict of a checkpoint file (mmengine's ``CheckpointLoader``: paths and URLs),
-    unwrapped, restricted to the keys under ``prefix`` (stripped).
+    """The state dict of a checkpoint (a path or a URL, :func:`open_checkpoint`), unwrapped,
+    restricted to the keys under ``prefix`` (stripped).
 
     Raises ``RuntimeError`` when no key starts with ``prefix`` (naming the prefixes it has and
-    the option ``prefix_option`` to set) and for a URL that cannot be downloaded.
+    the option ``prefix_option`` to set), and ``CheckpointError`` (a ``RuntimeError``) for a file
+    that cannot be read or a URL that cannot be downloaded.
     """
     if not checkpoint:
         raise ValueError(f'no {what} file given')
-    state_dict = unwrap_state_dict(_open_checkpoint(checkpoint, map_location, what))
+    state_dict = unwrap_state_dict(open_checkpoint(checkpoint, map_location))
     return select_prefix(state_dict, prefix, checkpoint, what, prefix_option, bare_name)
 
 
@@ -216,9 +208,9 @@ def guess_family(keys: List[str], exclude: type) -> Optional[str]:
     own = getattr(exclude, 'checkpoint_signature', None)
     if own and any(re.search(own, k) for k in keys):
         return None
-    from ..backbones.base import backbone_families  # (the backbones import this module)
-    matches = [(name, cls) for name, cls in backbone_families().items()
-               if getattr(cls, 'checkpoint_signature', None) and not issubclass(exclude, cls)
+    families = {name: cls for name, cls in sorted(MODELS.module_dict.items())
+                if isinstance(cls, type) and getattr(cls, 'checkpoint_signature', None)}
+    matches = [(name, cls) for name, cls in families.items() if not issubclass(exclude, cls)
                and any(re.search(cls.checkpoint_signature, k) for k in keys)]
     # a subclass inherits its base's signature (MILA is SEMA with linear attention): the base
     # names the checkpoint, through its checkpoint_family(keys) where it has one
@@ -229,16 +221,109 @@ def guess_family(keys: List[str], exclude: type) -> Optional[str]:
     return None
 
 
+# ------------------------------------------------------------------ the authors' checkpoints
+class OfficialLayout(NamedTuple):
+    """How to recognise and convert one family's official checkpoints.
+
+    Attributes:
+        name: how logs name the layout.
+        source: where the official code (and the weights) live.
+        families: class names (``__mro__``) of the backbones it loads into.
+        detect: ``state_dict -> bool`` (the layout is official), or the name of that function in
+            the module defining the family.
+        convert: name of the converter ``state_dict -> state_dict`` in the module defining the
+            family (the offline converters in tools/model_converters call the same function).
+        backbone_prefix: prefix of the backbone keys in the converter's output ('' for none).
+    """
+    name: str
+    source: str
+    families: Tuple[str, ...]
+    detect: Union[Callable[[StateDict], bool], str]
+    convert: str
+    backbone_prefix: str = ''
+
+
+def is_official_mlla(state_dict: StateDict) -> bool:
+    """Whether a state dict is an official MLLA/MILA classification checkpoint: the MLLA key
+    names with the classifier (``head.*``), the classification norm (``norm.*``) or the
+    fixed-size RoPE tables (``*.attn.rope.rotations``) that the backbone does not have."""
+    keys = list(strip_module_prefix(unwrap_state_dict(state_dict)))
+    mlla = any(re.match(r'layers\.\d+\.blocks\.\d+\.', k) for k in keys) and \
+        any(k.startswith('patch_embed.conv1.') for k in keys)
+    return mlla and any(k.startswith(('head.', 'norm.')) or k.endswith('attn.rope.rotations')
+                        for k in keys)
+
+
+#: the official layouts, checked in this order
+OFFICIAL_LAYOUTS = (
+    OfficialLayout('MLLA', 'github.com/LeapLabTHU/MLLA', ('SEMA', 'MILA'),
+                   detect=is_official_mlla, convert='checkpoint_filter_mlla'),
+    OfficialLayout('WeightFormer', 'github.com/LeapLabTHU/WeightFormer (model/wfm.py)',
+                   ('WeightFormer', ), detect='is_official_state_dict',
+                   convert='checkpoint_filter_weightformer_official',
+                   backbone_prefix='backbone.'),
+    OfficialLayout('VECA', 'github.com/alansong1322/VECA (veca/model.py)', ('VECA', ),
+                   detect='is_official_state_dict', convert='checkpoint_filter_veca_official',
+                   backbone_prefix='backbone.'),
+)
+
+
+def family_function(model: type, name: str, layout: OfficialLayout) -> Callable:
+    """The function ``name`` of the module that defines ``model`` or the family class it
+    derives from (the class named in ``layout.families``): the family's own converter."""
+    for cls in model.__mro__:
+        if cls.__name__ in layout.families:
+            fn = getattr(sys.modules.get(cls.__module__), name, None)
+            if callable(fn):
+                return fn
+    raise LookupError(f'{model.__name__}: no function {name!r} in the module of its family '
+                      f'{layout.families} (the {layout.name} converter)')
+
+
+def official_layout_of(model: type, state_dict: dict) -> Optional[OfficialLayout]:
+    """The official layout of ``state_dict`` for a backbone class ``model``, or None."""
+    names = {c.__name__ for c in model.__mro__}
+    for layout in OFFICIAL_LAYOUTS:
+        if names.intersection(layout.families):
+            sd = state_dict.get('student', state_dict)  # VECA training checkpoints
+            detect = layout.detect if callable(layout.detect) else \
+                family_function(model, layout.detect, layout)
+            if isinstance(sd, dict) and detect(unwrap_state_dict(sd)):
+                return layout
+    return None
+
+
+def convert_official(model: type, state_dict: dict
+                     ) -> Tuple[dict, Optional[OfficialLayout], Optional[Callable]]:
+    """``(backbone state dict, layout, converter)`` if ``state_dict`` is an official checkpoint of
+    the family of ``model`` (converted by the family's converter, backbone keys only), else
+    ``(state_dict, None, None)`` unchanged."""
+    layout = official_layout_of(model, state_dict)
+    if layout is None:
+        return state_dict, None, None
+    convert = family_function(model, layout.convert, layout)
+    out = convert(state_dict)
+    if layout.backbone_prefix:
+        p = layout.backbone_prefix
+        out = {k[len(p):]: v for k, v in out.items() if k.startswith(p)}
+    return out, layout, convert
+
+
+#: where a WARNING about random backbone weights points the user
+WEIGHTS_DOC = 'docs/user_guides/checkpoints.md'
+
+
 class StrictPretrainedMixin:
     """``init_weights`` for an mmengine ``BaseModule`` backbone with a strict ``Pretrained`` load.
 
-    ``init_cfg=dict(type='Pretrained', checkpoint=PATH, prefix=None, strict=True)`` reads the
-    checkpoint with mmengine's ``CheckpointLoader``, unwraps it, keeps the keys under ``prefix``
-    (stripped), maps them with :meth:`checkpoint_filter` and loads them with
-    :func:`load_state_dict_strict`. ``checkpoint=None`` (our configs' default) keeps the
-    initialization, except that a backbone frozen whole (a linear probe) is refused without
-    ``allow_random=True``. ``strict=False`` loads what fits and logs how much it ignored. Other
-    ``init_cfg`` entries run the mmengine way.
+    ``init_cfg=dict(type='Pretrained', checkpoint=PATH_OR_URL, prefix=None, strict=True)`` reads
+    the checkpoint (:func:`open_checkpoint`), unwraps it, converts an official layout, keeps the
+    keys under ``prefix`` (stripped), maps them with :meth:`checkpoint_filter` and loads them with
+    :func:`load_state_dict_strict`. Without a checkpoint (no ``Pretrained`` entry, or
+    ``checkpoint=None``, our configs' default) the backbone keeps its random initialization and a
+    WARNING says where weights come from (INFO with ``allow_random=True``); a backbone frozen
+    whole (a linear probe) is refused without ``allow_random=True``. ``strict=False`` loads what
+    fits and logs how much it ignored. Other ``init_cfg`` entries run the mmengine way.
 
     Subclasses set:
         optional_keys: regex of own keys a checkpoint may lack (e.g. output norms); logged.
@@ -282,6 +367,7 @@ class StrictPretrainedMixin:
                              f'init_cfg entries; give one')
         if not pretrained:
             super().init_weights()
+            self._say_random_weights(allow_random=False)
             return
         others = [c for c in cfgs if c.get('type') != 'Pretrained']
         saved, self.init_cfg = self.init_cfg, (others or None)
@@ -304,9 +390,7 @@ class StrictPretrainedMixin:
                     f'test.')
             # configs name the entry with checkpoint=None so that one --cfg-options key switches
             # ImageNet weights on; until then the backbone trains from scratch
-            MMLogger.get_current_instance().info(
-                f'{self.__class__.__name__}: Pretrained init_cfg has checkpoint=None; training '
-                f'from scratch (set model.backbone.init_cfg.checkpoint=PATH to load weights)')
+            self._say_random_weights(allow_random=cfg.get('allow_random', False))
             return
         unknown = sorted(set(cfg) - {'type', 'checkpoint', 'prefix', 'map_location', 'strict',
                                      'allow_random'})
@@ -318,24 +402,34 @@ class StrictPretrainedMixin:
                              map_location=cfg.get('map_location', 'cpu'),
                              strict=cfg.get('strict', True))
 
+    def _say_random_weights(self, allow_random: bool) -> None:
+        """Log that the backbone starts from random weights, and where weights come from: at
+        WARNING level, or INFO when ``allow_random=True`` says it is meant."""
+        msg = (f'{self.__class__.__name__}: no pretrained weights, the backbone starts from '
+               f'random initialization (a later load_from/--resume of a whole-model checkpoint '
+               f"replaces them). To start from weights, set model.backbone.init_cfg=dict(type="
+               f"'Pretrained', checkpoint=URL_OR_PATH): official checkpoints load by URL, see "
+               f'{WEIGHTS_DOC}; add allow_random=True to that dict to silence this for a run '
+               f'from scratch.')
+        MMLogger.get_current_instance().log(20 if allow_random else 30, msg)
+
     def load_pretrained(self, checkpoint: str, prefix: Optional[str] = None,
                         map_location: str = 'cpu', strict: bool = True) -> None:
-        """Load a checkpoint file strictly (see the class docstring). An official checkpoint of
-        the family (MLLA, WeightFormer, VECA; :mod:`.official`) is recognised, converted by the
-        family's converter and logged; ``prefix`` then does not apply."""
+        """Load a checkpoint (a path or a URL) strictly (see the class docstring). An official
+        checkpoint of the family (MLLA, WeightFormer, VECA; :data:`OFFICIAL_LAYOUTS`) is
+        recognised, converted by the family's converter and logged; ``prefix`` then does not
+        apply."""
         if not checkpoint:
             raise ValueError("init_cfg=dict(type='Pretrained') needs a 'checkpoint'")
-        from .official import convert_official  # (official imports this module)
-
         logger = MMLogger.get_current_instance()
         check_not_foreign_zoo(checkpoint, 'Pretrained checkpoint')
         state_dict = read_checkpoint(checkpoint, None, map_location)
-        state_dict, layout = convert_official(type(self), state_dict)
+        state_dict, layout, convert = convert_official(type(self), state_dict)
         if layout is not None:
             # an official checkpoint is bare: a prefix (our configs' 'backbone.') selects nothing
             logger.info(f'{self.__class__.__name__}: {checkpoint!r} is an official {layout.name} '
                         f'checkpoint ({layout.source}); converted it on load with '
-                        f"{layout.convert.replace(':', '.')}" +
+                        f'{convert.__module__}.{convert.__qualname__}' +
                         (f' (init_cfg prefix {prefix!r} not used)' if prefix else ''))
             prefix = None
         else:
