@@ -1,73 +1,72 @@
-"""Install mmeffattn: efficient vision attention backbones for OpenMMLab."""
+"""What pyproject.toml cannot say: the ``mmeffattn/.mim`` folder, the OpenMMLab way.
+
+``configs/``, ``tools/`` and ``model-index.yml`` live at the project root. An installed package
+carries them under ``mmeffattn/.mim`` so that ``mim train mmeffattn CONFIG`` finds the config and
+``tools/train.py``, and a config elsewhere can inherit ``'mmeffattn::<path>'``:
+
+* a wheel (``pip install .``, ``python -m build``) gets full copies, every subfolder included,
+  written into the build folder (the source tree is left as it is);
+* an editable install (``pip install -e .``) gets symlinks in the source tree, so edits to
+  configs/ and tools/ show at once.
+
+Everything else (name, version, dependencies, extras) is in pyproject.toml.
+"""
 import os
 import os.path as osp
 import shutil
 import sys
 
-from setuptools import find_packages, setup
+from setuptools import setup
+from setuptools.command.build_py import build_py
 
 HERE = osp.dirname(osp.abspath(__file__))
-# Folders shipped inside the package under mmeffattn/.mim, the OpenMMLab way, so that a config
-# elsewhere can inherit 'mmeffattn::<path>' and `mim` finds our tools.
-MIM_FOLDERS = ('configs', 'tools', 'model-index.yml')
+MIM_ITEMS = ('configs', 'tools', 'model-index.yml')
+_SKIP = shutil.ignore_patterns('__pycache__', '*.pyc', '*.pyo')
 
 
-def get_version() -> str:
-    scope: dict = {}
-    with open(osp.join(HERE, 'mmeffattn', 'version.py')) as f:
-        exec(f.read(), scope)
-    return scope['__version__']
+def _remove(path: str) -> None:
+    if osp.islink(path) or osp.isfile(path):
+        os.remove(path)
+    elif osp.isdir(path):
+        shutil.rmtree(path)
 
 
-def add_mim_extension() -> None:
-    """Link (editable install) or copy (regular install) configs/ and tools/ into mmeffattn/.mim."""
-    if 'develop' in sys.argv or 'editable_wheel' in sys.argv:
-        mode = 'symlink'
-    elif any(cmd in sys.argv for cmd in ('install', 'bdist_wheel', 'sdist', 'build')):
-        mode = 'copy'
-    else:
+class BuildPyWithMim(build_py):
+    """build_py that also copies configs/, tools/ and model-index.yml, whole, into the built
+    package's ``.mim`` folder (package_data globs cannot take a whole folder tree)."""
+
+    def run(self) -> None:
+        super().run()
+        if getattr(self, 'editable_mode', False):  # editable: the symlinks below serve
+            return
+        mim = osp.join(self.build_lib, 'mmeffattn', '.mim')
+        _remove(mim)
+        os.makedirs(mim)
+        for name in MIM_ITEMS:
+            src = osp.join(HERE, name)
+            if not osp.exists(src):
+                raise FileNotFoundError(
+                    f'{src} is missing, so the wheel would lack mmeffattn/.mim/{name}; build '
+                    f'from a full checkout, or from an sdist made with MANIFEST.in')
+            if osp.isdir(src):
+                shutil.copytree(src, osp.join(mim, name), ignore=_SKIP)
+            else:
+                shutil.copyfile(src, osp.join(mim, name))
+
+
+def link_mim_for_editable_install() -> None:
+    """Point mmeffattn/.mim/<item> at the project's own folders (editable installs only)."""
+    if not any(cmd in sys.argv for cmd in ('develop', 'editable_wheel')):
         return
-    mim_path = osp.join(HERE, 'mmeffattn', '.mim')
-    os.makedirs(mim_path, exist_ok=True)
-    for name in MIM_FOLDERS:
-        src, dst = osp.join(HERE, name), osp.join(mim_path, name)
-        if not osp.exists(src):
-            continue
-        if osp.islink(dst) or osp.isfile(dst):
-            os.remove(dst)
-        elif osp.isdir(dst):
-            shutil.rmtree(dst)
-        if mode == 'symlink':
-            os.symlink(osp.relpath(src, mim_path), dst)
-        elif osp.isdir(src):
-            shutil.copytree(src, dst)
-        else:
-            shutil.copyfile(src, dst)
-
-
-def read_requirements(path: str) -> list:
-    with open(osp.join(HERE, path)) as f:
-        return [ln.split('#')[0].strip() for ln in f if ln.split('#')[0].strip()]
+    mim = osp.join(HERE, 'mmeffattn', '.mim')
+    os.makedirs(mim, exist_ok=True)
+    for name in MIM_ITEMS:
+        src, dst = osp.join(HERE, name), osp.join(mim, name)
+        if osp.exists(src):
+            _remove(dst)
+            os.symlink(osp.relpath(src, mim), dst)
 
 
 if __name__ == '__main__':
-    add_mim_extension()
-    setup(
-        name='mmeffattn',
-        version=get_version(),
-        description='Efficient vision attention (SEMA, WeightFormer, VECA, LaplacianFormer) '
-        'for OpenMMLab, with Triton kernels',
-        long_description=open(osp.join(HERE, 'README.md')).read() if osp.exists(
-            osp.join(HERE, 'README.md')) else '',
-        long_description_content_type='text/markdown',
-        python_requires='>=3.9',
-        packages=find_packages(exclude=('configs', 'tools', 'tests', 'scripts')),
-        include_package_data=True,
-        package_data={'mmeffattn': ['.mim/model-index.yml', '.mim/configs/**/*.py',
-                                    '.mim/configs/**/*.yml', '.mim/tools/*']},
-        install_requires=['torch', 'mmengine>=0.10', 'mmcv>=2.0,<2.2'],
-        extras_require={'all': read_requirements('requirements/runtime.txt'),
-                        # ONNX export + onnxruntime check (tools/deployment/export_onnx.py)
-                        'deploy': read_requirements('requirements/deploy.txt')},
-        zip_safe=False,
-    )
+    link_mim_for_editable_install()
+    setup(cmdclass={'build_py': BuildPyWithMim})
