@@ -18,13 +18,10 @@ import argparse
 import json
 import os
 import os.path as osp
-import sys
 import time
 from typing import Any, Dict, List, Optional
 
-sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
-
-import torch  # noqa: E402
+import torch
 
 SQUARE_SIZES = ['224', '512', '768', '1024', '1248', '1536', '2048']
 #: presets: the sizes, batch, repeats and limits of a run (any flag given overrides them)

@@ -25,7 +25,6 @@ import time
 from typing import List, Optional, Tuple
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-sys.path.insert(0, ROOT)
 DEMO_CONFIG = osp.join(ROOT, 'configs', 'demo', 'mask-rcnn_sema-t_fpn_shapes.py')
 #: In the work dir: the settings its run was started with, compared by the next run.
 MANIFEST = 'demo_run.json'

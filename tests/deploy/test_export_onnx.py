@@ -3,7 +3,6 @@ agrees with PyTorch, and the translations the tool adds (cdist, flooring //) are
 
 Skipped cleanly without the optional extra (`pip install -e .[deploy]`)."""
 import os.path as osp
-import sys
 
 import pytest
 import torch
@@ -12,9 +11,9 @@ pytest.importorskip('onnx', reason='the deploy extra is not installed (pip insta
 pytest.importorskip('onnxruntime', reason='the deploy extra is not installed')
 pytest.importorskip('onnxscript', reason='the deploy extra is not installed')
 
+from tools.deployment import export_onnx as E  # noqa: E402  (after the extras' skips)
+
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-sys.path.insert(0, osp.join(ROOT, 'tools', 'deployment'))
-import export_onnx as E  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures('one_thread')
 

@@ -3,16 +3,14 @@ mmengine's ``vis_data/scalars.json`` format (the lines as tools/train.py logs th
 killed-and-resumed run is read in tests/reliability/test_exact_resume.py)."""
 import json
 import os.path as osp
-import sys
 
 import pytest
 
 from mmeffattn.analysis.logs import find_scalar_files, load_log, read_scalars, train_time
 
-ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-sys.path.insert(0, osp.join(ROOT, 'tools', 'analysis_tools'))
+from tools.analysis_tools import analyze_logs
 
-import analyze_logs  # noqa: E402
+ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 ITERS_PER_EPOCH = 20
 

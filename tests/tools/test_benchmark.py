@@ -2,7 +2,6 @@
 import json
 import os
 import os.path as osp
-import sys
 
 import pytest
 import torch
@@ -10,9 +9,9 @@ import torch
 from mmeffattn.analysis import benchmarking as bm
 from mmeffattn.analysis import model_zoo
 
+from tools import benchmark
+
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-sys.path.insert(0, osp.join(ROOT, 'tools'))
-import benchmark  # noqa: E402
 
 TINY = ['--preset', 'smoke', '--warmup', '0', '--repeats', '1']
 

@@ -2,7 +2,6 @@
 project: the timing plumbing runs on stand-ins (with ``--no-check``, as their weights cannot be
 ours), and the output check on small models that agree or disagree on purpose."""
 import json
-import os.path as osp
 import sys
 import textwrap
 import time
@@ -11,10 +10,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-sys.path.insert(0, osp.join(ROOT, 'tools', 'analysis_tools'))
-
-import compare_official  # noqa: E402
+from tools.analysis_tools import compare_official
 
 FAKE_MLLA = '''
 import torch.nn as nn

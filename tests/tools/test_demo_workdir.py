@@ -2,17 +2,13 @@
 the decision, the move aside, and main() with tools/train.py and tools/test.py faked (no
 training; the real pipeline is run in tests/e2e/test_demo.py)."""
 import glob
-import importlib.util
 import json
 import os
 import os.path as osp
 
 import pytest
 
-ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-_spec = importlib.util.spec_from_file_location('tools_demo', osp.join(ROOT, 'tools', 'demo.py'))
-demo = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(demo)
+from tools import demo
 
 SETTINGS = dict(data_root='/data/shapes', dataset=dict(num_train=8, num_val=4, seed=0),
                 dataset_sha256='a' * 64, config='/cfg.py', config_sha256='b' * 64, epochs=1,

@@ -2,16 +2,14 @@
 and a run end to end on ../shared/data/imagenet_sample with a randomly initialized checkpoint."""
 import json
 import os.path as osp
-import sys
 
 import pytest
 from mmengine.config import Config
 
+from e2e_helpers import run_tool, write_config
+from tools.analysis_tools.resolution_sweep import markdown_table, size_overrides
+
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-sys.path.insert(0, osp.join(ROOT, 'tools', 'analysis_tools'))
-sys.path.insert(0, osp.join(ROOT, 'tests', 'e2e'))
-from e2e_helpers import run_tool, write_config  # noqa: E402
-from resolution_sweep import markdown_table, size_overrides  # noqa: E402
 
 KEY = 'test_dataloader.dataset.pipeline'
 

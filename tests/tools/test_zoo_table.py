@@ -2,18 +2,14 @@
 preset and tools/analysis_tools/zoo_table.py on tiny sizes."""
 import json
 import os.path as osp
-import sys
 
 import pytest
 import torch
 
 from mmeffattn.analysis import model_zoo
 
-ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-sys.path.insert(0, osp.join(ROOT, 'tools'))
-sys.path.insert(0, osp.join(ROOT, 'tools', 'analysis_tools'))
-import benchmark  # noqa: E402
-import zoo_table  # noqa: E402
+from tools import benchmark
+from tools.analysis_tools import zoo_table
 
 
 def test_zoo_group_names_every_mixer_and_stays_out_of_all():

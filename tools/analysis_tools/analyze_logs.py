@@ -18,9 +18,7 @@ import os.path as osp
 import sys
 from typing import List, Optional, Sequence
 
-sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
-
-from mmeffattn.analysis.logs import TrainLog, load_log, train_time  # noqa: E402
+from mmeffattn.analysis.logs import TrainLog, load_log, train_time
 
 
 def plot_curve(logs: List[TrainLog], keys: Sequence[str], legend: Sequence[str], out: str,

@@ -34,12 +34,10 @@ import sys
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Sequence, Tuple
 
-sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
+import torch
+import torch.nn as nn
 
-import torch  # noqa: E402
-import torch.nn as nn  # noqa: E402
-
-from mmeffattn.analysis.benchmarking import (backward_of_outputs, environment,  # noqa: E402
+from mmeffattn.analysis.benchmarking import (backward_of_outputs, environment,
                                              time_once)
 
 # WeightFormer's model/wfm.py factories (wfm_tiny, wfm_small): patch 16, depth 17, mlp ratio 4

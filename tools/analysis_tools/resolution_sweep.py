@@ -33,10 +33,9 @@ import os
 import os.path as osp
 import subprocess
 import sys
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Sequence
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-sys.path.insert(0, ROOT)
 
 RESIZES = ('Resize', 'ResizeEdge', 'RandomResize')
 CROPS = ('CenterCrop', )

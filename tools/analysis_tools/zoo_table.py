@@ -17,18 +17,18 @@ Two existing tools, run on the zoo's models (``configs/zoo``, ``Zoo-<attn_type>`
 Writes ``zoo.json`` and ``zoo.md`` (the README table) under ``--out-dir``.
 """
 import argparse
+import importlib.util
 import json
 import os
 import os.path as osp
 import sys
 import tempfile
+from types import ModuleType
 from typing import Any, Dict, List, Optional
 
-ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, osp.join(ROOT, 'tools'))
+import torch
 
-import torch  # noqa: E402
+TOOLS = osp.dirname(osp.dirname(osp.abspath(__file__)))
 
 #: attn_type -> kind of mmeffattn.analysis.dispersion (None: no attention weights)
 DISPERSION_KIND = {'sema': 'sema', 'linear': 'linear', 'window': 'window', 'softmax': 'softmax',
@@ -50,7 +50,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def benchmark(args: argparse.Namespace) -> Dict[str, Any]:
-    import benchmark as bench_tool
+    bench_tool = sibling_tool('benchmark')
     argv = ['--preset', 'zoo', '--sizes', *args.sizes, '--no-plots']
     for flag, value in (('--models', args.models), ('--repeats', args.repeats),
                         ('--budget-s', args.budget_s), ('--max-call-s', args.max_call_s)):
@@ -62,11 +62,10 @@ def benchmark(args: argparse.Namespace) -> Dict[str, Any]:
 
 def dispersion(name: str, sizes: List[str], max_queries: int) -> List[Dict[str, Any]]:
     """Entropy and effective keys of ``name``'s own attention kind at its first block."""
-    import analyze_dispersion as disp_tool
-
     from mmeffattn.analysis import dispersion as dsp
     from mmeffattn.analysis.benchmarking import parse_size
     from mmeffattn.analysis.model_zoo import build_backbone, get_model
+    disp_tool = sibling_tool('analyze_dispersion')
     kind = DISPERSION_KIND[get_model(name).attention]
     if kind is None:
         return []
@@ -91,6 +90,18 @@ def dispersion(name: str, sizes: List[str], max_queries: int) -> List[Dict[str, 
         print(f'[dispersion] {name} {size}: entropy/logN {stats["normalized_entropy"]:.3f}, '
               f'effective keys {stats["effective_keys"]:.1f}', flush=True)
     return rows
+
+
+def sibling_tool(name: str) -> ModuleType:
+    """``tools/<name>.py`` loaded from its file, beside this one: the same whether this tool runs
+    as a script, through mim (``.mim/tools``) or is imported from the ``tools`` package."""
+    module_name = f'tools.{name}'
+    if module_name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(module_name, osp.join(TOOLS, f'{name}.py'))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[module_name]
 
 
 class _Stop(Exception):

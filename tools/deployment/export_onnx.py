@@ -34,13 +34,11 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
 
-import torch  # noqa: E402
-import torch.nn as nn  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-from mmeffattn.analysis.flops import model_kind  # noqa: E402
+from mmeffattn.analysis.flops import model_kind
 
 PARTS = ('auto', 'backbone')
 DEFAULT_OPSET = 18
