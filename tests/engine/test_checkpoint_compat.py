@@ -1,14 +1,15 @@
 """mmengine checkpoints resume under torch's weights_only loader (torch >= 2.6), through the
-scoped allow-list that ``import mmeffattn`` installs in mmengine's loader."""
+scoped allow-list that the opt-in import ``mmeffattn.engine.patch_mmengine`` (our tools'
+``prepare_runtime``) installs in mmengine's loader."""
 import os.path as osp
 
+import pytest
 import torch
 import torch.nn as nn
 from mmengine.model import BaseModel
 from mmengine.runner import Runner
 from torch.utils.data import Dataset
 
-import mmeffattn  # noqa: F401  (installs the scoped loader in mmengine)
 from mmeffattn.engine import load_checkpoint_file
 
 
@@ -48,13 +49,14 @@ def _runner(work_dir, max_iters, resume=False, load_from=None):
 
 def test_plain_torch_rejects_mmengine_checkpoints(tmp_path):
     """Without the allow-list, torch's safe loader refuses mmengine's checkpoints: the reason the
-    compat layer exists. If this ever loads, the allow-list may be dropped. ``import mmeffattn``
-    does not change that for a plain ``torch.load`` (the allow-list is scoped)."""
+    compat layer exists. If this ever loads, the allow-list may be dropped. Neither ``import
+    mmeffattn`` nor the opt-in changes that for a plain ``torch.load`` (the allow-list is
+    scoped)."""
     import subprocess
     import sys
     _runner(tmp_path, max_iters=2).train()
     code = ('import sys, torch\n'
-            'import mmeffattn\n'
+            'import mmeffattn, mmeffattn.engine.patch_mmengine\n'
             'try:\n'
             '    torch.load(sys.argv[1], map_location="cpu")\n'
             'except Exception as e:\n'
@@ -64,7 +66,12 @@ def test_plain_torch_rejects_mmengine_checkpoints(tmp_path):
     assert 'REJECTED' in out.stdout, out.stdout + out.stderr
 
 
-def test_resume_and_load_from(tmp_path):
+@pytest.fixture
+def opt_in():
+    import mmeffattn.engine.patch_mmengine  # noqa: F401
+
+
+def test_resume_and_load_from(tmp_path, opt_in):
     runner = _runner(tmp_path, max_iters=4)
     runner.train()
     ckpt = osp.join(tmp_path, 'iter_4.pth')
