@@ -1,0 +1,113 @@
+"""Official checkpoint layouts written from seeded models of ours, by inverting the documented key
+mapping of each family's converter (the official code is never imported): the files that
+tests/models/test_official_pretrained.py and test_weights_by_url.py load."""
+import re
+
+import torch
+
+from mmeffattn.models.backbones.sema import MILA
+from mmeffattn.models.backbones.veca import VECA
+from mmeffattn.models.backbones.weightformer import WeightFormer, is_dynamic_block
+
+
+# ------------------------------------------------------------------ official layouts, inverted
+def to_official_mlla(sd: dict) -> dict:
+    """Ours -> an official MLLA classification checkpoint: the same names, plus the classifier,
+    the classification norm and a fixed-size RoPE table (all three dropped on load); no
+    per-output norms."""
+    out = {k: v for k, v in sd.items() if not re.match(r'norm\d+\.', k)}
+    c = sd['layers.3.blocks.0.norm1.weight'].numel()
+    out.update({'norm.weight': torch.ones(c), 'norm.bias': torch.zeros(c),
+                'head.weight': torch.randn(10, c), 'head.bias': torch.zeros(10),
+                'layers.0.blocks.0.attn.rope.rotations': torch.randn(7, 7, 8)})
+    return {'model': out}
+
+
+def to_official_weightformer(sd: dict, depth: int) -> dict:
+    """Ours -> official ``model/wfm.py`` names (the converter's table, read right to left)."""
+    out = {}
+    for k, v in sd.items():
+        m = re.match(r'blocks\.(\d+)\.(.+)$', k)
+        if k.startswith('patch_embed.proj.'):
+            out[k] = v
+        elif k.startswith('patch_embed.norm.'):
+            out['init_norm.' + k.split('.')[-1]] = v
+        elif k.startswith(f'norm{depth - 1}.'):
+            out['norm.' + k.split('.')[-1]] = v
+        elif m:
+            i, rest = int(m.group(1)), m.group(2)
+            dyn = is_dynamic_block(i)
+            rest = (rest.replace('mlp.fc2.', 'linear2.').replace('kernel_gen.', 'wfm.')
+                    .replace('mlp.fc1.token_proj.', 'linear1.wfm.')
+                    .replace('mlp.fc1.in_basis', 'linear1.w1')
+                    .replace('mlp.fc1.out_basis', 'linear1.w2'))
+            if dyn and rest == 'mlp.fc1.weight':
+                rest, v = 'linear1.w', v.t().contiguous()  # official w is [in, out]
+            elif dyn and rest == 'mlp.fc1.bias':
+                rest = 'linear1.b'
+            elif dyn and rest in ('dwc.weight', 'dwc.bias'):
+                rest = 'dwc.' + rest[4]  # dwc.w / dwc.b
+            rest = rest.replace('mlp.fc1.', 'linear1.')
+            out[f'blocks.{i}.{rest}'] = v
+        else:
+            raise AssertionError(f'unexpected key {k}')
+    c = sd['patch_embed.proj.bias'].numel()
+    out.update({'head.weight': torch.randn(10, c), 'head.bias': torch.zeros(10)})
+    return {'model': out}
+
+
+_VECA_BLOCK = {'norm1': 'norm_attn', 'norm2': 'norm_ffn', 'attn.q': 'attn.q_proj',
+               'attn.k': 'attn.k_proj', 'attn.v': 'attn.v_proj', 'attn.proj': 'attn.out_proj',
+               'ffn.fc1': 'fc1', 'ffn.fc2': 'fc2'}
+
+
+def to_official_veca(sd: dict, depth: int) -> dict:
+    """Ours -> an official VECA training checkpoint (weights under ``student``)."""
+    out, alpha = {}, {}
+    for k, v in sd.items():
+        m = re.match(r'blocks\.(\d+)\.(norm1|norm2|attn\.\w+|ffn\.fc\d)\.(\w+)$', k)
+        c = re.match(r'blocks\.(\d+)\.coord_head\.(fc\.(\w+)|alpha)$', k)
+        if m:
+            out[f'blocks.{m.group(1)}.{_VECA_BLOCK[m.group(2)]}.{m.group(3)}'] = v
+        elif c and c.group(2) == 'alpha':
+            alpha[int(c.group(1))] = v
+        elif c:
+            out[f'pos_linears.{int(c.group(1)) - 1}.{c.group(3)}'] = v
+        elif k.startswith('core_tokens.'):
+            out['query_token_chunks.' + k.split('.')[1]] = v
+        elif k.startswith('core_coords.'):
+            out['qcoord_chunks.' + k.split('.')[1]] = v
+        elif k.startswith(f'norm{depth - 1}.'):
+            out['final_norm.' + k.split('.')[-1]] = v
+        elif k.startswith('patch_embed.'):
+            out[k] = v
+        else:
+            raise AssertionError(f'unexpected key {k}')
+    out['pos_alpha'] = torch.stack([alpha[i] for i in range(1, depth)])
+    return {'student': out, 'optimizer': {}, 'config': {'model_family': 'custom'}}
+
+
+def seeded(cls, keep=None, **kwargs):
+    """A seeded model whose parameters are moved off their init (so that a missed key shows),
+    except those matching ``keep`` (the parts an official checkpoint lacks keep their init)."""
+    torch.manual_seed(0)
+    model = cls(**kwargs).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if keep is None or not re.match(keep, name):
+                p.add_(torch.randn_like(p) * .02)
+    return model
+
+
+CASES = {
+    # the official MLLA classifier has no per-output norms: they keep their init
+    'MLLA': (MILA, dict(arch=MILA.mini_arch, drop_path_rate=0., keep=r'norm\d+\.'),
+             lambda m: to_official_mlla(m.state_dict()), (1, 3, 64, 64)),
+    'WeightFormer': (WeightFormer, dict(arch=WeightFormer.mini_arch, out_type='featmap',
+                                        out_indices=(-1, )),
+                     lambda m: to_official_weightformer(m.state_dict(), m.depth), (1, 3, 48, 64)),
+    'VECA': (VECA, dict(arch=VECA.mini_arch, out_type='raw', num_cores=16,
+                        nested_dropout=False),
+             lambda m: to_official_veca(m.state_dict(), m.arch_settings['depth']),
+             (1, 3, 48, 64)),
+}

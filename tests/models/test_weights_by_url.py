@@ -1,0 +1,145 @@
+"""Official weights in one line: ``init_cfg=dict(type='Pretrained', checkpoint=URL)``.
+
+A local HTTP server serves official-layout files (mini archs, written by official_layouts.py)
+at URLs shaped like the authors' own: MLLA's TsinghuaCloud ``/f/<id>/?dl=1`` (a query string,
+no file name in the path) and WeightFormer's Hugging Face ``/<org>/<repo>/resolve/main/
+model.safetensors`` (every file has the same name). Downloads go to a temporary TORCH_HOME.
+"""
+import http.server
+import os
+import threading
+
+import pytest
+import torch
+
+from mmeffattn.engine import CheckpointError, checkpoint_cache_path
+from mmeffattn.models.backbones.sema import MILA
+from mmeffattn.models.backbones.weightformer import WeightFormer
+from official_layouts import CASES, seeded, to_official_mlla, to_official_weightformer
+
+pytestmark = pytest.mark.usefixtures('one_thread', 'reference_ops')
+
+
+class _Server:
+    """``http.server`` on 127.0.0.1 in a thread; ``files`` maps a path (with its query) to
+    bytes; ``requests`` lists what was asked for."""
+
+    def __init__(self):
+        self.files, self.requests = {}, []
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                outer.requests.append(self.path)
+                body = outer.files.get(self.path)
+                if body is None:
+                    self.send_error(404, 'Not Found')
+                    return
+                self.send_response(200)
+                self.send_header('Content-Length', str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(('127.0.0.1', 0), Handler)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+        self.base = f'http://127.0.0.1:{self.httpd.server_address[1]}'
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def server(tmp_path, monkeypatch):
+    monkeypatch.setenv('TORCH_HOME', str(tmp_path / 'torch_home'))
+    srv = _Server()
+    yield srv
+    srv.close()
+
+
+def _torch_bytes(obj, tmp_path) -> bytes:
+    path = tmp_path / 'tmp.pth'
+    torch.save(obj, str(path))
+    return path.read_bytes()
+
+
+def _safetensors_bytes(state_dict, tmp_path) -> bytes:
+    from safetensors.torch import save_file
+    path = tmp_path / 'tmp.safetensors'
+    save_file({k: v.contiguous() for k, v in state_dict.items()}, str(path))
+    return path.read_bytes()
+
+
+def _same_outputs(src, dst, shape):
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        for a, b in zip(torch.utils._pytree.tree_leaves(src.eval()(x)),
+                        torch.utils._pytree.tree_leaves(dst.eval()(x))):
+            torch.testing.assert_close(b, a, rtol=0, atol=0)
+
+
+def test_mlla_url_with_a_query_string_loads_and_is_cached(server, tmp_path):
+    _, kwargs, _, shape = CASES['MLLA']
+    src = seeded(MILA, **kwargs)
+    route = '/f/7a19712877cb4242889c/?dl=1'
+    server.files[route] = _torch_bytes(to_official_mlla(src.state_dict()), tmp_path)
+    url = server.base + route
+    build = {k: v for k, v in kwargs.items() if k != 'keep'}
+    for _ in range(2):  # the second build reads the cached download
+        dst = MILA(**build, init_cfg=dict(type='Pretrained', checkpoint=url))
+        dst.init_weights()
+        _same_outputs(src, dst, shape)
+    assert server.requests == [route]
+    cached = checkpoint_cache_path(url)
+    assert os.path.isfile(cached) and cached.endswith('-7a19712877cb4242889c')
+    assert os.path.dirname(cached).startswith(str(tmp_path / 'torch_home'))
+
+
+def test_same_basename_from_two_repos_never_collide(server, tmp_path):
+    """WeightFormer-T then -S, both ``model.safetensors`` (the Hugging Face layout: a flat state
+    dict of the official model, classifier included)."""
+    pytest.importorskip('safetensors')
+    depth = WeightFormer.mini_arch['depth']
+    archs = {'a': WeightFormer.mini_arch, 'b': dict(embed_dims=48, depth=depth)}
+    models, urls = {}, {}
+    for repo, arch in archs.items():
+        models[repo] = seeded(WeightFormer, arch=arch, out_type='featmap', out_indices=(-1, ))
+        official = to_official_weightformer(models[repo].state_dict(), depth)['model']
+        route = f'/RuizeHe/weightformer-{repo}/resolve/main/model.safetensors'
+        server.files[route] = _safetensors_bytes(official, tmp_path)
+        urls[repo] = server.base + route
+    for repo, arch in archs.items():
+        dst = WeightFormer(arch=arch, out_type='featmap', out_indices=(-1, ),
+                           init_cfg=dict(type='Pretrained', checkpoint=urls[repo]))
+        dst.init_weights()
+        _same_outputs(models[repo], dst, CASES['WeightFormer'][3])
+    assert checkpoint_cache_path(urls['a']) != checkpoint_cache_path(urls['b'])
+    assert len(server.requests) == 2
+
+
+def test_safetensors_without_the_package_names_it(server, tmp_path, monkeypatch):
+    pytest.importorskip('safetensors')
+    model = seeded(WeightFormer, arch=WeightFormer.mini_arch, out_type='featmap',
+                   out_indices=(-1, ))
+    official = to_official_weightformer(model.state_dict(), WeightFormer.mini_arch['depth'])
+    route = '/RuizeHe/weightformer-t/resolve/main/model.safetensors'
+    server.files[route] = _safetensors_bytes(official['model'], tmp_path)
+    for name in ('safetensors', 'safetensors.torch'):  # as if it were not installed
+        monkeypatch.setitem(__import__('sys').modules, name, None)
+    dst = WeightFormer(arch=WeightFormer.mini_arch, out_type='featmap', out_indices=(-1, ),
+                       init_cfg=dict(type='Pretrained', checkpoint=server.base + route))
+    with pytest.raises(CheckpointError, match=r'needs the safetensors package: pip install '
+                                              r'safetensors'):
+        dst.init_weights()
+
+
+def test_a_missing_file_names_the_http_status(server):
+    dst = MILA(arch=MILA.mini_arch,
+               init_cfg=dict(type='Pretrained', checkpoint=server.base + '/f/nothing/?dl=1'))
+    with pytest.raises(CheckpointError, match=r'HTTP 404.*check the URL'):
+        dst.init_weights()
+    assert not os.listdir(os.path.dirname(checkpoint_cache_path(server.base + '/x')))
