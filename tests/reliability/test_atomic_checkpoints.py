@@ -13,10 +13,10 @@ import torch
 from reliability_toys import ROOT, tool_env
 
 # The child saves a small checkpoint completely, then a large one to the same name, through the
-# function mmengine's Runner.save_checkpoint calls (made atomic by `import mmeffattn`).
+# function mmengine's Runner.save_checkpoint calls (made atomic by the opt-in import).
 _CHILD = r'''
 import sys, torch
-import mmeffattn  # noqa: F401
+import mmeffattn.engine.patch_mmengine  # noqa: F401
 from mmengine.runner import runner
 path = sys.argv[1]
 runner.save_checkpoint({'state_dict': {'w': torch.ones(4)}}, path)
@@ -94,11 +94,18 @@ def test_converter_save_is_atomic(tmp_path):
     assert os.listdir(tmp_path) == ['converted.pth']
 
 
-def test_runner_save_is_patched_on_import():
-    """``import mmeffattn`` (what custom_imports does) makes the Runner's save atomic."""
-    import mmeffattn  # noqa: F401
-    from mmengine.runner import runner
-    assert getattr(runner.save_checkpoint, '_mmeffattn_atomic', False)
+def test_runner_save_is_atomic_only_after_the_opt_in():
+    """``import mmeffattn`` leaves the Runner's save alone; the opt-in import (a config's
+    ``custom_imports``) and our tools' ``prepare_runtime`` make it atomic (in a fresh process)."""
+    code = ('from mmengine.runner import runner\n'
+            'import mmeffattn\n'
+            'print("PLAIN", getattr(runner.save_checkpoint, "_mmeffattn_atomic", False))\n'
+            'import mmeffattn.engine.patch_mmengine\n'
+            'print("OPT-IN", getattr(runner.save_checkpoint, "_mmeffattn_atomic", False))\n')
+    out = subprocess.run([sys.executable, '-c', code], cwd=ROOT, env=tool_env(),
+                         capture_output=True, text=True, timeout=300)
+    assert 'PLAIN False' in out.stdout and 'OPT-IN True' in out.stdout, \
+        out.stdout + out.stderr[-3000:]
 
 
 # The child dies (SIGKILL, which no ``except`` sees) in the middle of an atomic save, leaving the

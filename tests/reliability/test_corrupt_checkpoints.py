@@ -105,10 +105,12 @@ def test_auto_resume_without_any_checkpoint_says_so(tmp_path, capsys):
 
 
 def test_runner_load_from_and_pretrained_name_the_file(tmp_path):
-    """load_from (Runner) and init_cfg Pretrained (mmengine's CheckpointLoader) go through the
+    """After the opt-in, load_from (Runner) and mmengine's CheckpointLoader go through the
     scoped loader: a truncated file raises CheckpointError naming it."""
     from mmengine.config import Config
     from mmengine.runner import CheckpointLoader, Runner
+
+    import mmeffattn.engine.patch_mmengine  # noqa: F401
 
     from mmeffattn.engine import CheckpointError
     bad = _truncated(tmp_path / 'pretrained.pth')

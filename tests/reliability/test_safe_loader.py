@@ -1,5 +1,6 @@
-"""The safe loader is scoped: ``import mmeffattn`` adds nothing to torch's process-wide
-``weights_only`` allow-list; mmengine checkpoints load only inside the loaders that need them;
+"""The safe loader is scoped: neither ``import mmeffattn`` nor the opt-in
+``mmeffattn.engine.patch_mmengine`` adds anything to torch's process-wide ``weights_only``
+allow-list; mmengine checkpoints load only inside the loaders that need them;
 the ``getattr`` they contain is a stand-in that cannot be used to reach ``os.system``."""
 import os.path as osp
 import pickle
@@ -15,7 +16,7 @@ from reliability_toys import ROOT, load_tool, tool_env, toy_config
 def test_import_adds_no_process_wide_safe_globals():
     code = ('import torch\n'
             'before = set(map(str, torch.serialization.get_safe_globals()))\n'
-            'import mmeffattn\n'
+            'import mmeffattn, mmeffattn.engine.patch_mmengine\n'
             'after = set(map(str, torch.serialization.get_safe_globals()))\n'
             '# torch.distributed.tensor (imported by mmengine) allow-lists its own classes\n'
             'print("ADDED", sorted(a for a in after - before if "torch." not in a))\n')
@@ -80,6 +81,8 @@ def test_crafted_getattr_pickle_cannot_reach_os_system(tmp_path):
     from mmengine.logging import HistoryBuffer
     from mmengine.runner import CheckpointLoader
 
+    import mmeffattn.engine.patch_mmengine  # noqa: F401  (the Runner's loader, as our tools set it)
+
     from mmeffattn.engine import CheckpointError, load_checkpoint_file
     marker = tmp_path / 'pwned'
     run, reach = _payloads(str(marker))
@@ -102,11 +105,3 @@ def test_crafted_getattr_pickle_cannot_reach_os_system(tmp_path):
         with pytest.raises(pickle.UnpicklingError, match='__import__'):
             torch.load(run_path, weights_only=True)
     assert not marker.exists()
-
-def test_deprecated_allow_mmengine_checkpoints_alias(runner_checkpoint):
-    from mmeffattn.engine import allow_mmengine_checkpoints
-    with pytest.warns(DeprecationWarning, match='scoped'):
-        allow_mmengine_checkpoints()
-    with pytest.raises(pickle.UnpicklingError):  # it no longer widens the process
-        torch.load(runner_checkpoint, weights_only=True)
-    assert osp.isfile(runner_checkpoint)
