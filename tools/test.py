@@ -168,7 +168,7 @@ def maybe_compile_test(runner, cfg) -> None:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    prepare_runtime()
+    prepare_runtime()  # the scoped safe loader and mmeffattn:: configs (opt-in)
     cfg = load_config(args.config, args.cfg_options)
     check_compile_option(cfg)
     set_work_dir(cfg, args.config, args.work_dir)

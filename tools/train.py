@@ -11,7 +11,7 @@ import sys
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))  # run from a checkout too
 
-import mmeffattn  # noqa: E402,F401  (registers models; makes mmengine checkpoints loadable)
+import mmeffattn  # noqa: E402,F401  (registers the models)
 from mmeffattn.engine import check_dataset_paths  # noqa: E402
 from mmeffattn.engine.runner_setup import (DictAction, add_exact_resume_hook,  # noqa: E402
                                            check_compile_option, configure_resume, enable_amp,
@@ -61,7 +61,7 @@ def build_cfg(args: argparse.Namespace):
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    prepare_runtime()
+    prepare_runtime()  # atomic saves, the scoped safe loader, mmeffattn:: configs (opt-in)
     cfg = build_cfg(args)
     # Fail on a missing dataset now, not after the model is built.
     check_dataset_paths(cfg, ['train'])

@@ -17,9 +17,9 @@ def load_official(path: str, unsafe: bool = False,
     """
     if not osp.isfile(path):
         raise FileNotFoundError(f'no checkpoint at {path!r}')
-    if path.endswith('.safetensors'):
-        from safetensors.torch import load_file
-        return load_file(path, device='cpu')
+    if path.endswith('.safetensors'):  # (a clear error when the safetensors package is missing)
+        from mmeffattn.engine.checkpoint_io import load_checkpoint_file
+        return load_checkpoint_file(path)
     if unsafe:
         return torch.load(path, map_location='cpu', weights_only=False)
     try:
