@@ -6,8 +6,9 @@ import torch.nn as nn
 
 import mmeffattn  # noqa: F401  (registers the models)
 from mmeffattn.models.backbones import sema as sema_mod
-from mmeffattn.models.backbones.sema import (MILA, SEMA, apply_rope_2d,
-                                             checkpoint_filter_mlla)
+from mmeffattn.models.backbones.sema import MILA, SEMA, checkpoint_filter_mlla
+from mmeffattn.models.layers import rope as rope_mod
+from mmeffattn.models.layers.rope import apply_rope_2d
 from mmeffattn.models.layers.tokens import map_to_tokens, tokens_to_map
 from mmeffattn.registry import MODELS
 
@@ -201,23 +202,6 @@ def test_rope_table_made_in_inference_mode_serves_training():
     assert y.grad is not None and torch.isfinite(y.grad).all()
 
 
-@pytest.mark.parametrize('heads,bias', [(2, True), (4, False)], ids=['2heads-bias', '4heads'])
-def test_compiled_split_halves_layout_is_the_official_rotation_permuted(heads, bias):
-    """The compiled graph's q/k layout (each head's pair channels split into halves): the same
-    rotated values as the official adjacent-pair layout, permuted within each head."""
-    torch.manual_seed(0)
-    attn = sema_mod.LinearAttention(64, heads, qkv_bias=bias)
-    hw, hd = (5, 7), 64 // heads
-    x = torch.randn(2, 35, 64)
-    q, k = attn.qk(x).unflatten(-1, (2, 64)).unbind(-2)
-    q, k = attn.elu(q) + 1.0, attn.elu(k) + 1.0
-    official = (q, k, apply_rope_2d(q, hw), apply_rope_2d(k, hw))
-    # channel 2j of a head goes to place j, channel 2j+1 to hd/2 + j
-    perm = torch.arange(64).view(heads, hd // 2, 2).transpose(1, 2).reshape(64)
-    for got, ref in zip(attn._qk_rope_split_halves(x, hw), official):
-        torch.testing.assert_close(got, ref[..., perm], rtol=1e-5, atol=1e-5)
-
-
 def test_compiled_graph_takes_the_rope_table_and_computes_no_trigonometry():
     """Under torch.compile the table comes from the ``mmeffattn::rope_table_2d`` operator (once
     per block), not from ``cos``/``sin`` recomputed inside the graph, for static and symbolic
@@ -247,16 +231,14 @@ def test_rope_table_operator_passes_opcheck_and_returns_a_copy():
     args = (5, 7, 16, 10000.0, torch.device('cpu'))
     torch.library.opcheck(torch.ops.mmeffattn.rope_table_2d.default, args)
     table = torch.ops.mmeffattn.rope_table_2d(*args)
-    cached = sema_mod.rope_rotation(5, 7, 16, 10000.0, torch.device('cpu'))
+    cached = rope_mod.rope_rotation(5, 7, 16, 10000.0, torch.device('cpu'))
     torch.testing.assert_close(table, cached, rtol=0, atol=0)
     table.zero_()
     assert cached.abs().sum() > 0
 
 
-def test_compiled_odd_head_dim_keeps_the_official_layout():
-    """With an odd head dim the official pairs straddle two heads, so the split-halves layout
-    (a permutation within each head) does not apply: the compiled graph keeps the official one
-    and still equals eager."""
+def test_compiled_odd_head_dim_equals_eager():
+    """With an odd head dim the RoPE pairs straddle two heads; compiled still equals eager."""
     torch.manual_seed(0)
     attn = sema_mod.LinearAttention(12, 4).eval()  # head dim 3
     x = torch.randn(2, 3 * 5, 12)
@@ -348,16 +330,18 @@ def test_with_mean_switch_adds_exactly_the_value_mean():
     assert v_mean.abs().max() > 1e-3  # the switch changed the computation
 
 
-def _old_sema_forward(attn: 'sema_mod.SEMAttention', x: torch.Tensor, hw) -> torch.Tensor:
-    """``SEMAttention.forward`` before the mean left the op: the op adds the mean to every
-    token, the LePE convolution keeps its own bias."""
+def _paper_sema_forward(attn: 'sema_mod.SEMAttention', x: torch.Tensor, hw) -> torch.Tensor:
+    """SEMA's mixer as the paper writes it: window softmax ``A_Phi V`` (the op without its
+    mean), plus ``mean_j v_j``, plus the LePE of v."""
     B, N, C = x.shape
     nh, hd = attn.num_heads, C // attn.num_heads
     qk = attn.qk(x).reshape(B, N, 2, nh, hd)
     v = attn.v(x)
     out = sema_mod.sema_attention_qk(qk, v.reshape(B, N, nh, hd).transpose(1, 2), hw,
-                                     attn.window_size, out_layout='bnhd', backend=attn.backend)
-    return out.reshape(B, N, C) + map_to_tokens(attn.lepe(tokens_to_map(v, hw)))
+                                     attn.window_size, with_mean=False, out_layout='bnhd',
+                                     backend=attn.backend)
+    return (out.reshape(B, N, C) + v.mean(dim=1, keepdim=True)
+            + map_to_tokens(attn.lepe(tokens_to_map(v, hw))))
 
 
 def _triton_unavailable() -> str:
@@ -367,12 +351,9 @@ def _triton_unavailable() -> str:
 
 
 @pytest.mark.parametrize('backend', ['reference', 'triton'])
-@pytest.mark.parametrize('batch', [1, 2], ids=['one-image', 'two-images'])
-def test_mean_through_the_lepe_bias_equals_the_old_formula(batch, backend):
-    """SEMA's attention with the mean returned by the op and added through the LePE's bias
-    (one image: the conv's bias; several: a broadcast add of bias + mean after a bias-free
-    conv) equals the old formula (the op adding the mean, the conv its bias), forward and the
-    gradients of the input and of every parameter (the LePE bias's included)."""
+def test_sema_attention_is_window_softmax_plus_the_value_mean(backend):
+    """The module (the mean returned by the op and added at the call site) equals the paper's
+    formula, forward and the gradients of the input and of every parameter."""
     if backend == 'triton' and _triton_unavailable():
         pytest.skip('Triton backend unavailable: ' + _triton_unavailable())
     torch.manual_seed(0)
@@ -381,12 +362,12 @@ def test_mean_through_the_lepe_bias_equals_the_old_formula(batch, backend):
         attn.lepe.bias.normal_()
         attn.qk.weight.normal_(std=0.3)
     x, hw = _attn_input()
-    x = x[:batch].clone().requires_grad_()
+    x = x.clone().requires_grad_()
     params = [p for _, p in attn.named_parameters()]
     dy = torch.randn(x.shape, generator=torch.Generator().manual_seed(1))
     new = attn(x, hw)
     new_grads = torch.autograd.grad(new, (x, *params), dy)
-    old = _old_sema_forward(attn, x, hw)
+    old = _paper_sema_forward(attn, x, hw)
     old_grads = torch.autograd.grad(old, (x, *params), dy)
     peak = float(old.abs().max())
     torch.testing.assert_close(new, old, rtol=1e-5, atol=1e-6 * peak)
@@ -401,25 +382,6 @@ def v_mean_is_visible(attn, x) -> bool:
     """The inputs' value mean is far from zero (the mean term is tested, not a no-op)."""
     with torch.no_grad():
         return bool(attn.v(x).mean(dim=1).abs().max() > 1e-2)
-
-
-@pytest.mark.parametrize('batch', [1, 3], ids=['one-image', 'three-images'])
-def test_lepe_plus_offset_is_the_conv_plus_the_offset(batch):
-    """The helper equals ``lepe(v) + offset`` per (image, channel), and the offset's gradient
-    is the token sum of the incoming gradient (the bias's, that sum over the images too)."""
-    torch.manual_seed(0)
-    lepe = nn.Conv2d(8, 8, 3, padding=1, groups=8)
-    hw = (5, 7)
-    v = torch.randn(batch, 35, 8, requires_grad=True)
-    offset = torch.randn(batch, 8, requires_grad=True)
-    out = sema_mod.lepe_plus_offset(lepe, v, hw, offset)
-    expected = map_to_tokens(lepe(tokens_to_map(v, hw))) + offset.unsqueeze(1)
-    torch.testing.assert_close(out, expected)
-    dy = torch.randn(out.shape)
-    d_offset, d_bias, dv = torch.autograd.grad(out, (offset, lepe.bias, v), dy)
-    torch.testing.assert_close(d_offset, dy.sum(dim=1))
-    torch.testing.assert_close(d_bias, dy.sum(dim=(0, 1)))
-    torch.testing.assert_close(dv, torch.autograd.grad(expected, v, dy)[0])
 
 
 def test_value_proj_switch_uses_the_input_and_drops_parameters():

@@ -71,8 +71,8 @@ def register_mixer(name: str) -> Callable[[MixerBuilder], MixerBuilder]:
 
 
 def mixer_names() -> Tuple[str, ...]:
-    """The registered ``attn_type`` names, in registration order."""
-    import mmeffattn.models.backbones.sema  # noqa: F401  (registers sema, linear, window)
+    """The registered ``attn_type`` names, in registration order (sema.py registers its own
+    mixers when the package is imported)."""
     return tuple(_MIXERS)
 
 

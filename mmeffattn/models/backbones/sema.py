@@ -20,163 +20,27 @@ Module and parameter names follow the official MLLA code (``patch_embed``,
 checkpoints load after :func:`checkpoint_filter_mlla`, which only drops the classifier and the
 fixed-size RoPE buffers. SEMA adds ``attn.v`` (its value projection).
 """
-import functools
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from mmeffattn.ops import sema_attention_qk
 from mmeffattn.registry import MODELS
 from ..layers import ConvNormAct, DropPath, Mlp
 from ..layers.heads import check_heads
-from ..layers.tokens import is_symbolic, map_to_tokens, pad_to_multiple, tokens_to_map
+from ..layers.rope import apply_rope_2d
+from ..layers.tokens import map_to_tokens, pad_to_multiple, tokens_to_map
 from ..layers.window_linear import window_linear_attention
 from ..utils import init_linear_and_norm, strip_module_prefix, unwrap_state_dict
 from .attention_zoo import build_mixer, mixer_names, register_mixer
 from .base import BaseBackbone, HWShape, drop_path_rates, run_block
 
-__all__ = ['SEMA', 'MILA', 'checkpoint_filter_mlla', 'apply_rope_2d', 'LinearAttention',
+__all__ = ['SEMA', 'MILA', 'checkpoint_filter_mlla', 'LinearAttention',
            'SEMAttention', 'SEMABlock', 'LOCAL_ATTNS']
 
 #: the choices of SEMA's localized attention ``A_Phi`` (``local_attn=``)
 LOCAL_ATTNS = ('softmax', 'linear')
-
-
-# --------------------------------------------------------------------------------------------
-# helpers
-# --------------------------------------------------------------------------------------------
-def _rope_angles(h: int, w: int, dim: int, base: float, device: torch.device) -> torch.Tensor:
-    """The 2-D RoPE rotations ``exp(i * angle)`` for an ``h x w`` grid as ``(cos, sin)`` pairs,
-    ``[h*w, dim // 2, 2]`` float32 (``torch.view_as_complex`` of it is the complex table).
-
-    Channel pair ``j`` (channels ``2j, 2j+1``) turns by ``row * theta_j`` for ``j < dim/4`` and by
-    ``col * theta_{j - dim/4}`` for the rest, ``theta_k = base ** (-k / (dim/4))``: the official
-    MLLA formula. Always float32 (the official code rotates in float32 too).
-    """
-    k_max = dim // 4
-    theta = 1.0 / (base ** (torch.arange(k_max, device=device, dtype=torch.float32) / k_max))
-    rows = torch.arange(h, device=device, dtype=torch.float32)
-    cols = torch.arange(w, device=device, dtype=torch.float32)
-    ang_h = (rows[:, None] * theta).unsqueeze(1).expand(h, w, k_max)  # [h, w, k_max]
-    ang_w = (cols[:, None] * theta).unsqueeze(0).expand(h, w, k_max)  # [h, w, k_max]
-    angles = torch.cat([ang_h, ang_w], dim=-1).reshape(h * w, 2 * k_max)  # [N, dim/2]
-    if torch.compiler.is_compiling():
-        # no complex tensors in a compiled graph (see apply_rope_2d)
-        return torch.stack((angles.cos(), angles.sin()), dim=-1)  # [N, dim/2, 2]
-    return torch.view_as_real(torch.polar(torch.ones_like(angles), angles))  # [N, dim/2, 2]
-
-
-@functools.lru_cache(maxsize=64)
-def _rope_angles_cached(h: int, w: int, dim: int, base: float,
-                        device: torch.device) -> torch.Tensor:
-    # Built outside inference mode, so that a table first made under torch.inference_mode()
-    # can serve training later (inference tensors cannot be saved for backward).
-    with torch.inference_mode(False), torch.no_grad():
-        return _rope_angles(h, w, dim, base, device)
-
-
-@torch.library.custom_op('mmeffattn::rope_table_2d', mutates_args=())
-def _rope_table_op(h: int, w: int, dim: int, base: float, device: torch.device) -> torch.Tensor:
-    # an opaque operator: the compiled graph calls it and gets a copy of the cached table (a
-    # copy, since the compiler may reuse an operator's output buffer in place)
-    return _rope_angles_cached(h, w, dim, base, device).clone()
-
-
-@_rope_table_op.register_fake
-def _rope_table_fake(h: int, w: int, dim: int, base: float, device: torch.device) -> torch.Tensor:
-    return torch.empty(h * w, dim // 2, 2, device=device)
-
-
-def rope_rotation(h: int, w: int, dim: int, base: float, device: torch.device) -> torch.Tensor:
-    """The RoPE table for an ``h x w`` grid, cached per ``(h, w, dim, base, device)``.
-
-    Under ``torch.compile`` the compiled graph fetches the cached table through the opaque
-    operator ``mmeffattn::rope_table_2d`` (its sizes may be symbolic): computed inline, inductor
-    fused the table's ``cos``/``sin`` into every q/k rotation and recomputed them per element in
-    every block. Under ``torch.export`` and ``torch.jit.trace`` the table is computed inline, so
-    that the exported graph is plain aten (ONNX) and sizes stay symbolic.
-    """
-    if torch.jit.is_tracing() or torch.compiler.is_exporting():
-        return _rope_angles(h, w, dim, base, device)
-    if torch.compiler.is_compiling():
-        return _rope_table_op(h, w, int(dim), float(base), device)
-    if is_symbolic(h, w):
-        return _rope_angles(h, w, dim, base, device)
-    return _rope_angles_cached(int(h), int(w), int(dim), float(base), device)
-
-
-def apply_rope_2d(x: torch.Tensor, hw: HWShape, base: float = 10000.) -> torch.Tensor:
-    """Rotary position embedding over a 2-D token grid, for any grid size.
-
-    Equal to the official MLLA ``RoPE``/``rope`` for the same grid: adjacent channels
-    ``(2j, 2j+1)`` form a complex number that is multiplied by ``exp(i * angle_j(row, col))``,
-    computed over all ``C`` channels before they are split into heads. The table is computed on
-    the fly for ``hw`` and cached per ``(H, W, C, base, device)``.
-
-    Args:
-        x: ``[..., N, C]`` with ``N = H * W`` tokens in row-major order; ``C % 4 == 0``.
-        hw: the token grid ``(H, W)``.
-        base: the RoPE frequency base.
-
-    Returns:
-        A tensor shaped and typed like ``x``. The rotation runs in float32 as in the official code,
-        which then returns float32; casting back keeps a half-precision model (without autocast)
-        working, and under autocast the following matmuls run in half precision either way.
-    """
-    H, W = hw
-    N, C = x.shape[-2:]
-    if N != H * W:
-        raise ValueError(f'RoPE got {N} tokens for a {H}x{W} grid')
-    if C % 4 != 0:
-        raise ValueError(f'2-D RoPE needs channels divisible by 4, got {C}')
-    rot = rope_rotation(H, W, C, base, x.device)  # [N, C/2, 2] float32 (cos, sin)
-    pairs = x.float().unflatten(-1, (C // 2, 2))  # [..., N, C/2, 2]
-    if torch.compiler.is_compiling():
-        # the same rotation in real arithmetic: inductor fuses it with its neighbours, whereas
-        # the complex multiply stayed an unfused aten call with copies in and out of complex
-        # layout (MILA-T compiled was slower than eager on the CPU)
-        re, im = pairs.unbind(-1)
-        cos, sin = rot.unbind(-1)
-        out = torch.stack((re * cos - im * sin, re * sin + im * cos), dim=-1)
-    else:
-        # eager: adjacent channels as complex numbers, one complex multiply (as the official
-        # code), measured 4-18x faster on the CPU than the real products above run op by op
-        out = torch.view_as_real(torch.view_as_complex(pairs.contiguous()) *
-                                 torch.view_as_complex(rot))
-    return out.flatten(-2).to(x.dtype)  # [..., N, C]
-
-
-def lepe_plus_offset(lepe: nn.Conv2d, v: torch.Tensor, hw: HWShape,
-                     offset: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """``lepe(v) + offset``: a depthwise ``3x3`` convolution (with bias) of the tokens ``v``
-    ``[B, N, C]`` plus a per-(image, channel) ``offset`` ``[B, C]`` (None: none), as tokens
-    ``[B, N, C]``.
-
-    Why: SEMA's value mean is constant over an image's tokens, so it can join the convolution's
-    bias, where adding it costs nothing, instead of a pass over every token (the op would need
-    a reduction over all values before it stores any output). The conv's bias gradient, the
-    token sum of the incoming gradient, is then also the offset's.
-
-    One image: the conv with bias ``lepe.bias + offset[0]``. Several: folding the batch into
-    the conv's channels (``[1, B*C, H, W]``, ``groups=B*C``) would be the same conv, but is no
-    view of the token layout (channels of different images lie ``N*C`` apart, not ``C``) and
-    would copy v; so the conv runs without bias and ``lepe.bias + offset`` is added per token
-    (one elementwise pass in eager mode; under torch.compile it fuses with the residual add
-    that follows), and that add's gradient, one token sum, gives the bias's and the offset's
-    gradients at once (the conv computes none).
-    """
-    B, N, C = v.shape
-    x = tokens_to_map(v, hw)  # [B, C, H, W] (a channels-last view)
-    if offset is None:
-        return map_to_tokens(lepe(x))
-    bias = lepe.bias + offset  # [B, C]
-    # (nn.Conv2d's own forward with another bias: its padding mode, stride, groups)
-    if not is_symbolic(B) and B == 1:
-        return map_to_tokens(lepe._conv_forward(x, lepe.weight, bias.reshape(C)))
-    y = lepe._conv_forward(x, lepe.weight, None)
-    return map_to_tokens(y) + bias.to(y.dtype).unsqueeze(1)  # [B, N, C] (autocast: y's dtype)
 
 
 # --------------------------------------------------------------------------------------------
@@ -223,21 +87,14 @@ class LinearAttention(nn.Module):
     def forward(self, x: torch.Tensor, hw: HWShape) -> torch.Tensor:
         B, N, C = x.shape
         nh, hd = self.num_heads, C // self.num_heads
-        if (torch.compiler.is_compiling() and not torch.compiler.is_exporting()
-                and (C // nh) % 2 == 0):  # with an odd head dim, pairs straddle heads
-            q, k, q_rope, k_rope = self._qk_rope_split_halves(x, hw)
-        else:
-            q, k = self.qk(x).unflatten(-1, (2, C)).unbind(-2)  # [B, N, C] each
-            q = self.elu(q) + 1.0
-            k = self.elu(k) + 1.0
-            q_rope = apply_rope_2d(q, hw, self.rope_base)  # [B, N, C]
-            k_rope = apply_rope_2d(k, hw, self.rope_base)
+        qk = (self.elu(self.qk(x)) + 1.0).unflatten(-1, (2, C)).transpose(1, 2)  # [B, 2, N, C]
+        qk_rope = apply_rope_2d(qk, hw, self.rope_base)  # q and k rotated, [B, 2, N, C]
         x = self.v(x) if self.v is not None else x  # the values (MILA: the input itself)
 
         def heads(t: torch.Tensor) -> torch.Tensor:
-            return t.reshape(B, N, nh, hd).transpose(1, 2)  # [B, nh, N, hd]
+            return t.unflatten(-1, (nh, hd)).transpose(-3, -2)  # [..., nh, N, hd]
 
-        q, k, q_rope, k_rope, v = heads(q), heads(k), heads(q_rope), heads(k_rope), heads(x)
+        (q, k), (q_rope, k_rope), v = heads(qk).unbind(1), heads(qk_rope).unbind(1), heads(x)
         z = 1 / (q @ k.mean(dim=-2, keepdim=True).transpose(-2, -1) + 1e-6)  # [B, nh, N, 1]
         kv = (k_rope.transpose(-2, -1) * N ** -0.5) @ (v * N ** -0.5)  # [B, nh, hd, hd]
         out = (q_rope @ kv) * z  # [B, nh, N, hd]
@@ -245,35 +102,6 @@ class LinearAttention(nn.Module):
             out = out + v.mean(dim=-2, keepdim=True)
         out = out.transpose(1, 2).reshape(B, N, C)
         return out + map_to_tokens(self.lepe(tokens_to_map(x, hw)))
-
-    def _qk_rope_split_halves(self, x: torch.Tensor, hw: HWShape) -> Tuple[torch.Tensor, ...]:
-        """``q, k, q_rope, k_rope`` ``[B, N, C]`` for the compiled graph, with each head's
-        channels in split-halves order (the pairs' first channels, then their second channels).
-
-        The official adjacent-pair layout makes the rotation read and write every other element,
-        which inductor's CPU code cannot vectorize (MILA-T compiled was 0.91x eager). Permuting
-        the q/k projection's output rows in the same way within every head leaves the attention
-        unchanged: q and k only meet in dot products over a head's channels (``q k^T``,
-        ``q mean(k)``, ``q (k^T v)``), and a permutation applied to both cancels there.
-        """
-        B, N, C = x.shape
-        nh, hd = self.num_heads, C // self.num_heads
-        half = (2, nh, hd // 2, 2)  # (q/k, head, pair, channel of the pair)
-        w = self.qk.weight.view(*half, C).transpose(2, 3).reshape(2 * C, C)
-        b = self.qk.bias
-        b = None if b is None else b.view(half).transpose(2, 3).reshape(2 * C)
-        q, k = F.linear(x, w, b).unflatten(-1, (2, C)).unbind(-2)  # [B, N, C] each
-        q = self.elu(q) + 1.0
-        k = self.elu(k) + 1.0
-        rot = rope_rotation(hw[0], hw[1], C, self.rope_base, x.device)  # [N, C/2, 2]
-        cos, sin = (t.reshape(N, nh, hd // 2) for t in rot.unbind(-1))
-
-        def rotate(t: torch.Tensor) -> torch.Tensor:
-            re, im = t.float().unflatten(-1, (nh, 2, hd // 2)).unbind(-2)  # [B, N, nh, hd/2]
-            out = torch.stack((re * cos - im * sin, re * sin + im * cos), dim=-2)
-            return out.flatten(-3).to(t.dtype)
-
-        return q, k, rotate(q), rotate(k)
 
     def extra_repr(self) -> str:
         return (f'dim={self.dim}, num_heads={self.num_heads}, with_mean={self.with_mean}, '
@@ -333,26 +161,19 @@ class SEMAttention(nn.Module):
         qk = self.qk(x).reshape(B, N, 2, nh, hd)  # a view (the ops accept any strides)
         v = self.v(x) if self.v is not None else x  # [B, N, C]
         vh = v.reshape(B, N, nh, hd).transpose(1, 2)  # [B, nh, N, hd]
-        mean = None  # [B, nh, hd]: the value mean, when the op returns it
-        if self.local_attn == 'softmax':
-            # q and k packed: the Triton backward writes the projection's gradient whole (no
-            # stack of dq and dk; the reference unbinds them as below). Tokens-major output: the
-            # reshape below is a view (the op's dv comes back in vh's layout, so the backward of
-            # these views is views too). The mean comes back apart and joins the LePE's bias
-            # (lepe_plus_offset): the op then needs no pass over v for it, nor one over the
-            # output's gradient
-            res = sema_attention_qk(qk, vh, hw, self.window_size, with_mean=self.with_mean,
-                                    return_mean=self.with_mean, out_layout='bnhd',
-                                    backend=self.backend)  # [B, N, nh, hd] (and [B, nh, hd])
-            out, mean = res if self.with_mean else (res, None)
-        else:
-            # unbinding the [B, N, 2, nh, hd] view keeps the backward at one stack into the
-            # projection's gradient layout (a reshape, no copy)
-            q, k = (t.transpose(1, 2) for t in qk.unbind(2))
+        if self.local_attn == 'linear':
+            q, k = (t.transpose(1, 2) for t in qk.unbind(2))  # [B, nh, N, hd] each
             out = window_linear_attention(q, k, vh, hw, self.window_size,
                                           with_mean=self.with_mean).transpose(1, 2)
-        return out.reshape(B, N, C) + lepe_plus_offset(
-            self.lepe, v, hw, None if mean is None else mean.reshape(B, C))
+        elif self.with_mean:  # localization A_Phi V, then averaging: + mean_j v_j
+            out, mean = sema_attention_qk(qk, vh, hw, self.window_size, with_mean=True,
+                                          return_mean=True, out_layout='bnhd',
+                                          backend=self.backend)  # [B, N, nh, hd], [B, nh, hd]
+            out = out + mean.unsqueeze(1)
+        else:
+            out = sema_attention_qk(qk, vh, hw, self.window_size, with_mean=False,
+                                    out_layout='bnhd', backend=self.backend)
+        return out.reshape(B, N, C) + map_to_tokens(self.lepe(tokens_to_map(v, hw)))
 
     def extra_repr(self) -> str:
         return (f'dim={self.dim}, num_heads={self.num_heads}, window_size={self.window_size}, '
