@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 import mmeffattn  # noqa: F401  (registers the models)
 from mmeffattn.models.backbones.veca import (VECA, checkpoint_filter_veca,
-                                             checkpoint_filter_veca_official, convert_veca)
+                                             checkpoint_filter_veca_official)
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 sys.path.insert(0, osp.join(ROOT, 'tools', 'model_converters'))
@@ -345,13 +345,6 @@ def test_cli_custom_family_needs_heads(tmp_path):
                            for k, v in torch.load(dst)['state_dict'].items()}, strict=True)
     with pytest.raises(FileNotFoundError, match='no checkpoint'):
         converter_cli.main([str(tmp_path / 'absent.pt'), str(dst)])
-
-
-def test_convert_veca_is_a_deprecated_alias(official_small):
-    with pytest.deprecated_call(match='use checkpoint_filter_veca_official'):
-        old = convert_veca(official_small)
-    new = checkpoint_filter_veca_official(official_small)
-    assert old.keys() == new.keys() and all(torch.equal(old[k], new[k]) for k in new)
 
 
 def test_cli_converts_a_smaller_core_bank(tmp_path):
