@@ -150,10 +150,7 @@ def test_mixer_triton_backend_matches_reference(attn_type, monkeypatch):
     x = torch.randn(1, 5 * 6, 32)
     with torch.no_grad():
         expected = ref(x, (5, 6))
-        try:
-            got = tri(x, (5, 6))
-        except RuntimeError as e:  # the op lists why its kernels cannot run here
-            pytest.skip(f'Triton backend unavailable: {e}')
+        got = tri(x, (5, 6))
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
 
 

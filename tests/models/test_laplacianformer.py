@@ -507,21 +507,9 @@ def _kernel(a: torch.Tensor, b: torch.Tensor, lam: float) -> torch.Tensor:
     return torch.exp(-(a[..., :, None, :] - b[..., None, :, :]).abs().sum(-1) / lam)
 
 
-@pytest.mark.parametrize('flag,expect', [(True, 'query'), (False, None)])
-def test_whitening_bool_is_deprecated_alias(flag, expect):
-    with pytest.warns(DeprecationWarning, match=f'whitening={expect!r}'):
-        old = LaplacianFormer(arch=MINI, whitening=flag)
-    new = LaplacianFormer(arch=MINI, whitening=expect)
-    assert old.whitening == expect
-    assert {k: v.shape for k, v in old.state_dict().items()} == \
-        {k: v.shape for k, v in new.state_dict().items()}
-    with pytest.warns(DeprecationWarning):
-        attn = LaplacianAttention(16, 2, whitening=flag)
-    assert attn.whitening == expect
-
-
 @pytest.mark.parametrize('kwargs,match', [
     (dict(whitening='keys'), 'whitening must be one of'),
+    (dict(whitening=True), 'whitening must be one of'),
     (dict(whitening_stats='per_token'), 'whitening_stats must be one of'),
     (dict(landmark_grid=0), 'landmark_grid must be an integer'),
     (dict(feature_scale=0.), 'feature_scale must be None'),

@@ -21,8 +21,7 @@ import torch.nn.functional as F
 import mmeffattn  # noqa: F401  (registers the models)
 from mmeffattn.models.backbones.weightformer import (DynamicDWConv, DynamicLinear, WeightFormer,
                                                      checkpoint_filter_weightformer,
-                                                     checkpoint_filter_weightformer_official,
-                                                     convert_weightformer)
+                                                     checkpoint_filter_weightformer_official)
 from mmeffattn.models.layers import ViTPyramid
 from mmeffattn.models.layers.vit_pyramid import CeilMaxPool2d
 from mmeffattn.registry import MODELS
@@ -407,25 +406,29 @@ def test_dynamic_dwconv_per_sample_kernels():
 
 def test_dynamic_layers_call_the_ops(monkeypatch):
     """DynamicLinear and DynamicDWConv go through the public ops with their backend."""
-    from mmeffattn.ops.dyn_dwconv import op as dwconv_op
-    from mmeffattn.ops.dyn_weight import op as weight_op
+    import mmeffattn.models.backbones.weightformer as wf_mod
     calls = []
-    real_w, real_c = weight_op.dynamic_weight_naive, dwconv_op.dynamic_dwconv_naive
-    monkeypatch.setattr(weight_op, 'dynamic_weight_naive',
-                        lambda *a, **kw: calls.append('weight') or real_w(*a, **kw))
-    monkeypatch.setattr(dwconv_op, 'dynamic_dwconv_naive',
-                        lambda *a, **kw: calls.append('dwconv') or real_c(*a, **kw))
-    model = WeightFormer(arch=MINI, out_type='featmap', out_indices=(4, )).eval()
+    for name in ('dynamic_weight', 'dynamic_dwconv'):
+        real = getattr(wf_mod, name)
+
+        def spy(*args, _real=real, _name=name, **kwargs):
+            calls.append((_name, kwargs.get('backend')))
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(wf_mod, name, spy)
+    model = WeightFormer(arch=MINI, out_type='featmap', out_indices=(4, ),
+                         attn_backend='reference').eval()
     with torch.no_grad():
         model(torch.randn(1, 3, 48, 32))
-    assert calls == ['dwconv', 'weight'] * 2  # dynamic blocks 1 and 4
+    # dynamic blocks 1 and 4
+    assert calls == [('dynamic_dwconv', 'reference'), ('dynamic_weight', 'reference')] * 2
 
 
 def test_triton_backend_matches_reference(monkeypatch):
     """The dynamic layers through the Triton kernels (compiled on GPU, interpreted on CPU),
     forward and backward, against the reference on the same weights."""
-    from mmeffattn.ops.dyn_dwconv.op import dynamic_dwconv_triton_reasons
-    from mmeffattn.ops.dyn_weight.op import dynamic_weight_triton_reasons
+    from mmeffattn.ops.dynamic_dwconv.op import dynamic_dwconv_triton_reasons
+    from mmeffattn.ops.dynamic_weight.op import dynamic_weight_triton_reasons
 
     probe = torch.zeros(1, 1, 16)
     reasons = (dynamic_weight_triton_reasons(probe, probe)
@@ -662,13 +665,6 @@ def test_build_from_registries():
     clf = build_classifier(MINI)
     with torch.no_grad():
         assert clf(torch.randn(1, 3, 32, 32), mode='tensor').shape == (1, 1000)
-
-
-def test_convert_weightformer_is_a_deprecated_alias(official_tiny):
-    with pytest.deprecated_call(match='use checkpoint_filter_weightformer_official'):
-        old = convert_weightformer(official_tiny)
-    new = checkpoint_filter_weightformer_official(official_tiny)
-    assert old.keys() == new.keys() and all(torch.equal(old[k], new[k]) for k in new)
 
 
 def test_attn_backend_reaches_the_dynamic_ops():

@@ -1,35 +1,9 @@
-"""The attention zoo: every token mixer of this package behind one interface, for the SEMA pyramid.
+"""The attention zoo: every token mixer of the package in one macro-architecture, the SEMA pyramid.
 
-Each family of the package lives in its own macro-architecture, so comparing two families mixes
-the token mixer with everything around it. The zoo puts every mixer into one macro-architecture,
-the MILA/SEMA pyramid (:class:`~mmeffattn.models.backbones.sema.SEMA`): ``SEMA(attn_type=...)``
-changes only the module in the blocks' ``attn`` slot, ``mixer(x [B, N, C], hw) -> [B, N, C]``,
-which sits between the block's depthwise convolution and its gated output projection.
-
-The registry, keyed by ``attn_type`` (:func:`register_mixer`, :func:`build_mixer`):
-
-=================== ============================================================ =============
-``attn_type``        mixer                                                        op (public)
-=================== ============================================================ =============
-``'sema'``           SEMA: window softmax + mean of the values (sema.py)          sema_attention_
-                                                                                  qk
-``'linear'``         MILA/MLLA: ELU+1 linear attention, 2-D RoPE (sema.py)        (PyTorch)
-``'window'``         Swin-style window softmax, no mean (sema.py)                 sema_attention_
-                                                                                  qk
-``'softmax'``        global softmax, :class:`GlobalSoftmaxAttention`              SDPA (PyTorch)
-``'laplacian'``      LaplacianFormer's Nystrom attention (its                     laplacian_kernel,
-                     ``LaplacianAttention``)                                      newton_schulz_pinv
-``'core_periphery'`` VECA-style learned cores, :class:`CorePeripheryMixer`        core_periphery_
-                                                                                  attention
-``'dynamic'``        WeightFormer's dynamic depthwise conv + dynamic linear,      dynamic_dwconv,
-                     :class:`DynamicMixer`                                        dynamic_weight
-=================== ============================================================ =============
-
-A builder takes ``(dim, num_heads)`` and, keyword-only, the block's common arguments it needs
-(:data:`COMMON_ARGS`: ``stage``, ``window_size``, ``qkv_bias``, ``rope_base``, ``backend``) and
-its own options (``SEMA(mixer_cfg=dict(...))``, or the SEMA switches ``with_mean``,
-``value_proj``, ``local_attn``). An option a mixer does not take raises a ``ValueError`` naming
-the mixer's options, so that an ablation switch is never silently ignored.
+``SEMA(attn_type=...)`` changes only the block's ``attn`` slot, ``mixer(x [B, N, C], hw) ->
+[B, N, C]``, so that the families' mixers compare on an equal footing. Mixers are registered where
+they are defined (:func:`register_mixer`) and built by :func:`build_mixer`; an option a mixer does
+not take raises. The table of mixers: docs/design/attention_zoo.md.
 """
 import inspect
 from typing import Callable, Dict, Optional, Sequence, Tuple, Union
@@ -54,9 +28,6 @@ _MIXERS: Dict[str, MixerBuilder] = {}
 COMMON_ARGS = ('stage', 'window_size', 'qkv_bias', 'rope_base', 'backend')
 
 
-# --------------------------------------------------------------------------------------------
-# registry
-# --------------------------------------------------------------------------------------------
 def register_mixer(name: str) -> Callable[[MixerBuilder], MixerBuilder]:
     """Register ``builder(dim, num_heads, *, <common args>, <options>) -> nn.Module`` as
     ``attn_type=name``."""
@@ -121,9 +92,6 @@ def _per_stage(name: str, value: Union[int, Sequence[int]], stage: int):
     return value
 
 
-# --------------------------------------------------------------------------------------------
-# mixers
-# --------------------------------------------------------------------------------------------
 class GlobalSoftmaxAttention(nn.Module):
     """Global multi-head softmax attention over all ``N`` tokens (ViT's), with SEMA's layout.
 
@@ -254,9 +222,6 @@ class DynamicMixer(nn.Module):
         return self.fc(x, hw)  # [B, N, C]
 
 
-# --------------------------------------------------------------------------------------------
-# builders (sema, linear and window are registered in sema.py, beside their modules)
-# --------------------------------------------------------------------------------------------
 @register_mixer('softmax')
 def _build_softmax(dim: int, num_heads: int, *, qkv_bias: bool) -> nn.Module:
     """Global softmax attention (quadratic)."""

@@ -1,106 +1,13 @@
-"""LaplacianFormer: softmax-free linear attention with a Laplacian kernel, as an OpenMMLab backbone.
+"""LaplacianFormer: Nystrom linear attention with a Laplacian kernel, as an OpenMMLab backbone.
 
-Paper: LaplacianFormer: Rethinking Linear Attention with Laplacian Kernel (Feng, Lian, Wang,
-Zhang, Tan, Xu, Meng, Zhang), ICLR 2026, arXiv 2604.20368, https://arxiv.org/abs/2604.20368.
-Official operators (CUDA only, no model code): https://github.com/BirdWithDreams/LaplacianFormer.
-Baseline it builds on: SOFT (Lu et al., NeurIPS 2021), https://github.com/fudan-zvg/SOFT.
+Paper: LaplacianFormer: Rethinking Linear Attention with Laplacian Kernel (Feng et al.), ICLR 2026,
+arXiv 2604.20368. Baseline: SOFT (Lu et al., NeurIPS 2021), https://github.com/fudan-zvg/SOFT.
 
-The token mixer replaces SOFT's Gaussian kernel ``exp(-||q - k||_2^2 / 2)`` by the Laplacian kernel
-``k(x, y) = exp(-||x - y||_1 / lam)`` inside a Nystrom approximation of the full kernel matrix:
-
-    A ~= K(Q, L) W^-1 K(L, Q),    W = K(L, L) + eps I,    out = A V / N + DWC(V)
-
-- ``L``: landmarks, the queries average pooled over cells of the token grid: ``sr x sr`` cells
-  (``sr = 8, 4, 2`` by stage; partial cells at the bottom/right of odd grids average what they
-  hold), or a fixed ``landmark_grid x landmark_grid`` grid when the whitening keeps per-landmark
-  statistics (below). Parameter-free pooling, as Nystromformer's segment means; SOFT instead
-  learns a strided ``sr x sr`` convolution (``head_dim^2 sr^2`` weights) followed by LayerNorm
-  and GELU (``Qlandmark_op`` in its ``softmax_free_transformer.py``). The LaplacianFormer paper's
-  text was not available to check which it uses, and the official repository has no model code;
-  the fitted widths below count no such convolution;
-- keys are the queries (one projection, as in SOFT), so ``K(L, K) = K(Q, L)^T``;
-- ``W^-1`` by :func:`mmeffattn.ops.newton_schulz_pinv` (Newton-Schulz iterations, the paper's
-  solver, default; its gradient by default that of the exact inverse at the result,
-  ``-V^T G V^T``, as the official CUDA operator's backward, ``ns_backward``) or, for the
-  paper's solver ablation (``pinv_solver='cg'``), by
-  :func:`~mmeffattn.models.layers.linear_solve.conjugate_gradient_solve` against ``K(L, K) V``;
-  the kernel matrices come from :func:`mmeffattn.ops.laplacian_kernel`.
-
-**The injective feature map (``whitening='kernel'``, default).** The paper whitens the vector of
-kernel similarities of each query, ``s_i = [k(q_i, l_m)]_{m=1..M}`` (row ``i`` of ``K(Q, L)``):
-
-    z_i = Sigma^{-1/2} (s_i - mu) + beta,    Sigma = diag(Var[s]),  mu = E[s]
-
-with batch statistics per dimension in training, running ones in eval, and a learned bias
-(:class:`~mmeffattn.models.layers.kernel_whitening.KernelWhitening`). Row ``i`` of the output is
-``s_i^T W^-1 R / N`` with ``R = K(L, K) V`` shared by all queries, so ``s_i`` is the only
-query-dependent factor and ``z_i`` replaces it; the value-side factor ``K(L, K)`` stays the raw
-kernel (it aggregates the values):
-
-    Out = [(K(Q, L) - 1 mu^T) D + 1 beta^T] W^-1 K(L, K) V / N,    D = Sigma^{-1/2}
-
-evaluated right to left (``X = W^-1 R``, ``M x Dv``; then ``Z X / N``): nothing ``N x N``, and
-the whitening adds only ``O(N M)``. Why the map is injective: the Laplacian kernel is positive
-definite (Bochner: its Fourier transform is positive), so ``q -> k(q, .)`` is injective and, for
-generic landmarks, so is ``q -> s(q)``; the whitening is affine with a positive, finite diagonal
-linear part (``eps > 0``), hence invertible (``s = D^-1 (z - beta) + mu``), and injective after
-injective is injective. Full derivation: ``docs/design/laplacian_whitening.md`` (sections 1-2).
-
-Per-landmark statistics (``whitening_stats='per_landmark'``, default, the paper's
-per-dimension ones) need slot ``m`` to be the same region of the image at every size, so the
-landmarks then pool the token grid to a fixed ``landmark_grid x landmark_grid`` grid (default 7:
-exactly the ``sr x sr`` cells at 224x224 in every kernel stage of tiny and small; ``max_landmarks``
-does not apply). ``whitening_stats='per_head'`` (one statistic per head) keeps ``sr x sr`` cells
-and the ``max_landmarks`` cap at any size.
-
-``whitening='query'`` is an ablation, not the paper's map: :class:`DiagonalWhitening` on the
-projected queries before the kernel (also injective, but it rescales every distance the kernel
-sees, so it changes what ``lam`` means, and leaves the similarity vectors unnormalized).
-``whitening=None``: no whitening.
-
-**The bandwidth.** ``lam`` is the paper's lambda on the features the kernel actually sees. The
-features are not scaled unless ``feature_scale`` says so (a float, or ``'sqrt_head_dim'`` for
-``head_dim ** -0.5`` per stage; since ``exp(-||a q - a k||_1 / lam) = exp(-||q - k||_1 / (lam /
-a))``, a scale ``a`` makes ``lam`` act as ``lam / a``). The Gaussian kernel (SOFT baseline) keeps
-SOFT's own ``head_dim ** -0.25`` (its distance is squared and it has no bandwidth), with
-``feature_scale`` on top. Models trained before this switch (whitening on the queries, features
-divided by ``sqrt(head_dim)``) are ``whitening='query', feature_scale='sqrt_head_dim'``.
-
-- ``DWC``: a depthwise convolution of the values on the token grid, one kernel per channel
-  (SOFT's local branch shares one kernel per head across the head dim); sides 9, 5, 3 by stage as
-  SOFT's ``conv_size``.
-
-Choices where the paper and SOFT leave freedom (documented here, tested in
-``tests/models/test_laplacianformer.py``):
-
-- ``A V`` is divided by the token count ``N``. SOFT's blocks are post-norm (a LayerNorm right
-  after the residual sum absorbs the scale), whereas this PVTv2-style pyramid is pre-norm: the raw
-  kernel sum over ``N`` tokens grows with the resolution (3136 tokens at stride 4 for 224x224,
-  ~60k for a detection image) and would blow up the residual stream.
-- The kernel evaluations, the whitening, and the Newton-Schulz iterations (or CG) run in
-  float32, also under autocast: the iteration squares the condition number of ``K(L, L) + eps I``
-  and does not converge in half precision.
-- The last stage (``sr = 1``) uses ordinary softmax attention, as SOFT does (``softmax_last_stage=
-  True``): there the landmarks would be all tokens, and ``ns_iters`` products of ``N x N``
-  matrices cost far more than the ``N^2`` softmax (49 tokens at 224x224, ~1000 for detection).
-  ``softmax_last_stage=False`` keeps the kernel attention there too.
-- ``max_landmarks`` (default 128) caps the landmark count by pooling larger cells on large
-  grids, which keeps the cost linear in the token count. With ``sr x sr`` cells alone the
-  landmark count M grows with the image: the kernel matrices cost ``N M D`` (quadratic in N) and
-  the Newton-Schulz iterations ``M^3`` (cubic): an 800x1333 image gives ~1000 landmarks per stage
-  and ~740 GMACs of Newton-Schulz for tiny. At 224x224 every stage has 7x7 = 49 landmarks, so the
-  cap changes nothing there; 128 is also the largest matrix the official CUDA inverse accepts.
-  ``max_landmarks=None`` keeps ``sr x sr`` cells at every size. (With per-landmark kernel
-  whitening the landmark grid is fixed instead, see above: the cost is linear too.)
-
-Macro-architecture (PVTv2): four stages, each an overlapping patch embedding (7x7 stride 4, then
-3x3 stride 2; convolution + LayerNorm), pre-norm blocks ``x + attn(LN(x))``, ``x + mlp(LN(x))``
-with PVTv2's MLP (``fc1 -> 3x3 depthwise conv -> GELU -> fc2``), and a LayerNorm closing the stage.
-The closing norm feeds the next stage and is also the output norm of the stage. The paper does not
-publish its widths; :attr:`LaplacianFormer.arch_zoo` holds ours, chosen so that the ImageNet
-classifier matches the published parameters and FLOPs (see the table's comment).
+``A ~= K(Q, L) W^-1 K(L, Q)``, ``W = K(L, L) + eps I``, ``out = A V / N + DWC(V)`` with ``k(x, y) =
+exp(-||x - y||_1 / lam)``, pooled landmarks ``L`` and the kernel similarities whitened
+(``whitening='kernel'``, the paper's injective map) in a PVTv2 pyramid. The choices where paper and
+SOFT leave freedom, and why: docs/design/laplacianformer.md.
 """
-import warnings
 from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -130,9 +37,6 @@ PINV_SOLVERS = ('newton_schulz', 'cg')
 FEATURE_SCALES = ('sqrt_head_dim', )  # named scales (besides None and positive numbers)
 
 
-# --------------------------------------------------------------------------------------------
-# helpers
-# --------------------------------------------------------------------------------------------
 def pool_landmarks(x: torch.Tensor, hw: HWShape, sr: int) -> torch.Tensor:
     """Landmarks: per-head features average pooled over ``sr x sr`` cells of the token grid.
 
@@ -174,18 +78,8 @@ def pool_landmarks_grid(x: torch.Tensor, hw: HWShape, grid: int) -> torch.Tensor
     return pooled.flatten(2).transpose(-2, -1).reshape(B, nh, grid * grid, D)
 
 
-def resolve_whitening(whitening: Union[str, bool, None]) -> Optional[str]:
-    """``whitening`` checked, with the old bool API mapped (``True`` -> ``'query'``, ``False`` ->
-    None) under a :class:`DeprecationWarning`."""
-    if isinstance(whitening, bool):
-        new = 'query' if whitening else None
-        warnings.warn(
-            f'LaplacianFormer whitening={whitening} is deprecated: use whitening={new!r}'
-            + (" (the query whitening; the paper's map on the kernel similarities is "
-               "whitening='kernel', the new default). To reproduce a model trained with "
-               "whitening=True, also pass feature_scale='sqrt_head_dim'" if whitening else ''),
-            DeprecationWarning, stacklevel=3)
-        return new
+def resolve_whitening(whitening: Optional[str]) -> Optional[str]:
+    """``whitening`` checked against :data:`WHITENINGS`."""
     if whitening not in WHITENINGS:
         raise ValueError(f"whitening must be one of {WHITENINGS} ('kernel': the paper's map on "
                          f"the kernel similarities; 'query': DiagonalWhitening on the queries, an "
@@ -261,8 +155,8 @@ class DiagonalWhitening(nn.Module):
     variance over all tokens of the batch and updates running estimates (momentum as BatchNorm);
     eval uses the running estimates. A module of its own rather than a ``_BatchNorm`` subclass, so
     that ``SyncBatchNorm.convert_sync_batchnorm`` cannot swap it for a norm without the bias;
-    ``norm_eval`` reaches it through :attr:`running_statistics`. Computed (and returned) in
-    float32 for 16-bit inputs.
+    ``norm_eval`` reaches it through :attr:`running_statistics`. Computed (and returned) in float32
+    for 16-bit inputs.
 
     Args:
         dim: channels.
@@ -309,53 +203,34 @@ class DiagonalWhitening(nn.Module):
         return f'{self.dim}, momentum={self.momentum}, eps={self.eps}'
 
 
-# --------------------------------------------------------------------------------------------
-# attention
-# --------------------------------------------------------------------------------------------
 class LaplacianAttention(nn.Module):
-    """Nystrom kernel attention with landmarks, an inverse (Newton-Schulz or CG) and a DWC branch.
+    """Nystrom kernel attention: landmarks, an inverse (Newton-Schulz or CG) and a DWC branch.
 
-    ``out = proj(S (K(L, L) + eps I)^-1 K(L, Z) V / N + DWC(V))`` with ``Z`` the kernel's input
-    features (the projected queries, also the keys; optionally query-whitened and scaled), ``L``
-    the pooled landmarks and ``S = K(Z, L)``, kernel-whitened by default; see the module
-    docstring.
+    ``out = proj(S (K(L, L) + eps I)^-1 K(L, Z) V / N + DWC(V))``, ``Z`` the projected queries (also
+    the keys), ``L`` the pooled landmarks, ``S = K(Z, L)`` kernel-whitened by default.
 
     Args:
-        dim: channels.
-        num_heads: heads; ``dim % num_heads == 0``.
-        sr_ratio: landmark cell side (``>= 1``).
-        kernel: ``'laplacian'`` (``exp(-||x - y||_1 / lam)``) or ``'gaussian'`` (SOFT's
-            ``exp(-||x - y||^2 / 2)``, features scaled by ``head_dim ** -0.25`` as SOFT).
-        lam: Laplacian bandwidth ``lambda`` (> 0) on the features the kernel sees.
-        ns_iters: Newton-Schulz iterations (>= 0).
-        ns_backward: backward of the Newton-Schulz inverse (``backward`` of
-            :func:`newton_schulz_pinv`): ``'implicit'`` (``-V^T G V^T``, the official operator's)
-            or ``'unrolled'`` (through every step).
-        eps: ridge added to ``K(L, L)`` before inverting (>= 0).
-        whitening: ``'kernel'`` (:class:`KernelWhitening` on ``K(Z, L)``, the paper's map),
-            ``'query'`` (:class:`DiagonalWhitening` on the queries, an ablation) or None.
-            ``True``/``False`` are deprecated aliases of ``'query'``/None.
-        whitening_stats: ``'per_landmark'`` (statistics per head and landmark slot; the
-            landmarks pool to a fixed ``landmark_grid`` grid) or ``'per_head'``; kernel
-            whitening only.
-        landmark_grid: side of the fixed landmark grid of per-landmark kernel whitening.
-        feature_scale: multiplies the kernel's input features: None (no scaling), a positive
-            number, or ``'sqrt_head_dim'`` (``head_dim ** -0.5``).
-        pinv_solver: ``'newton_schulz'`` (the paper's) or ``'cg'`` (conjugate gradients against
-            ``K(L, Z) V``, the solver ablation; reference PyTorch implementation).
-        cg_iters: maximum CG iterations (>= 1).
-        cg_tol: CG relative residual at which to stop early (>= 0).
-        max_landmarks: cap on the landmark count: larger grids pool over larger cells (see
-            :func:`landmark_cell`); None keeps ``sr_ratio`` at every size. Not used with
-            per-landmark kernel whitening (fixed grid).
-        dwc_kernel: side of the depthwise convolution on the values (odd).
-        qkv_bias: bias of the query and value projections.
-        backend: passed to the ops (None picks automatically).
+        dim, num_heads: channels and heads (``dim % num_heads == 0``).
+        sr_ratio: landmark cell side.
+        kernel: ``'laplacian'`` or ``'gaussian'`` (SOFT's).
+        lam: Laplacian bandwidth on the features the kernel sees.
+        ns_iters, ns_backward: Newton-Schulz iterations and backward
+            (``'implicit'``/``'unrolled'``).
+        eps: ridge added to ``K(L, L)``.
+        whitening: ``'kernel'`` (the paper's), ``'query'`` (ablation) or None.
+        whitening_stats, landmark_grid: ``'per_landmark'`` (a fixed landmark grid) or
+            ``'per_head'``.
+        feature_scale: None, a positive number or ``'sqrt_head_dim'``.
+        pinv_solver, cg_iters, cg_tol: ``'newton_schulz'`` or ``'cg'`` and its stopping rule.
+        max_landmarks: landmark cap (larger grids pool larger cells); None: no cap.
+        dwc_kernel: side of the depthwise value convolution.
+        qkv_bias: bias of the projections.
+        backend: backend of the ops (None: automatic).
     """
 
     def __init__(self, dim: int, num_heads: int, sr_ratio: int = 1, kernel: str = 'laplacian',
                  lam: float = 4., ns_iters: int = 20, ns_backward: str = 'implicit',
-                 eps: float = 0.01, whitening: Union[str, bool, None] = 'kernel',
+                 eps: float = 0.01, whitening: Optional[str] = 'kernel',
                  whitening_stats: str = 'per_landmark', landmark_grid: int = 7,
                  feature_scale: Union[float, str, None] = None,
                  pinv_solver: str = 'newton_schulz', cg_iters: int = 20, cg_tol: float = 1e-6,
@@ -515,9 +390,6 @@ class SoftmaxAttention(nn.Module):
         return f'dim={self.dim}, num_heads={self.num_heads}'
 
 
-# --------------------------------------------------------------------------------------------
-# block
-# --------------------------------------------------------------------------------------------
 class ConvMlp(Mlp):
     """PVTv2's MLP: ``fc1 -> 3x3 depthwise conv on the token grid -> act -> fc2``."""
 
@@ -564,9 +436,6 @@ class LaplacianBlock(nn.Module):
         return x + self.drop_path(self.mlp(self.norm2(x), hw))
 
 
-# --------------------------------------------------------------------------------------------
-# stage
-# --------------------------------------------------------------------------------------------
 class OverlapPatchEmbed(nn.Module):
     """PVTv2's overlapping patch embedding: ``k x k`` conv, stride ``s``, padding ``k // 2``, then
     LayerNorm. Any ``H x W`` works: the output grid is ``ceil(H / s) x ceil(W / s)``."""
@@ -614,66 +483,26 @@ class LaplacianStage(nn.Module):
         return tokens_to_map(self.norm(x), hw).contiguous()
 
 
-# --------------------------------------------------------------------------------------------
-# model
-# --------------------------------------------------------------------------------------------
 @MODELS.register_module()
 class LaplacianFormer(BaseBackbone):
     """LaplacianFormer backbone: a PVTv2 pyramid with Laplacian-kernel Nystrom attention.
 
-    Stage ``i`` runs at stride ``4 * 2**i`` with ``embed_dims[i]`` channels; its closing LayerNorm
-    (``layers.{i}.norm``) is both the input of the next stage and the norm of its output. Returns
-    one NCHW map per index in ``out_indices``. Any input size works (overlapping patch embeddings
-    round up, landmark pooling takes partial cells).
+    Stage ``i`` runs at stride ``4 * 2**i``; its closing LayerNorm feeds the next stage and is its
+    output norm. Returns one NCHW map per ``out_indices`` entry, for any input size.
 
     Args:
-        arch: ``'tiny'``/``'t'``, ``'small'``/``'s'`` (:attr:`arch_zoo`) or a dict with
-            ``embed_dims``, ``depths``, ``num_heads`` (lists, one entry per stage) and optionally
-            ``mlp_ratios``, ``sr_ratios`` (default: tiny's).
+        arch: ``'tiny'``/``'t'``, ``'small'``/``'s'`` or a dict of ``embed_dims``, ``depths``,
+            ``num_heads`` (optionally ``mlp_ratios``, ``sr_ratios``).
         in_channels: image channels.
-        kernel: ``'laplacian'`` or ``'gaussian'`` (the SOFT baseline).
-        lam: Laplacian bandwidth, the paper's lambda on the features the kernel sees (paper: 4
-            is best).
-        ns_iters: Newton-Schulz iterations.
-        ns_backward: backward of the Newton-Schulz inverse: ``'implicit'`` (default; the
-            exact inverse's at the result, ``-V^T G V^T``, as the official CUDA operator's and
-            SOFT's backward) or ``'unrolled'`` (the derivative through every step; they differ
-            while the iteration has not converged).
-        eps: ridge of the landmark kernel matrix before inversion.
-        whitening: ``'kernel'`` (default): the paper's injective map, diagonal whitening of each
-            query's kernel-similarity vector (:class:`KernelWhitening`); ``'query'``:
-            :class:`DiagonalWhitening` of the queries before the kernel (ablation); None: off.
-            ``True``/``False`` are deprecated aliases of ``'query'``/None.
-        whitening_stats: ``'per_landmark'`` (default; statistics per head and landmark slot, the
-            landmarks pool to a fixed ``landmark_grid`` grid) or ``'per_head'`` (``sr x sr``
-            cells and ``max_landmarks`` at any size). Kernel whitening only.
-        landmark_grid: side of the fixed landmark grid of per-landmark kernel whitening (7: the
-            ``sr x sr`` cells at 224x224).
-        feature_scale: multiplies the kernel's input features: None (default, ``lam`` is the
-            bandwidth on the projected features), a positive number, or ``'sqrt_head_dim'``
-            (``head_dim ** -0.5``; with ``whitening='query'`` the model before this switch).
-        pinv_solver: ``'newton_schulz'`` (default, the paper's) or ``'cg'`` (conjugate
-            gradients, the paper's solver ablation).
-        cg_iters: maximum CG iterations.
-        cg_tol: CG relative residual at which to stop early.
-        softmax_last_stage: ordinary softmax attention in the last stage (as SOFT).
-        max_landmarks: cap on the landmarks per map (default 128, the official CUDA inverse's
-            limit; None: ``sr x sr`` cells at any size). Uncapped, the landmark count grows with
-            the image (~1000 per stage for an 800x1333 detection input) and the cost becomes
-            quadratic (kernels) and cubic (Newton-Schulz) in the tokens; capped, larger grids
-            pool over larger cells and the cost stays linear. 224x224 has 49 per stage.
-        dwc_kernel_sizes: depthwise value-conv side per kernel-attention stage (SOFT: 9, 5, 3).
-        qkv_bias: bias of the attention projections.
-        drop_rate: dropout inside the MLPs.
-        drop_path_rate: stochastic depth, rising linearly from 0 over all blocks.
-        out_indices: stages whose outputs are returned (negative counts from the end).
-        frozen_stages: -1 freezes nothing; 0 freezes the first patch embedding (the stem);
-            ``i >= 1`` freezes stages ``0 .. i-1`` whole (embedding, blocks, norm).
-        norm_eval: keep BatchNorm and whitening statistics (query and kernel) in eval mode
-            while training.
-        with_cp: gradient checkpointing per block.
-        attn_backend: backend of :func:`laplacian_kernel` / :func:`newton_schulz_pinv`.
-        init_cfg: ``dict(type='Pretrained', checkpoint=..., prefix=...)`` loads strictly.
+        kernel, lam, ns_iters, ns_backward, eps, whitening, whitening_stats, landmark_grid,
+            feature_scale, pinv_solver, cg_iters, cg_tol, max_landmarks: as
+            :class:`LaplacianAttention` (``max_landmarks=128``: the official CUDA inverse's limit).
+        softmax_last_stage: softmax attention in the last stage (as SOFT).
+        dwc_kernel_sizes: depthwise value-conv side per kernel stage (SOFT: 9, 5, 3).
+        qkv_bias, drop_rate, drop_path_rate: projection bias, MLP dropout, stochastic depth.
+        out_indices, frozen_stages, norm_eval, with_cp, init_cfg: the OpenMMLab switches
+            (``norm_eval`` also freezes the whitening statistics).
+        attn_backend: backend of the ops.
     """
 
     # Widths are ours (the paper does not publish them), PVTv2/SOFT-like: channels 64-128-320-512,
@@ -702,7 +531,7 @@ class LaplacianFormer(BaseBackbone):
                  ns_iters: int = 20,
                  ns_backward: str = 'implicit',
                  eps: float = 0.01,
-                 whitening: Union[str, bool, None] = 'kernel',
+                 whitening: Optional[str] = 'kernel',
                  whitening_stats: str = 'per_landmark',
                  landmark_grid: int = 7,
                  feature_scale: Union[float, str, None] = None,

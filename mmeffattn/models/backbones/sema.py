@@ -1,24 +1,13 @@
 """SEMA and MILA (MLLA) hierarchical backbones for OpenMMLab.
 
-Papers:
-    - SEMA: a Scalable and Efficient Mamba like Attention via Token Localization and Averaging
-      (Tran, Xue, Zhang, Lyu, Zheng, Qi, Xin), arXiv 2506.08297, https://arxiv.org/abs/2506.08297
-    - Demystify Mamba in Vision: A Linear Attention Perspective (Han et al.), NeurIPS 2024,
-      arXiv 2405.16605, https://arxiv.org/abs/2405.16605. The model was called MLLA (Mamba-Like
-      Linear Attention) in the preprint and MILA (Mamba-Inspired Linear Attention) in the final
-      paper; official code https://github.com/LeapLabTHU/MLLA.
+Papers: SEMA (Tran et al.), arXiv 2506.08297; Demystify Mamba in Vision: A Linear Attention
+Perspective (Han et al., NeurIPS 2024), arXiv 2405.16605, code https://github.com/LeapLabTHU/MLLA.
 
-Both models share MLLA's macro design: a convolutional stem (stride 4), four stages of Mamba-like
-blocks and MobileNet-style downsampling between stages. They differ only in the token mixer:
-``attn_type='linear'`` is MLLA's linear attention (ELU+1 kernel, 2-D RoPE, LePE), and
-``attn_type='sema'`` is SEMA's windowed softmax attention plus the mean of all values (LePE, no
-RoPE).
-
-Module and parameter names follow the official MLLA code (``patch_embed``,
-``layers.{i}.blocks.{j}``, ``cpe1``, ``in_proj``, ``act_proj``, ``dwc``, ``attn.qk``, ``attn.lepe``,
-``out_proj``, ``cpe2``, ``mlp``, ``layers.{i}.downsample.conv``, ``norm{i}``), so official
-checkpoints load after :func:`checkpoint_filter_mlla`, which only drops the classifier and the
-fixed-size RoPE buffers. SEMA adds ``attn.v`` (its value projection).
+Both use MLLA's macro design: a convolutional stem, four stages of Mamba-like blocks, MobileNet-
+style downsampling. ``attn_type='linear'`` is MILA's linear attention (ELU+1, 2-D RoPE, LePE);
+``attn_type='sema'`` is SEMA's window softmax plus the mean of all values (LePE, no RoPE). Names
+follow the official code, so official checkpoints load after :func:`checkpoint_filter_mlla`. Design
+notes and measurements: docs/design/sema.md.
 """
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
@@ -43,9 +32,6 @@ __all__ = ['SEMA', 'MILA', 'checkpoint_filter_mlla', 'LinearAttention',
 LOCAL_ATTNS = ('softmax', 'linear')
 
 
-# --------------------------------------------------------------------------------------------
-# attention
-# --------------------------------------------------------------------------------------------
 def _check_bool(name: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise ValueError(f'{name} must be True or False, got {value!r}')
@@ -55,17 +41,16 @@ def _check_bool(name: str, value: object) -> bool:
 class LinearAttention(nn.Module):
     """MLLA/MILA linear attention with 2-D RoPE and LePE; the values are the input (``v = x``).
 
-    ``out_i = (phi(q_i) R_i) [sum_j (phi(k_j) R_j)^T v_j / N] / (phi(q_i) mean_j phi(k_j)^T + eps)
-    + LePE(v)_i`` with ``phi = ELU + 1`` and ``R`` the RoPE rotation (the normalizer uses the
-    unrotated q and k, exactly as the official code).
+    ``out_i = (phi(q_i) R_i) [sum_j (phi(k_j) R_j)^T v_j / N] / (phi(q_i) mean_j phi(k_j)^T + eps) +
+    LePE(v)_i``, ``phi = ELU + 1``, ``R`` the RoPE rotation (the normalizer uses the unrotated q and
+    k, as the official code).
 
     Args:
-        dim: channels.
-        num_heads: attention heads; ``dim % num_heads == 0``.
-        qkv_bias: bias of the q/k projection.
+        dim, num_heads: channels and heads.
+        qkv_bias: bias of the ``qk`` projection.
         rope_base: RoPE frequency base.
-        with_mean: add ``mean_j v_j`` to every token (SEMA's averaging term on MILA; off in MILA).
-        value_proj: values from a ``Linear(dim, dim)`` ``v`` (SEMA's); off in MILA (``v = x``).
+        with_mean: add ``mean_j v_j`` (SEMA's averaging on MILA; off in MILA).
+        value_proj: values from a ``Linear(dim, dim)`` ``v`` (off in MILA: ``v = x``).
     """
 
     def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True,
@@ -109,31 +94,17 @@ class LinearAttention(nn.Module):
 
 
 class SEMAttention(nn.Module):
-    """SEMA attention: windowed attention ``A_Phi`` (localization) + mean of all values
-    (averaging) + LePE.
-
-    q and k come from one ``Linear(dim, 2 * dim)`` (named ``qk`` as in MLLA); unlike MLLA, the
-    values have their own projection ``v``. There is no RoPE: the attention only sees a local
-    window, and position comes from the block's convolutional position encodings and the LePE.
-
-    The paper's ablations are switches (the defaults are SEMA):
-
-    - ``with_mean=False`` drops the averaging term: Swin-style window softmax (the zoo's
-      ``attn_type='window'``);
-    - ``value_proj=False`` drops ``v`` (``v = x`` as MLLA), ``dim * (dim + 1)`` parameters less;
-    - ``local_attn='linear'`` makes ``A_Phi`` a windowed linear attention
-      (:func:`~mmeffattn.models.layers.window_linear.window_linear_attention`, ELU + 1 kernel in
-      the same windows) instead of :func:`mmeffattn.ops.sema_attention_qk`'s softmax.
+    """SEMA's token mixer: ``A_Phi(q, k) v + mean_j v_j + LePE(v)``, window attention (localization)
+    plus the mean of all values (averaging), no RoPE.
 
     Args:
-        dim: channels.
-        num_heads: attention heads; head dim ``dim // num_heads`` must be one the op supports.
-        window_size: side of the non-overlapping attention windows.
-        qkv_bias: bias of the q/k and v projections.
-        backend: passed to :func:`mmeffattn.ops.sema_attention_qk` (None picks automatically).
-        with_mean: add the mean of all values (SEMA's averaging).
-        value_proj: project the values with ``v``; False uses ``v = x``.
-        local_attn: ``'softmax'`` or ``'linear'`` windowed attention.
+        dim, num_heads: channels and heads (head dim ``dim // num_heads``).
+        window_size: side of the non-overlapping windows.
+        qkv_bias: bias of the ``qk`` and ``v`` projections.
+        backend: backend of :func:`mmeffattn.ops.sema_attention_qk` (None: automatic).
+        with_mean: add ``mean_j v_j`` (False: Swin-style window softmax, the zoo's ``'window'``).
+        value_proj: project the values with ``v`` (False: ``v = x`` as MLLA).
+        local_attn: ``A_Phi``: ``'softmax'`` or ``'linear'`` (:func:`window_linear_attention`).
     """
 
     def __init__(self, dim: int, num_heads: int, window_size: int = 7, qkv_bias: bool = True,
@@ -210,30 +181,17 @@ def _build_window(dim: int, num_heads: int, *, window_size: int, qkv_bias: bool,
                         with_mean=with_mean, value_proj=value_proj, local_attn=local_attn)
 
 
-# --------------------------------------------------------------------------------------------
-# block
-# --------------------------------------------------------------------------------------------
 class SEMABlock(nn.Module):
     """MLLA's Mamba-like block with a choice of token mixer.
 
-    ``x = x + cpe1(x)``; ``x = x + drop_path(out_proj(attn(SiLU(dwc(in_proj(LN(x))))) *
-    SiLU(act_proj(LN(x)))))``; ``x = x + cpe2(x)``; ``x = x + drop_path(mlp(LN(x)))``.
+    ``x += cpe1(x)``; ``x += drop_path(out_proj(attn(SiLU(dwc(in_proj(LN(x))))) *
+    SiLU(act_proj(LN(x)))))``; ``x += cpe2(x)``; ``x += drop_path(mlp(LN(x)))``.
 
     Args:
-        dim: channels.
-        num_heads: attention heads.
-        attn_type: the token mixer, a name of the attention zoo
-            (:func:`~mmeffattn.models.backbones.attention_zoo.mixer_names`).
-        window_size: window side of the windowed mixers.
-        mlp_ratio: MLP hidden channels / ``dim``.
-        qkv_bias: bias of the attention projections.
-        drop: dropout inside the MLP.
-        drop_path: stochastic depth rate of both residual branches.
-        rope_base: RoPE base for ``'linear'``.
-        attn_backend: backend for the mixer's ops.
-        stage: index of the block's stage (mixers with per-stage options).
-        mixer_cfg: options of the mixer (``with_mean``, ``value_proj``, ``local_attn`` for
-            SEMA; see :func:`~mmeffattn.models.backbones.attention_zoo.mixer_options`).
+        dim, num_heads: channels and heads.
+        attn_type: the mixer, a name of the attention zoo; ``mixer_cfg`` its options.
+        window_size, qkv_bias, rope_base, attn_backend, stage: passed to the mixer's builder.
+        mlp_ratio, drop, drop_path: MLP width ratio, MLP dropout, stochastic depth.
     """
 
     def __init__(self, dim: int, num_heads: int, attn_type: str = 'sema', window_size: int = 7,
@@ -272,21 +230,10 @@ class SEMABlock(nn.Module):
         return x + self.drop_path(self.mlp(self.norm2(x)))
 
 
-# --------------------------------------------------------------------------------------------
-# stem, downsampling, stage
-# --------------------------------------------------------------------------------------------
 class Stem(nn.Module):
-    """MLLA's convolutional stem: stride 4, ``in_channels -> embed_dims``.
+    """MLLA's convolutional stem (stride 4): 3x3 s2 -> C/2, two residual 3x3, 3x3 s2 -> 4C, 1x1 -> C.
 
-    conv1: 3x3 s2 -> C/2 (BN, ReLU); conv2: two 3x3 (residual); conv3: 3x3 s2 -> 4C, 1x1 -> C.
-    The image is zero padded on the right/bottom to a multiple of 4 first (as the official det
-    code).
-
-    Args:
-        in_channels: image channels.
-        embed_dims: output channels.
-        norm_cfg: norm of the convolutions.
-        act_cfg: activation of the convolutions.
+    The image is zero padded on the right/bottom to a multiple of 4 first (as the official code).
     """
 
     patch_size = 4
@@ -313,16 +260,9 @@ class Stem(nn.Module):
 
 
 class PatchMerging(nn.Module):
-    """MobileNet-style downsampling: 1x1 (4 x 2C, ReLU) -> 3x3 depthwise s2 (ReLU) -> 1x1 (2C, BN).
+    """MobileNet-style downsampling: 1x1 (``ratio * 2C``) -> 3x3 depthwise s2 -> 1x1 (2C, norm).
 
-    An odd ``H`` or ``W`` is zero padded on the bottom/right to even first (as the official det
-    code), so the output grid is ``ceil(H / 2) x ceil(W / 2)``.
-
-    Args:
-        dim: input channels; the output has ``2 * dim``.
-        ratio: expansion ratio of the hidden width relative to the output channels.
-        norm_cfg: norm of the last convolution.
-        act_cfg: activation of the first two convolutions.
+    An odd side is zero padded to even first, so the output grid is ``ceil(H / 2) x ceil(W / 2)``.
     """
 
     def __init__(self, dim: int, ratio: float = 4.0, norm_cfg: dict = dict(type='BN'),
@@ -344,18 +284,10 @@ class PatchMerging(nn.Module):
 
 
 class SEMAStage(nn.Module):
-    """A stage: ``depth`` blocks, then an optional :class:`PatchMerging` (MLLA's ``BasicLayer``).
+    """``depth`` :class:`SEMABlock` s, then an optional :class:`PatchMerging` (MLLA's
+    ``BasicLayer``).
 
-    Args:
-        dim: channels.
-        depth: number of blocks.
-        num_heads: attention heads.
-        drop_path: one rate per block, or one rate for all.
-        downsample: whether to end with a :class:`PatchMerging`.
-        with_cp: checkpoint each block (only while gradients are needed).
-        norm_cfg: norm of the downsampling convolutions.
-        act_cfg: activation of the downsampling convolutions.
-        **block_kwargs: passed to :class:`SEMABlock`.
+    ``drop_path`` is one rate per block or one for all; ``block_kwargs`` go to the blocks.
     """
 
     def __init__(self, dim: int, depth: int, num_heads: int,
@@ -382,75 +314,30 @@ class SEMAStage(nn.Module):
         return x_down, hw_down, x, hw
 
 
-# --------------------------------------------------------------------------------------------
-# model
-# --------------------------------------------------------------------------------------------
 @MODELS.register_module()
 class SEMA(BaseBackbone):
     """SEMA / MILA hierarchical backbone (MLLA macro-architecture) for detection and segmentation.
 
-    A stride-4 convolutional stem, four stages of Mamba-like blocks (:class:`SEMABlock`) with
-    MobileNet-style downsampling between them; channels ``embed_dims * 2**i`` at stride
-    ``4 * 2**i``.
-    Returns one NCHW map per index in ``out_indices``, each through its own LayerNorm ``norm{i}``,
-    like the official MLLA det/seg backbone.
-
-    Token mixers:
-        - ``attn_type='sema'`` (SEMA, arXiv 2506.08297): q, k from ``Linear(dim, 2*dim)``, v from
-          its own ``Linear(dim, dim)`` (SEMA adds it; MLLA uses ``v = x``), softmax inside
-          non-overlapping ``window_size`` windows tiled from the top-left (partial windows masked)
-          plus the mean of all values, plus LePE on v. **No RoPE**: the softmax is local, so
-          relative position inside a window is left to the block's convolutional position
-          encodings (cpe1, dwc, cpe2) and the LePE; this also keeps the model free of
-          grid-size-dependent tables.
-        - ``attn_type='linear'`` (MILA/MLLA, arXiv 2405.16605): the official linear attention
-          (ELU+1, 2-D RoPE computed for the actual grid, normalizer z, LePE, ``v = x``); the
-          baseline.
-        - the attention zoo (:mod:`~mmeffattn.models.backbones.attention_zoo`): ``'window'``
-          (window softmax without the mean), ``'softmax'`` (global), ``'laplacian'``
-          (LaplacianFormer's Nystrom attention), ``'core_periphery'`` (VECA-style learned
-          cores), ``'dynamic'`` (WeightFormer's dynamic conv + linear), all in this same
-          macro-architecture, so that they compare on an equal footing.
-
-    SEMA's ablations (arXiv 2506.08297) are switches; None keeps the mixer's own default, so the
-    defaults build the published SEMA and MILA:
-
-        - ``with_mean``: the averaging term ``mean(V)`` (SEMA: on; ``'linear'``/``'window'``:
-          off);
-        - ``value_proj``: the value projection ``attn.v`` (SEMA: on, ``False`` uses ``v = x``
-          and drops its ``dim * (dim + 1)`` parameters per block; MILA: off);
-        - ``local_attn``: ``'softmax'`` (default) or ``'linear'`` windowed ``A_Phi``.
-
-    Any input size works: the stem pads the image to a multiple of 4 and odd grids are padded to
-    even before each downsampling (both as the official det code); SEMA windows may be partial.
+    A stride-4 stem, four stages of :class:`SEMABlock` with downsampling between them (channels
+    ``embed_dims * 2**i`` at stride ``4 * 2**i``), one NCHW map per ``out_indices`` entry through
+    its own LayerNorm ``norm{i}``, for any input size. ``attn_type`` picks the mixer: ``'sema'``
+    (SEMA), ``'linear'`` (MILA) or another mixer of the attention zoo in the same pyramid. SEMA's
+    ablation switches (``with_mean``, ``value_proj``, ``local_attn``) default to None: the mixer's
+    own default.
 
     Args:
-        arch: a key of :attr:`arch_zoo` (``'tiny'``/``'t'``, ``'small'``/``'s'``,
-            ``'base'``/``'b'``) or a dict with ``embed_dims``, ``depths`` and ``num_heads``.
-        attn_type: the token mixer: ``'sema'``, ``'linear'`` or another name of the attention
-            zoo (``attention_zoo.mixer_names()``).
+        arch: ``'tiny'``/``'t'``, ``'small'``/``'s'``, ``'base'``/``'b'`` or a dict of
+            ``embed_dims``, ``depths``, ``num_heads``.
+        attn_type: the mixer (``attention_zoo.mixer_names()``); ``mixer_cfg`` its further options.
         in_channels: image channels.
         window_size: SEMA window side (>= 1).
-        mlp_ratio: MLP hidden channels / block channels.
-        qkv_bias: bias of the attention projections.
-        drop_rate: dropout after the stem and inside the MLPs.
-        drop_path_rate: stochastic depth, rising linearly from 0 to this over all blocks.
-        out_indices: stages whose outputs are returned (negative indices count from the end).
-        frozen_stages: -1 freezes nothing; 0 freezes the stem; ``i >= 1`` freezes the stem and
-            stages ``0 .. i-1`` (each with its downsampling and its output norm), as mmdet's Swin.
-        norm_eval: keep the BatchNorm layers in eval mode (running stats frozen) while training.
-        with_cp: gradient checkpointing per block (only when gradients are needed).
-        norm_cfg: norm of the stem and downsampling convolutions (``dict(type='SyncBN')``...).
-        act_cfg: activation of the stem and downsampling convolutions.
-        rope_base: RoPE base for ``attn_type='linear'``.
+        mlp_ratio, qkv_bias, drop_rate, drop_path_rate: MLP width, projection bias, dropout,
+            stochastic depth.
+        out_indices, frozen_stages, norm_eval, with_cp, init_cfg: the OpenMMLab switches.
+        norm_cfg, act_cfg: norm and activation of the stem and downsampling convolutions.
+        rope_base: RoPE base of ``'linear'``.
         attn_backend: backend of the mixers' ops (None: automatic).
-        with_mean: SEMA's averaging term (None: the mixer's default).
-        value_proj: SEMA's value projection (None: the mixer's default).
-        local_attn: ``'softmax'`` or ``'linear'`` windowed attention (None: ``'softmax'``).
-        mixer_cfg: further options of the mixer, e.g. ``dict(num_cores=16)`` for
-            ``'core_periphery'`` (``attention_zoo.mixer_options(attn_type)`` lists them).
-        init_cfg: mmengine init config; ``dict(type='Pretrained', checkpoint=..., prefix=...)``
-            loads a checkpoint strictly (see :meth:`init_weights`).
+        with_mean, value_proj, local_attn: SEMA's ablations (see :class:`SEMAttention`).
     """
 
     arch_zoo = {
@@ -612,29 +499,14 @@ class MILA(SEMA):
         super().__init__(*args, attn_type=attn_type, **kwargs)
 
 
-# --------------------------------------------------------------------------------------------
-# checkpoint filter
-# --------------------------------------------------------------------------------------------
 def checkpoint_filter_mlla(state_dict: Dict[str, torch.Tensor],
                            final_norm: Optional[str] = None) -> Dict[str, torch.Tensor]:
-    """Map an official MLLA/MILA checkpoint to :class:`SEMA`/:class:`MILA` keys.
+    """Map an official MLLA/MILA checkpoint to :class:`SEMA`/:class:`MILA` keys (pure).
 
-    The module names are the official ones, so this only unwraps and drops: the checkpoint dict is
-    unwrapped from ``model`` (official training script) or ``state_dict`` (mmengine), a DDP
-    ``module.`` prefix is stripped, and the classifier (``head.*``), the classification norm
-    (``norm.*``; the per-output ``norm{i}`` are kept) and the fixed-size RoPE tables
-    (``*.attn.rope.rotations``, recomputed on the fly here) are dropped. Pure: the input is not
-    modified.
-
-    Args:
-        state_dict: a checkpoint dict or a state dict.
-        final_norm: if given (``'norm3'``), the classification norm is renamed to it instead of
-            dropped: the official classifier applies it to the last stage's tokens before
-            pooling, exactly what ``norm3`` does here (useful with ``out_indices=(3, )`` under a
-            pooling + linear head). The official det/seg backbones drop it (default).
-
-    Returns:
-        A new state dict.
+    The names are the official ones, so this unwraps (``model``/``state_dict``, DDP's ``module.``)
+    and drops the classifier ``head.*``, the classification norm ``norm.*`` and the fixed-size RoPE
+    tables. ``final_norm='norm3'`` renames ``norm.*`` to it instead (the official classifier's norm
+    before pooling, for ``out_indices=(3, )`` under a pooling head).
     """
     out = {}
     for k, v in strip_module_prefix(unwrap_state_dict(state_dict)).items():

@@ -1,45 +1,13 @@
 """VECA: Visual Elastic Core Attention, an isotropic ViT whose patches talk only through cores.
 
-Paper: Elastic Attention Cores for Scalable Vision Transformers (Song et al.), arXiv 2605.12491,
-https://arxiv.org/abs/2605.12491; official code https://github.com/alansong1322/VECA
-(``veca/model.py``, ``veca/config.py``).
+Paper: Elastic Attention Cores for Scalable Vision Transformers (Song et al.), arXiv 2605.12491;
+official code https://github.com/alansong1322/VECA.
 
-Dense self-attention over ``N`` patches costs ``N^2``. VECA prepends ``C`` learned *core* tokens
-(``C <= 64``, a prefix of an ordered bank) and uses a block-sparse pattern in every block: cores
-attend to cores and patches, patches attend to the cores only, for ``2NC + C^2`` interactions.
-
-The trunk (as the official ``VECA`` module):
-
-- a 16x16 patch embedding (its LayerNorm is off by default, as ``patch_embed_use_ln``), no class
-  token and no absolute position embedding;
-- ``depth`` pre-LN blocks ``x = x + Attn(LN(x))``, ``x = x + SwiGLU(LN(x))`` with separate q/k/v
-  projections and a SwiGLU feed-forward (``fc1`` to twice the hidden width, ``silu(u) * v``,
-  ``fc2``);
-- 2D axial RoPE (base 100, the lowest 1/8 of the frequencies zeroed) on q and k. Patches sit at
-  their pixel centres in ``[-1, 1]`` (shifted by up to +-0.08 and rescaled by up to 2x in
-  training); core ``j`` sits at ``tanh(raw_j)``, ``raw`` initialised by farthest-point sampling
-  and moved before every block after the first by ``raw += alpha_l * Linear(D, 2)(core tokens)``
-  (``alpha_l`` initialised to 0.01);
-- a final LayerNorm. Core 0 is the global representation, the patch tokens the dense features.
-
-Nested dropout: the bank is stored in chunks of 8 cores. In training each forward draws the
-number of active cores from {8, 16, ..., 64} with weights 1, 1, 2, 2, 3, 3, 4, 4 (the official
-schedule; the same draw on every rank under DDP), so the cores are ordered by importance and any
-prefix works at test time; unused chunks get no gradient (DDP needs
-``find_unused_parameters=True``). In eval (or with ``nested_dropout=False``) ``num_cores`` cores
-are used; it is a plain attribute of a built model.
-
-Beyond the official code: any image size (zero padded on the bottom/right to a multiple of 16;
-the official convolution would drop the remainder), outputs of any blocks (``out_indices``) as
-global vectors, token maps or a stride 4/8/16/32 pyramid
-(:class:`~mmeffattn.models.layers.ViTPyramid`), stochastic depth and the OpenMMLab training
-switches. The attention itself runs in :func:`mmeffattn.ops.core_periphery_attention`.
-
-Parameter names (``patch_embed.proj``, ``core_tokens.{c}``, ``core_coords.{c}``,
-``blocks.{i}.norm1/attn.{q,k,v,proj}/norm2/ffn.{fc1,fc2}``, ``blocks.{i}.coord_head.{fc,alpha}``,
-``norm{i}``) differ from the official ones; :func:`checkpoint_filter_veca_official` at the end of
-this file maps
-official checkpoints and ``tools/model_converters/veca_official.py`` is its command line.
+``C`` learned core tokens (a prefix of an ordered bank, nested dropout in training) attend to
+everything and the patches attend to the cores only
+(:func:`mmeffattn.ops.core_periphery_attention`), with 2-D axial RoPE on learned core coordinates.
+Trunk, extensions and parameter names: docs/design/veca.md; official checkpoints load through
+:func:`checkpoint_filter_veca_official`.
 """
 import math
 import re
@@ -55,24 +23,21 @@ from mmeffattn.registry import MODELS
 from ..layers import DropPath
 from ..layers.tokens import map_to_tokens, pad_to_multiple, tokens_to_map
 from ..layers.vit_pyramid import build_vit_pyramid
-from ..utils import (clip_keys, deprecated_alias, init_linear_and_norm,
+from ..utils import (clip_keys, init_linear_and_norm,
                      strip_key_prefix, strip_module_prefix, unwrap_state_dict)
 from .base import BaseBackbone, HWShape, drop_path_rates, quarter_blocks, run_block
 
 __all__ = ['VECA', 'RoPE2D', 'CorePeripheryAttention', 'VECABlock', 'fps_core_coords',
-           'checkpoint_filter_veca_official', 'convert_veca', 'checkpoint_filter_veca']
+           'checkpoint_filter_veca_official', 'checkpoint_filter_veca']
 # official nested-dropout budget weights for 8, 16, ..., 64 active cores (veca/config.py)
 OFFICIAL_BUDGET_WEIGHTS = (1., 1., 2., 2., 3., 3., 4., 4.)
 
 
-# --------------------------------------------------------------------------------------------
-# helpers: core coordinates, patch coordinates, rotary embedding
-# --------------------------------------------------------------------------------------------
 def farthest_point_sampling(points: torch.Tensor, k: int) -> torch.Tensor:
     """Indices of ``k`` of the ``[M, 2]`` ``points`` chosen greedily far apart.
 
-    Starts at the point nearest the origin, then repeatedly takes the point farthest from
-    those chosen (ties: the lowest index, as ``argmax``). ``k >= M`` returns every index.
+    Starts at the point nearest the origin, then repeatedly takes the point farthest from those
+    chosen (ties: the lowest index, as ``argmax``). ``k >= M`` returns every index.
     """
     M = points.shape[0]
     if k >= M:
@@ -92,10 +57,10 @@ def fps_core_coords(num_cores: int, pool_size: int = 1000, coord_range: float = 
     """Initial raw core coordinates ``[num_cores, 2]`` (``tanh`` of them is the position).
 
     As the official init: a pool of ``pool_size`` points uniform in ``[-r, r]^2``, thinned by
-    farthest-point sampling, mapped through ``atanh`` (clamped to +-0.999). The pool is drawn
-    from its own generator seeded with ``seed`` so the bank is the same on every build and rank
-    (the official code draws it from the global generator seeded per run); ``seed=None`` uses the
-    global generator.
+    farthest-point sampling, mapped through ``atanh`` (clamped to +-0.999). The pool is drawn from
+    its own generator seeded with ``seed`` so the bank is the same on every build and rank (the
+    official code draws it from the global generator seeded per run); ``seed=None`` uses the global
+    generator.
     """
     gen = torch.Generator().manual_seed(seed) if seed is not None else None
     pool = torch.rand(pool_size, 2, generator=gen, dtype=torch.float32, device='cpu')
@@ -117,20 +82,11 @@ def patch_centres(hw: HWShape, device: torch.device) -> torch.Tensor:
 class RoPE2D(nn.Module):
     """2D axial rotary position tables for VECA (the official ``Rotary2D``).
 
-    For head dim ``Dh``: ``Dh / 4`` periods ``base ** (2 j / (Dh / 2))``; the first half of the
-    channels rotates with x, the second half with y, each period covering one interleaved pair.
-    A fraction ``p_zero_freqs`` of the periods (the longest, i.e. the lowest frequencies, with
-    ``zero_from='low'``) is set to infinity: those channels carry no position.
-
-    Args:
-        head_dim: channels per head, a multiple of 4.
-        base: period base.
-        shift: training-time shift of the patch coordinates, uniform in ``[-shift, shift]`` per
-            axis (one draw per forward), or None.
-        jitter: training-time per-axis scale, log-uniform in ``[1/jitter, jitter]``, or None.
-        rescale: training-time common scale, log-uniform in ``[1/rescale, rescale]``, or None.
-        p_zero_freqs: fraction of periods set to infinity.
-        zero_from: ``'low'`` (longest periods) or ``'high'`` (shortest).
+    ``Dh / 4`` periods ``base ** (2 j / (Dh / 2))``; the first half of the channels rotates with x,
+    the second with y. A fraction ``p_zero_freqs`` of the periods (``zero_from='low'``: the longest)
+    is infinite: those channels carry no position. ``shift``, ``jitter``, ``rescale``: the training-
+    time coordinate augmentations (uniform shift, log-uniform per-axis and common scales; None:
+    off).
     """
 
     def __init__(self, head_dim: int, base: float = 100., shift: Optional[float] = .08,
@@ -187,9 +143,6 @@ class RoPE2D(nn.Module):
                 f'jitter={self.jitter}, rescale={self.rescale}, p_zero_freqs={self.p_zero_freqs}')
 
 
-# --------------------------------------------------------------------------------------------
-# attention, feed-forward, block
-# --------------------------------------------------------------------------------------------
 class CorePeripheryAttention(nn.Module):
     """Multi-head core-periphery attention with RoPE (the official ``MaskedBiDirAttentionSDPA``
     without its dropout: every official family trains with 0).
@@ -263,17 +216,8 @@ class CoreCoordUpdate(nn.Module):
 
 
 class VECABlock(nn.Module):
-    """A pre-LN VECA block; blocks after the first also hold the core-coordinate update that
-    runs before them (so that freezing a block freezes the step that feeds it).
-
-    Args:
-        dim: channels.
-        num_heads: attention heads.
-        mlp_ratio: hidden width of the SwiGLU halves / ``dim``.
-        drop_path: stochastic depth of both residual branches.
-        coord_update: whether the block has a :class:`CoreCoordUpdate`.
-        alpha: its initial step size.
-        backend: backend of the attention op.
+    """A pre-LN VECA block; blocks after the first hold the core-coordinate update that runs before
+    them (freezing a block freezes the step that feeds it).
     """
 
     def __init__(self, dim: int, num_heads: int, mlp_ratio: float, drop_path: float = 0.,
@@ -318,9 +262,6 @@ class PatchEmbed(nn.Module):
         return self.norm(map_to_tokens(x)), hw  # [B, N, D]
 
 
-# --------------------------------------------------------------------------------------------
-# the model
-# --------------------------------------------------------------------------------------------
 @torch.compiler.disable
 def _sample_outside_graph(model: 'VECA') -> int:
     return model.sample_num_cores()
@@ -328,58 +269,34 @@ def _sample_outside_graph(model: 'VECA') -> int:
 
 @MODELS.register_module()
 class VECA(BaseBackbone):
-    """VECA backbone (see the module docstring).
+    """VECA backbone: patch tokens and a bank of learned cores; patches attend to the cores only.
 
-    Outputs (a tuple, per ``out_type``):
-
-    - ``'raw'``: ``(global [B, D'], patches [B, Hp*Wp, D'])``, the official model's output: core
-      0 and the patch tokens after the final norm (and ``output_proj`` when ``out_proj_dims``
-      is set, ``D' = out_proj_dims``); ``Hp, Wp = ceil(H/16), ceil(W/16)``. Last block only.
-    - ``'global'``: core 0 after the output norm of each ``out_indices`` block, ``[B, D]``
-      (for mmpretrain heads; default: the last block).
-    - ``'featmap'``: the patch tokens of each ``out_indices`` block as ``[B, D, Hp, Wp]``.
-    - ``'pyramid'``: those maps (1 or 4 blocks, default 2, 5, 8, 11 for depth 12) resampled to
-      strides 4, 8, 16, 32 by :class:`~mmeffattn.models.layers.ViTPyramid`.
+    Outputs per ``out_type``: ``'raw'`` (the official output: core 0 and the patch tokens after the
+    final norm, and ``output_proj`` if ``out_proj_dims``; last block only), ``'global'`` (core 0 of
+    each ``out_indices`` block, ``[B, D]``), ``'featmap'`` (patch tokens as ``[B, D, Hp, Wp]``) or
+    ``'pyramid'`` (those maps at strides 4-32 through :class:`~mmeffattn.models.layers.ViTPyramid`).
 
     Args:
-        arch: ``'small'``/``'s'``, ``'splus'``, ``'base'``/``'b'``, ``'large'``/``'l'``, or a
-            dict with ``embed_dims``, ``depth``, ``num_heads`` (and optionally ``mlp_ratio``,
-            default 2.66667).
-        num_cores: active cores in eval (and in training without nested dropout): a multiple of
-            ``core_chunk`` in ``[core_chunk, max_cores]``; None (default): the whole bank,
-            ``max_cores``. May be changed on a built model.
+        arch: ``'small'``/``'s'``, ``'splus'``, ``'base'``/``'b'``, ``'large'``/``'l'`` or a dict of
+            ``embed_dims``, ``depth``, ``num_heads`` (``mlp_ratio``).
+        num_cores: active cores in eval, a multiple of ``core_chunk`` (None: ``max_cores``); may be
+            changed on a built model.
         out_type: ``'raw'``, ``'global'``, ``'featmap'`` or ``'pyramid'``.
-        in_channels: image channels.
-        patch_size: patch side (the trunk's stride).
-        max_cores: size of the core bank (64 in every official family).
-        core_chunk: cores per bank chunk; budgets are multiples of it.
-        nested_dropout: draw the number of active cores per forward in training.
-        budget_weights: weights of the budgets ``core_chunk, 2 core_chunk, ..., max_cores``;
-            None gives the official 1, 1, 2, 2, 3, 3, 4, 4 (truncated to the bank).
-        patch_norm: LayerNorm after the patch embedding (off in the official config).
-        out_proj_dims: the official ``distill_output_dim``: a final ``Linear(D, out_proj_dims)``
-            applied to the ``'raw'`` outputs (what a distilled checkpoint carries when its
-            teacher is wider, e.g. 768 for VECA-S distilled from DINOv3 ViT-B); None or ``D``:
-            none. Only with ``out_type='raw'``.
-        rope_base, rope_shift, rope_jitter, rope_rescale, rope_p_zero_freqs, rope_zero_from:
-            :class:`RoPE2D` options (official defaults).
-        fps_pool_size, fps_coord_range, fps_seed: :func:`fps_core_coords` options.
-        coord_alpha: initial step size of the core-coordinate updates.
-        out_indices: blocks whose outputs are returned (negative counts from the end), or None
-            for the default of ``out_type``.
-        drop_path_rate: stochastic depth of both branches, rising linearly from 0 at the first
-            block to this at the last (not in the official code, which trains without it).
-        frozen_stages: -1 freezes nothing; 0 freezes the patch embedding and the core bank;
-            ``i >= 1`` also freezes blocks ``0 .. i-1`` (with their coordinate updates) and their
-            output norms; ``depth`` also turns off the RoPE coordinate augmentation. The pyramid
-            and ``output_proj`` are never frozen.
-        norm_eval: keep BatchNorm layers (only the pyramid may have them) in eval mode.
-        with_cp: gradient checkpointing per block (only when gradients are needed).
-        pyramid_cfg: keyword arguments of :class:`~mmeffattn.models.layers.ViTPyramid`, for
-            ``out_type='pyramid'``.
+        in_channels, patch_size: image channels and patch side.
+        max_cores, core_chunk: the bank's size and chunk (budgets are multiples of the chunk).
+        nested_dropout, budget_weights: draw the active cores per training forward, with these
+            weights (None: the official 1, 1, 2, 2, 3, 3, 4, 4).
+        patch_norm: LayerNorm after the patch embedding (off officially).
+        out_proj_dims: the official ``distill_output_dim`` (``'raw'`` only).
+        rope_*: :class:`RoPE2D` options; fps_*: :func:`fps_core_coords` options.
+        coord_alpha: initial step of the core-coordinate updates.
+        out_indices: blocks whose outputs are returned (None: ``out_type``'s default).
+        drop_path_rate: stochastic depth (not in the official code).
+        frozen_stages: 0 freezes the patch embedding and the bank, ``i >= 1`` also blocks ``< i``
+            with their norms (``depth`` also stops the RoPE augmentation).
+        norm_eval, with_cp, init_cfg: the OpenMMLab switches.
+        pyramid_cfg: :class:`ViTPyramid` arguments for ``'pyramid'``.
         attn_backend: backend of :func:`mmeffattn.ops.core_periphery_attention`.
-        init_cfg: mmengine init config; ``dict(type='Pretrained', checkpoint=..., prefix=...)``
-            loads an official or converted checkpoint strictly (see :meth:`init_weights`).
     """
 
     arch_zoo = {
@@ -550,12 +467,12 @@ class VECA(BaseBackbone):
     def draw_for_next_forward(self) -> None:
         """Draw the next training forward's budget now, eagerly.
 
-        A compiled forward cannot draw it: the draw is a random Python int that sets tensor
-        shapes, which breaks the graph. The compiled tools (``compile=True``,
-        :func:`mmeffattn.engine.prepare_compile`) call this before every training step; the
-        compiled forward reads the number and uses it once. Each budget gets a graph of its own
-        (compiled the first time it is drawn): the budget picks which core chunks take part, and
-        the others must get no gradient, as in eager training.
+        A compiled forward cannot draw it: the draw is a random Python int that sets tensor shapes,
+        which breaks the graph. The compiled tools (``compile=True``,
+        :func:`mmeffattn.engine.prepare_compile`) call this before every training step; the compiled
+        forward reads the number and uses it once. Each budget gets a graph of its own (compiled the
+        first time it is drawn): the budget picks which core chunks take part, and the others must
+        get no gradient, as in eager training.
         """
         if self.training and self.nested_dropout:
             self._drawn_num_cores = self.sample_num_cores()
@@ -676,9 +593,6 @@ class VECA(BaseBackbone):
                 f'{self.nested_dropout}, out_type={self.out_type!r}')
 
 
-# --------------------------------------------------------------------------------------------
-# checkpoint filter
-# --------------------------------------------------------------------------------------------
 # official name inside a block -> ours
 _OFFICIAL_BLOCK = {'norm_attn': 'norm1', 'norm_ffn': 'norm2', 'attn.q_proj': 'attn.q',
                    'attn.k_proj': 'attn.k', 'attn.v_proj': 'attn.v', 'attn.out_proj': 'attn.proj',
@@ -704,31 +618,9 @@ def unwrap_official(ckpt: dict) -> Dict[str, torch.Tensor]:
 
 def checkpoint_filter_veca_official(
         state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
-    """Map an official VECA checkpoint to ``backbone.*`` keys of :class:`VECA`.
-
-    Stripped of ``backbone.``, the result loads strictly into ``VECA(arch, out_type='raw',
-    max_cores=M, patch_norm=..., out_proj_dims=...)`` of the same family (``patch_norm`` if the
-    checkpoint has ``patch_embed.norm.*``, ``out_proj_dims`` the rows of ``output_proj.weight``)
-    and gives the official outputs for every number of cores. Mapping (official ->
-    ``backbone.`` + ours):
-
-    ================================  ==========================================
-    ``patch_embed.proj/norm.*``       ``patch_embed.proj/norm.*``
-    ``query_token_chunks.c``          ``core_tokens.c``
-    ``qcoord_chunks.c``               ``core_coords.c``
-    ``pos_linears.l.*``               ``blocks.{l+1}.coord_head.fc.*``
-    ``pos_alpha[l]``                  ``blocks.{l+1}.coord_head.alpha`` (a scalar)
-    ``blocks.i.norm_attn/norm_ffn.*``   ``blocks.i.norm1/norm2.*``
-    ``blocks.i.attn.{q,k,v}_proj.*``  ``blocks.i.attn.{q,k,v}.*``
-    ``blocks.i.attn.out_proj.*``      ``blocks.i.attn.proj.*``
-    ``blocks.i.fc1/fc2.*``            ``blocks.i.ffn.fc1/fc2.*``
-    ``final_norm.*``                  ``norm{depth-1}.*``
-    ``output_proj.*``                 ``output_proj.*``
-    ================================  ==========================================
-
-    The input may be a whole training checkpoint (``student``), be wrapped (``model``,
-    ``state_dict``) and carry ``module.``/``student.`` prefixes. Keys outside this table raise a
-    ``ValueError`` (nothing is dropped silently). Pure: the input is not modified.
+    """Map an official VECA checkpoint (any wrapping, ``module.``/``student.`` prefixes) to
+    ``backbone.*`` keys of :class:`VECA` (``out_type='raw'``); pure. Unknown keys raise
+    ``ValueError``. The key table: docs/design/veca.md.
     """
     sd = {_strip(k): v for k, v in unwrap_official(state_dict).items()}
     block_ids = {int(m.group(1)) for m in (re.match(r'blocks\.(\d+)\.', k) for k in sd) if m}
@@ -773,16 +665,14 @@ def checkpoint_filter_veca_official(
     return out
 
 
-convert_veca = deprecated_alias(checkpoint_filter_veca_official, 'convert_veca')
 
 
 def checkpoint_filter_veca(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
     """Keys of a checkpoint for the :class:`VECA` backbone.
 
-    An official checkpoint (``veca/model.py`` names, possibly a whole training checkpoint with
-    the weights under ``student``) goes through :func:`checkpoint_filter_veca_official`. Any
-    other state dict is unwrapped and loses a DDP ``module.`` prefix. Pure: the input is not
-    modified.
+    An official checkpoint (``veca/model.py`` names, possibly a whole training checkpoint with the
+    weights under ``student``) goes through :func:`checkpoint_filter_veca_official`. Any other state
+    dict is unwrapped and loses a DDP ``module.`` prefix. Pure: the input is not modified.
     """
     state_dict = unwrap_official(state_dict)
     if is_official_state_dict(state_dict):

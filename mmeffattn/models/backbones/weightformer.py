@@ -1,40 +1,12 @@
 """WeightFormer: an isotropic backbone that models global context through predicted weights.
 
-Paper: Linear-Time Global Visual Modeling without Explicit Attention (He, Han, Huang),
-arXiv 2605.01711, https://arxiv.org/abs/2605.01711; official code
-https://github.com/LeapLabTHU/WeightFormer (``model/wfm.py``, ``cfg/wfm_{t,s,b}.yaml``).
+Paper: Linear-Time Global Visual Modeling without Explicit Attention (He, Han, Huang), arXiv
+2605.01711; official code https://github.com/LeapLabTHU/WeightFormer.
 
-Self-attention can be read as an MLP whose weights are computed from the input. WeightFormer
-drops the explicit token-to-token attention and keeps only that view: some layers add to their
-static weight a weight predicted from a summary of all tokens, at a cost linear in the number of
-tokens.
-
-The trunk (as the official ``VisionTransformer`` in ``model/wfm.py``): a 16x16 patch embedding
-with a LayerNorm after it, no position embedding and no class token, ``depth`` blocks at one
-resolution, a final LayerNorm and mean pooling. Block ``i`` is *dynamic* when ``(i + 2) % 3 ==
-0`` (blocks 1, 4, 7, 10, 13, 16 of 17; the official ``(layer + 2) % 3 == 0``), otherwise
-*static*. The frequency, the paper's ablation, is ``dynamic_every`` (default 3): block ``i`` is
-dynamic when ``(i + 2) % dynamic_every == 0`` (1: every block; 2: blocks 0, 2, 4, ...; 4: blocks
-2, 6, 10, 14):
-
-- static: ``x = x + DWConv3x3(x)``; ``x = x + drop_path(MLP(LN(x)))``.
-- dynamic: ``x = LN(x)`` (the residual stream itself is normalized; no shortcut around this
-  norm), ``x = x + DynamicDWConv(x)``; ``x = x + drop_path(DynamicMLP(LN(x)))``, whose first
-  linear layer is a :class:`DynamicLinear`.
-
-Drop path applies to the MLP branch only, as in the official code. All LayerNorms use
-``eps=1e-6``.
-
-Beyond the official code (which assumes a square grid at its training size): any image size (the
-image is zero padded on the bottom/right to a multiple of 16), any ``H x W`` token grid, outputs of
-any blocks (``out_indices``) as token maps, pooled vectors or a stride 4/8/16/32 pyramid
-(:class:`~mmeffattn.models.layers.ViTPyramid`), and the OpenMMLab training switches.
-
-Parameter names (``patch_embed.proj``, ``patch_embed.norm``, ``blocks.{i}.norm1/dwc/norm2``,
-``blocks.{i}.mlp.fc1/fc2``, ``norm{i}``) differ from the official ones; the checkpoint filter
-:func:`checkpoint_filter_weightformer_official` at the end of this file maps official
-checkpoints, and
-``tools/model_converters/weightformer_official.py`` is its command line.
+No token-to-token attention: every ``dynamic_every``-th block adds to its static weights a weight
+predicted from a summary of all tokens (:class:`DynamicDWConv`, :class:`DynamicLinear`), linear in
+the token count. Trunk and parameter names: docs/design/weightformer.md; official checkpoints load
+through :func:`checkpoint_filter_weightformer_official`.
 """
 import re
 from typing import Dict, List, Optional, Sequence, Tuple, Union
@@ -49,60 +21,36 @@ from ..layers import DropPath, Mlp
 from ..layers.pool import adaptive_avg_pool2d
 from ..layers.tokens import map_to_tokens, pad_to_multiple, tokens_to_map
 from ..layers.vit_pyramid import build_vit_pyramid
-from ..utils import (clip_keys, deprecated_alias, init_linear_and_norm, strip_module_prefix,
+from ..utils import (clip_keys, init_linear_and_norm, strip_module_prefix,
                      unwrap_state_dict)
 from .base import BaseBackbone, HWShape, drop_path_rates, quarter_blocks, run_block
 
 __all__ = ['WeightFormer', 'DynamicLinear', 'DynamicDWConv',
-           'checkpoint_filter_weightformer_official', 'convert_weightformer',
+           'checkpoint_filter_weightformer_official',
            'checkpoint_filter_weightformer', 'is_dynamic_block']
 
 LN_EPS = 1e-6
 
 
-# --------------------------------------------------------------------------------------------
-# helpers
-# --------------------------------------------------------------------------------------------
 def is_dynamic_block(i: int, every: int = 3) -> bool:
     """Whether block ``i`` (0-based) of the trunk is dynamic: ``(i + 2) % every == 0`` (the
     official rule for ``every = 3``: one block in three, starting at block 1)."""
     return (i + 2) % every == 0
 
 
-# --------------------------------------------------------------------------------------------
-# dynamic layers
-# --------------------------------------------------------------------------------------------
 class DynamicLinear(nn.Module):
-    """A linear layer whose weight is a static weight plus one predicted from the tokens.
+    """A linear layer whose weight is a static weight plus one predicted from the tokens
+    (``DynLinear``).
 
-    The official ``DynLinear``: with ``r = reduction``, the token grid is average pooled 2x2
-    (``M`` pooled tokens ``P``, ``[M, C_in]``); one linear layer ``token_proj`` gives two
-    branches ``A_in [M, C_in/r]`` and ``A_out [M, C_out/r]``, each through SiLU and expanded by a
-    learned basis (``in_basis [C_in/r, C_in]``, ``out_basis [C_out/r, C_out]``)::
-
-        U = SiLU(A_in) in_basis                  # [M, C_in]
-        V = SiLU(A_out) out_basis                # [M, C_out]
-        dW = U^T V * C_in^-0.5 / N               # [C_in, C_out], N = H * W (all tokens, not M)
-        dW_j <- dW_j / (||dW_j|| + 1)            # each output column j, norm over the C_in inputs
-        y = x (W + dW) + b
-
-    i.e. the bilateral form ``dW(X) = W1 s(W2 X^T) s(X W3) W4`` of the paper on pooled tokens.
-    The weight is kept in ``nn.Linear``'s layout ``[C_out, C_in]`` (the official ``w`` is its
-    transpose), so ``dW`` is computed as ``[B, C_out, C_in]`` here.
-
-    Pooling floors an odd side (``nn.AvgPool2d(2)`` as the official); a side of length 1 is
-    pooled with a window of 1 on that side (the official code cannot run such a grid).
-
-    The reduction over the pooled tokens, the normalization and the static-weight add run in
-    :func:`mmeffattn.ops.dyn_weight.dynamic_weight` (Triton kernels or its PyTorch
-    reference, which is this layer's original arithmetic).
+    ``dW = (SiLU(P Wi) Bi)^T (SiLU(P Wo) Bo) * C_in^-0.5 / N`` from the 2x2-pooled tokens ``P``,
+    each output column normalized by ``||dW_j|| + 1``, then ``y = x (W + dW) + b``: the paper's
+    bilateral ``dW(X) = W1 s(W2 X^T) s(X W3) W4``, through :func:`mmeffattn.ops.dynamic_weight`.
+    Derivation and layout: docs/design/weightformer.md.
 
     Args:
-        in_features: input channels ``C_in`` (divisible by ``reduction``).
-        out_features: output channels ``C_out`` (divisible by ``reduction``).
-        reduction: rank reduction ``r`` of the two branches (4 in the official code).
-        backend: backend of the op: None (automatic; ``$MMEFFATTN_OPS_BACKEND`` applies),
-            ``'triton'`` or ``'reference'``.
+        in_features, out_features: channels (divisible by ``reduction``).
+        reduction: rank reduction of the two branches (4 officially).
+        backend: backend of the op (None: automatic).
     """
 
     def __init__(self, in_features: int, out_features: Optional[int] = None,
@@ -156,15 +104,15 @@ class DynamicLinear(nn.Module):
 class DynamicDWConv(nn.Module):
     """A depthwise convolution whose kernel is a static kernel plus one predicted per sample.
 
-    The official ``DynCnn``: the input is average pooled to ``K x K`` (the kernel size), a 1x1
-    conv -> GELU -> 1x1 conv (no bias) ``kernel_gen`` maps it to one ``K x K`` kernel per sample
-    and channel, each kernel is divided by its Frobenius norm plus one and added to the static
-    kernel; the convolution (zero padding ``K // 2``, static bias) then runs per sample (the
-    official code: one grouped convolution over ``B * C`` groups).
+    The official ``DynCnn``: the input is average pooled to ``K x K`` (the kernel size), a 1x1 conv
+    -> GELU -> 1x1 conv (no bias) ``kernel_gen`` maps it to one ``K x K`` kernel per sample and
+    channel, each kernel is divided by its Frobenius norm plus one and added to the static kernel;
+    the convolution (zero padding ``K // 2``, static bias) then runs per sample (the official code:
+    one grouped convolution over ``B * C`` groups).
 
     The normalization, the static-kernel add and the convolution run in
-    :func:`mmeffattn.ops.dyn_dwconv.dynamic_dwconv` (Triton kernels or its PyTorch
-    reference, which is this layer's original arithmetic).
+    :func:`mmeffattn.ops.dynamic_dwconv` (Triton kernels or its PyTorch reference, which
+    is this layer's original arithmetic).
 
     Args:
         dim: channels.
@@ -219,9 +167,6 @@ class DynamicMlp(Mlp):
         return self.drop(self.fc2(x))  # [B, N, C]
 
 
-# --------------------------------------------------------------------------------------------
-# block, patch embedding
-# --------------------------------------------------------------------------------------------
 class WeightFormerBlock(nn.Module):
     """One WeightFormer block, static or dynamic (see the module docstring).
 
@@ -264,8 +209,8 @@ class WeightFormerBlock(nn.Module):
 
 class PatchEmbed(nn.Module):
     """Non-overlapping ``patch_size`` patches -> tokens, then a LayerNorm (the official
-    ``patch_embed`` + ``init_norm``). The image is zero padded on the bottom/right to a multiple
-    of ``patch_size`` first.
+    ``patch_embed`` + ``init_norm``). The image is zero padded on the bottom/right to a multiple of
+    ``patch_size`` first.
 
     Args:
         in_channels: image channels.
@@ -286,67 +231,29 @@ class PatchEmbed(nn.Module):
         return self.norm(map_to_tokens(x)), hw
 
 
-# --------------------------------------------------------------------------------------------
-# model
-# --------------------------------------------------------------------------------------------
 @MODELS.register_module()
 class WeightFormer(BaseBackbone):
     """WeightFormer isotropic backbone for classification, detection and segmentation.
 
-    Every block runs at stride ``patch_size`` (16). Outputs are taken after the blocks in
-    ``out_indices``, each through its own LayerNorm ``norm{i}`` (the official classifier's final
-    ``norm`` is ``norm{depth-1}``), and returned as ``out_type`` says:
-
-    - ``'featmap'``: one ``[B, C, ceil(H/16), ceil(W/16)]`` map per index.
-    - ``'avgpool'``: one ``[B, C]`` token mean per index. With ``out_indices=(-1, )`` (the
-      default for this type) it is exactly the official head input (final norm, then mean), so an
-      mmpretrain ``ImageClassifier`` with ``neck=None`` and ``LinearClsHead(in_channels=C)``
-      reproduces the official classifier (:func:`checkpoint_filter_weightformer_official` maps
-      its weights).
-    - ``'pyramid'`` (default, for mmdet/mmseg): the maps go through a
-      :class:`~mmeffattn.models.layers.ViTPyramid` (``pyramid``), giving 4 maps of ``C`` channels
-      at strides 4, 8, 16, 32: ``[4h, 4w]``, ``[2h, 2w]``, ``[h, w]``, ``[ceil(h/2), ceil(w/2)]``
-      for ``h, w = ceil(H/16), ceil(W/16)``. With 4 ``out_indices`` level ``i`` comes from the
-      ``i``-th index (shallow blocks feed the fine levels, as BEiT/ViT-Adapter); with one index
-      every level comes from it (ViTDet). The neck that follows takes ``in_channels=[C] * 4``.
-
-    ``out_indices=None`` picks ``(depth - 1, )`` for ``'avgpool'`` and 4 evenly spaced blocks
-    ``(k + 1) * depth // 4 - 1`` otherwise: ``(3, 7, 11, 16)`` for depth 17. Blocks after the
-    last output index are not run (their parameters get no gradient: freeze them, or use
-    ``find_unused_parameters`` under DDP).
-
-    Variants (``cfg/wfm_{t,s,b}.yaml`` -> ``wfm_tiny/small/base`` in ``model/wfm.py``):
-    T 192 channels, S and B 384 channels, all depth 17 and MLP ratio 4; B is S's architecture
-    trained at 448x448. The official training used drop path 0.0 (T) and 0.2 (S, B).
+    Every block runs at stride ``patch_size``; outputs after the ``out_indices`` blocks go through
+    their own LayerNorm ``norm{i}`` and come back per ``out_type``: ``'featmap'`` (``[B, C, h,
+    w]``), ``'avgpool'`` (``[B, C]``; with ``(-1, )`` exactly the official head input) or
+    ``'pyramid'`` (4 maps at strides 4-32 through :class:`~mmeffattn.models.layers.ViTPyramid`).
+    Blocks after the last output are not run. Outputs and variants: docs/design/weightformer.md.
 
     Args:
-        arch: a key of :attr:`arch_zoo` (``'tiny'``/``'t'``, ``'small'``/``'s'``,
-            ``'base'``/``'b'``) or a dict with ``embed_dims``, ``depth`` (and optionally
-            ``mlp_ratio``, default 4).
-        in_channels: image channels.
-        patch_size: patch side (the trunk's stride).
-        out_indices: blocks whose outputs are returned (negative counts from the end), or None
-            for the default of ``out_type`` (above).
+        arch: ``'tiny'``/``'t'``, ``'small'``/``'s'``, ``'base'``/``'b'`` or a dict of
+            ``embed_dims``, ``depth`` (``mlp_ratio``).
+        in_channels, patch_size: image channels and patch side.
+        out_indices: blocks whose outputs are returned (None: ``out_type``'s default).
         out_type: ``'featmap'``, ``'avgpool'`` or ``'pyramid'``.
-        drop_rate: dropout inside the MLPs.
-        drop_path_rate: stochastic depth of the MLP branches, rising linearly from 0 at the first
-            block to this at the last.
-        frozen_stages: -1 freezes nothing; 0 freezes the patch embedding (with its norm);
-            ``i >= 1`` also freezes blocks ``0 .. i-1`` and their output norms. The pyramid is
-            never frozen.
-        norm_eval: keep BatchNorm layers (only the pyramid may have them) in eval mode while
-            training.
-        with_cp: gradient checkpointing per block (only when gradients are needed).
-        dynamic_every: one block in ``dynamic_every`` is dynamic (block ``i`` when ``(i + 2) %
-            dynamic_every == 0``); 3 is the paper's and the official code's (the paper's
-            frequency ablation varies it); 1 makes every block dynamic.
-        pyramid_cfg: keyword arguments of :class:`~mmeffattn.models.layers.ViTPyramid`
-            (``scales``, ``norm_cfg``, ``act_cfg``, ``out_norm``), for ``out_type='pyramid'``.
-        attn_backend: backend of :func:`mmeffattn.ops.dynamic_weight` and
-            :func:`mmeffattn.ops.dynamic_dwconv` in the dynamic blocks (None: automatic;
-            ``$MMEFFATTN_OPS_BACKEND`` applies), ``'triton'`` or ``'reference'``.
-        init_cfg: mmengine init config; ``dict(type='Pretrained', checkpoint=..., prefix=...)``
-            loads an official or converted checkpoint strictly (see :meth:`init_weights`).
+        drop_rate, drop_path_rate: MLP dropout and stochastic depth of the MLP branches.
+        frozen_stages, norm_eval, with_cp, init_cfg: the OpenMMLab switches (0 freezes the patch
+            embedding, ``i >= 1`` also blocks ``< i``; the pyramid is never frozen).
+        dynamic_every: block ``i`` is dynamic when ``(i + 2) % dynamic_every == 0`` (3: the
+            paper's).
+        pyramid_cfg: :class:`ViTPyramid` arguments for ``'pyramid'``.
+        attn_backend: backend of the dynamic blocks' ops (None: automatic).
     """
 
     arch_zoo = {
@@ -464,9 +371,6 @@ class WeightFormer(BaseBackbone):
         return checkpoint_filter_weightformer(state_dict)
 
 
-# --------------------------------------------------------------------------------------------
-# checkpoint filter
-# --------------------------------------------------------------------------------------------
 # official name inside a block -> ours, for the parts that are renamed (the rest keep their names)
 _OFFICIAL_DYNAMIC_LINEAR = {'w': 'weight', 'b': 'bias', 'wfm.weight': 'token_proj.weight',
                             'wfm.bias': 'token_proj.bias', 'w1': 'in_basis', 'w2': 'out_basis'}
@@ -482,38 +386,9 @@ def is_official_state_dict(state_dict: Dict[str, torch.Tensor]) -> bool:
 
 def checkpoint_filter_weightformer_official(
         state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
-    """Map an official WeightFormer checkpoint to an mmpretrain ``ImageClassifier``'s keys.
-
-    The classifier is ``ImageClassifier(backbone=WeightFormer(arch, out_type='avgpool'),
-    neck=None, head=LinearClsHead(1000, C))``; the result loads into it strictly and gives the
-    official logits. Mapping (official ``model/wfm.py`` -> ours):
-
-    ==============================  ==================================================
-    ``patch_embed.proj.*``          ``backbone.patch_embed.proj.*``
-    ``init_norm.*``                 ``backbone.patch_embed.norm.*``
-    ``blocks.i.norm1/norm2.*``      ``backbone.blocks.i.norm1/norm2.*``
-    ``blocks.i.dwc.weight/bias``    ``backbone.blocks.i.dwc.weight/bias`` (static)
-    ``blocks.i.dwc.w/b``            ``backbone.blocks.i.dwc.weight/bias`` (dynamic)
-    ``blocks.i.dwc.wfm.{0,2}.*``    ``backbone.blocks.i.dwc.kernel_gen.{0,2}.*``
-    ``blocks.i.linear1.weight/bias``  ``backbone.blocks.i.mlp.fc1.weight/bias`` (static)
-    ``blocks.i.linear1.w``          ``backbone.blocks.i.mlp.fc1.weight``, **transposed**
-    ``blocks.i.linear1.b``          ``backbone.blocks.i.mlp.fc1.bias``
-    ``blocks.i.linear1.wfm.*``      ``backbone.blocks.i.mlp.fc1.token_proj.*``
-    ``blocks.i.linear1.w1/w2``      ``backbone.blocks.i.mlp.fc1.in_basis/out_basis``
-    ``blocks.i.linear2.*``          ``backbone.blocks.i.mlp.fc2.*``
-    ``norm.*``                      ``backbone.norm{depth-1}.*``
-    ``head.*``                      ``head.fc.*``
-    ==============================  ==================================================
-
-    The input may be wrapped (``model``/``state_dict``) and carry a DDP ``module.`` prefix. Keys
-    outside this table raise a ``ValueError`` (nothing is dropped silently). Pure: the input is
-    not modified; tensors are shared except the transposed ones.
-
-    Args:
-        state_dict: an official checkpoint dict or its state dict.
-
-    Returns:
-        A new state dict with ``backbone.*`` and ``head.fc.*`` keys.
+    """Map an official WeightFormer checkpoint (any wrapping, DDP ``module.``) to the keys of
+    ``ImageClassifier(WeightFormer(arch, out_type='avgpool'), head=LinearClsHead(1000, C))``; pure.
+    Unknown keys raise ``ValueError``. The key table: docs/design/weightformer.md.
     """
     sd = strip_module_prefix(unwrap_state_dict(state_dict))
     block_ids = {int(m.group(1)) for m in (re.match(r'blocks\.(\d+)\.', k) for k in sd) if m}
@@ -559,8 +434,6 @@ def checkpoint_filter_weightformer_official(
     return out
 
 
-convert_weightformer = deprecated_alias(checkpoint_filter_weightformer_official,
-                                        'convert_weightformer')
 
 
 def checkpoint_filter_weightformer(
@@ -568,10 +441,9 @@ def checkpoint_filter_weightformer(
     """Keys of a checkpoint for the :class:`WeightFormer` backbone.
 
     An official checkpoint (``model/wfm.py`` names) goes through
-    :func:`checkpoint_filter_weightformer_official`
-    and keeps its backbone part (the classifier head is dropped; the final norm becomes
-    ``norm{depth-1}``). Any other state dict is unwrapped and loses a DDP ``module.`` prefix.
-    Pure: the input is not modified.
+    :func:`checkpoint_filter_weightformer_official` and keeps its backbone part (the classifier head
+    is dropped; the final norm becomes ``norm{depth-1}``). Any other state dict is unwrapped and
+    loses a DDP ``module.`` prefix. Pure: the input is not modified.
     """
     state_dict = unwrap_state_dict(state_dict)
     if is_official_state_dict(state_dict):

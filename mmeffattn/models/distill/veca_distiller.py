@@ -1,35 +1,8 @@
-"""VECA pretraining by feature distillation from a frozen ViT teacher.
+"""VECA pretraining by feature distillation from a frozen ViT teacher (the official recipe).
 
-Paper/code: VECA (https://github.com/alansong1322/VECA; ``veca/teacher.py``, ``veca/losses.py``,
-``veca/train_pretrain.py``). A student backbone (VECA, ``out_type='raw'``: the global core token
-``[B, Ds]`` and the patch tokens ``[B, N, Ds]`` after its final norm) learns to reproduce, on
-unlabeled images, the last-layer features of a frozen teacher (DINOv3 ViT-B/16 in the paper):
-
-- the student's outputs are first mapped to the teacher width ``Dt`` by one linear projection
-  shared by the global and the patch tokens, the official ``output_proj``: VECA's own
-  ``out_proj_dims=Dt`` (so a distilled checkpoint converts as the official one does); none when
-  the widths already match;
-- ``loss_global_cos = w_g * mean_b(1 - cos(s_global, t_cls))``;
-- ``loss_patch_cos = w_pc * mean_{b,n}(1 - cos(s_patch, t_patch))``;
-- ``loss_patch_mse = w_pm * mean_{b,n,d}((s_patch - t_patch)^2)``;
-
-in fp32, with cosine eps 1e-6, on the teacher's raw final-norm features (no further
-normalisation), patch token ``n`` of the student against patch token ``n`` of the teacher: both
-cut the (same) image into 16x16 patches, so the grids must be equal (the official code asserts it;
-here a mismatch raises an error that says how to fix it). The official weights are
-``1, weight_dense, weight_dense * dense_mse_weight`` = ``1, 1, 1``.
-
-The nested core budget (8..64 active cores, sampled per step with weights 1,1,2,2,3,3,4,4, the
-same on every rank) is the student's own train-mode behaviour (VECA's ``nested_dropout=True``).
-As the official run, the student's patch projection may start from the teacher's
-(``init_student_patch_embed``) when their shapes match (VECA-B from a ViT-B/16).
-
-The teacher is held outside the module tree: it is not a child module, so its parameters are not
-in ``parameters()`` (hence never in the optimizer nor in DDP's reducer), ``model.train()`` never
-switches it out of eval mode and ``init_weights()`` never re-initialises it; ``to()``/``cuda()``
-still move it (see :meth:`VECADistiller._apply`). Checkpoints carry only the student: the
-teacher is rebuilt from ``teacher_ckpt``, which keeps a ViT-B's 86M frozen weights out of every
-checkpoint; ``save_teacher=True`` adds it under ``teacher.`` and resuming restores it.
+The student's global core and patch tokens, projected to the teacher's width, learn the teacher's
+final-norm CLS and patch features (cosine and MSE losses). The teacher is held outside the module
+tree, so it is never trained, switched to train mode or saved. Details: docs/design/veca.md.
 """
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
@@ -57,9 +30,6 @@ DEFAULT_PREPROCESSOR = dict(
     to_rgb=True)
 
 
-# --------------------------------------------------------------------------------------------
-# losses (pure functions: the unit tests check them against their own formula)
-# --------------------------------------------------------------------------------------------
 def global_cosine_loss(student: torch.Tensor, teacher: torch.Tensor,
                        eps: float = 1e-6) -> torch.Tensor:
     """``mean_b(1 - <s/|s|, t/|t|>)`` in fp32 for ``student``/``teacher`` of shape ``[B, D]``."""
@@ -76,9 +46,6 @@ def patch_losses(student: torch.Tensor, teacher: torch.Tensor,
     return cos, F.mse_loss(s, t)
 
 
-# --------------------------------------------------------------------------------------------
-# teacher helpers
-# --------------------------------------------------------------------------------------------
 def split_teacher_tokens(outs: Union[torch.Tensor, Sequence[torch.Tensor]],
                          num_extra_tokens: int = 1,
                          num_register_tokens: int = 0) -> Tokens:
@@ -151,9 +118,6 @@ def _feature_dims(module: nn.Module, role: str) -> int:
                      f'embed_dims attribute)')
 
 
-# --------------------------------------------------------------------------------------------
-# the model
-# --------------------------------------------------------------------------------------------
 @MODELS.register_module()
 class VECADistiller(BaseModel):
     """Distils a frozen teacher's class and patch features into a VECA student.

@@ -1,24 +1,9 @@
-"""LaplacianFormer's injective feature map on the kernel-similarity vectors.
+"""LaplacianFormer's injective feature map on the kernel-similarity vectors (arXiv 2604.20368).
 
-Paper: LaplacianFormer: Rethinking Linear Attention with Laplacian Kernel (Feng et al.), ICLR
-2026, arXiv 2604.20368. The map whitens each query's vector of kernel similarities,
-
-    z_i = Sigma^{-1/2} (s_i - mu) + beta,    s_i = [k(q_i, l_m)]_{m=1..M},
-
-with ``mu`` and a *diagonal* ``Sigma`` estimated per dimension from the batch (like BatchNorm
-without a scale), and a learned bias ``beta``. In the Nystrom product ``Z pinv(K(L, L)) K(L, K) V``
-the whitened vectors replace the query-side factor ``K(Q, L)`` only; see
-``docs/design/laplacian_whitening.md`` for the derivation and why the map is injective (an affine
-map with a positive diagonal, hence invertible, linear part).
-
-The dimension ``m`` of ``s_i`` is a landmark slot: the ``m``-th pooled cell of the token grid. Its
-running statistics only mean something while the number of slots ``M`` is the same in training
-and evaluation, so :class:`KernelWhitening` offers two granularities:
-
-- ``num_landmarks=M``: per head and per landmark slot (the paper's per-dimension statistics);
-  every input must have exactly ``M`` slots;
-- ``num_landmarks=None``: per head, pooled over the slots too; any ``M`` works (inputs whose
-  landmark count changes with the image size, e.g. detection).
+``z_i = Sigma^{-1/2} (s_i - mu) + beta`` with ``s_i = [k(q_i, l_m)]_m``, batch statistics of a
+diagonal ``Sigma`` (BatchNorm without a scale) and a learned ``beta``. ``num_landmarks=M`` keeps
+statistics per head and landmark slot (the paper's); None per head only, for any ``M``.
+Derivation and injectivity: docs/design/laplacian_whitening.md.
 """
 from typing import Optional
 

@@ -1,21 +1,9 @@
 """Conjugate-gradient solve of ``(A + eps I) X = B``: LaplacianFormer's solver ablation.
 
-LaplacianFormer (arXiv 2604.20368) inverts the landmark kernel matrix with Newton-Schulz
-iterations (:func:`mmeffattn.ops.newton_schulz_pinv`, ``(A + eps I)^{-1}``) and compares that with
-a conjugate-gradient solve. CG never forms the inverse: in the Nystrom product
-``K(Q, L) (A + eps I)^{-1} [K(L, K) V]`` it solves against the ``M x Dv`` right-hand side
-``R = K(L, K) V`` directly.
-
-What ``A`` is, and why CG applies: ``A = K(L, L)`` is the kernel matrix of the ``M`` landmarks,
-``A_mn = exp(-||l_m - l_n||_1 / lam)``. It is symmetric, and positive definite when the landmarks
-are distinct: the Laplacian kernel's Fourier transform (a product of Cauchy densities) is
-positive everywhere, so by Bochner's theorem every Gram matrix of distinct points is positive
-definite. Coinciding landmarks (e.g. constant regions) make it only semi-definite; ``eps > 0``
-restores strict definiteness, which is also what the Newton-Schulz path regularizes with.
-CG requires a symmetric positive definite system; this module does not check that (it would
-cost a factorization): a non-symmetric or indefinite ``A`` gives a meaningless result.
-
-Reference implementation in PyTorch (no Triton): the landmark systems are small (``M <= 128``).
+In the Nystrom product ``K(Q, L) (A + eps I)^{-1} [K(L, K) V]`` CG solves against the ``M x Dv``
+right-hand side instead of forming the inverse. ``A = K(L, L)`` is symmetric positive definite for
+distinct landmarks (Bochner), and ``eps > 0`` keeps it so; CG does not check it. Plain PyTorch:
+the systems are small (``M <= 128``). Why CG applies: docs/design/laplacianformer.md.
 """
 from typing import Tuple
 

@@ -1,23 +1,8 @@
-"""A multi-scale feature pyramid for isotropic (plain ViT-like) trunks.
+"""A multi-scale feature pyramid (strides 4, 8, 16, 32) for isotropic ViT-like trunks.
 
-An isotropic trunk keeps one resolution (stride ``s``, 16 for a 16x16 patch embedding) in every
-block. Detectors and segmentors want maps at strides 4, 8, 16 and 32; the usual way to get them
-(BEiT/mmseg's ``fpn1..fpn4``, ViTDet's simple feature pyramid, ViT-Adapter's baseline) resamples
-stride-``s`` maps with strided transposed convolutions and max pooling:
-
-========  ==========================================================  ===============
-scale     layers                                                      stride (s = 16)
-========  ==========================================================  ===============
-4         ConvTranspose 2x2/2 -> norm -> act -> ConvTranspose 2x2/2   4
-2         ConvTranspose 2x2/2                                         8
-1         identity                                                    16
-0.5       MaxPool 2x2/2 (ceil mode)                                   32
-========  ==========================================================  ===============
-
-Each level then gets its own norm (``norms.{i}``), so the levels enter an FPN/UPerHead on a
-common footing. The input is either one map per level (BEiT/ViT-Adapter style: outputs of
-evenly spaced blocks, shallow blocks for the fine levels) or a single map that feeds every level
-(ViTDet style: the last block only).
+Stride-``s`` maps are resampled as BEiT's ``fpn1..fpn4`` / ViTDet's simple pyramid: two transposed
+2x2 convolutions (scale 4), one (2), identity (1), 2x2 max pooling (0.5), then a norm per level.
+The input is one map per level (outputs of evenly spaced blocks) or one map for every level.
 """
 import math
 from typing import List, Optional, Sequence, Tuple

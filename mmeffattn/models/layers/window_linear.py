@@ -1,25 +1,13 @@
 """Windowed linear attention: SEMA's ``A_Phi`` as linear attention inside SEMA's windows.
 
-SEMA (arXiv 2506.08297) writes its token mixer as ``A_Phi V + mean(V)``, where ``A_Phi`` is a
-localized attention; the paper's ablation compares softmax ``A_Phi`` (the default,
-:func:`mmeffattn.ops.sema_attention`) with a linear one. This is the linear one, a readable
-PyTorch reference:
+The linear arm of SEMA's ablation (arXiv 2506.08297): the windows of ``sema_attention`` (tiled
+from the top-left, the last ones partial; padded positions are neither keys nor outputs) and
+MLLA's kernel ``phi = ELU + 1`` in its mean form, no RoPE::
 
-- the same windows as ``sema_attention``: ``window_size x window_size`` tiles from the top-left
-  corner of the ``H x W`` grid, the last row/column of windows partial; a grid side shorter than
-  the window is one window of that side. Padded positions are neither keys nor outputs.
-- the kernel of MLLA/MILA's linear attention (``LinearAttention`` in ``backbones/sema.py``):
-  ``phi = ELU + 1``, normalized per query, in MLLA's mean form::
+    out_i = phi(q_i) [mean_{j in w(i)} phi(k_j)^T v_j]
+            / (phi(q_i) . mean_{j in w(i)} phi(k_j) + eps)
 
-      out_i = phi(q_i) [mean_{j in w(i)} phi(k_j)^T v_j]
-              / (phi(q_i) . mean_{j in w(i)} phi(k_j) + eps)
-
-  with ``w(i)`` the window of token ``i`` and the means over its real tokens. (MLLA's RoPE is not
-  applied: SEMA's positional information comes from the block's convolutions, as for the softmax
-  ``A_Phi``.)
-- ``with_mean`` adds ``mean_j v_j`` over all N tokens, as ``sema_attention``.
-
-Cost: ``O(N D Dv)`` whatever the window size, against ``O(N window^2 D)`` for the softmax.
+``with_mean`` adds ``mean_j v_j`` over all tokens. Cost ``O(N D Dv)`` for any window size.
 """
 from typing import Sequence, Tuple
 
