@@ -17,13 +17,10 @@ import json
 import math
 import os
 import os.path as osp
-import sys
 from typing import Any, Dict, List, Optional, Tuple
 
-sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
-
-import torch  # noqa: E402
-import torch.nn as nn  # noqa: E402
+import torch
+import torch.nn as nn
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -131,7 +128,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         from mmengine.runner import load_checkpoint
         load_checkpoint(model, args.checkpoint, map_location='cpu',
                         revise_keys=[(r'^module\.', ''), (r'^backbone\.', '')])
-    kinds = args.kinds or list(dsp.kinds_available())
+    kinds = args.kinds or list(dsp.KINDS)
     bad = set(kinds) - set(dsp.KINDS)
     if bad:
         raise SystemExit(f'unknown --kinds {sorted(bad)}; choose from {dsp.KINDS}')

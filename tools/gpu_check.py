@@ -4,10 +4,10 @@
     python tools/gpu_check.py --out-dir work_dirs/gpu_check
 
 1. ``kernels``: every Triton kernel against its PyTorch reference (evaluated in fp64) at the
-   sizes the backbones really use (each op's ``gpu_checks``), forward and backward, in fp32 and
-   bf16, with the op's tolerance table (``mmeffattn/ops/<op>/spec.py``). Where the op's spec
-   declares a roofline for the check, the forward + backward call is also timed and printed
-   next to the predicted time (``docs/perf/kernels.md``, ``kernel_report.py``).
+   sizes the backbones really use (:data:`KERNEL_CASES`), forward and backward, in fp32 and
+   bf16, with the op's tolerance table (``mmeffattn/ops/<op>/spec.py``). Where the check has a
+   roofline (``analysis_tools/kernel_cases.py``), the forward + backward call is also timed and
+   printed next to the predicted time (``docs/perf/kernels.md``).
 2. ``op_tests``: the op test suite (``tests/ops``), whose CUDA-only cases (bf16 ``tl.dot``,
    compiled kernels) are skipped on a machine without a GPU.
 3. ``benchmark_ops``: ``tools/benchmark_ops.py --preset gpu`` (Triton vs reference vs SDPA and
@@ -17,9 +17,10 @@
 
 Each step has a time limit (the total fits in 10 minutes); its result, time and log go to
 ``<out-dir>/gpu_check.json`` (tables in ``gpu_check.md``) and ``<out-dir>/<step>.log``. Without
-a CUDA device it stops at once with exit status 2 and says so. ``--dry-run`` runs the same steps on this machine's CPU at
-smoke sizes (the kernels step checks the references, not the kernels): it proves the plumbing,
-e.g. on a copy of the GPU machine's software stack, and measures nothing.
+a CUDA device it stops at once with exit status 2 and says so. ``--dry-run`` runs the same
+steps on this machine's CPU at smoke sizes (the kernels step checks the references, not the
+kernels): it proves the plumbing, e.g. on a copy of the GPU machine's software stack, and
+measures nothing.
 
 On a lent GPU machine, whose image has PyTorch and Triton but not the OpenMMLab stack, run it
 through ``scripts/gpu_device.sh`` with the wheels of ``scripts/gpu_wheels.sh``
@@ -36,8 +37,12 @@ import time
 import traceback
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+try:  # imported as tools.gpu_check
+    from .analysis_tools import kernel_cases
+except ImportError:  # run as a script: tools/ is on the path
+    from analysis_tools import kernel_cases
+
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 #: seconds per step (sum < 600 with room for start-up)
 STEP_LIMITS = dict(kernels=90, op_tests=140, benchmark_ops=100, benchmark=230)
@@ -84,32 +89,112 @@ def cuda_problem() -> str:
 # --------------------------------------------------------------------------------------------
 # step 1: kernels vs references at realistic sizes
 # --------------------------------------------------------------------------------------------
-def kernel_cases() -> List[Tuple[str, Callable[[Any, Any], Tuple[Callable, List[Any]]]]]:
-    """``(name, make(device, dtype) -> (fn(backend, *inputs), inputs))``: every op's
-    ``gpu_checks`` (``mmeffattn/ops/<op>/spec.py``), at the sizes the backbones use."""
-    return [case for spec in _specs() for case in spec.gpu_checks]
+def _randn(*shape: int, device: Any, dtype: Any, scale: float = 1.0):
+    """Standard normal (times ``scale``) drawn in fp32 and cast, so every dtype sees the same
+    values for one seed."""
+    import torch
+    return (torch.randn(*shape, device=device, dtype=torch.float32) * scale).to(dtype)
 
 
-def _specs() -> list:
-    from mmeffattn.ops._spec import all_specs
-    return all_specs()
+def _sema(B: int, h: int, side: int, D: int):
+    """The call as the SEMA backbone makes it (what the roofline models): q, k packed, a view
+    of a fused qk projection ``[B, N, 2 * h * D]`` (``sema_attention_qk``), v of a value
+    projection ``[B, N, h * D]``, the output tokens-major, the mean returned. The check adds
+    the mean to every token itself, so that both outputs and their gradients are checked."""
+    from mmeffattn.ops import sema_attention_qk
+    N = side * side
+
+    def call(b, qk, v_tok):
+        v = v_tok.reshape(B, N, h, D).transpose(1, 2)
+        out, mean = sema_attention_qk(qk.reshape(B, N, 2, h, D), v, (side, side),
+                                      kernel_cases.SEMA_WINDOW, out_layout='bnhd',
+                                      return_mean=True, backend=b)
+        return out.reshape(B, N, h * D) + mean.reshape(B, 1, h * D)
+
+    def make(device, dtype):
+        return call, [_randn(B, N, 2 * h * D, device=device, dtype=dtype),
+                      _randn(B, N, h * D, device=device, dtype=dtype)]
+    return f'sema B{B}-H{h}-{side}x{side}-D{D}', make
+
+
+def _core_periphery(B: int, h: int, C: int, N: int, D: int):
+    def make(device, dtype):
+        import torch
+        from mmeffattn.ops import core_periphery_attention
+        x = [_randn(B, h, C + N, D, device=device, dtype=dtype) for _ in range(3)]
+        ang = torch.rand(1, C + N, D // 2, device=device).repeat_interleave(2, -1) * 6.28
+        rope = (ang.cos(), ang.sin())
+        return (lambda b, q, k, v: core_periphery_attention(q, k, v, C, rope=rope, backend=b),
+                x)
+    return f'core_periphery B{B}-H{h}-C{C}-N{N}-D{D}', make
+
+
+def _laplacian(B: int, h: int, N: int, M: int, D: int):
+    def make(device, dtype):
+        from mmeffattn.ops import laplacian_kernel
+        x = [_randn(B, h, N, D, device=device, dtype=dtype, scale=0.3),
+             _randn(B, h, M, D, device=device, dtype=dtype, scale=0.3)]
+        return lambda b, x, y: laplacian_kernel(x, y, 4.0, backend=b), x
+    return f'laplacian_kernel B{B}-H{h}-N{N}-M{M}-D{D}', make
+
+
+def _newton_schulz(B: int, h: int, M: int, D: int):
+    def make(device, dtype):
+        import torch
+        from mmeffattn.ops import laplacian_kernel_naive, newton_schulz_pinv
+        z = _randn(B, h, M, D, device=device, dtype=torch.float32, scale=0.3)
+        a = laplacian_kernel_naive(z, z, 4.0).to(dtype)  # a real landmark kernel matrix
+        return lambda b, a: newton_schulz_pinv(a, 20, 0.01, backend=b), [a]
+    return f'newton_schulz_pinv B{B}-H{h}-M{M}', make
+
+
+def _dynamic_dwconv(B: int, C: int, side: int):
+    K = kernel_cases.DWCONV_KERNEL
+
+    def make(device, dtype):
+        from mmeffattn.ops import dynamic_dwconv
+        x = [_randn(B, C, side, side, device=device, dtype=dtype),
+             _randn(B, C, K, K, device=device, dtype=dtype),
+             _randn(C, device=device, dtype=dtype),
+             _randn(C, 1, K, K, device=device, dtype=dtype)]
+        return (lambda b, x, k, bias, w: dynamic_dwconv(x, k, bias, w, normalize=True,
+                                                        backend=b), x)
+    return f'dynamic_dwconv B{B}-C{C}-{side}x{side}', make
+
+
+def _dynamic_weight(B: int, M: int, c_in: int, c_out: int):
+    def make(device, dtype):
+        from mmeffattn.ops import dynamic_weight
+        x = [_randn(B, M, c_in, device=device, dtype=dtype),
+             _randn(B, M, c_out, device=device, dtype=dtype),
+             _randn(c_out, c_in, device=device, dtype=dtype, scale=0.02)]
+        return (lambda b, u, v, w: dynamic_weight(u, v, 196, weight=w, backend=b), x)
+    return f'dynamic_weight B{B}-M{M}-{c_in}x{c_out}', make
+
+
+#: ``(name, make(device, dtype) -> (fn(backend, *inputs), inputs))``: each op at the sizes of
+#: the backbones' first stage at 224 (batch 8) and 512 or more (batch 2)
+KERNEL_CASES: List[Tuple[str, Callable[[Any, Any], Tuple[Callable, List[Any]]]]] = [
+    _core_periphery(8, 6, 64, 196, 64), _core_periphery(2, 6, 64, 1024, 64),  # VECA-S
+    _dynamic_dwconv(8, 768, 14), _dynamic_dwconv(2, 384, 64),
+    _dynamic_weight(8, 49, 192, 768),  # WeightFormer-T's dynamic layers
+    # LaplacianFormer-T stage 1 (landmarks in 8x8 cells)
+    _laplacian(8, 1, 3136, 49, 64), _laplacian(2, 1, 16384, 256, 64),
+    _newton_schulz(8, 1, 49, 64), _newton_schulz(2, 1, 256, 64),
+    _sema(8, 2, 56, 32), _sema(2, 2, 128, 32),  # SEMA-T stage 1
+]
 
 
 def _tolerances(name: str) -> Dict[Any, Any]:
-    """The tolerance table of the op whose GPU check ``name`` is (the default table for a
-    case no spec declares)."""
-    from mmeffattn.ops._spec import DEFAULT_TOLERANCES
-    return next((spec.tolerances for spec in _specs()
-                 if any(n == name for n, _ in spec.gpu_checks)), DEFAULT_TOLERANCES)
-
-
-def roofline_of(name: str):
-    """The :class:`~mmeffattn.ops._spec.Roofline` some spec declares for GPU check ``name``."""
-    return next((r for spec in _specs() for r in spec.rooflines if r.check == name), None)
+    """The tolerance table of the op whose GPU check ``name`` is (the case's first word starts
+    the op's name; the default table for a case of no op)."""
+    from mmeffattn.ops._spec import DEFAULT_TOLERANCES, SPECS
+    return next((s.tolerances for s in SPECS if s.name.startswith(name.split()[0])),
+                DEFAULT_TOLERANCES)
 
 
 def gpu_name(device) -> str:
-    """The ``_spec.PEAKS`` entry closest to ``device`` (H200 or else H100)."""
+    """The ``kernel_cases.PEAKS`` entry closest to ``device`` (H200 or else H100)."""
     import torch
     name = torch.cuda.get_device_name(device) if device.type == 'cuda' else ''
     return 'H200' if 'H200' in name else 'H100'
@@ -145,7 +230,7 @@ def check_kernels(out_dir: str, device: str = 'cuda', backend: str = 'triton',
     timing = device.type == 'cuda' if timing is None else timing
     os.makedirs(out_dir, exist_ok=True)
     rows = []
-    for name, make in kernel_cases():
+    for name, make in KERNEL_CASES:
         if only not in name:
             continue
         for dtype in (getattr(torch, d) for d in dtypes):
@@ -168,16 +253,15 @@ def check_kernels(out_dir: str, device: str = 'cuda', backend: str = 'triton',
                         assert x.grad is not None, f'input {i}: no gradient from the kernels'
                         check_close(x.grad, r.grad, dtype, f'grad of input {i}', tol)
                 row['status'] = 'ok'
-                roof = roofline_of(name)
+                roof = kernel_cases.ROOFLINES.get(name)
                 if roof is not None and timing:  # measured next to predicted (fwd + bwd)
-                    from mmeffattn.ops._spec import Cost, predicted_seconds
                     dname = {'float32': 'fp32', 'bfloat16': 'bf16'}.get(row['dtype'])
                     if dname is not None:
-                        costs = roof.costs(dname).values()
-                        total = Cost(*(sum(getattr(c, f) for c in costs) for f in Cost._fields))
+                        total = kernel_cases.total_cost(roof.costs(dname))
                         gpu = gpu_name(device)
                         row['measured_us'] = round(time_call(fn, inputs, backend) * 1e6, 1)
-                        row['predicted_us'] = round(predicted_seconds(total, gpu, dname) * 1e6, 1)
+                        row['predicted_us'] = round(
+                            kernel_cases.predicted_seconds(total, gpu, dname) * 1e6, 1)
                         row['predicted_for'] = gpu
                         row['roofline_fraction'] = round(row['predicted_us']
                                                          / max(row['measured_us'], 1e-3), 3)

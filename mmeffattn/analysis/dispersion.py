@@ -12,9 +12,9 @@ query ``i`` mixes the values ``v_j`` of one attention layer:
 * ``softmax``: ``softmax(q k^T / sqrt(D))``.
 * ``linear``: ``phi(q_i) . phi(k_j) / sum_j' phi(q_i) . phi(k_j')`` with ``phi = ELU + 1``.
 * ``window``: softmax inside the query's ``window x window`` window, zero outside.
-* the kinds of mmeffattn's ops (``sema``, ``laplacian_nystrom``, ``core_periphery``): each op
-  declares its own in ``mmeffattn/ops/<op>/spec.py`` (``attention_kinds``; see each function's
-  docstring there), so a new op that implies attention weights joins without a change here.
+* ``sema``: the window softmax plus the global mean of the values.
+* ``core_periphery``: patch -> core -> patch, two softmax hops through the cores.
+* ``laplacian_nystrom``: LaplacianFormer's Nystrom product of Laplacian kernels.
 
 :func:`dispersion_stats` summarises rows: entropy (nats), entropy over ``log N``, the largest
 weight, and the effective number of keys ``exp(entropy)``.
@@ -25,8 +25,10 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
-__all__ = ['KINDS', 'implied_weights', 'dispersion_stats', 'sample_queries', 'kinds_available',
-           'window_weights', 'pool_grid']
+from mmeffattn.ops import laplacian_kernel_naive, newton_schulz_pinv_naive
+
+__all__ = ['KINDS', 'implied_weights', 'dispersion_stats', 'sample_queries', 'window_weights',
+           'pool_grid']
 
 
 def sample_queries(n: int, max_queries: int, seed: int = 0) -> torch.Tensor:
@@ -78,20 +80,58 @@ def _linear_weights(q, k, hw, rows, **_: Any) -> torch.Tensor:
     return w / w.sum(-1, keepdim=True)
 
 
-#: the torch baselines; the ops' kinds come from their specs
-BASELINES: Dict[str, Callable[..., torch.Tensor]] = dict(
-    softmax=_softmax_weights, linear=_linear_weights, window=window_weights)
+def _sema_weights(q, k, hw, rows, window: int = 7, **_: Any) -> torch.Tensor:
+    """``out_i = sum_j a_ij v_j + mean_j v_j`` weighs ``v_j`` by ``a_ij + 1/N`` (total 2),
+    halved to a distribution."""
+    return (window_weights(q, k, hw, rows, window) + 1.0 / q.shape[2]) / 2
 
 
-def _kinds() -> Dict[str, Callable[..., torch.Tensor]]:
-    from mmeffattn.ops._spec import all_specs
-    kinds = dict(BASELINES)
-    for spec in all_specs():
-        kinds.update(spec.attention_kinds)
-    return kinds
+def _core_periphery_weights(q, k, hw, rows, num_cores: int = 16,
+                            cores: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+                            **_: Any) -> torch.Tensor:
+    """A patch reads the C cores only; the cores read every token. The implied weight of patch
+    ``j`` for patch ``i`` is the two-hop ``sum_c A[i, c] B[c, j]`` (patch -> core -> patch), with
+    ``A`` the patch-to-core and ``B`` the core-to-patch softmax. Without a VECA model
+    (``cores`` None) the cores are the tokens average pooled to a ``sqrt(C) x sqrt(C)`` grid."""
+    scale = q.shape[-1] ** -0.5
+    qs = q[:, :, rows.to(q.device)]  # [B, h, R, D]
+    if cores is None:
+        side = max(1, round(math.sqrt(num_cores)))
+        cell = max(1, math.ceil(max(hw) / side))
+        q_c, k_c = pool_grid(q, hw, cell), pool_grid(k, hw, cell)
+    else:
+        q_c, k_c = cores
+    to_cores = ((qs @ k_c.transpose(-2, -1)) * scale).softmax(-1)  # [B, h, R, C]
+    # a core reads cores and patches; keep its weights on the patches (renormalised) so the
+    # two hops give a distribution over the N patches
+    keys = torch.cat([k_c, k], dim=2)  # [B, h, C + N, D]
+    from_cores = ((q_c @ keys.transpose(-2, -1)) * scale).softmax(-1)[..., k_c.shape[2]:]
+    from_cores = from_cores / from_cores.sum(-1, keepdim=True)  # [B, h, C, N]
+    return to_cores @ from_cores
 
 
-KINDS = tuple(_kinds())
+def _laplacian_nystrom_weights(q, k, hw, rows, landmark_cell: int = 8, lam: float = 4.,
+                               ns_iters: int = 20, ns_eps: float = 0.01,
+                               **_: Any) -> torch.Tensor:
+    """``K(q, L) pinv(K(L, L)) K(L, k) / N`` with landmarks ``L`` pooled over cells of the
+    queries (as LaplacianFormer's first stage: 8x8 cells, width 4, 20 Newton-Schulz steps); the
+    Nystrom weights may be negative and need not sum to 1, so the distribution is
+    ``|w_ij| / sum_j |w_ij|``."""
+    qs = q[:, :, rows.to(q.device)]  # [B, h, R, D]
+    lm = pool_grid(q, hw, landmark_cell)
+    k_ql = laplacian_kernel_naive(qs, lm, lam)  # [B, h, R, M]
+    k_lk = laplacian_kernel_naive(lm, k, lam)  # [B, h, M, N]
+    pinv = newton_schulz_pinv_naive(laplacian_kernel_naive(lm, lm, lam), ns_iters, ns_eps)
+    w = (k_ql @ pinv @ k_lk).abs()
+    return w / w.sum(-1, keepdim=True).clamp_min(1e-30)
+
+
+#: attention kind -> ``fn(q, k, hw, rows, **options) -> [B, h, R, N]`` weights
+KIND_WEIGHTS: Dict[str, Callable[..., torch.Tensor]] = dict(
+    softmax=_softmax_weights, linear=_linear_weights, window=window_weights,
+    sema=_sema_weights, core_periphery=_core_periphery_weights,
+    laplacian_nystrom=_laplacian_nystrom_weights)
+KINDS = tuple(KIND_WEIGHTS)
 
 
 def implied_weights(kind: str, q: torch.Tensor, k: torch.Tensor, hw: Tuple[int, int],
@@ -108,14 +148,13 @@ def implied_weights(kind: str, q: torch.Tensor, k: torch.Tensor, hw: Tuple[int, 
             (``(q_cores, k_cores)`` ``[B, h, C, D]`` of a real core-periphery model);
             ``landmark_cell``, ``lam``, ``ns_iters``, ``ns_eps`` (LaplacianFormer's settings).
     """
-    kinds = _kinds()
-    if kind not in kinds:
-        raise ValueError(f'unknown attention kind {kind!r}; choose from {tuple(kinds)}')
+    if kind not in KIND_WEIGHTS:
+        raise ValueError(f'unknown attention kind {kind!r}; choose from {KINDS}')
     N = q.shape[2]
     if N != hw[0] * hw[1]:
         raise ValueError(f'{N} tokens do not fill the grid {hw}')
     rows = torch.arange(N) if rows is None else rows
-    return kinds[kind](q, k, hw, rows, **options)
+    return KIND_WEIGHTS[kind](q, k, hw, rows, **options)
 
 
 def dispersion_stats(p: torch.Tensor) -> Dict[str, float]:
@@ -130,9 +169,3 @@ def dispersion_stats(p: torch.Tensor) -> Dict[str, float]:
                 normalized_entropy=(ent / math.log(N)).mean().item() if N > 1 else 0.,
                 max_weight=p.amax(-1).mean().item(), effective_keys=eff.mean().item(),
                 effective_fraction=(eff / N).mean().item(), tokens=N)
-
-
-def kinds_available() -> Sequence[str]:
-    """The kinds this installation has: the baselines and every op spec's kinds."""
-    return list(_kinds())
-

@@ -1,8 +1,8 @@
 """Compile any op's kernels ahead of time for NVIDIA targets, without a GPU (run as a script).
 
 Usage: ``python tests/ops/aot_worker.py CASES_JSON [ARCH ...]`` with Triton's interpreter OFF.
-CASES_JSON is a list of cases, each with ``"op"`` (a public op name) and the keys its spec's
-``aot.record`` reads (``mmeffattn/ops/<op>/spec.py``). For each case the op's real launchers
+CASES_JSON is a list of cases, each with ``"op"`` (a public op name) and the keys
+``tools/analysis_tools/kernel_cases.record`` reads. For each case the op's real launchers
 run forward and backward on small CPU tensors inside ``_launch.record_launches()``, which
 records every launch (kernel, grid, arguments, constexprs, num_warps, num_stages) instead of
 running it; each distinct launch is then compiled for each architecture with the same
@@ -23,26 +23,9 @@ from concurrent.futures import ProcessPoolExecutor
 assert not os.environ.get('TRITON_INTERPRET'), 'run with Triton\'s interpreter off'
 
 import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
-from triton.compiler.compiler import make_backend  # noqa: E402
-from triton.runtime.jit import create_function_from_signature  # noqa: E402
 
-from mmeffattn.ops._spec import get_spec  # noqa: E402
-
-
-def specialise(launch, arch: int):
-    """(signature, constexprs, attrs, options) exactly as Triton's JIT derives them from the
-    launch's arguments (uses Triton internals: a Triton upgrade that changes them fails loudly)."""
-    target = GPUTarget('cuda', arch, 32)
-    backend = make_backend(target)
-    kernel = launch.config.kernel
-    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
-    kwargs = dict(launch.config.constexprs, **launch.config.launch_options)
-    bound_args, specialization, options = binder(*launch.args, **kwargs)
-    options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound_args,
-                                                              specialization, options)
-    return target, signature, constexprs, attrs, options
+from tools.analysis_tools.kernel_cases import record, specialise  # noqa: E402
 
 
 _JOBS: list = []  # (launch, arch, meta), set before the worker processes fork
@@ -73,7 +56,7 @@ def main() -> None:
     archs = [int(a) for a in sys.argv[2:]] or [80, 90]
     jobs, seen = _JOBS, set()
     for case in cases:
-        for launch in get_spec(case['op']).aot.record(case):
+        for launch in record(case):
             cfg = launch.config
             key_args = specialise(launch, archs[0])[1:4]
             key = (cfg.kernel.__name__, repr(key_args), repr(cfg.launch_options))

@@ -10,9 +10,9 @@ import types
 import pytest
 import torch
 
+from tools.analysis_tools import compare_official_kernels as cok
+
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-sys.path.insert(0, osp.join(ROOT, 'tools', 'analysis_tools'))
-import compare_official_kernels as cok  # noqa: E402
 
 LAM, ITERS = 4.0, 12
 

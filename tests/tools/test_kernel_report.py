@@ -1,20 +1,19 @@
-"""tools/analysis_tools/kernel_report.py: the SASS reader, the rooflines the specs declare, and
-the compiled kernels' targets (issue 14): no shuffle in the Laplacian kernels, no spills.
+"""tools/analysis_tools/kernel_report.py: the SASS reader, the rooflines of kernel_cases.py, and
+the compiled kernels' targets: no shuffle in the Laplacian kernels, no spills.
 
 The quick run compiles the Laplacian and dynamic-dwconv launches at their first GPU-check
 shape for sm_90 (about 20 s); ``--run-slow`` runs the full report (every op, sm_80 and sm_90).
 """
 import json
 import os.path as osp
-import sys
 
 import pytest
 
-from mmeffattn.ops._spec import PEAKS, Cost, all_specs, predicted_seconds
-
-ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-sys.path.insert(0, osp.join(ROOT, 'tools', 'analysis_tools'))
-import kernel_report  # noqa: E402
+from mmeffattn.ops._spec import SPECS
+from tools import gpu_check
+from tools.analysis_tools import kernel_report
+from tools.analysis_tools.kernel_cases import (PEAKS, ROOFLINES, Cost, core_periphery_costs,
+                                               predicted_seconds, record)
 
 SASS = """
         /*0000*/                   LDC R1, c[0x0][0x28] ;
@@ -43,21 +42,19 @@ def test_sass_stats_counts_opcodes_and_loops() -> None:
 
 
 def test_rooflines_name_gpu_checks_and_predict_positive_times() -> None:
-    specs = [s for s in all_specs() if s.rooflines]
-    assert {'laplacian_kernel', 'dynamic_dwconv', 'sema_attention', 'dynamic_weight',
-            'core_periphery_attention', 'newton_schulz_pinv'} <= {s.name for s in specs}
-    for spec in specs:
-        checks = {name for name, _ in spec.gpu_checks}
-        for r in spec.rooflines:
-            assert r.check in checks, (spec.name, r.check)
-            assert r.aot_case['op'] == spec.name
-            for dtype in ('bf16', 'fp32'):
-                costs = r.costs(dtype)
-                assert set(costs) == {'fwd', 'bwd'}
-                for cost in costs.values():
-                    assert cost.bytes > 0 and cost.launches >= 1
-                    assert predicted_seconds(cost, 'H200', dtype) <= \
-                        predicted_seconds(cost, 'H100', dtype)
+    """Every op has a roofline, each at a GPU check's shapes (the name of a case of
+    ``tools/gpu_check.py`` whose first word starts the op's name)."""
+    assert {r.op for r in ROOFLINES.values()} == {s.name for s in SPECS}
+    checks = {name for name, _ in gpu_check.KERNEL_CASES}
+    for name, r in ROOFLINES.items():
+        assert name in checks and r.op.startswith(name.split()[0]), name
+        for dtype in ('bf16', 'fp32'):
+            costs = r.costs(dtype)
+            assert set(costs) == {'fwd', 'bwd'}
+            for cost in costs.values():
+                assert cost.bytes > 0 and cost.launches >= 1
+                assert predicted_seconds(cost, 'H200', dtype) <= \
+                    predicted_seconds(cost, 'H100', dtype)
 
 
 def test_predicted_seconds_is_the_roofline() -> None:
@@ -70,59 +67,29 @@ def test_predicted_seconds_is_the_roofline() -> None:
                              'fp32') == pytest.approx(1.0)
 
 
-def test_laplacian_backward_models_one_pass() -> None:
-    """The fused backward reads g and out once (the previous design twice): fewer bytes at the
-    larger check, where the N x M weights dominate the dy partial sums."""
-    r = next(s for s in all_specs() if s.name == 'laplacian_kernel').rooflines[-1]
-    assert r.costs('bf16')['bwd'].bytes < r.previous('bf16')['bwd'].bytes
-    assert r.costs('bf16')['bwd'].launches <= 3 and r.previous('bf16')['bwd'].launches == 2
-
-
-def test_core_periphery_backward_models_no_rope_glue() -> None:
-    """The inverse rope moved into the dq / dk kernels' epilogues (dq, dk written in the input
-    dtype): the backward moves several times fewer bytes than the fp32 gradients plus the
-    PyTorch inverse-rope passes did, in fewer launches."""
-    for r in next(s for s in all_specs() if s.name == 'core_periphery_attention').rooflines:
-        for dtype in ('bf16', 'fp32'):
-            now, before = r.costs(dtype)['bwd'], r.previous(dtype)['bwd']
-            assert 2 * now.bytes < before.bytes and now.launches < before.launches
-            assert r.costs(dtype)['fwd'] == r.previous(dtype)['fwd']
-
-
 def test_sema_roofline_launches_are_the_kernels_and_the_mean_glue() -> None:
     """SEMA as the backbone calls it (q, k packed, the mean returned): the roofline's launches
     are the kernels the launchers issue plus, forward, the sum of the windows' partial value
-    sums and, in 16-bit dtypes, the mean's cast (the glue of
-    ``test_triton_glue_call_count_mean_returned``), and nothing else: no pass over v or dO for
-    the mean, nothing for autograd. Against the mean added inside the op (one reduction each
-    way) and the design before issue 14, fewer bytes both ways."""
-    from mmeffattn.ops.sema.spec import roofline_costs
-    spec = next(s for s in all_specs() if s.name == 'sema_attention')
-    for r in spec.rooflines:
-        B, h = r.aot_case['B'], r.aot_case['heads']
-        side, D = r.aot_case['H'], r.aot_case['D']
+    sums and, in 16-bit dtypes, the mean's cast, and nothing else: no pass over v or dO for
+    the mean, nothing for autograd."""
+    for r in (r for r in ROOFLINES.values() if r.op == 'sema_attention'):
         for dtype in ('bf16', 'fp32'):
-            roles = [launch.role for launch in spec.aot.record(dict(r.aot_case, dtype=dtype))]
-            now, before = r.costs(dtype), r.previous(dtype)
-            inside = roofline_costs(B, h, side, D, design='mean_inside')(dtype)
+            roles = [launch.role for launch in record(dict(r.aot_case, dtype=dtype))]
+            now = r.costs(dtype)
             assert now['fwd'].launches == roles.count('fwd') + 1 + (dtype != 'fp32')
             assert now['bwd'].launches == len(roles) - roles.count('fwd')
-            assert inside['bwd'].launches == now['bwd'].launches + 1  # + sum_n dO
-            for d in ('fwd', 'bwd'):
-                assert now[d].bytes < inside[d].bytes < before[d].bytes
-            assert now['bwd'].launches < before['bwd'].launches
 
 
 def test_core_periphery_fused_backward_models_less_traffic() -> None:
     """The fused backward (P and dS of every pair computed once, fp32 atomics, no split) moves
     fewer bytes and does fewer tensor-core FLOPs than the deterministic one (every pair visited
     twice), at the GPU-check shapes, with and without table gradients."""
-    from mmeffattn.ops.core_periphery.spec import roofline_costs
     for shape in [(8, 6, 64, 196, 64), (2, 6, 64, 1024, 64)]:
         for rope_grad in (False, True):
             for dtype in ('bf16', 'fp32'):
-                fused = roofline_costs(*shape, rope_grad=rope_grad)(dtype)['bwd']
-                separate = roofline_costs(*shape, rope_grad=rope_grad, fused=False)(dtype)['bwd']
+                fused = core_periphery_costs(*shape, rope_grad=rope_grad)(dtype)['bwd']
+                separate = core_periphery_costs(*shape, rope_grad=rope_grad,
+                                                fused=False)(dtype)['bwd']
                 assert fused.bytes < separate.bytes and fused.tc < separate.tc
                 assert fused.launches <= separate.launches
 
@@ -131,10 +98,9 @@ def test_core_periphery_roofline_launches_are_the_kernels() -> None:
     """The roofline's launches are the kernels the launchers issue (recorded at the roofline's
     AOT case, the default fused backward) plus the zeroing of the atomics' buffer: delta, the
     patch rows, every key, the cores' dq."""
-    spec = next(s for s in all_specs() if s.name == 'core_periphery_attention')
-    for r in spec.rooflines:
+    for r in (r for r in ROOFLINES.values() if r.op == 'core_periphery_attention'):
         for dtype in ('bf16', 'fp32'):
-            roles = [launch.role for launch in spec.aot.record(dict(r.aot_case, dtype=dtype))]
+            roles = [launch.role for launch in record(dict(r.aot_case, dtype=dtype))]
             fwd = [role for role in roles if role.startswith('fwd')]
             assert roles[len(fwd):] == ['bwd_preprocess', 'bwd_patches', 'bwd_keys',
                                         'bwd_dq_cores']
@@ -146,8 +112,6 @@ def test_core_periphery_roofline_launches_are_the_kernels() -> None:
 def test_gpu_check_prints_measured_next_to_predicted(tmp_path, capsys) -> None:
     """The harness times a case with a roofline and records both (here the reference on the
     CPU stands in for the kernels on a GPU)."""
-    sys.path.insert(0, osp.join(ROOT, 'tools'))
-    import gpu_check
     r = gpu_check.check_kernels(str(tmp_path), device='cpu', backend='reference',
                                 dtypes=('float32', ), only='dynamic_weight', timing=True)
     assert r['status'] == 'ok'
@@ -193,4 +157,4 @@ def test_full_report(tmp_path) -> None:
     pytest.importorskip('triton')
     assert kernel_report.main(['--out-dir', str(tmp_path)]) == 0
     report = _check_report(tmp_path, quick=False)
-    assert {k['op'] for k in report['kernels']} == {s.name for s in all_specs() if s.aot}
+    assert {k['op'] for k in report['kernels']} == {s.name for s in SPECS}

@@ -30,25 +30,27 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+import torch
+
+try:  # imported as tools.analysis_tools.compare_official_kernels
+    from .compare_official import check_outputs, time_paired
+except ImportError:  # run as a script: its folder is on the path
+    from compare_official import check_outputs, time_paired
+
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-
-import torch  # noqa: E402
-
-from compare_official import check_outputs, time_paired  # noqa: E402
-
 NO_CUDA_EXIT = 2
 #: the sources the official setup.py compiles, in its order
 OFFICIAL_SOURCES = ('src/wrapper.cpp', 'src/LaplaceSubtraction_cuda.cu',
                     'src/LaplaceSubtraction_cuda_kernel.cu', 'src/NewtonInverse_cuda_kernel.cu',
                     'src/cuda_version.cu')
 #: (B, heads, N, M, D): LaplacianFormer's query-landmark kernels at 224 and 1024 px (the GPU
-#: checks of mmeffattn/ops/laplacian/spec.py) and the landmark-landmark one
+#: checks of tools/gpu_check.py) and the landmark-landmark one
 LAPLACE_SHAPES = ((8, 1, 3136, 49, 64), (2, 1, 16384, 256, 64), (8, 1, 49, 49, 64))
 #: (B, heads, M): landmark matrices (the official operator takes M <= 128)
 NEWTON_SHAPES = ((8, 1, 49), (2, 1, 128))
 OFFICIAL_EPS = 0.01  # fixed inside the official NewtonInverse
+#: LaplacianFormer's kernel width and Newton-Schulz steps
+LAMBDA, NS_ITERS = 4., 20
 
 
 def load_official(root: str, build_dir: str, verbose: bool = False):
@@ -242,7 +244,6 @@ def main(argv=None) -> int:
         print('compare_official_kernels: the official operators are CUDA only; run this on a '
               'machine with an NVIDIA GPU', file=sys.stderr)
         return NO_CUDA_EXIT
-    from mmeffattn.ops.laplacian.spec import LAMBDA, NS_ITERS
     ext = load_official(args.laplacianformer_root, args.build_dir)
     device = torch.device('cuda')
     dtypes = [dict(fp32=torch.float32, fp16=torch.float16)[d] for d in args.dtypes]

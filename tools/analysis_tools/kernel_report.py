@@ -4,24 +4,22 @@
     python tools/analysis_tools/kernel_report.py                      # docs/perf/kernels.{md,json}
     python tools/analysis_tools/kernel_report.py --quick --out-dir /tmp/kr   # a few, sm_90 only
 
-1. **Compiled code.** Every launch the launchers really issue at each op's GPU-check shapes
-   (the ``aot_case`` of each :class:`~mmeffattn.ops._spec.Roofline` in ``<op>/spec.py``; ops
-   without a roofline: their ``aot.subset``) is recorded with ``_launch.record_launches()`` and
-   compiled ahead of time for sm_80 and sm_90 in a subprocess with Triton's interpreter off (the
-   same specialisation as the JIT: ``tests/ops/aot_worker.py``). Per kernel: registers, stack
+1. **Compiled code.** Every launch the launchers really issue at each GPU check's shapes
+   (the ``aot_case`` of each roofline in ``kernel_cases.py``) is recorded with
+   ``_launch.record_launches()`` and compiled ahead of time for sm_80 and sm_90 in a subprocess
+   with Triton's interpreter off (the same specialisation as the JIT). Per kernel: registers, stack
    (spills), shared memory, from ``cuobjdump -res-usage``; and from ``cuobjdump -sass``: the
    instruction count, tensor-core instructions (HMMA, HGMMA), shuffles (SHFL; also those inside
    a loop, i.e. between a backward branch and its target), barriers, and global loads/stores
    by width (128-bit ``LDG.E.128`` vs 64, 32 and 16/8-bit).
 2. **Roofline.** Per op and dtype, the bytes and work of one call (forward, backward; glue
-   included) declared by its spec, and the predicted time at H100 and H200 peaks
-   (``_spec.PEAKS``): ``max(bytes / HBM bandwidth, compute time)``. These are predictions;
-   ``tools/gpu_check.py`` measures the same calls on a GPU and prints both.
+   included) modelled in ``kernel_cases.py``, and the predicted time at H100 and H200 peaks
+   (``kernel_cases.PEAKS``): ``max(bytes / HBM bandwidth, compute time)``. These are
+   predictions; ``tools/gpu_check.py`` measures the same calls on a GPU and prints both.
 
 ``--before FILE.json`` adds a before/after table against an earlier report (e.g. one made with
-``--root`` pointing at a checkout of an older commit: its kernels are compiled, while the
-roofline comes from this checkout's specs unless they declare the older design's ``previous``
-costs).
+``--root`` pointing at a checkout whose launchers take the same arguments: its kernels are
+compiled). The rooflines of earlier designs are in ``docs/perf/kernels_history.md``.
 """
 import argparse
 import json
@@ -35,9 +33,12 @@ import tempfile
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+try:  # imported as tools.analysis_tools.kernel_report
+    from . import kernel_cases
+except ImportError:  # run as a script: its folder is on the path
+    import kernel_cases
+
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
 
 GPUS = ('H100', 'H200')
 DTYPES = ('bf16', 'fp32')
@@ -107,22 +108,18 @@ def sass_stats(sass: str) -> Dict[str, Any]:
 # --------------------------------------------------------------------------------------------
 # the compile worker (subprocess, interpreter off)
 # --------------------------------------------------------------------------------------------
-def worker(cases: List[dict], archs: Sequence[int], root: str = ROOT) -> None:
+def worker(cases: List[dict], archs: Sequence[int]) -> None:
     """Print one JSON line per distinct (launch, arch) of ``cases`` (each with ``op``), with
-    the package of the checkout ``root``."""
+    the package found first on the path (:func:`compile_cases` puts the checkout there)."""
     assert not os.environ.get('TRITON_INTERPRET'), "run with Triton's interpreter off"
-    sys.path.insert(0, root)
     import triton
     from triton.compiler import ASTSource
-    # the JIT's specialisation of a recorded launch, shared with the AOT test
-    sys.path.insert(0, osp.join(ROOT, 'tests', 'ops'))
-    from aot_worker import specialise
-    from mmeffattn.ops._spec import get_spec
+    specialise = kernel_cases.specialise
 
     cuobjdump = triton.knobs.nvidia.cuobjdump.path
     seen = set()
     for case in cases:
-        for launch in get_spec(case['op']).aot.record(case):
+        for launch in kernel_cases.record(case):
             cfg = launch.config
             for arch in archs:
                 target, signature, constexprs, attrs, options = specialise(launch, arch)
@@ -164,8 +161,8 @@ def compile_cases(cases: List[dict], archs: Sequence[int], root: str = ROOT,
     env = {k: v for k, v in os.environ.items() if k != 'TRITON_INTERPRET'}
     env['PYTHONPATH'] = os.pathsep.join([root] + [p for p in [env.get('PYTHONPATH')] if p])
     res = subprocess.run([sys.executable, osp.abspath(__file__), '--worker', json.dumps(cases),
-                          '--root', root, '--archs', *map(str, archs)], capture_output=True, text=True, env=env,
-                         cwd=root, timeout=timeout)
+                          '--archs', *map(str, archs)], capture_output=True, text=True,
+                         env=env, cwd=root, timeout=timeout)
     if res.returncode != 0:
         raise RuntimeError(f'compilation failed:\n{res.stdout[-2000:]}\n{res.stderr[-6000:]}')
     return [json.loads(line) for line in res.stdout.splitlines() if line.startswith('{')]
@@ -175,15 +172,12 @@ def compile_cases(cases: List[dict], archs: Sequence[int], root: str = ROOT,
 # the report
 # --------------------------------------------------------------------------------------------
 def plan(quick: bool, ops: Optional[Sequence[str]] = None) -> List[dict]:
-    """The AOT cases to compile: each roofline's shape (ops without one: their AOT subset);
-    ``quick`` keeps one case per op."""
-    from mmeffattn.ops._spec import all_specs
-    cases = []
-    for spec in all_specs():
-        if spec.aot is None or (ops and spec.name not in ops):
+    """The AOT cases to compile: each roofline's shape; ``quick`` keeps one case per op."""
+    cases: List[dict] = []
+    for r in kernel_cases.ROOFLINES.values():
+        if (ops and r.op not in ops) or (quick and any(c['op'] == r.op for c in cases)):
             continue
-        mine = [r.aot_case for r in spec.rooflines] or list(spec.aot.subset)
-        cases += mine[:1] if quick else mine
+        cases.append(r.aot_case)
     return cases
 
 
@@ -194,25 +188,17 @@ def cost_dict(cost) -> Dict[str, Any]:
 
 def rooflines(ops: Optional[Sequence[str]] = None) -> List[dict]:
     """One row per (op, GPU check, dtype, pass): bytes, work and the predicted times."""
-    from mmeffattn.ops._spec import Cost, all_specs, predicted_seconds
     rows = []
-    for spec in all_specs():
-        if ops and spec.name not in ops:
+    for check, r in kernel_cases.ROOFLINES.items():
+        if ops and r.op not in ops:
             continue
-        for r in spec.rooflines:
-            for dtype in DTYPES:
-                for design, fn in (('current', r.costs), ('previous', r.previous)):
-                    if fn is None:
-                        continue
-                    costs = fn(dtype)
-                    total = Cost(*(sum(getattr(c, f) for c in costs.values())
-                                   for f in Cost._fields))
-                    for pas, cost in list(costs.items()) + [('fwd+bwd', total)]:
-                        rows.append(dict(
-                            op=spec.name, check=r.check, dtype=dtype, design=design, pass_=pas,
-                            **cost_dict(cost),
-                            predicted_us={g: round(predicted_seconds(cost, g, dtype) * 1e6, 2)
-                                          for g in GPUS}))
+        for dtype in DTYPES:
+            costs = r.costs(dtype)
+            for pas, cost in list(costs.items()) + [('fwd+bwd', kernel_cases.total_cost(costs))]:
+                rows.append(dict(
+                    op=r.op, check=check, dtype=dtype, pass_=pas, **cost_dict(cost),
+                    predicted_us={g: round(kernel_cases.predicted_seconds(cost, g, dtype) * 1e6,
+                                           2) for g in GPUS}))
     return rows
 
 
@@ -243,10 +229,7 @@ def roofline_table(rows: List[dict]) -> List[str]:
     lines = ['| op | GPU check | dtype | pass | bytes | fp32 inst | TC FLOP | launches | '
              'H100 µs | H200 µs | bound |', '|' + '---|' * 11]
     for r in rows:
-        if r['design'] != 'current':
-            continue
-        from mmeffattn.ops._spec import PEAKS
-        mem = r['bytes'] / PEAKS['H100']['hbm']
+        mem = r['bytes'] / kernel_cases.PEAKS['H100']['hbm']
         bound = 'memory' if mem * 1e6 >= r['predicted_us']['H100'] - 1e-9 else 'compute'
         lines.append(f"| {r['op']} | {r['check']} | {r['dtype']} | {r['pass_']} | "
                      f"{_fmt_bytes(r['bytes'])} | {r['fp32']:.3g} | {r['tc']:.3g} | "
@@ -283,16 +266,16 @@ def before_after_table(before: dict, after: dict) -> List[str]:
             o['ldg_narrow'] += sum(v for w, v in k['ldg'].items() if w not in ('128', '64'))
         return out
 
-    def roof(report: dict, design: str) -> Dict[str, dict]:
+    def roof(report: dict) -> Dict[str, dict]:
         out: Dict[str, dict] = {}
-        for r in report.get('rooflines', []):
-            if r['pass_'] == 'fwd+bwd' and r['dtype'] == 'bf16' and r['design'] == design:
+        for r in report.get('rooflines', []):  # reports that modelled two designs: the current
+            if r['pass_'] == 'fwd+bwd' and r['dtype'] == 'bf16' and \
+                    r.get('design', 'current') == 'current':
                 out.setdefault(r['op'], r)
         return out
 
     b, a = per_op(before), per_op(after)
-    rb = roof(after, 'previous')
-    ra = roof(after, 'current')
+    rb, ra = roof(before), roof(after)
     lines = ['| op | kernels | max regs | stack | SASS instr | SHFL (in loops) | TC instr | '
              'LDG 128-bit / narrow | bytes fwd+bwd (bf16) | H100 µs | H200 µs |',
              '|' + '---|' * 11]
@@ -325,8 +308,8 @@ def before_after_table(before: dict, after: dict) -> List[str]:
 def markdown(report: dict, before: Optional[dict] = None) -> str:
     out = ['# Compiled kernels and rooflines', '',
            'Generated by `tools/analysis_tools/kernel_report.py` from ahead-of-time compiles '
-           '(no GPU). **All times are predictions** from the analytic rooflines the op specs '
-           'declare (`mmeffattn/ops/<op>/spec.py`, `rooflines`), at peak rates '
+           '(no GPU). **All times are predictions** from the analytic rooflines of '
+           '`tools/analysis_tools/kernel_cases.py`, at peak rates '
            + ', '.join(f"{g}: {p['hbm'] / 1e12:g} TB/s HBM, {p['fp32'] * 2 / 1e12:g} TFLOP/s fp32, "
                        f"{p['tc16'] / 1e12:g} TFLOP/s bf16 TC, {p['tf32'] / 1e12:g} tf32"
                        for g, p in report['peaks'].items())
@@ -358,11 +341,11 @@ def markdown(report: dict, before: Optional[dict] = None) -> str:
 
 def build_report(quick: bool, archs: Sequence[int], ops: Optional[Sequence[str]] = None,
                  root: str = ROOT) -> dict:
-    from mmeffattn.ops._spec import PEAKS
     t0 = time.time()
     kernels = compile_cases(plan(quick, ops), archs, root)
     kernels.sort(key=lambda k: (k['op'], json.dumps(k['case'], sort_keys=True), k['arch']))
-    return dict(source=root, quick=quick, archs=list(archs), peaks=PEAKS, kernels=kernels,
+    return dict(source=root, quick=quick, archs=list(archs), peaks=kernel_cases.PEAKS,
+                kernels=kernels,
                 rooflines=rooflines(ops), seconds=round(time.time() - t0, 1))
 
 
@@ -385,7 +368,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     archs = args.archs or ([90] if args.quick else [80, 90])
     if args.worker is not None:
-        worker(json.loads(args.worker), archs, osp.abspath(args.root))
+        worker(json.loads(args.worker), archs)
         return 0
     report = build_report(args.quick, archs, args.ops, osp.abspath(args.root))
     before = None

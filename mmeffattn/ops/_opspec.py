@@ -1,0 +1,85 @@
+"""The facts an op declares about itself (:class:`OpSpec`) and the tolerance check they use.
+
+Each ``<op>/spec.py`` defines ``SPEC = OpSpec(...)``; :mod:`mmeffattn.ops._spec` lists them.
+The cases a tool or a test runs (benchmark shapes, GPU checks, AOT matrices, rooflines) live
+with that tool or test, so this module and the specs import nothing above the ops.
+"""
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, NamedTuple, Optional
+
+import torch
+
+#: dtype names used by test ids and reports
+DTYPES = {'fp32': torch.float32, 'fp16': torch.float16, 'bf16': torch.bfloat16}
+
+
+class Tolerance(NamedTuple):
+    """Relative RMS error with an absolute floor, and the slack of the element-wise check."""
+    rtol: float
+    atol: float
+    max_factor: float
+
+
+#: the default tolerance table, per dtype: an op's result computed in ``dtype`` against its
+#: reference evaluated in float64 on the same inputs
+#:     rms(actual - expected) <= rtol * rms(expected) + atol
+#:     max|actual - expected| <= max_factor * (rtol * max|expected| + atol)
+DEFAULT_TOLERANCES: Dict[torch.dtype, Tolerance] = {
+    torch.float64: Tolerance(1e-10, 1e-12, 10.),
+    torch.float32: Tolerance(1e-5, 1e-7, 20.),
+    torch.float16: Tolerance(2e-3, 1e-5, 20.),
+    torch.bfloat16: Tolerance(1.6e-2, 1e-4, 20.),
+}
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """One op's facts.
+
+    Args:
+        name: the public op, an attribute of :mod:`mmeffattn.ops` (e.g. ``'sema_attention'``).
+        macs: analytic multiply-accumulates of one call, from the op's own arguments.
+        can_run: the op's ``*_triton_reasons(*tensors, ...)`` (``[]``: the kernels can run).
+        tolerances: per-dtype :class:`Tolerance` of the kernels against the fp64 reference.
+        entry_points: the op's other public functions (e.g. ``sema_attention_qk``, inputs
+            packed differently) -> their analytic MACs from their own arguments.
+    """
+    name: str
+    macs: Callable[..., int]
+    can_run: Callable[..., List[str]]
+    tolerances: Dict[torch.dtype, Tolerance] = field(
+        default_factory=lambda: dict(DEFAULT_TOLERANCES))
+    entry_points: Dict[str, Callable[..., int]] = field(default_factory=dict)
+
+
+def sdpa_macs(batch: int, n_q: int, n_k: int, d_qk: int, d_v: int) -> int:
+    """MACs of ``softmax(q k^T) v``: ``q k^T`` plus ``weights @ v`` for every query/key pair."""
+    return batch * n_q * n_k * (d_qk + d_v)
+
+
+def rms(x: torch.Tensor) -> float:
+    return x.double().pow(2).mean().sqrt().item()
+
+
+def check_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype,
+                name: str = 'tensor',
+                tolerances: Optional[Dict[torch.dtype, Tolerance]] = None) -> None:
+    """Assert ``actual`` (computed in ``dtype``) matches ``expected`` within the tolerance of
+    ``dtype`` (default table: :data:`DEFAULT_TOLERANCES`)."""
+    tol = (tolerances or DEFAULT_TOLERANCES)[dtype]
+    assert actual.shape == expected.shape, f'{name}: shape {tuple(actual.shape)} != ' \
+                                           f'{tuple(expected.shape)}'
+    actual, expected = actual.detach().double().cpu(), expected.detach().double().cpu()
+    assert torch.isfinite(actual).all(), f'{name}: non-finite values'
+    err = actual - expected
+    err_rms, ref_rms = rms(err), rms(expected)
+    limit = tol.rtol * ref_rms + tol.atol
+    assert err_rms <= limit, (f'{name} ({dtype}): RMS error {err_rms:.3e} > {limit:.3e} '
+                              f'(rtol {tol.rtol:g} x RMS {ref_rms:.3e} + atol {tol.atol:g}); '
+                              f'relative {err_rms / max(ref_rms, 1e-300):.3e}')
+    err_max, ref_max = err.abs().max().item(), expected.abs().max().item()
+    limit_max = tol.max_factor * (tol.rtol * ref_max + tol.atol)
+    flat = int(err.abs().argmax())
+    where = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), err.shape))
+    assert err_max <= limit_max, (f'{name} ({dtype}): max error {err_max:.3e} > {limit_max:.3e} '
+                                  f'at index {where}')
