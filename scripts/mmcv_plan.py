@@ -3,6 +3,7 @@
 
     python scripts/mmcv_plan.py            # the plan, in words
     python scripts/mmcv_plan.py --shell    # the plan as shell assignments (what setup.sh reads)
+    python scripts/mmcv_plan.py --flavor   # cpu, or e.g. cuda13.0-sm90 (setup.sh's stamp)
 
 Where torch sees a CUDA GPU, mmcv must be built with ``FORCE_CUDA=1`` for the GPUs' compute
 capabilities (``TORCH_CUDA_ARCH_LIST``), with an nvcc whose CUDA major version matches
@@ -193,10 +194,14 @@ def describe(plan: Dict[str, str], mmcv_version: str) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--shell', action='store_true', help='print shell assignments')
+    parser.add_argument('--flavor', action='store_true',
+                        help='print only the build flavor (cpu, or e.g. cuda13.0-sm90)')
     parser.add_argument('--mmcv-version', default='2.1.0')
     args = parser.parse_args(argv)
     plan = make_plan()
-    if args.shell:
+    if args.flavor:
+        print(plan['MMCV_FLAVOR'])
+    elif args.shell:
         for key, value in plan.items():
             print(f'{key}={shlex.quote(value)}')
     else:

@@ -70,15 +70,17 @@ stamp_key() {
   cat "$ROOT/scripts/setup.sh" "$ROOT/scripts/mmcv_plan.py" "$ROOT/requirements/"*.txt \
     "$ROOT/setup.py" "$ROOT/pyproject.toml" | sha256sum | cut -c1-16
 }
-flavor() {  # cpu, or e.g. cuda13.0-sm90: a set-up for one is not a set-up for the other
-  "$PYTHON" "$ROOT/scripts/mmcv_plan.py" --shell 2>/dev/null | sed -n "s/^MMCV_FLAVOR=//p"
-}
-if "$PYTHON" -c "import torch" 2>/dev/null; then
-  STAMP="$VENV/.mmeffattn-setup-$(stamp_key)-$(flavor)"
-  if [[ -f "$STAMP" ]] && "$PYTHON" -c "$IMPORT_CHECK" 2>/dev/null; then
-    log "already set up ($VENV)"
-    exit 0
-  fi
+# one interpreter start: everything imports, and the build flavor (cpu, or e.g. cuda13.0-sm90:
+# a set-up for one is not a set-up for the other) is printed
+FLAVOR="$("$PYTHON" -c "$IMPORT_CHECK
+import runpy, sys
+sys.argv = [sys.argv[1], '--flavor']
+runpy.run_path(sys.argv[0], run_name='__main__')" "$ROOT/scripts/mmcv_plan.py" 2>/dev/null)" \
+  || FLAVOR=""
+FLAVOR="${FLAVOR##*$'\n'}"  # the last line, should an import print anything
+if [[ -n "$FLAVOR" && -f "$VENV/.mmeffattn-setup-$(stamp_key)-$FLAVOR" ]]; then
+  log "already set up ($VENV)"
+  exit 0
 fi
 
 # --- 4. torch, build tools --------------------------------------------------------------------
@@ -179,7 +181,7 @@ log "installing the OpenMMLab stack, the extras (all, deploy, tests, docs) and m
 "${PIP_C[@]}" -r requirements/runtime.txt -r requirements/deploy.txt -r requirements/tests.txt \
   -r requirements/docs.txt
 "${PIP[@]}" install --no-deps --no-build-isolation -e .
-"$PYTHON" -c "$IMPORT_CHECK"
+"$PYTHON" -W ignore::UserWarning -c "$IMPORT_CHECK"  # mim warns that pkg_resources is deprecated
 
 rm -f "$VENV"/.mmeffattn-setup-*
 touch "$STAMP"
