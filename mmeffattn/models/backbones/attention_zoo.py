@@ -1,9 +1,9 @@
 """The attention zoo: every token mixer of the package in one macro-architecture, the SEMA pyramid.
 
-``SEMA(attn_type=...)`` changes only the block's ``attn`` slot, ``mixer(x [B, N, C], hw) ->
-[B, N, C]``, so that the families' mixers compare on an equal footing. Mixers are registered where
-they are defined (:func:`register_mixer`) and built by :func:`build_mixer`; an option a mixer does
-not take raises. The table of mixers: docs/design/attention_zoo.md.
+``SEMA(attn_type=...)`` changes only the block's ``attn`` slot, ``mixer(x [B, N, C], hw) -> [B, N,
+C]``, so that the families' mixers compare on an equal footing. Mixers are registered where they are
+defined (:func:`register_mixer`) and built by :func:`build_mixer`; an option a mixer does not take
+raises. The table of mixers: docs/design/attention_zoo.md.
 """
 import inspect
 from typing import Callable, Dict, Optional, Sequence, Tuple, Union
@@ -93,16 +93,8 @@ def _per_stage(name: str, value: Union[int, Sequence[int]], stage: int):
 
 
 class GlobalSoftmaxAttention(nn.Module):
-    """Global multi-head softmax attention over all ``N`` tokens (ViT's), with SEMA's layout.
-
-    q, k from ``qk = Linear(dim, 2 dim)``, v from ``v = Linear(dim, dim)``, LePE (3x3 depthwise)
-    on v; ``scaled_dot_product_attention`` (PyTorch's fused kernels on CUDA). Quadratic in ``N``
-    in time (and in memory on the CPU's math path): the zoo's benchmark skips it at large sizes.
-
-    Args:
-        dim: channels.
-        num_heads: heads; ``dim % num_heads == 0``.
-        qkv_bias: bias of the projections.
+    """Global multi-head softmax attention (ViT's) in SEMA's layout: ``qk`` and ``v`` projections,
+    SDPA, LePE on v. Quadratic in ``N``.
     """
 
     def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True) -> None:
@@ -128,25 +120,15 @@ class GlobalSoftmaxAttention(nn.Module):
 
 
 class CorePeripheryMixer(nn.Module):
-    """VECA-style core-periphery attention with learned cores, as a per-block token mixer.
+    """VECA-style core-periphery attention as a per-block mixer, with its own ``C`` learned cores.
 
-    VECA (its own backbone, veca.py) carries ``C`` learned core tokens through the whole trunk:
-    cores attend to everything, patches attend to the cores only. A mixer in this pyramid sees
-    only the patch tokens of one block, so each mixer owns its ``C`` learned cores and runs the
-    two hops inside itself, both through :func:`mmeffattn.ops.core_periphery_attention`:
-
-    1. gather: ``[cores; patches]`` -> the op; the core rows attend over all ``C + N`` tokens,
-       and ``cores + out_cores`` are the updated cores (content-dependent);
-    2. broadcast: ``[updated cores; patches]`` -> the op; each patch row attends over the
-       updated cores' keys and values (its queries are those of step 1).
-
-    Both hops cost ``O((C + N) C D)``: linear in ``N``. The core rows of step 2 are a by-product
-    (``C (C + N)`` work, discarded). No RoPE: as the other mixers here, position comes from the
-    block's convolutions and the LePE on v.
+    Two hops through :func:`mmeffattn.ops.core_periphery_attention`: the cores gather from ``[cores;
+    patches]`` (updated cores ``cores + out``), then every patch reads the updated cores. Both cost
+    ``O((C + N) C D)``, linear in ``N``. No RoPE: position comes from the block's convolutions and
+    the LePE on v.
 
     Args:
-        dim: channels.
-        num_heads: heads; ``dim % num_heads == 0``.
+        dim, num_heads: channels and heads.
         num_cores: learned cores ``C`` (>= 1).
         qkv_bias: bias of the projections.
         backend: backend of the op (None: automatic).
@@ -196,17 +178,13 @@ class CorePeripheryMixer(nn.Module):
 
 
 class DynamicMixer(nn.Module):
-    """WeightFormer's dynamic token mixing as a mixer: a dynamic depthwise convolution (local,
-    a kernel predicted per sample) then a dynamic linear layer (its weight predicted from the
-    pooled tokens: global context), WeightFormer's ``DynamicDWConv`` and ``DynamicLinear``.
-
-    Runs :func:`mmeffattn.ops.dynamic_dwconv` and :func:`mmeffattn.ops.dynamic_weight`. No
-    attention weights (so no dispersion); ``num_heads`` is unused.
+    """WeightFormer's dynamic mixing as a mixer: :class:`DynamicDWConv` (a kernel predicted per
+    sample) then :class:`DynamicLinear` (a weight predicted from the pooled tokens); ``num_heads``
+    is unused.
 
     Args:
         dim: channels (divisible by ``reduction``).
-        kernel_size: odd side of the dynamic depthwise kernel.
-        reduction: rank reduction of the dynamic linear layer.
+        kernel_size, reduction: the dynamic kernel's odd side and the linear layer's rank reduction.
         backend: backend of the ops (None: automatic).
     """
 

@@ -38,17 +38,8 @@ FEATURE_SCALES = ('sqrt_head_dim', )  # named scales (besides None and positive 
 
 
 def pool_landmarks(x: torch.Tensor, hw: HWShape, sr: int) -> torch.Tensor:
-    """Landmarks: per-head features average pooled over ``sr x sr`` cells of the token grid.
-
-    Args:
-        x: ``[B, heads, N, D]`` with ``N = H * W`` (row-major).
-        hw: the token grid ``(H, W)``.
-        sr: the cell side; 1 returns ``x``.
-
-    Returns:
-        ``[B, heads, ceil(H / sr) * ceil(W / sr), D]``. Cells cut by the bottom/right border
-        average only the tokens they hold (``ceil_mode`` without padding), so odd grids need no
-        padding and every token belongs to exactly one cell.
+    """Landmarks: ``x [B, heads, H*W, D]`` average pooled over ``sr x sr`` cells, ``[B, heads,
+    ceil(H/sr) * ceil(W/sr), D]``; border cells average what they hold.
     """
     if sr == 1:
         return x
@@ -59,18 +50,8 @@ def pool_landmarks(x: torch.Tensor, hw: HWShape, sr: int) -> torch.Tensor:
 
 
 def pool_landmarks_grid(x: torch.Tensor, hw: HWShape, grid: int) -> torch.Tensor:
-    """Landmarks on a fixed ``grid x grid`` grid of the token map (adaptive average pooling), so
-    that landmark slot ``m`` is the same region of the image at every input size.
-
-    Args:
-        x: ``[B, heads, N, D]`` with ``N = H * W`` (row-major).
-        hw: the token grid ``(H, W)``.
-        grid: cells per side.
-
-    Returns:
-        ``[B, heads, grid * grid, D]``. When ``H`` (or ``W``) is a multiple of ``grid`` this is
-        :func:`pool_landmarks` with ``sr = H / grid``; smaller grids than ``grid`` repeat tokens
-        in neighbouring cells (duplicate landmarks: ``eps`` keeps ``K(L, L) + eps I`` invertible).
+    """Landmarks on a fixed ``grid x grid`` grid (adaptive average pooling), so that slot ``m`` is
+    the same image region at every size; ``[B, heads, grid * grid, D]``.
     """
     B, nh, N, D = x.shape
     fmap = x.transpose(-2, -1).reshape(B * nh, D, hw[0], hw[1])  # [B*nh, D, H, W]
@@ -134,14 +115,8 @@ def landmark_cell(hw: HWShape, sr: int, max_landmarks: Optional[int] = None) -> 
 
 
 def gaussian_kernel(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """SOFT's Gaussian kernel ``exp(-||x_i - y_j||_2^2 / 2)`` by matmuls (no ``[N, M, D]``).
-
-    Args:
-        x: ``[..., N, D]``; y: ``[..., M, D]``.
-
-    Returns:
-        ``[..., N, M]``. The squared distance ``|x|^2 + |y|^2 - 2 x.y`` is clamped at 0, since
-        rounding can make it slightly negative for near-equal rows.
+    """SOFT's Gaussian kernel ``exp(-||x_i - y_j||_2^2 / 2)`` by matmuls, ``[..., N, D] x [..., M,
+    D] -> [..., N, M]`` (the squared distance clamped at 0 against rounding).
     """
     sq = (x * x).sum(-1, keepdim=True) + (y * y).sum(-1).unsqueeze(-2)  # [..., N, M]
     dist = (sq - 2 * x @ y.transpose(-2, -1)).clamp_min(0)
@@ -149,19 +124,9 @@ def gaussian_kernel(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 class DiagonalWhitening(nn.Module):
-    """The injective feature map ``z = Sigma^{-1/2} (x - mean) + bias`` with diagonal ``Sigma``.
-
-    Per channel, like a BatchNorm without scale: training normalizes with the mean and (biased)
-    variance over all tokens of the batch and updates running estimates (momentum as BatchNorm);
-    eval uses the running estimates. A module of its own rather than a ``_BatchNorm`` subclass, so
-    that ``SyncBatchNorm.convert_sync_batchnorm`` cannot swap it for a norm without the bias;
-    ``norm_eval`` reaches it through :attr:`running_statistics`. Computed (and returned) in float32
-    for 16-bit inputs.
-
-    Args:
-        dim: channels.
-        momentum: weight of the batch statistics in the running estimates.
-        eps: added to the variance.
+    """``z = Sigma^{-1/2} (x - mean) + bias`` per channel (BatchNorm without scale, float32 inside):
+    the query whitening ablation. Not a ``_BatchNorm``, so ``convert_sync_batchnorm`` leaves it
+    alone.
     """
 
     #: batch statistics with running estimates: ``norm_eval`` keeps it in eval mode
@@ -361,13 +326,7 @@ class LaplacianAttention(nn.Module):
 
 
 class SoftmaxAttention(nn.Module):
-    """Ordinary multi-head softmax attention over all tokens (SOFT's and PVTv2's last stage).
-
-    Args:
-        dim: channels.
-        num_heads: heads; ``dim % num_heads == 0``.
-        qkv_bias: bias of the q and kv projections.
-    """
+    """Ordinary multi-head softmax attention over all tokens (SOFT's and PVTv2's last stage)."""
 
     def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True) -> None:
         super().__init__()
@@ -405,16 +364,8 @@ class ConvMlp(Mlp):
 
 
 class LaplacianBlock(nn.Module):
-    """Pre-norm block: ``x + drop_path(attn(LN(x)))``, ``x + drop_path(mlp(LN(x)))``.
-
-    Args:
-        dim: channels.
-        num_heads: heads.
-        mlp_ratio: MLP hidden channels / ``dim``.
-        attn: ``'kernel'`` (:class:`LaplacianAttention`) or ``'softmax'``.
-        drop: dropout inside the MLP.
-        drop_path: stochastic depth rate of both branches.
-        **attn_kwargs: passed to :class:`LaplacianAttention`.
+    """Pre-norm block ``x + drop_path(attn(LN(x)))``, ``x + drop_path(mlp(LN(x)))``; ``attn``:
+    ``'kernel'`` (:class:`LaplacianAttention` with ``attn_kwargs``) or ``'softmax'``.
     """
 
     def __init__(self, dim: int, num_heads: int, mlp_ratio: float = 4., attn: str = 'kernel',
@@ -453,16 +404,8 @@ class OverlapPatchEmbed(nn.Module):
 
 
 class LaplacianStage(nn.Module):
-    """A stage: patch embedding, ``depth`` blocks, closing LayerNorm (PVTv2).
-
-    Args:
-        in_channels: channels coming in (image or previous stage).
-        dim: channels.
-        depth: blocks.
-        patch_size: patch embedding kernel; stride is ``patch_size // 2 + 1`` (7 -> 4, 3 -> 2).
-        drop_path: one rate per block.
-        with_cp: checkpoint each block (only while gradients are needed).
-        **block_kwargs: passed to :class:`LaplacianBlock`.
+    """A PVTv2 stage: overlapping patch embedding (stride ``patch_size // 2 + 1``), ``depth``
+    blocks, closing LayerNorm.
     """
 
     def __init__(self, in_channels: int, dim: int, depth: int, patch_size: int,

@@ -231,7 +231,7 @@ class SEMABlock(nn.Module):
 
 
 class Stem(nn.Module):
-    """MLLA's convolutional stem (stride 4): 3x3 s2 -> C/2, two residual 3x3, 3x3 s2 -> 4C, 1x1 -> C.
+    """MLLA's stem (stride 4): 3x3 s2 -> C/2, two residual 3x3, 3x3 s2 -> 4C, 1x1 -> C.
 
     The image is zero padded on the right/bottom to a multiple of 4 first (as the official code).
     """

@@ -54,13 +54,10 @@ def farthest_point_sampling(points: torch.Tensor, k: int) -> torch.Tensor:
 @torch.no_grad()
 def fps_core_coords(num_cores: int, pool_size: int = 1000, coord_range: float = .95,
                     seed: Optional[int] = 0) -> torch.Tensor:
-    """Initial raw core coordinates ``[num_cores, 2]`` (``tanh`` of them is the position).
-
-    As the official init: a pool of ``pool_size`` points uniform in ``[-r, r]^2``, thinned by
-    farthest-point sampling, mapped through ``atanh`` (clamped to +-0.999). The pool is drawn from
-    its own generator seeded with ``seed`` so the bank is the same on every build and rank (the
-    official code draws it from the global generator seeded per run); ``seed=None`` uses the global
-    generator.
+    """Initial raw core coordinates ``[num_cores, 2]`` (``tanh`` of them is the position): a uniform
+    pool in ``[-r, r]^2`` thinned by farthest-point sampling, through ``atanh``, drawn from a
+    generator seeded with ``seed`` (the same bank on every build and rank; None: the global
+    generator).
     """
     gen = torch.Generator().manual_seed(seed) if seed is not None else None
     pool = torch.rand(pool_size, 2, generator=gen, dtype=torch.float32, device='cpu')
@@ -145,12 +142,7 @@ class RoPE2D(nn.Module):
 
 class CorePeripheryAttention(nn.Module):
     """Multi-head core-periphery attention with RoPE (the official ``MaskedBiDirAttentionSDPA``
-    without its dropout: every official family trains with 0).
-
-    Args:
-        dim: channels.
-        num_heads: heads.
-        backend: backend of :func:`mmeffattn.ops.core_periphery_attention` (None: automatic).
+    without its dropout, 0 in every official family).
     """
 
     def __init__(self, dim: int, num_heads: int, backend: Optional[str] = None) -> None:
@@ -179,12 +171,7 @@ class CorePeripheryAttention(nn.Module):
 
 
 class SwiGLUFFN(nn.Module):
-    """``fc2(silu(u) * v)`` with ``(u, v) = fc1(x)`` split in halves (the official FFN).
-
-    Args:
-        dim: channels.
-        hidden: width of each half (``int(dim * mlp_ratio)``).
-    """
+    """``fc2(silu(u) * v)`` with ``(u, v) = fc1(x)`` split in halves (the official FFN)."""
 
     def __init__(self, dim: int, hidden: int) -> None:
         super().__init__()
@@ -197,12 +184,7 @@ class SwiGLUFFN(nn.Module):
 
 
 class CoreCoordUpdate(nn.Module):
-    """``raw += alpha * fc(cores)``: the step that moves the core coordinates before a block.
-
-    Args:
-        dim: channels of the core tokens.
-        alpha: initial step size (0.01 in the official code).
-    """
+    """``raw += alpha * fc(cores)``: the step that moves the core coordinates before a block."""
 
     def __init__(self, dim: int, alpha: float = .01) -> None:
         super().__init__()
@@ -239,14 +221,8 @@ class VECABlock(nn.Module):
 
 
 class PatchEmbed(nn.Module):
-    """Non-overlapping patches -> tokens, optionally LayerNorm'ed; the image is zero padded on the
+    """Non-overlapping patches -> tokens (LayerNorm with ``norm``), the image zero padded on the
     bottom/right to a multiple of ``patch_size`` first.
-
-    Args:
-        in_channels: image channels.
-        embed_dims: token channels.
-        patch_size: patch side.
-        norm: apply a LayerNorm to the tokens (the official ``patch_embed_use_ln``).
     """
 
     def __init__(self, in_channels: int, embed_dims: int, patch_size: int, norm: bool) -> None:
@@ -465,14 +441,9 @@ class VECA(BaseBackbone):
         return self.budgets[int(idx)]
 
     def draw_for_next_forward(self) -> None:
-        """Draw the next training forward's budget now, eagerly.
-
-        A compiled forward cannot draw it: the draw is a random Python int that sets tensor shapes,
-        which breaks the graph. The compiled tools (``compile=True``,
-        :func:`mmeffattn.engine.prepare_compile`) call this before every training step; the compiled
-        forward reads the number and uses it once. Each budget gets a graph of its own (compiled the
-        first time it is drawn): the budget picks which core chunks take part, and the others must
-        get no gradient, as in eager training.
+        """Draw the next training forward's budget now, eagerly: a compiled forward cannot draw the
+        random int that sets its shapes. The compiled tools call this before every step; each budget
+        compiles a graph of its own.
         """
         if self.training and self.nested_dropout:
             self._drawn_num_cores = self.sample_num_cores()
@@ -504,15 +475,9 @@ class VECA(BaseBackbone):
     # ---------------------------------------------------------------- forward
     def forward_tokens(self, x: torch.Tensor, num_cores: Optional[int] = None
                        ) -> Tuple[List[torch.Tensor], HWShape, int]:
-        """Run the trunk.
-
-        Args:
-            x: ``[B, in_channels, H, W]``.
-            num_cores: active cores; None: :meth:`active_num_cores`.
-
-        Returns:
-            ``(outs, (Hp, Wp), C)``: one ``[B, C + Hp*Wp, D]`` sequence (cores first) per
-            ``out_indices`` block, after that block's output norm.
+        """Run the trunk on ``x [B, in_channels, H, W]`` with ``num_cores`` (None: the active
+        budget); returns ``(outs, (Hp, Wp), C)``, one normed ``[B, C + Hp*Wp, D]`` sequence (cores
+        first) per ``out_indices`` block.
         """
         self.check_input(x)
         C = self.active_num_cores() if num_cores is None else num_cores

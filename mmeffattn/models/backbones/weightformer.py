@@ -102,23 +102,18 @@ class DynamicLinear(nn.Module):
 
 
 class DynamicDWConv(nn.Module):
-    """A depthwise convolution whose kernel is a static kernel plus one predicted per sample.
+    """A depthwise convolution whose kernel is a static kernel plus one predicted per sample
+    (``DynCnn``).
 
-    The official ``DynCnn``: the input is average pooled to ``K x K`` (the kernel size), a 1x1 conv
-    -> GELU -> 1x1 conv (no bias) ``kernel_gen`` maps it to one ``K x K`` kernel per sample and
-    channel, each kernel is divided by its Frobenius norm plus one and added to the static kernel;
-    the convolution (zero padding ``K // 2``, static bias) then runs per sample (the official code:
-    one grouped convolution over ``B * C`` groups).
-
-    The normalization, the static-kernel add and the convolution run in
-    :func:`mmeffattn.ops.dynamic_dwconv` (Triton kernels or its PyTorch reference, which
-    is this layer's original arithmetic).
+    ``kernel_gen`` (1x1 conv, GELU, 1x1 conv) maps the input pooled to ``K x K`` to one kernel per
+    sample and channel; each is divided by its Frobenius norm plus one and added to the static
+    kernel, then :func:`mmeffattn.ops.dynamic_dwconv` convolves each sample (zero padding, static
+    bias).
 
     Args:
         dim: channels.
-        kernel_size: odd kernel side ``K`` (3 in the official code).
-        backend: backend of the op: None (automatic; ``$MMEFFATTN_OPS_BACKEND`` applies),
-            ``'triton'`` or ``'reference'``.
+        kernel_size: odd kernel side (3 officially).
+        backend: backend of the op (None: automatic).
     """
 
     def __init__(self, dim: int, kernel_size: int = 3, backend: Optional[str] = None) -> None:
@@ -168,17 +163,9 @@ class DynamicMlp(Mlp):
 
 
 class WeightFormerBlock(nn.Module):
-    """One WeightFormer block, static or dynamic (see the module docstring).
-
-    Args:
-        dim: channels.
-        mlp_ratio: MLP hidden channels / ``dim``.
-        dynamic: dynamic block (norm on the stream, dynamic depthwise conv and first linear).
-        drop: dropout inside the MLP.
-        drop_path: stochastic depth rate of the MLP branch.
-        kernel_size: depthwise convolution kernel side.
-        reduction: rank reduction of :class:`DynamicLinear`.
-        backend: backend of the dynamic layers' ops (None: automatic).
+    """One WeightFormer block: static (``x += DWConv(x)``) or dynamic (``x = LN(x)``, ``x +=
+    DynamicDWConv(x)``, a :class:`DynamicLinear` first MLP layer), then ``x +=
+    drop_path(MLP(LN(x)))``.
     """
 
     def __init__(self, dim: int, mlp_ratio: float = 4., dynamic: bool = False, drop: float = 0.,
@@ -208,14 +195,8 @@ class WeightFormerBlock(nn.Module):
 
 
 class PatchEmbed(nn.Module):
-    """Non-overlapping ``patch_size`` patches -> tokens, then a LayerNorm (the official
-    ``patch_embed`` + ``init_norm``). The image is zero padded on the bottom/right to a multiple of
-    ``patch_size`` first.
-
-    Args:
-        in_channels: image channels.
-        embed_dims: token channels.
-        patch_size: patch side.
+    """Non-overlapping patches -> tokens, then a LayerNorm (the official ``patch_embed`` +
+    ``init_norm``); the image zero padded on the bottom/right to a multiple of ``patch_size`` first.
     """
 
     def __init__(self, in_channels: int = 3, embed_dims: int = 192, patch_size: int = 16) -> None:
@@ -438,12 +419,9 @@ def checkpoint_filter_weightformer_official(
 
 def checkpoint_filter_weightformer(
         state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
-    """Keys of a checkpoint for the :class:`WeightFormer` backbone.
-
-    An official checkpoint (``model/wfm.py`` names) goes through
-    :func:`checkpoint_filter_weightformer_official` and keeps its backbone part (the classifier head
-    is dropped; the final norm becomes ``norm{depth-1}``). Any other state dict is unwrapped and
-    loses a DDP ``module.`` prefix. Pure: the input is not modified.
+    """Keys of a checkpoint for the :class:`WeightFormer` backbone (pure): an official checkpoint
+    goes through :func:`checkpoint_filter_weightformer_official` (head dropped); others are
+    unwrapped.
     """
     state_dict = unwrap_state_dict(state_dict)
     if is_official_state_dict(state_dict):

@@ -6,11 +6,11 @@ model's predictions on the same (mixed) batch::
 
     loss = CE(logits, targets) + mesa * CE(logits, softmax(ema_logits))
 
-with ``mesa`` 1.0 / 1.5 / 2.0 for MLLA-T / S / B, the EMA model in eval mode and no gradient
-through it. Here the term lives in :class:`MESAClassifier` (mmpretrain's ``ImageClassifier``
-plus ``loss_mesa``), and :class:`~mmeffattn.engine.MESAHook` (mmengine's ``EMAHook``) hands it
-the EMA model and the weight while the term is on. Without the hook the classifier is
-mmpretrain's ``ImageClassifier``: same keys, same losses.
+with ``mesa`` 1.0 / 1.5 / 2.0 for MLLA-T / S / B, the EMA model in eval mode and no gradient through
+it. Here the term lives in :class:`MESAClassifier` (mmpretrain's ``ImageClassifier`` plus
+``loss_mesa``), and :class:`~mmeffattn.engine.MESAHook` (mmengine's ``EMAHook``) hands it the EMA
+model and the weight while the term is on. Without the hook the classifier is mmpretrain's
+``ImageClassifier``: same keys, same losses.
 """
 import functools
 from typing import Optional

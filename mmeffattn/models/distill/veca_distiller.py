@@ -49,15 +49,10 @@ def patch_losses(student: torch.Tensor, teacher: torch.Tensor,
 def split_teacher_tokens(outs: Union[torch.Tensor, Sequence[torch.Tensor]],
                          num_extra_tokens: int = 1,
                          num_register_tokens: int = 0) -> Tokens:
-    """(class token ``[B, D]``, patch tokens ``[B, N, D]``) from a teacher backbone's output.
-
-    Accepted outputs:
-        - a token sequence ``[B, T, D]`` (alone or last in a tuple), e.g. mmpretrain's
-          ``VisionTransformer(out_type='raw')``: the class token is token 0, then
-          ``num_register_tokens`` registers (skipped), then the patches;
-        - a pair ``([B, D], [B, N, D])`` (class, patches), e.g. a VECA teacher (``'raw'``).
-    ``num_extra_tokens`` is the number of tokens before the patches other than the registers
-    (mmpretrain's ``VisionTransformer.num_extra_tokens``): 1 with a class token, 0 without.
+    """``(class token [B, D], patch tokens [B, N, D])`` from a teacher's output: a token sequence
+    ``[B, T, D]`` (class token, ``num_register_tokens`` registers, patches; alone or last in a
+    tuple) or a pair ``([B, D], [B, N, D])``. ``num_extra_tokens``: tokens before the patches other
+    than the registers.
     """
     if isinstance(outs, (tuple, list)):
         if len(outs) == 2 and outs[0].dim() == 2 and outs[1].dim() == 3:
@@ -83,11 +78,9 @@ def split_teacher_tokens(outs: Union[torch.Tensor, Sequence[torch.Tensor]],
 
 def load_teacher_checkpoint(teacher: nn.Module, checkpoint: str, prefix: Optional[str] = None,
                             map_location: str = 'cpu') -> None:
-    """Load ``checkpoint`` into ``teacher`` strictly: every teacher key, no unknown key, equal
-    shapes (position embeddings may be resized by the teacher's own load hooks, as mmpretrain's
-    ViT does). ``prefix`` (e.g. ``'backbone.'``) selects the teacher inside a larger checkpoint.
-    Raises ``RuntimeError`` naming the keys that do not match and the likely fix; the checks are
-    :func:`~mmeffattn.models.utils.load_state_dict_strict`, as for every backbone."""
+    """Load ``checkpoint`` (under ``prefix``) into ``teacher`` strictly, as every backbone
+    (:func:`~mmeffattn.models.utils.load_state_dict_strict`); a mismatch raises naming the keys.
+    """
     state_dict = read_checkpoint(checkpoint, prefix, map_location, what='teacher checkpoint',
                                  prefix_option='teacher_ckpt_prefix')
 

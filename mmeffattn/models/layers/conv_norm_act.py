@@ -1,7 +1,7 @@
 """Conv2d -> optional norm -> optional activation, as submodules ``conv``/``norm``/``act``.
 
-mmcv's ``ConvModule`` names its norm after the norm type (``bn``, ``gn``), which would break the
-key mapping to checkpoints of models written with plain ``conv``/``norm``/``act`` names (MLLA,
+mmcv's ``ConvModule`` names its norm after the norm type (``bn``, ``gn``), which would break the key
+mapping to checkpoints of models written with plain ``conv``/``norm``/``act`` names (MLLA,
 EfficientViT).
 """
 from typing import Optional
@@ -12,19 +12,8 @@ from mmcv.cnn import build_activation_layer, build_norm_layer
 
 
 class ConvNormAct(nn.Module):
-    """A 2-D convolution followed by an optional norm and an optional activation.
-
-    Args:
-        in_channels: input channels.
-        out_channels: output channels.
-        kernel_size: square kernel side.
-        stride: convolution stride.
-        padding: zero padding on each side.
-        groups: convolution groups (``in_channels`` for a depthwise convolution).
-        bias: whether the convolution has a bias.
-        norm_cfg: norm config for ``mmcv.cnn.build_norm_layer`` (``dict(type='BN')``,
-            ``dict(type='SyncBN')``), or None for no norm.
-        act_cfg: activation config for ``mmcv.cnn.build_activation_layer``, or None for none.
+    """A 2-D convolution, then an optional norm and activation (``norm_cfg``/``act_cfg`` as mmcv's
+    builders take them; None: none).
     """
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int = 3, stride: int = 1,

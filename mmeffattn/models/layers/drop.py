@@ -5,16 +5,8 @@ import torch.nn as nn
 
 def drop_path(x: torch.Tensor, drop_prob: float = 0., training: bool = False,
               scale_by_keep: bool = True) -> torch.Tensor:
-    """Zero whole samples of a residual branch with probability ``drop_prob``.
-
-    Args:
-        x: a residual branch, any shape ``[B, ...]``.
-        drop_prob: probability of dropping a sample.
-        training: only drop while training.
-        scale_by_keep: divide the kept samples by ``1 - drop_prob`` so the expectation is unchanged.
-
-    Returns:
-        A tensor shaped like ``x``.
+    """Zero whole samples of a residual branch with probability ``drop_prob`` while training (kept
+    samples scaled by ``1 / (1 - drop_prob)`` with ``scale_by_keep``).
     """
     if drop_prob == 0. or not training:
         return x

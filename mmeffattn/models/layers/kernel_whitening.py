@@ -2,8 +2,8 @@
 
 ``z_i = Sigma^{-1/2} (s_i - mu) + beta`` with ``s_i = [k(q_i, l_m)]_m``, batch statistics of a
 diagonal ``Sigma`` (BatchNorm without a scale) and a learned ``beta``. ``num_landmarks=M`` keeps
-statistics per head and landmark slot (the paper's); None per head only, for any ``M``.
-Derivation and injectivity: docs/design/laplacian_whitening.md.
+statistics per head and landmark slot (the paper's); None per head only, for any ``M``. Derivation
+and injectivity: docs/design/laplacian_whitening.md.
 """
 from typing import Optional
 
@@ -17,23 +17,17 @@ __all__ = ['KernelWhitening']
 
 
 class KernelWhitening(nn.Module):
-    """Diagonal whitening of kernel-similarity vectors ``s [B, heads, N, M] -> z [B, heads, N, M]``.
+    """Diagonal whitening ``z = (s - mean) / sqrt(var + eps) + bias`` of ``s [B, heads, N, M]``.
 
-    ``z = (s - mean) / sqrt(var + eps) + bias``. In training, ``mean`` and ``var`` (biased, as
-    BatchNorm normalizes) are taken over the batch and the tokens (and the slots when
-    ``num_landmarks`` is None), and the running estimates are updated with ``momentum`` (the
-    unbiased variance, as BatchNorm); in eval, the running estimates are used. Statistics and
-    output are float32 for 16-bit inputs (the Nystrom core runs in float32 anyway).
-
-    A module of its own rather than a ``_BatchNorm`` subclass, so that
-    ``SyncBatchNorm.convert_sync_batchnorm`` and loops keyed on ``_BatchNorm`` do not touch it
-    silently; ``norm_eval`` reaches it through :attr:`running_statistics`.
+    Batch statistics in training (over batch and tokens, and slots when ``num_landmarks`` is None)
+    with BatchNorm's running estimates, those in eval; float32 for 16-bit inputs. Not a
+    ``_BatchNorm``, so ``convert_sync_batchnorm`` leaves it alone; ``norm_eval`` reaches it through
+    :attr:`running_statistics`.
 
     Args:
-        num_heads: attention heads (statistics are never shared across heads).
-        num_landmarks: landmark slots ``M`` for per-slot statistics, or None for per-head ones.
-        momentum: weight of the batch statistics in the running estimates.
-        eps: added to the variance (keeps ``Sigma^{-1/2}`` finite and the map invertible).
+        num_heads: heads (never shared).
+        num_landmarks: slots ``M`` for per-slot statistics, None for per-head.
+        momentum, eps: as BatchNorm's.
     """
 
     #: batch statistics with running estimates: ``norm_eval`` keeps it in eval mode
@@ -76,13 +70,8 @@ class KernelWhitening(nn.Module):
                 f'landmark grid) or build it with num_landmarks=None (per-head statistics)')
 
     def forward(self, s: torch.Tensor, update_stats: bool = True) -> torch.Tensor:
-        """Args:
-            s: ``[B, heads, N, M]`` kernel similarities of every query to every landmark.
-            update_stats: update the running estimates (training only). A gradient-checkpoint
-                recomputation passes False so that a batch is counted once.
-
-        Returns:
-            ``[B, heads, N, M]``, float32 for 16-bit inputs, else ``s.dtype``.
+        """Whiten ``s [B, heads, N, M]``; ``update_stats=False`` (a checkpoint recomputation) leaves
+        the running estimates alone. Float32 for 16-bit inputs.
         """
         self._check(s)
         B, nh, N, M = s.shape

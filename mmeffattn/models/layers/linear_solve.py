@@ -2,8 +2,8 @@
 
 In the Nystrom product ``K(Q, L) (A + eps I)^{-1} [K(L, K) V]`` CG solves against the ``M x Dv``
 right-hand side instead of forming the inverse. ``A = K(L, L)`` is symmetric positive definite for
-distinct landmarks (Bochner), and ``eps > 0`` keeps it so; CG does not check it. Plain PyTorch:
-the systems are small (``M <= 128``). Why CG applies: docs/design/laplacianformer.md.
+distinct landmarks (Bochner), and ``eps > 0`` keeps it so; CG does not check it. Plain PyTorch: the
+systems are small (``M <= 128``). Why CG applies: docs/design/laplacianformer.md.
 """
 from typing import Tuple
 
@@ -18,16 +18,8 @@ BACKWARDS = ('implicit', 'unrolled')
 
 def _cg(a: torch.Tensor, b: torch.Tensor, eps: float, iters: int, tol: float
         ) -> Tuple[torch.Tensor, int]:
-    """Batched CG on ``(a + eps I) x = b``, one independent recurrence per right-hand side
-    column; differentiable by autograd (the unrolled iterations).
-
-    Args:
-        a: ``[..., M, M]`` symmetric positive (semi-)definite.
-        b: ``[..., M, K]``.
-
-    Returns:
-        ``x [..., M, K]`` and the number of iterations run (``<= iters``; fewer when every
-        column's residual norm is ``<= tol * ||b||``).
+    """Batched CG on ``(a + eps I) x = b``, one recurrence per column, differentiable (unrolled);
+    returns ``x`` and the iterations run.
     """
     def matvec(p: torch.Tensor) -> torch.Tensor:
         return a @ p + eps * p
@@ -108,25 +100,19 @@ def conjugate_gradient_solve(a: torch.Tensor, b: torch.Tensor, eps: float = 0., 
                              backward: str = 'implicit') -> torch.Tensor:
     """Solve ``(a + eps I) x = b`` by conjugate gradients, batched over the leading dims.
 
-    Runs at most ``iters`` iterations from ``x = 0`` and stops early once every right-hand side
-    column's residual ``||b - (a + eps I) x||`` is at most ``tol * ||b||``. In exact arithmetic CG
-    solves an ``M x M`` system in ``M`` iterations; it needs about ``sqrt(cond) * log(2 / tol)``.
+    At most ``iters`` iterations from ``x = 0``, stopping once every column's residual is at most
+    ``tol * ||b||``.
 
     Args:
-        a: ``[..., M, M]``, symmetric positive definite (or semi-definite with ``eps > 0``);
-            for LaplacianFormer the landmark kernel matrix ``K(L, L)``. Not checked.
-        b: ``[..., M, K]`` right-hand sides (leading dims equal to a's); for LaplacianFormer
-            ``K(L, K) V``.
-        eps: ridge added to the diagonal of ``a`` (``>= 0``), as in ``newton_schulz_pinv``.
-        iters: maximum iterations (``>= 1``).
-        tol: relative residual at which to stop early (``>= 0``; 0 runs all ``iters``).
-        backward: ``'implicit'`` (default): the gradient of the exact solution, one more CG
-            solve in backward and no graph through the iterations (memory independent of
-            ``iters``; assumes ``a`` symmetric). ``'unrolled'``: autograd through the iterations,
-            the exact derivative of the returned iterate even when it has not converged.
+        a: ``[..., M, M]`` symmetric positive definite (or semi-definite with ``eps > 0``); not
+            checked.
+        b: ``[..., M, K]`` right-hand sides.
+        eps, iters, tol: ridge, iteration cap, relative residual (0 runs all ``iters``).
+        backward: ``'implicit'`` (the exact solution's gradient, one more CG solve, memory
+            independent of ``iters``) or ``'unrolled'`` (autograd through the iterations).
 
     Returns:
-        ``x [..., M, K]`` in b's dtype (computed in float32 for 16-bit inputs).
+        ``x [..., M, K]`` in b's dtype (float32 inside for 16-bit inputs).
     """
     _validate(a, b, eps, iters, tol, backward)
     dtype = compute_dtype(torch.promote_types(a.dtype, b.dtype))

@@ -7,18 +7,7 @@ from mmcv.cnn import build_activation_layer
 
 
 class Mlp(nn.Module):
-    """Two-layer MLP applied to the last dimension.
-
-    Submodule names (``fc1``, ``act``, ``fc2``, ``drop``) follow timm and Swin, so checkpoints of
-    those families map one to one.
-
-    Args:
-        in_features: input channels.
-        hidden_features: hidden channels; ``in_features`` when None.
-        out_features: output channels; ``in_features`` when None.
-        act_cfg: activation config for ``mmcv.cnn.build_activation_layer``.
-        drop: dropout after the activation and after ``fc2``.
-    """
+    """Two-layer MLP on the last dimension (``fc1``, ``act``, ``fc2``, ``drop``, as timm)."""
 
     def __init__(self, in_features: int, hidden_features: Optional[int] = None,
                  out_features: Optional[int] = None, act_cfg: dict = dict(type='GELU'),

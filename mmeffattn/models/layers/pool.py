@@ -20,12 +20,8 @@ def _pool_matrix(length, n: int, like: torch.Tensor) -> torch.Tensor:
 
 def adaptive_avg_pool2d(x: torch.Tensor, output_size: Union[int, Tuple[int, int]]
                         ) -> torch.Tensor:
-    """``F.adaptive_avg_pool2d`` (``[B, C, H, W]`` -> ``[B, C, h, w]``), itself for known sizes.
-
-    For a symbolic ``H`` or ``W`` it averages with two small pooling matrices instead: torch's
-    ONNX export of ``adaptive_avg_pool2d`` computes its gather indices at the export size, so
-    the file reads out of bounds at any other size ("Gather ... indices element out of data
-    bounds"). Same bins, same result up to float rounding.
+    """``F.adaptive_avg_pool2d``, or for a symbolic ``H``/``W`` the same bins by two pooling
+    matrices: torch's ONNX export of the op fixes its gather indices at the export size.
     """
     H, W = x.shape[-2:]
     if not is_symbolic(H, W):

@@ -4,8 +4,8 @@
 activations, again in backward. Layers that update running estimates from batch statistics
 (LaplacianFormer's :class:`DiagonalWhitening` and
 :class:`~mmeffattn.models.layers.kernel_whitening.KernelWhitening`) would count the batch twice;
-during the second pass :func:`is_recomputing` is True, and they normalise with the batch
-statistics as in the first pass without updating their estimates again.
+during the second pass :func:`is_recomputing` is True, and they normalise with the batch statistics
+as in the first pass without updating their estimates again.
 """
 import contextlib
 import threading

@@ -1,8 +1,8 @@
 """2-D rotary position embedding (RoPE) over a token grid, as MLLA/MILA use it.
 
-Adjacent channels ``(2j, 2j+1)`` form a complex number that turns by ``row * theta_j`` for
-``j < C/4`` and by ``col * theta_{j - C/4}`` for the rest, ``theta_k = base ** (-k / (C/4))``.
-The table is made for the actual grid and cached; docs/design/sema.md explains the caching.
+Adjacent channels ``(2j, 2j+1)`` form a complex number that turns by ``row * theta_j`` for ``j <
+C/4`` and by ``col * theta_{j - C/4}`` for the rest, ``theta_k = base ** (-k / (C/4))``. The table
+is made for the actual grid and cached; docs/design/sema.md explains the caching.
 """
 import functools
 from typing import Tuple
@@ -49,8 +49,8 @@ def rope_rotation(h: int, w: int, dim: int, base: float, device: torch.device) -
     """The ``(cos, sin)`` table ``[h*w, dim/2, 2]`` for an ``h x w`` grid, cached per size.
 
     Under ``torch.compile`` it comes from the opaque operator ``mmeffattn::rope_table_2d``, so
-    inductor does not recompute the trigonometry in every block; traced or exported graphs
-    compute it inline (plain aten, symbolic sizes).
+    inductor does not recompute the trigonometry in every block; traced or exported graphs compute
+    it inline (plain aten, symbolic sizes).
     """
     if torch.jit.is_tracing() or torch.compiler.is_exporting():
         return _rope_angles(h, w, dim, base, device)
@@ -62,8 +62,8 @@ def rope_rotation(h: int, w: int, dim: int, base: float, device: torch.device) -
 
 
 def apply_rope_2d(x: torch.Tensor, hw: Tuple[int, int], base: float = 10000.) -> torch.Tensor:
-    """Rotate ``x`` ``[..., N, C]`` (``N = H * W`` tokens in row-major order, ``C % 4 == 0``) by
-    the 2-D RoPE of the grid ``hw``; the official MLLA ``RoPE`` for any grid size.
+    """Rotate ``x`` ``[..., N, C]`` (``N = H * W`` tokens in row-major order, ``C % 4 == 0``) by the
+    2-D RoPE of the grid ``hw``; the official MLLA ``RoPE`` for any grid size.
 
     The rotation runs in float32 as in the official code; the result has ``x``'s dtype.
     """

@@ -1,8 +1,8 @@
 """A multi-scale feature pyramid (strides 4, 8, 16, 32) for isotropic ViT-like trunks.
 
 Stride-``s`` maps are resampled as BEiT's ``fpn1..fpn4`` / ViTDet's simple pyramid: two transposed
-2x2 convolutions (scale 4), one (2), identity (1), 2x2 max pooling (0.5), then a norm per level.
-The input is one map per level (outputs of evenly spaced blocks) or one map for every level.
+2x2 convolutions (scale 4), one (2), identity (1), 2x2 max pooling (0.5), then a norm per level. The
+input is one map per level (outputs of evenly spaced blocks) or one map for every level.
 """
 import math
 from typing import List, Optional, Sequence, Tuple
@@ -73,20 +73,15 @@ class ViTPyramid(nn.Module):
     """Resample stride-``s`` maps of an isotropic trunk into a feature pyramid.
 
     Args:
-        embed_dims: channels of the trunk maps (kept at every level; the FPN/UPerHead that
-            follows projects them, so its ``in_channels`` is ``[embed_dims] * len(scales)``).
-        scales: one resampling factor per level, powers of two (``4`` upsamples 4x, ``0.5``
-            halves). The default gives strides 4, 8, 16, 32 for a stride-16 trunk.
-        norm_cfg: norm between the two transposed convolutions of a 4x level and of the per-level
-            output norms. Default ``LN2d`` (channel LayerNorm); ``dict(type='SyncBN')`` gives
-            BEiT/mmseg's variant.
-        act_cfg: activation between the two transposed convolutions of a 4x level.
-        out_norm: give each level its own output norm ``norms.{i}``.
+        embed_dims: channels of the trunk maps, kept at every level.
+        scales: one power-of-two factor per level (default: strides 4, 8, 16, 32 from stride 16).
+        norm_cfg: norm inside a 4x level and of the level outputs (default ``LN2d``; ``SyncBN``:
+            BEiT/mmseg's variant).
+        act_cfg: activation inside a 4x level.
+        out_norm: a norm ``norms.{i}`` per level.
 
-    Shapes:
-        Input: a sequence of ``[B, C, H, W]`` maps, one per level or one for all levels.
-        Output: a tuple of ``len(scales)`` maps, level ``i`` ``[B, C, H * scales[i], W *
-        scales[i]]`` (downsampling rounds up: max pooling in ceil mode).
+    Input: ``[B, C, H, W]`` maps, one per level or one for all; output: ``len(scales)`` maps, level
+    ``i`` ``[B, C, H * scales[i], W * scales[i]]`` (rounded up).
     """
 
     def __init__(self, embed_dims: int, scales: Sequence[float] = (4., 2., 1., .5),
