@@ -1,8 +1,9 @@
 """The documented one-line opt-in, with mmdet's own ``tools/train.py`` (shipped in the installed
 mmdet under ``.mim/tools``): a config whose ``custom_imports`` lists
 ``mmeffattn.engine.patch_mmengine`` resumes an mmengine checkpoint under torch's weights-only
-loader (``load_from`` goes through the same loader: tests/engine/test_checkpoint_compat.py); with ``custom_imports=['mmeffattn']`` alone, mmengine is untouched
-and the same resume is refused by torch (the control)."""
+loader; with ``custom_imports=['mmeffattn']`` alone, mmengine is untouched and torch refuses the
+same resume (the control). ``load_from`` goes through the same loader
+(tests/engine/test_checkpoint_compat.py)."""
 import os
 import os.path as osp
 import subprocess
@@ -10,14 +11,12 @@ import sys
 
 import pytest
 
-HERE = osp.dirname(osp.abspath(__file__))
-ROOT = osp.dirname(osp.dirname(HERE))
-sys.path.insert(0, osp.join(ROOT, 'tests', 'reliability'))
-from reliability_toys import toy_config  # noqa: E402
+from reliability_toys import tool_env, toy_config
 
 OPT_IN = ("custom_imports = dict(imports=['reliability_toys', 'mmeffattn', "
           "'mmeffattn.engine.patch_mmengine'], allow_failed_imports=False)\n")
-PLAIN = "custom_imports = dict(imports=['reliability_toys', 'mmeffattn'], allow_failed_imports=False)\n"
+PLAIN = ("custom_imports = dict(imports=['reliability_toys', 'mmeffattn'], "
+         "allow_failed_imports=False)\n")
 
 
 def _mmdet_train_py() -> str:
@@ -29,12 +28,9 @@ def _mmdet_train_py() -> str:
 
 
 def _train(cfg: str, work: str, *args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONUNBUFFERED='1')
-    env['PYTHONPATH'] = os.pathsep.join([ROOT, osp.join(ROOT, 'tests', 'reliability'),
-                                         env.get('PYTHONPATH', '')])
-    env.pop('TRITON_INTERPRET', None)
     return subprocess.run([sys.executable, _mmdet_train_py(), cfg, '--work-dir', work, *args],
-                          cwd=str(work), env=env, capture_output=True, text=True, timeout=600)
+                          cwd=str(work), env=tool_env(), capture_output=True, text=True,
+                          timeout=600)
 
 
 def _config(path, custom_imports: str, max_steps: int) -> str:
