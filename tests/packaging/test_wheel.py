@@ -39,7 +39,10 @@ def _copy_checkout(dst: str) -> None:
         src = osp.join(ROOT, rel)
         if rel and osp.isfile(src):  # a file deleted but not yet staged is listed, absent
             os.makedirs(osp.dirname(osp.join(dst, rel)), exist_ok=True)
-            shutil.copy2(src, osp.join(dst, rel))
+            try:
+                shutil.copy2(src, osp.join(dst, rel))
+            except FileNotFoundError:  # removed meanwhile (another test's scratch file)
+                pass
 
 
 def _run(cmd, cwd, timeout, env=None) -> subprocess.CompletedProcess:
