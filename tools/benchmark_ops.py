@@ -9,8 +9,9 @@ For each token count N (a square grid), each attention kind runs on ``[B, heads,
 time (median after warm-up), peak memory, MACs (analytic, :mod:`mmeffattn.analysis.flops`) and
 the achieved FLOP/s (2 per MAC) against the machine's own measured matmul FLOP/s; the arithmetic
 intensity against the measured copy bandwidth gives the roofline bound of each point. On a CUDA
-GPU each of our ops runs twice, with its Triton kernels and with its PyTorch reference; on a CPU
-only the reference runs (Triton's interpreter is a test tool, not a CPU backend).
+GPU each of our ops runs twice, with its Triton kernels and with its fast PyTorch backend
+(``backend='torch'``); on a CPU only the latter runs (Triton's interpreter is a test tool, not a
+CPU backend).
 """
 import argparse
 import json
@@ -33,7 +34,7 @@ PRESETS: Dict[str, Dict[str, Any]] = {
                    warmup=1, repeats=3, budget_s=40., max_call_s=5.),
     'full': dict(tokens=[196, 784, 3136, 12544, 16384, 50176, 65536], batch=1, heads=4,
                  head_dim=32, warmup=2, repeats=10, budget_s=600., max_call_s=60.),
-    # inside the GPU script's 100 s: 12 variants (5 ops x Triton/reference, SDPA, linear)
+    # inside the GPU script's 100 s: 12 variants (5 ops x Triton/torch, SDPA, linear)
     'gpu': dict(tokens=[196, 784, 3136, 12544, 16384, 50176, 65536], batch=4, heads=8,
                 head_dim=64, warmup=3, repeats=10, budget_s=4., max_call_s=0.2),
 }
@@ -219,8 +220,8 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
                    copy=bm.copy_bandwidth(device))
     peak_flops = machine['matmul']['flops_per_s']
     bandwidth = machine['copy']['bytes_per_s']
-    # our ops: Triton and reference on a GPU; the reference alone on a CPU
-    ours_backends = ['triton', 'reference'] if device.type == 'cuda' else ['reference']
+    # our ops: Triton and the torch backend on a GPU; the torch backend alone on a CPU
+    ours_backends = ['triton', 'torch'] if device.type == 'cuda' else ['torch']
     variants = [(kind, b) for kind in args.kinds
                 for b in ([None] if kind in BASELINES else ours_backends)]
     state = {v: dict(spent=0., hist=[], stopped='') for v in variants}

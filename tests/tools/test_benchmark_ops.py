@@ -22,8 +22,9 @@ def test_smoke_run(tmp_path):
     m = report['machine']
     assert m['matmul']['flops_per_s'] > 1e8 and m['copy']['bytes_per_s'] > 1e8
     rows = {(r['kind'], r['N']): r for r in report['results']}
-    # on a CPU only the references run (never the Triton interpreter)
-    assert {r['backend'] for r in report['results']} == {'torch', 'reference'}
+    # on a CPU only PyTorch runs: the baselines and our ops' torch backend (never the Triton
+    # interpreter)
+    assert {r['backend'] for r in report['results']} == {'torch'}
     assert len(rows) == 2 * len(benchmark_ops.KINDS)
     for r in report['results']:
         assert r['status'] == 'ok', r
@@ -40,8 +41,8 @@ def test_smoke_run(tmp_path):
     md = (tmp_path / 'benchmark_ops.md').read_text()
     assert 'GFLOP/s' in md and '| 196 | softmax | torch |' in md
     assert set(report['exponents']) == {
-        'softmax[torch]', 'linear[torch]', 'sema[reference]', 'core_periphery[reference]',
-        'laplacian_nystrom[reference]', 'dynamic_linear[reference]', 'dynamic_dwconv[reference]'}
+        'softmax[torch]', 'linear[torch]', 'sema[torch]', 'core_periphery[torch]',
+        'laplacian_nystrom[torch]', 'dynamic_linear[torch]', 'dynamic_dwconv[torch]'}
     # WeightFormer's mixers: 2x2-pooled tokens (7x7 of 14x14) over h * D = 64 channels
     u = torch.empty(1, 49, 64)
     assert rows['dynamic_linear', 196]['macs'] == op_macs('dynamic_weight', u, u, 196) + \
@@ -100,6 +101,6 @@ def test_gpu_presets_fit_their_steps_of_the_gpu_script():
     assert p['no_flops'] and worst < gpu_check.STEP_LIMITS['benchmark'] - 20  # 20 s to build
     p = benchmark_ops.PRESETS['gpu']
     ours = len(benchmark_ops.KINDS) - len(benchmark_ops.BASELINES)
-    variants = len(benchmark_ops.BASELINES) + 2 * ours  # our ops with Triton and reference
+    variants = len(benchmark_ops.BASELINES) + 2 * ours  # our ops with Triton and torch
     worst = variants * (p['budget_s'] + (p['warmup'] + p['repeats']) * p['max_call_s'])
     assert worst < gpu_check.STEP_LIMITS['benchmark_ops'] - 10
