@@ -310,7 +310,7 @@ class LaplacianAttention(nn.Module):
         B, N, C = x.shape
         q, v = self.q(x), self.v(x)  # [B, N, C] each
         with torch.autocast(device_type=x.device.type, enabled=False):
-            z = self.features(q)  # float32 under autocast (see the module docstring)
+            z = self.features(q)  # float32 under autocast (docs/design/laplacianformer.md)
             vh = v.to(z.dtype).reshape(B, N, self.num_heads, self.head_dim).transpose(1, 2)
             out = self.nystrom(z, vh, hw).to(v.dtype)  # [B, h, N, hd]
         out = out.transpose(1, 2).reshape(B, N, C) + map_to_tokens(self.dwc(tokens_to_map(v, hw)))

@@ -189,7 +189,7 @@ class VECADistiller(BaseModel):
             teacher_module.init_weights()
         teacher_module.eval()
         teacher_module.requires_grad_(False)
-        # a tuple hides it from nn.Module's registration (see the module docstring)
+        # a tuple hides it from nn.Module's registration (docs/design/veca.md)
         self._teacher = (teacher_module, )
 
         s_dims = _feature_dims(self.student, 'student')
