@@ -18,6 +18,7 @@
 Runner through the loader and the atomic saves; our tools call it, and a config switches it on
 with the opt-in import :mod:`mmeffattn.engine.patch_mmengine` (docs/user_guides/checkpoints.md).
 """
+import collections
 import contextlib
 import glob
 import hashlib
@@ -38,7 +39,7 @@ import torch
 __all__ = ['CheckpointError', 'CheckpointNotFoundError', 'mmengine_safe_globals',
            'mmengine_safe_loading', 'load_checkpoint_file', 'atomic_save', 'atomic_write',
            'find_resume_checkpoint', 'install_checkpoint_io', 'open_checkpoint',
-           'download_checkpoint', 'checkpoint_cache_path']
+           'download_checkpoint', 'checkpoint_cache_path', 'OFFICIAL_STAND_INS']
 
 #: What to do with a checkpoint that cannot be read: said once, used by every message.
 _CORRUPT_HINT = ('point to an intact checkpoint instead (e.g. an earlier epoch_*.pth / iter_*.pth '
@@ -105,6 +106,19 @@ def mmengine_safe_loading(extra: Iterable[Any] = ()) -> Iterator[None]:
         return
     with ctx([*mmengine_safe_globals(), *extra]):
         yield
+
+
+class _YacsConfig:
+    """Stands in for the yacs ``CfgNode`` (a dict subclass) that the official MLLA and
+    WeightFormer training scripts store under ``config``, so that such a checkpoint loads with
+    ``weights_only=True`` and without yacs: each node is read as a plain ``OrderedDict``."""
+
+    def __new__(cls, *args, **kwargs):
+        return collections.OrderedDict()
+
+
+#: ``(stand-in, pickled name)`` pairs the safe loader may build in official checkpoints
+OFFICIAL_STAND_INS = ((_YacsConfig, 'yacs.config.CfgNode'), )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -354,21 +368,24 @@ def _copy_stream(src: Any, dst: io.BufferedWriter, chunk: int = 1 << 20) -> None
 
 
 def open_checkpoint(checkpoint: str, map_location: Any = 'cpu', *,
-                    cache_dir: Optional[str] = None) -> Any:
+                    cache_dir: Optional[str] = None,
+                    extra_safe_globals: Iterable[Any] = ()) -> Any:
     """Read a checkpoint from a local path or an ``http(s)://`` URL (downloaded once, cached by
-    the whole URL): a ``torch.save`` file through the scoped safe loader, or a ``.safetensors``
-    file. Other ``scheme://`` names go to mmengine's ``CheckpointLoader`` (e.g. a Petrel
-    backend)."""
+    the whole URL): a ``torch.save`` file through the scoped safe loader (which may also build
+    ``extra_safe_globals``, e.g. :data:`OFFICIAL_STAND_INS`), or a ``.safetensors`` file. Other
+    ``scheme://`` names go to mmengine's ``CheckpointLoader`` (e.g. a Petrel backend)."""
     scheme = urllib.parse.urlsplit(str(checkpoint)).scheme.lower()
     if scheme in ('http', 'https'):
         return load_checkpoint_file(download_checkpoint(checkpoint, cache_dir),
                                     map_location=map_location,
+                                    extra_safe_globals=extra_safe_globals,
                                     hint=f'delete the cached download to fetch {checkpoint!r} '
                                          f'again')
     if '://' in str(checkpoint):
         from mmengine.runner.checkpoint import CheckpointLoader
         return CheckpointLoader.load_checkpoint(checkpoint, map_location=map_location)
-    return load_checkpoint_file(checkpoint, map_location=map_location)
+    return load_checkpoint_file(checkpoint, map_location=map_location,
+                                extra_safe_globals=extra_safe_globals)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -408,8 +425,8 @@ def find_resume_checkpoint(work_dir: str) -> Optional[str]:
 
 
 def _check_readable(path: str, why: str) -> None:
-    hint = (f'pass --resume PATH with an earlier checkpoint, or remove the bad file to start '
-            f'from scratch')
+    hint = ('pass --resume PATH with an earlier checkpoint, or remove the bad file to start from '
+            'scratch')
     if not osp.exists(path):  # (a folder gets load_checkpoint_file's message)
         raise CheckpointNotFoundError(f'cannot resume: checkpoint {path!r} does not exist ({why})'
                                       f'; {hint}')

@@ -7,7 +7,9 @@ model.safetensors`` (every file has the same name). Downloads go to a temporary 
 """
 import http.server
 import os
+import sys
 import threading
+import types
 
 import pytest
 import torch
@@ -67,6 +69,22 @@ def _torch_bytes(obj, tmp_path) -> bytes:
     return path.read_bytes()
 
 
+def _training_checkpoint(model_state: dict, tmp_path) -> bytes:
+    """What the official (Swin-derived) training scripts save: the weights under ``model`` beside
+    the optimizer state, the epoch and the yacs ``CfgNode`` config. yacs is not installed here: a
+    stand-in module gives the class its pickled name while saving, and is gone for the load."""
+    yacs, yacs_config = types.ModuleType('yacs'), types.ModuleType('yacs.config')
+    CfgNode = type('CfgNode', (dict, ), {'__module__': 'yacs.config'})
+    yacs_config.CfgNode, yacs.config = CfgNode, yacs_config
+    config = CfgNode(MODEL=CfgNode(TYPE='mlla', DROP_PATH_RATE=0.2), TAG='default')
+    sys.modules.update({'yacs': yacs, 'yacs.config': yacs_config})
+    try:
+        return _torch_bytes({'model': model_state, 'optimizer': {}, 'epoch': 299,
+                             'max_accuracy': 83.5, 'config': config}, tmp_path)
+    finally:
+        del sys.modules['yacs'], sys.modules['yacs.config']
+
+
 def _safetensors_bytes(state_dict, tmp_path) -> bytes:
     from safetensors.torch import save_file
     path = tmp_path / 'tmp.safetensors'
@@ -97,6 +115,18 @@ def test_mlla_url_with_a_query_string_loads_and_is_cached(server, tmp_path):
     cached = checkpoint_cache_path(url)
     assert os.path.isfile(cached) and cached.endswith('-7a19712877cb4242889c')
     assert os.path.dirname(cached).startswith(str(tmp_path / 'torch_home'))
+
+
+def test_official_training_checkpoint_with_its_yacs_config_loads_by_url(server, tmp_path):
+    _, kwargs, _, shape = CASES['MLLA']
+    src = seeded(MILA, **kwargs)
+    route = '/f/0e5d0b1409d540aaa80c/?dl=1'
+    server.files[route] = _training_checkpoint(to_official_mlla(src.state_dict())['model'],
+                                               tmp_path)
+    build = {k: v for k, v in kwargs.items() if k != 'keep'}
+    dst = MILA(**build, init_cfg=dict(type='Pretrained', checkpoint=server.base + route))
+    dst.init_weights()
+    _same_outputs(src, dst, shape)
 
 
 def test_same_basename_from_two_repos_never_collide(server, tmp_path):

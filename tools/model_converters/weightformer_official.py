@@ -20,7 +20,6 @@ and give the official logits. The key mapping is
 import argparse
 import os.path as osp
 import sys
-from collections import OrderedDict
 from typing import Optional, Sequence
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
@@ -32,27 +31,14 @@ from converter_cli import check_loads, parse_converter_args, save_converted  # n
 
 import torch  # noqa: E402
 
+from mmeffattn.engine.checkpoint_io import OFFICIAL_STAND_INS  # noqa: E402
 from mmeffattn.models.backbones.weightformer import (  # noqa: E402
     WeightFormer, checkpoint_filter_weightformer_official)
 
 
-class _TrainingConfig:
-    """Stands in for the yacs ``CfgNode`` (a dict subclass) that the official script stores under
-    ``config``, so the checkpoint loads with ``weights_only=True`` and without yacs: each node
-    is read as a plain ``OrderedDict`` (the safe loader fills and builds only the standard dict
-    types). The converter does not use it."""
-
-    def __new__(cls, *args, **kwargs):
-        return OrderedDict()
-
-
-# (stand-in, pickled name) pairs accepted by the safe loader besides tensors and containers
-_STAND_INS = [(_TrainingConfig, 'yacs.config.CfgNode')]
-
-
 def load_official(path: str, unsafe: bool = False) -> dict:
     """Read an official checkpoint on the CPU (safe loading unless ``unsafe``)."""
-    return _load(path, unsafe, stand_ins=_STAND_INS)
+    return _load(path, unsafe, stand_ins=OFFICIAL_STAND_INS)
 
 
 def weightformer_arch(state_dict: dict) -> str:

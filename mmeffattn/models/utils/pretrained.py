@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 from mmengine.logging import MMLogger
 
-from ...engine.checkpoint_io import open_checkpoint
+from ...engine.checkpoint_io import OFFICIAL_STAND_INS, open_checkpoint
 from ...registry import MODELS
 
 StateDict = Dict[str, torch.Tensor]
@@ -117,7 +117,9 @@ def read_checkpoint(checkpoint: str, prefix: Optional[str] = None, map_location:
     """
     if not checkpoint:
         raise ValueError(f'no {what} file given')
-    state_dict = unwrap_state_dict(open_checkpoint(checkpoint, map_location))
+    # (official training checkpoints carry their yacs config: read as a plain dict)
+    state_dict = unwrap_state_dict(open_checkpoint(checkpoint, map_location,
+                                                   extra_safe_globals=OFFICIAL_STAND_INS))
     return select_prefix(state_dict, prefix, checkpoint, what, prefix_option, bare_name)
 
 
