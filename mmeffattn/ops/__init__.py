@@ -1,5 +1,7 @@
-"""Attention ops. Each op has a pure PyTorch reference and Triton kernels; the public function
-picks a backend and can always fall back to the reference."""
+"""Attention ops. Each op has Triton kernels, a fast PyTorch form (the ``'torch'`` backend, the
+CPU default) and a plain reference (``'reference'``, the test oracle); the public function picks
+a backend (:mod:`._backend`) and reports to :func:`dispatch_hook`."""
+from ._backend import dispatch_hook
 from ._common import compute_dtype
 from .core_periphery import core_periphery_attention, core_periphery_attention_naive
 from .dynamic_dwconv import dynamic_dwconv, dynamic_dwconv_naive
@@ -14,4 +16,4 @@ __all__ = ['sema_attention', 'sema_attention_naive', 'sema_attention_qk',
            'dynamic_dwconv', 'dynamic_dwconv_naive',
            'core_periphery_attention', 'core_periphery_attention_naive',
            'laplacian_kernel', 'laplacian_kernel_naive', 'newton_schulz_pinv',
-           'newton_schulz_pinv_naive', 'newton_schulz_residual', 'compute_dtype']
+           'newton_schulz_pinv_naive', 'newton_schulz_residual', 'compute_dtype', 'dispatch_hook']

@@ -1,21 +1,24 @@
-"""Backend selection shared by every op: Triton kernels (compiled or interpreted) or the reference.
+"""Backend selection shared by every op, and the dispatch hook.
 
-Each op asks :func:`select_backend` with a list of reasons why its Triton kernels cannot run on
-the given inputs (built from the ``can_run_*`` checks below plus its own). Rules:
+Each op has three implementations: ``'triton'`` (its kernels, compiled or interpreted),
+``'torch'`` (fast PyTorch: fused attention, layouts written directly, symbolic-size paths) and
+``'reference'`` (the paper's formula in plain tensor operations: the test oracle). Each op asks
+:func:`select_backend` with the reasons its kernels cannot run the inputs. Rules:
 
-* ``backend='reference'`` always runs the reference.
+* ``backend='reference'`` or ``'torch'`` always runs that implementation.
 * ``backend='triton'`` runs the kernels, or raises ``RuntimeError`` listing every reason.
-* ``backend=None`` (automatic): ``$MMEFFATTN_OPS_BACKEND`` (``reference``/``triton``/``auto``)
-  if set, else Triton when there is no reason against it, otherwise the reference. A CUDA input
-  that falls back to the reference logs the reasons once (a silent slow path otherwise).
+* ``backend=None`` (automatic): ``$MMEFFATTN_OPS_BACKEND`` (``triton``/``torch``/``reference``/
+  ``auto``) if set, else Triton when there is no reason against it, otherwise ``'torch'``. A
+  CUDA input that falls back logs the reasons once (a silent slow path otherwise).
 
 Triton runs CUDA tensors compiled, and CPU tensors only when its interpreter was switched on
 (``TRITON_INTERPRET=1`` before ``import triton``; the mode is recorded here at import). This
 module imports without Triton and without a GPU.
 """
+import contextlib
 import logging
 import os
-from typing import Callable, Iterable, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence
 
 import torch
 
@@ -42,7 +45,7 @@ def _interpreter_on() -> bool:
 TRITON_INTERPRET: bool = _interpreter_on()
 
 ENV_VAR = 'MMEFFATTN_OPS_BACKEND'
-BACKENDS = ('triton', 'reference')
+BACKENDS = ('triton', 'torch', 'reference')
 #: the storage dtypes every op's Triton kernels take (an op's ``SUPPORTED_DTYPES``)
 KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -144,42 +147,67 @@ def requested_backend(backend: Optional[str]) -> Optional[str]:
 def select_backend(op_name: str, backend: Optional[str],
                    triton_reasons: Callable[[], List[str]],
                    tensors: Sequence[torch.Tensor] = ()) -> str:
-    """Pick ``'triton'`` or ``'reference'`` for one call of ``op_name`` (rules in the module doc).
+    """Pick ``'triton'``, ``'torch'`` or ``'reference'`` for one call of ``op_name`` (rules in
+    the module doc).
 
     Args:
         op_name: used in messages.
-        backend: ``None``/``'auto'``, ``'triton'`` or ``'reference'``.
+        backend: ``None``/``'auto'`` or one of :data:`BACKENDS`.
         triton_reasons: returns the reasons the Triton kernels cannot run these inputs.
         tensors: the inputs (only to decide whether a fallback deserves a log message).
     """
     backend = requested_backend(backend)
-    if backend == 'reference':
-        return 'reference'
+    if backend in ('torch', 'reference'):
+        return backend
     reasons = triton_reasons()
     if not reasons:
         return 'triton'
     if backend == 'triton':
         raise RuntimeError(f'{op_name}: the Triton backend was requested but cannot run:\n' +
                            '\n'.join(f'  - {r}' for r in reasons) +
-                           "\nUse backend='reference' (or None to choose automatically).")
+                           "\nUse backend='torch' (or None to choose automatically).")
     if torch.compiler.is_compiling():
         # dynamo cannot trace a logging call: it would break the graph at every op of a compiled
         # model (mmengine's compile=True with the default backend); eager calls log it
-        return 'reference'
+        return 'torch'
     key = (op_name, tuple(reasons))
     if any(t.is_cuda for t in tensors) and key not in _warned:
         _warned.add(key)
-        logger.warning('%s: falling back to the PyTorch reference: %s', op_name, '; '.join(reasons))
+        logger.warning('%s: falling back to the PyTorch backend: %s', op_name, '; '.join(reasons))
     else:
-        logger.debug('%s: using the PyTorch reference: %s', op_name, '; '.join(reasons))
-    return 'reference'
+        logger.debug('%s: using the PyTorch backend: %s', op_name, '; '.join(reasons))
+    return 'torch'
+
+
+#: the hooks of :func:`dispatch_hook`, innermost last
+_hooks: List[Callable] = []
+
+
+@contextlib.contextmanager
+def dispatch_hook(hook: Callable[[str, Callable, tuple, Dict[str, Any]], Any]) -> Iterator[None]:
+    """Within the block, every public op call (after validation) goes through
+    ``hook(op_name, run, args, kwargs)``, which must return ``run(*args, **kwargs)`` or what
+    stands for it (e.g. the FLOP counter runs it inside a node it can count). ``args`` and
+    ``kwargs`` are the op's validated arguments; ``run`` runs the backend the call selects."""
+    _hooks.append(hook)
+    try:
+        yield
+    finally:
+        _hooks.remove(hook)
 
 
 def dispatch(op_name: str, backend: Optional[str], triton_reasons: Callable[[], List[str]],
-             tensors: Sequence[torch.Tensor], triton_fn: Callable, reference_fn: Callable,
-             *args, **kwargs):
-    """Run ``triton_fn(*args, **kwargs)`` or ``reference_fn(*args, **kwargs)``, as
-    :func:`select_backend` decides: the last step of every public op. The op passes its
-    module-level entry points at call time, so patching them (the dispatch tests) still works."""
-    chosen = select_backend(op_name, backend, triton_reasons, tensors)
-    return (triton_fn if chosen == 'triton' else reference_fn)(*args, **kwargs)
+             tensors: Sequence[torch.Tensor], triton_fn: Callable, torch_fn: Callable,
+             reference_fn: Callable, *args, **kwargs):
+    """Run ``triton_fn``, ``torch_fn`` or ``reference_fn`` on ``(*args, **kwargs)``, as
+    :func:`select_backend` decides, through the innermost :func:`dispatch_hook` if one is
+    active: the last step of every public op. The op passes its module-level entry points at
+    call time, so patching them (the dispatch tests) still works."""
+    def run(*args, **kwargs):
+        chosen = select_backend(op_name, backend, triton_reasons, tensors)
+        fn = {'triton': triton_fn, 'torch': torch_fn, 'reference': reference_fn}[chosen]
+        return fn(*args, **kwargs)
+
+    if _hooks:
+        return _hooks[-1](op_name, run, args, kwargs)
+    return run(*args, **kwargs)

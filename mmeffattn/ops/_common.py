@@ -34,34 +34,36 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
+def plain_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    mask: Optional[torch.Tensor], scale: float) -> torch.Tensor:
+    """``softmax(q k^T * scale) v`` over the last two dims, written plainly (the references):
+    ``mask`` (broadcast to the logits, True = real key) gives the other keys zero weight.
+    Computed in fp32 for 16-bit inputs; returns v's dtype."""
+    ct = compute_dtype(q.dtype)
+    logits = (q.to(ct) @ k.to(ct).transpose(-1, -2)) * scale
+    if mask is not None:
+        logits = logits.masked_fill(~mask, float('-inf'))
+    return (torch.softmax(logits, dim=-1) @ v.to(ct)).to(v.dtype)
+
+
 def window_attention(q_w: torch.Tensor, k_w: torch.Tensor, v_w: torch.Tensor,
                      mask: Optional[torch.Tensor], scale: float) -> torch.Tensor:
-    """Softmax attention inside each window: ``[BH, nW, L, D]`` -> ``[BH, nW, L, D]`` (any
-    leading dims; a dense attention is one window).
+    """Softmax attention inside each window, the torch backend's form: ``[BH, nW, L, D]`` ->
+    ``[BH, nW, L, D]`` (any leading dims; a dense attention is one window). ``mask`` (``[nW, 1,
+    L]`` bool, True = real key) excludes padded keys.
 
-    ``mask`` (``[nW, 1, L]`` bool, True = real key) excludes padded keys.
-
-    Two paths, one result (the NaN contract included): fp32 inputs with at least
-    :data:`FUSED_MIN_KEYS` keys go through torch's fused ``scaled_dot_product_attention`` (2x
-    faster than matmul + softmax on the CPU for VECA's patch-to-core attention, as fast at SEMA's
-    7x7 windows), except masked windows that need a gradient; everything else is a plain matmul
-    and softmax (the softmax in fp32 for 16-bit inputs, the logits too for fp16, whose range
-    they can leave). The fused CPU kernel drops a NaN query when the keys are fewer than one SIMD
-    block of fp32 lanes (a finite row comes out: below 8 keys with AVX2, below 16 with AVX-512)
-    and a NaN key at 1 key, and is 3-5x slower than the plain form for bf16 training (torch
-    2.14, 2 cores); tests/reliability/test_nan_contract.py holds both paths to the contract. Its
-    one exception: a row whose every logit is -inf (an infinite q or k entry, against every
-    key) is NaN by IEEE arithmetic (0 / 0) and on the plain path, but the fused kernel returns a
-    finite row (0 without a mask). Catching it would take a pass over q and k on every call, for
-    inputs that are already broken.
+    fp32 with at least :data:`FUSED_MIN_KEYS` keys runs torch's fused
+    ``scaled_dot_product_attention`` (except masked windows that need a gradient); everything
+    else a matmul and softmax (softmax in fp32 for 16-bit inputs, the logits too for fp16). Both
+    keep the NaN contract, except that the fused kernel gives a finite row where every logit is
+    -inf. Measurements and the NaN findings behind the rule: docs/design/ops_backends.md.
     """
     fused = q_w.dtype == torch.float32 and k_w.shape[-2] >= FUSED_MIN_KEYS
     if fused and mask is not None:
         if torch.is_grad_enabled() and any(x.requires_grad for x in (q_w, k_w, v_w)):
-            fused = False  # a masked fused backward is 1.1-1.4x slower than the plain form's
+            fused = False  # a masked fused backward is slower than the plain form's
         else:
-            # the fused CPU kernel takes a mask of q's rank only: given [nW, 1, L] it runs its
-            # unfused math fallback, 1.2-1.8x slower at SEMA's windows on a padded grid
+            # the fused CPU kernel takes a mask of q's rank only (else its slow math fallback)
             mask = mask.view((1,) * (q_w.dim() - mask.dim()) + tuple(mask.shape))
     if fused:
         return F.scaled_dot_product_attention(q_w, k_w, v_w, attn_mask=mask, scale=scale)
@@ -102,9 +104,8 @@ def autocast_off(device_type: str) -> contextlib.AbstractContextManager:
             else contextlib.nullcontext())
 
 
-#: the fewest keys for which :func:`window_attention` uses torch's fused attention (see there):
-#: AVX-512's 16 fp32 lanes, so that the NaN contract holds on every x86 CPU (8 was enough on
-#: AVX2 only)
+#: the fewest keys for which :func:`window_attention` uses torch's fused attention: AVX-512's 16
+#: fp32 lanes, so that the NaN contract holds on every x86 CPU
 FUSED_MIN_KEYS = 16
 
 

@@ -1,7 +1,6 @@
 """WeightFormer's bilateral dynamic weight: Triton kernels (interpreted on CPU, compiled on CUDA)
 vs the PyTorch reference, reference semantics, gradients, dispatch, input validation and
 ahead-of-time compilation for sm_80 / sm_90."""
-import importlib
 from typing import NamedTuple, Optional
 
 import pytest
@@ -9,14 +8,9 @@ import torch
 
 from mmeffattn.ops import _backend
 from mmeffattn.ops.dynamic_weight import dynamic_weight, dynamic_weight_naive
-from mmeffattn.ops.dynamic_weight import op as dw_op
-from dispatch_spy import spy_on
-from op_checks import (DEVICE, DTYPES, HAS_CUDA, TRITON_RUNNABLE, check_import_without_triton,
-                       triton_request_fails, assert_close,
-                       needs_triton)
+from op_checks import DEVICE, DTYPES, HAS_CUDA, assert_close, needs_triton
 
 pytestmark = pytest.mark.usefixtures('one_thread')
-
 
 
 class Case(NamedTuple):
@@ -209,91 +203,6 @@ def test_reference_low_precision(dtype: str) -> None:
 # ------------------------------------------------------------------------------------------
 # dispatch
 # ------------------------------------------------------------------------------------------
-@pytest.fixture
-def spies(monkeypatch):
-    """Record which implementation ``dynamic_weight`` calls."""
-    return spy_on(monkeypatch, dw_op, 'dynamic_weight_naive', 'dynamic_weight_triton')
-
-
-def small(dtype=torch.float32, device='cpu'):
-    u, v, w = make_inputs(Case(1, 5, 16, 24, 'fp32', 'fp32'), device)
-    return u.to(dtype), v.to(dtype), w
-
-
-def test_env_var_forces_reference(monkeypatch, spies) -> None:
-    monkeypatch.setenv(_backend.ENV_VAR, 'reference')
-    u, v, w = small()
-    dynamic_weight(u, v, 20, weight=w)
-    assert spies == ['reference']
-    if TRITON_RUNNABLE:  # an explicit argument wins over the environment
-        u, v, w = small(device=DEVICE)
-        dynamic_weight(u, v, 20, weight=w, backend='triton')
-        assert spies == ['reference', 'triton']
-
-
-def test_backend_argument_forces_reference(spies) -> None:
-    u, v, w = small(device=DEVICE)
-    dynamic_weight(u, v, 20, weight=w, backend='reference')
-    assert spies == ['reference']
-
-
-@needs_triton
-def test_auto_picks_triton_when_possible(monkeypatch, spies) -> None:
-    monkeypatch.delenv(_backend.ENV_VAR, raising=False)
-    u, v, w = small(device=DEVICE)
-    dynamic_weight(u, v, 20, weight=w)
-    assert spies == ['triton']
-
-
-def test_cpu_without_interpreter(monkeypatch, spies) -> None:
-    """CPU tensors with the interpreter off: automatic -> reference; backend='triton' -> error
-    that lists the reason."""
-    monkeypatch.delenv(_backend.ENV_VAR, raising=False)
-    monkeypatch.setattr(_backend, 'TRITON_INTERPRET', False)
-    u, v, w = small()
-    assert any('interpreter is off' in r for r in dw_op.dynamic_weight_triton_reasons(u, v, w))
-    dynamic_weight(u, v, 20, weight=w)
-    assert spies == ['reference']
-    with pytest.raises(RuntimeError, match=r'(?s)Triton backend was requested.*interpreter is off'):
-        dynamic_weight(u, v, 20, weight=w, backend='triton')
-    assert spies == ['reference']
-
-
-def test_unsupported_dtype_falls_back(monkeypatch, spies) -> None:
-    """fp64 (e.g. gradcheck through the public op) runs the reference automatically, and so does
-    bf16 under the interpreter (its tl.dot is wrong there)."""
-    monkeypatch.delenv(_backend.ENV_VAR, raising=False)
-    u, v, w = small(torch.float64)
-    dynamic_weight(u, v, 20, weight=w.double())
-    assert spies == ['reference']
-    reasons = dw_op.dynamic_weight_triton_reasons(u, v, w.double(), interpret=True)
-    assert any('float64' in r for r in reasons) and any('weight dtype' in r for r in reasons)
-    if _backend.TRITON_INTERPRET and not HAS_CUDA:
-        u, v, w = small(torch.bfloat16)
-        dynamic_weight(u, v, 20, weight=w)
-        assert spies == ['reference', 'reference']
-        with pytest.raises(RuntimeError, match='bfloat16'):
-            dynamic_weight(u, v, 20, weight=w, backend='triton')
-
-
-def test_int32_offset_reason() -> None:
-    x = torch.empty_strided((1, 2, 16), (0, 2 ** 31, 1), device='meta')
-    assert any('2**31' in r for r in dw_op.dynamic_weight_triton_reasons(x, x, interpret=True))
-    y = torch.empty_strided((1, 2, 16), (0, 2 ** 30, 1), device='meta')
-    assert not any('2**31' in r for r in dw_op.dynamic_weight_triton_reasons(y, y, interpret=True))
-
-
-def test_import_without_triton() -> None:
-    """The op imports and runs its reference without Triton; an explicit Triton request says
-    why it cannot."""
-    check_import_without_triton([
-        'import torch',
-        'from mmeffattn.ops.dynamic_weight import dynamic_weight, dynamic_weight_naive',
-        'u, v = torch.randn(1, 5, 8), torch.randn(1, 5, 12)',
-        'assert torch.equal(dynamic_weight(u, v, 20), dynamic_weight_naive(u, v, 20))',
-        *triton_request_fails('dynamic_weight(u, v, 20, backend="triton")')])
-
-
 # ------------------------------------------------------------------------------------------
 # input validation
 # ------------------------------------------------------------------------------------------
@@ -324,8 +233,3 @@ def test_invalid_inputs(args, kwargs, match) -> None:
     with pytest.raises(ValueError, match=match):
         dynamic_weight(*args, **kwargs)
 
-
-def test_public_api() -> None:
-    pkg = importlib.import_module('mmeffattn.ops.dynamic_weight')  # the op function shadows it
-    assert pkg.dynamic_weight is dynamic_weight and pkg.dynamic_weight_naive is dynamic_weight_naive
-    assert set(pkg.__all__) == {'dynamic_weight', 'dynamic_weight_naive'}

@@ -7,14 +7,10 @@ from typing import NamedTuple
 import pytest
 import torch
 
-from mmeffattn.ops import _backend, laplacian_kernel, laplacian_kernel_naive
-from mmeffattn.ops.laplacian import op as lap_op
-from dispatch_spy import spy_on
-from op_checks import (DEVICE, DTYPES, HAS_CUDA, TRITON_RUNNABLE, assert_close,
-                       needs_triton)
+from mmeffattn.ops import laplacian_kernel, laplacian_kernel_naive
+from op_checks import DEVICE, DTYPES, assert_close, needs_triton
 
 pytestmark = pytest.mark.usefixtures('one_thread')
-
 
 
 class Case(NamedTuple):
@@ -189,76 +185,9 @@ def test_reference_low_precision(dtype: str) -> None:
 # ------------------------------------------------------------------------------------------
 # dispatch
 # ------------------------------------------------------------------------------------------
-@pytest.fixture
-def spies(monkeypatch):
-    """Record which implementation ``laplacian_kernel`` calls."""
-    return spy_on(monkeypatch, lap_op, 'laplacian_kernel_naive', 'laplacian_kernel_triton')
-
-
 def small(dtype=torch.float32, device='cpu'):
     x, y = make_inputs(Case(1, 2, 5, 3, 8, 'fp32'), device)
     return x.to(dtype), y.to(dtype)
-
-
-def test_env_var_forces_reference(monkeypatch, spies) -> None:
-    monkeypatch.setenv(_backend.ENV_VAR, 'reference')
-    laplacian_kernel(*small(), 2.0)
-    assert spies == ['reference']
-    if TRITON_RUNNABLE:  # an explicit argument wins over the environment
-        laplacian_kernel(*small(device=DEVICE), 2.0, backend='triton')
-        assert spies == ['reference', 'triton']
-    monkeypatch.setenv(_backend.ENV_VAR, 'cuda')
-    with pytest.raises(ValueError, match=r"MMEFFATTN_OPS_BACKEND='cuda' is not a backend"):
-        laplacian_kernel(*small(), 2.0)
-
-
-def test_backend_argument_forces_reference(spies) -> None:
-    laplacian_kernel(*small(device=DEVICE), 2.0, backend='reference')
-    assert spies == ['reference']
-
-
-@needs_triton
-def test_auto_picks_triton_when_possible(monkeypatch, spies) -> None:
-    monkeypatch.delenv(_backend.ENV_VAR, raising=False)
-    laplacian_kernel(*small(device=DEVICE), 2.0)
-    assert spies == ['triton']
-    if _backend.TRITON_INTERPRET and not HAS_CUDA:  # no tl.dot: bf16 runs interpreted too
-        laplacian_kernel(*small(torch.bfloat16), 2.0)
-        assert spies == ['triton', 'triton']
-
-
-def test_cpu_without_interpreter(monkeypatch, spies) -> None:
-    """CPU tensors with the interpreter off: automatic -> reference; backend='triton' -> error
-    that lists the reason."""
-    monkeypatch.delenv(_backend.ENV_VAR, raising=False)
-    monkeypatch.setattr(_backend, 'TRITON_INTERPRET', False)
-    x, y = small()
-    assert any('interpreter is off' in r for r in lap_op.laplacian_triton_reasons(x, y))
-    laplacian_kernel(x, y, 2.0)
-    assert spies == ['reference']
-    with pytest.raises(RuntimeError, match=r'(?s)Triton backend was requested.*interpreter is off'
-                                           r".*backend='reference'"):
-        laplacian_kernel(x, y, 2.0, backend='triton')
-    assert spies == ['reference']
-
-
-def test_unsupported_dtype_falls_back(monkeypatch, spies) -> None:
-    """fp64 (e.g. gradcheck through the public op) runs the reference automatically; asking for
-    Triton says why it cannot."""
-    monkeypatch.delenv(_backend.ENV_VAR, raising=False)
-    x, y = small(torch.float64)
-    laplacian_kernel(x, y, 2.0)
-    assert spies == ['reference']
-    assert any('float64' in r for r in lap_op.laplacian_triton_reasons(x, y, interpret=True))
-    with pytest.raises(RuntimeError, match='float64'):
-        laplacian_kernel(x, y, 2.0, backend='triton')
-
-
-def test_int32_offset_reason() -> None:
-    x = torch.empty_strided((1, 1, 2, 16), (0, 0, 2 ** 31, 1), device='meta')
-    y = torch.empty((1, 1, 3, 16), device='meta')
-    assert any('2**31' in r for r in lap_op.laplacian_triton_reasons(x, y, interpret=True))
-    assert not any('2**31' in r for r in lap_op.laplacian_triton_reasons(y, y, interpret=True))
 
 
 # ------------------------------------------------------------------------------------------
@@ -298,9 +227,3 @@ def test_lam_accepts_python_and_numpy_numbers() -> None:
     for lam in (2, np.float32(2.0), np.float64(2.0)):
         assert torch.equal(laplacian_kernel(x, y, lam, backend='reference'), ref)
 
-
-def test_public_api() -> None:
-    import mmeffattn.ops as ops
-    assert ops.laplacian_kernel is laplacian_kernel
-    assert ops.laplacian_kernel_naive is laplacian_kernel_naive
-    assert {'laplacian_kernel', 'laplacian_kernel_naive'} <= set(ops.__all__)

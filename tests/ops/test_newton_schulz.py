@@ -8,18 +8,13 @@ from typing import NamedTuple, Optional
 import pytest
 import torch
 
-from mmeffattn.ops import (_backend, laplacian_kernel_naive, newton_schulz_pinv,
+from mmeffattn.ops import (laplacian_kernel_naive, newton_schulz_pinv,
                            newton_schulz_pinv_naive, newton_schulz_residual)
-from mmeffattn.ops.newton_schulz import op as ns_op
-from dispatch_spy import spy_on
-from op_checks import (DEVICE, DTYPES, TRITON_RUNNABLE, check_import_without_triton,
-                       triton_request_fails, assert_close,
-                       needs_triton)
+from op_checks import DEVICE, DTYPES, assert_close, needs_triton
 
 pytestmark = pytest.mark.usefixtures('one_thread')
 DTYPES = dict(DTYPES, fp64=torch.float64)
 EPS = 0.01  # LaplacianFormer's regularization
-
 
 
 def kernel_matrix(B: int, H: int, M: int, lam: float = 32.0, seed: int = 0) -> torch.Tensor:
@@ -472,77 +467,6 @@ def test_autocast_is_not_followed(backend: str, M: int) -> None:
 # ------------------------------------------------------------------------------------------
 # dispatch
 # ------------------------------------------------------------------------------------------
-@pytest.fixture
-def spies(monkeypatch):
-    """Record which implementation ``newton_schulz_pinv`` calls."""
-    return spy_on(monkeypatch, ns_op, 'newton_schulz_pinv_naive', 'newton_schulz_pinv_triton')
-
-
-def small(dtype=torch.float32, device='cpu'):
-    return kernel_matrix(1, 2, 5).to(device, dtype)
-
-
-def test_env_var_forces_reference(monkeypatch, spies) -> None:
-    monkeypatch.setenv(_backend.ENV_VAR, 'reference')
-    newton_schulz_pinv(small(), 3, EPS)
-    assert spies == ['reference']
-    if TRITON_RUNNABLE:  # an explicit argument wins over the environment
-        newton_schulz_pinv(small(device=DEVICE), 3, EPS, backend='triton')
-        assert spies == ['reference', 'triton']
-    monkeypatch.setenv(_backend.ENV_VAR, 'auto')
-    newton_schulz_pinv(small(torch.float64), 3, EPS)  # auto: fp64 -> reference
-    assert spies[-1] == 'reference'
-
-
-def test_backend_argument_forces_reference(spies) -> None:
-    newton_schulz_pinv(small(device=DEVICE), 3, EPS, backend='reference')
-    assert spies == ['reference']
-
-
-@needs_triton
-def test_auto_picks_triton_when_possible(monkeypatch, spies) -> None:
-    monkeypatch.delenv(_backend.ENV_VAR, raising=False)
-    newton_schulz_pinv(small(device=DEVICE), 3, EPS)
-    assert spies == ['triton']
-
-
-def test_cpu_without_interpreter(monkeypatch, spies) -> None:
-    monkeypatch.delenv(_backend.ENV_VAR, raising=False)
-    monkeypatch.setattr(_backend, 'TRITON_INTERPRET', False)
-    a = small()
-    assert any('interpreter is off' in r for r in ns_op.newton_schulz_triton_reasons(a))
-    newton_schulz_pinv(a, 3, EPS)
-    assert spies == ['reference']
-    with pytest.raises(RuntimeError, match=r'(?s)Triton backend was requested.*interpreter is off'
-                                           r".*backend='reference'"):
-        newton_schulz_pinv(a, 3, EPS, backend='triton')
-
-
-def test_unsupported_dtype_falls_back(monkeypatch, spies) -> None:
-    monkeypatch.delenv(_backend.ENV_VAR, raising=False)
-    a = small(torch.float64)
-    newton_schulz_pinv(a, 3, EPS)
-    assert spies == ['reference']
-    assert any('float64' in r for r in ns_op.newton_schulz_triton_reasons(a, interpret=True))
-    with pytest.raises(RuntimeError, match='float64'):
-        newton_schulz_pinv(a, 3, EPS, backend='triton')
-
-
-def test_import_without_triton() -> None:
-    """Both LaplacianFormer ops import and run their references without Triton; an explicit
-    Triton request says why it cannot."""
-    check_import_without_triton([
-        'import torch',
-        'from mmeffattn.ops import laplacian_kernel, laplacian_kernel_naive',
-        'from mmeffattn.ops import newton_schulz_pinv, newton_schulz_pinv_naive',
-        'x, y, a = torch.randn(1, 2, 5, 8), torch.randn(1, 2, 3, 8), torch.rand(1, 2, 4, 4)',
-        'a = a + 4 * torch.eye(4)  # diagonally dominant: the iteration converges',
-        'assert torch.equal(laplacian_kernel(x, y, 2.0), laplacian_kernel_naive(x, y, 2.0))',
-        'assert torch.equal(newton_schulz_pinv(a, 3, 0.01), newton_schulz_pinv_naive(a, 3, 0.01))',
-        *triton_request_fails('laplacian_kernel(x, y, 2.0, backend="triton")'),
-        *triton_request_fails('newton_schulz_pinv(a, 3, 0.01, backend="triton")')])
-
-
 # ------------------------------------------------------------------------------------------
 # input validation
 # ------------------------------------------------------------------------------------------

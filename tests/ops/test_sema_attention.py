@@ -7,14 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import mmeffattn.ops as ops
 from mmeffattn.ops import (_backend, sema_attention, sema_attention_naive, sema_attention_qk,
                           sema_attention_qk_naive)
-from mmeffattn.ops.sema import op as sema_op
-from dispatch_spy import spy_on
-from op_checks import (DEVICE, DTYPES, HAS_CUDA, TRITON_RUNNABLE, check_import_without_triton,
-                       triton_request_fails, assert_close, rms,
-                       needs_triton)
+from op_checks import DEVICE, DTYPES, HAS_CUDA, assert_close, needs_triton, rms
 
 pytestmark = pytest.mark.usefixtures('one_thread')
 
@@ -407,18 +402,20 @@ def test_reference_qk_is_the_unbound_call(case: Case, out_layout: str) -> None:
 @pytest.mark.parametrize('case', [Case(2, 3, 13, 17, 7, 40, 'fp32'),
                                   Case(1, 2, 14, 14, 7, 16, 'fp32', with_mean=False),
                                   Case(1, 2, 9, 10, 4, 32, 'fp16')], ids=lambda c: c.id)
-def test_reference_tokens_major_output(case: Case) -> None:
-    """The reference's ``out_layout='bnhd'`` (windows merged straight into ``[B, N, heads, D]``)
-    is the ``'bhnd'`` result transposed, forward and backward, padded grids or not."""
+@pytest.mark.parametrize('backend', ['torch', 'reference'])
+def test_pytorch_tokens_major_output(case: Case, backend: str) -> None:
+    """``out_layout='bnhd'`` (on the torch backend, windows merged straight into
+    ``[B, N, heads, D]``) is the ``'bhnd'`` result transposed, forward and backward, padded
+    grids or not."""
     q, k, v = (x.requires_grad_() for x in make_qkv(case, 'cpu'))
     hw = (case.H, case.W)
     out = sema_attention(q, k, v, hw, case.window, with_mean=case.with_mean, out_layout='bnhd',
-                         backend='reference')
+                         backend=backend)
     assert out.shape == (case.B, case.H * case.W, case.heads, case.D) and out.is_contiguous()
     do = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out.dtype)
     grads = torch.autograd.grad(out, (q, k, v), do)
     ref = sema_attention(q, k, v, hw, case.window, with_mean=case.with_mean,
-                         backend='reference')
+                         backend=backend)
     ref_grads = torch.autograd.grad(ref, (q, k, v), do.transpose(1, 2))
     torch.testing.assert_close(out, ref.transpose(1, 2), rtol=0, atol=0)
     for a, b in zip(grads, ref_grads):
@@ -663,15 +660,16 @@ def test_reference_equals_window_slicing(case: Case) -> None:
 
 
 @pytest.mark.parametrize('train', [False, True], ids=['inference', 'training'])
-def test_reference_kernel_on_a_padded_grid(train: bool) -> None:
-    """fp32 on a grid padded to its windows (13 x 17, window 7: masked keys): inference runs
+def test_torch_backend_kernel_on_a_padded_grid(train: bool) -> None:
+    """The torch backend, fp32 on a grid padded to its windows (13 x 17, window 7: masked keys):
+    inference runs
     torch's fused CPU attention, not its silent math fallback (which a mask of the wrong rank
     brings, 1.2-1.8x slower); training runs the plain matmul + softmax, faster there than the
     fused kernel's masked backward. Both give the windows-by-slicing result."""
     case = Case(1, 2, 13, 17, 7, 32, 'fp32')
     q, k, v = (x.requires_grad_(train) for x in make_qkv(case, 'cpu'))
     with torch.profiler.profile() as prof:
-        out = sema_attention(q, k, v, (13, 17), 7, backend='reference')
+        out = sema_attention(q, k, v, (13, 17), 7, backend='torch')
     names = {e.key for e in prof.key_averages()}
     fused = {'aten::_scaled_dot_product_flash_attention_for_cpu'}
     assert (names & fused == set()) if train else fused <= names, sorted(names)
@@ -681,14 +679,15 @@ def test_reference_kernel_on_a_padded_grid(train: bool) -> None:
     assert_close(out.detach().double(), expected, torch.float32, 'out')
 
 
-def test_reference_fp16_logits_past_the_fp16_range() -> None:
-    """fp16 inputs whose logits exceed 65504 (fp16's largest value): the reference computes
-    them in fp32, as the kernels do, and matches float64 instead of giving NaN rows."""
+@pytest.mark.parametrize('backend', ['torch', 'reference'])
+def test_pytorch_fp16_logits_past_the_fp16_range(backend: str) -> None:
+    """fp16 inputs whose logits exceed 65504 (fp16's largest value): both PyTorch backends compute
+    them in fp32, as the kernels do, and match float64 instead of giving NaN rows."""
     case = Case(1, 2, 9, 10, 7, 32, 'fp32', with_mean=False)
     q, k, v = make_qkv(case, 'cpu')
     q, k = (q * 130).half(), (k * 130).half()
     q[0, 0, 0] = 1.5 * k[0, 0, 5]  # one logit near 1.6e5
-    out = sema_attention(q, k, v.half(), (9, 10), 7, with_mean=False, backend='reference')
+    out = sema_attention(q, k, v.half(), (9, 10), 7, with_mean=False, backend=backend)
     expected = sema_attention(q.double(), k.double(), v.half().double(), (9, 10), 7,
                               with_mean=False, backend='reference')
     assert torch.isfinite(out).all()
@@ -738,8 +737,8 @@ def test_reference_return_mean_is_the_mean_apart(out_layout: str, hw) -> None:
     assert_close(full, sema_attention(q, k, v, hw, 7, **kw), torch.float64, 'out + mean')
 
 
-def test_reference_return_mean_symbolic_path() -> None:
-    """The reference's gather path (a symbolic grid under torch.export) returns the mean apart
+def test_torch_backend_return_mean_symbolic_path() -> None:
+    """The torch backend's gather path (a symbolic grid under torch.export) returns the mean apart
     too: exported with a dynamic grid, it gives the eager ``(out, mean)``."""
     class Call(torch.nn.Module):
         def forward(self, q, k, v):
@@ -813,141 +812,9 @@ def test_reference_gradcheck_fp64(with_mean: bool, return_mean: bool) -> None:
 # ------------------------------------------------------------------------------------------
 # dispatch
 # ------------------------------------------------------------------------------------------
-@pytest.fixture
-def spies(monkeypatch):
-    """Record which implementation ``sema_attention`` calls."""
-    return spy_on(monkeypatch, sema_op, 'sema_attention_naive', 'sema_attention_triton')
-
-
 def small_qkv(dtype=torch.float32, device='cpu'):
     """q, k, v ``[1, 2, 30, 16]`` on a 5x6 grid (window 4 pads both directions)."""
     return tuple(x.to(dtype) for x in make_qkv(Case(1, 2, 5, 6, 4, 16, 'fp32'), device))
-
-
-@pytest.mark.parametrize('backend', ['reference', 'triton', None])
-def test_qk_dispatch(monkeypatch, backend) -> None:
-    """``sema_attention_qk`` dispatches like ``sema_attention``: to its own Triton entry point
-    (the packed custom operator) or to its reference."""
-    if backend != 'reference' and not TRITON_RUNNABLE:
-        pytest.skip('needs Triton with a CUDA GPU or its CPU interpreter')
-    monkeypatch.delenv(_backend.ENV_VAR, raising=False)
-    calls = spy_on(monkeypatch, sema_op, 'sema_attention_qk_naive', 'sema_attention_qk_triton')
-    qk, v_tok = make_packed(Case(1, 2, 5, 6, 4, 16, 'fp32'))
-    sema_attention_qk(qk, v_tok.transpose(1, 2), (5, 6), 4, backend=backend)
-    assert calls == ['reference' if backend == 'reference' else 'triton']
-
-
-def test_env_var_forces_reference(monkeypatch, spies) -> None:
-    monkeypatch.setenv(_backend.ENV_VAR, 'reference')
-    sema_attention(*small_qkv(), (5, 6), 4)
-    assert spies == ['reference']
-    # an explicit argument wins over the environment
-    if TRITON_RUNNABLE:
-        sema_attention(*small_qkv(device=DEVICE), (5, 6), 4, backend='triton')
-        assert spies == ['reference', 'triton']
-
-
-def test_backend_argument_forces_reference(spies) -> None:
-    sema_attention(*small_qkv(device=DEVICE), (5, 6), 4, backend='reference')
-    assert spies == ['reference']
-
-
-@needs_triton
-def test_auto_picks_triton_when_possible(monkeypatch, spies) -> None:
-    monkeypatch.delenv(_backend.ENV_VAR, raising=False)
-    sema_attention(*small_qkv(device=DEVICE), (5, 6), 4)
-    assert spies == ['triton']
-
-
-def test_cpu_without_interpreter(monkeypatch, spies) -> None:
-    """CPU tensors with the interpreter off: automatic -> reference; backend='triton' -> error
-    that lists the reason."""
-    monkeypatch.delenv(_backend.ENV_VAR, raising=False)
-    monkeypatch.setattr(_backend, 'TRITON_INTERPRET', False)
-    q, k, v = small_qkv()
-    reasons = sema_op.sema_triton_reasons(q, k, v)
-    assert any('interpreter is off' in r for r in reasons), reasons
-    sema_attention(q, k, v, (5, 6), 4)
-    assert spies == ['reference']
-    with pytest.raises(RuntimeError, match=r'(?s)Triton backend was requested.*interpreter is off'):
-        sema_attention(q, k, v, (5, 6), 4, backend='triton')
-    assert spies == ['reference']
-
-
-def test_select_backend_rules() -> None:
-    ok, bad = (lambda: []), (lambda: ['reason one', 'reason two'])
-    assert _backend.select_backend('op', None, ok) == 'triton'
-    assert _backend.select_backend('op', None, bad) == 'reference'
-    assert _backend.select_backend('op', 'reference', ok) == 'reference'
-    assert _backend.select_backend('op', 'triton', ok) == 'triton'
-    with pytest.raises(RuntimeError, match=r'(?s)reason one.*reason two'):
-        _backend.select_backend('op', 'triton', bad)
-    with pytest.raises(ValueError, match='not a backend'):
-        _backend.select_backend('op', 'cuda', ok)
-
-
-def test_env_var_values(monkeypatch) -> None:
-    ok = lambda: []  # noqa: E731
-    monkeypatch.setenv(_backend.ENV_VAR, 'auto')
-    assert _backend.select_backend('op', None, ok) == 'triton'
-    monkeypatch.setenv(_backend.ENV_VAR, 'triton')
-    with pytest.raises(RuntimeError, match='r1'):
-        _backend.select_backend('op', None, lambda: ['r1'])
-    monkeypatch.setenv(_backend.ENV_VAR, 'bogus')
-    with pytest.raises(ValueError, match=r'MMEFFATTN_OPS_BACKEND=\'bogus\''):
-        _backend.select_backend('op', None, ok)
-
-
-def test_dtype_and_device_reasons() -> None:
-    q = torch.zeros(1, 1, 4, 16)
-    assert _backend.can_run_device([q], interpret=True) == []
-    assert _backend.can_run_device([q], interpret=False)
-    assert _backend.can_run_device([q.to('meta')], interpret=True)
-    fp64 = [q.double()]
-    assert any('float64' in r for r in _backend.can_run_dtype(fp64, sema_op.SUPPORTED_DTYPES))
-    bf16 = [q.bfloat16()]
-    assert any('interpreter' in r
-               for r in _backend.can_run_dtype(bf16, sema_op.SUPPORTED_DTYPES, interpret=True))
-    assert _backend.can_run_dtype([q.half()], sema_op.SUPPORTED_DTYPES, interpret=True) == []
-
-
-def test_int32_offset_reason() -> None:
-    """A token stride so large that N * stride reaches 2**31 is a reason against the kernels."""
-    x = torch.empty_strided((1, 1, 2, 16), (0, 0, 2 ** 31, 1), device='meta')
-    assert any('2**31' in r for r in sema_op.sema_triton_reasons(x, x, x, interpret=True))
-    y = torch.empty_strided((1, 1, 2, 16), (0, 0, 2 ** 30, 1), device='meta')
-    assert not any('2**31' in r for r in sema_op.sema_triton_reasons(y, y, y, interpret=True))
-
-
-def test_unsupported_dtype_falls_back(monkeypatch, spies) -> None:
-    """fp64 (e.g. gradcheck through the public op) and bf16 under the interpreter run the
-    reference automatically."""
-    monkeypatch.delenv(_backend.ENV_VAR, raising=False)
-    sema_attention(*small_qkv(torch.float64), (5, 6), 4)
-    assert spies == ['reference']
-    if _backend.TRITON_INTERPRET and not HAS_CUDA:
-        sema_attention(*small_qkv(torch.bfloat16), (5, 6), 4)
-        assert spies == ['reference', 'reference']
-        with pytest.raises(RuntimeError, match='bfloat16'):
-            sema_attention(*small_qkv(torch.bfloat16), (5, 6), 4, backend='triton')
-
-
-def test_import_without_triton() -> None:
-    """``import mmeffattn.ops`` works without Triton; the op runs its reference and an explicit
-    Triton request says why it cannot."""
-    check_import_without_triton([
-        'import torch, mmeffattn.ops as ops',
-        'from mmeffattn.ops import _backend',
-        'assert not _backend.HAS_TRITON',
-        'q = torch.randn(1, 2, 30, 16)',
-        'out = ops.sema_attention(q, q, q, (5, 6), 4)',
-        'ref = ops.sema_attention_naive(q, q, q, (5, 6), 4)',
-        'assert torch.equal(out, ref)',
-        'qk = torch.randn(1, 30, 2, 2, 16)',
-        'out = ops.sema_attention_qk(qk, q, (5, 6), 4)',
-        'assert torch.equal(out, ops.sema_attention_qk_naive(qk, q, (5, 6), 4))',
-        *triton_request_fails('ops.sema_attention(q, q, q, (5, 6), 4, backend="triton")'),
-        *triton_request_fails('ops.sema_attention_qk(qk, q, (5, 6), 4, backend="triton")')])
 
 
 # ------------------------------------------------------------------------------------------
@@ -1027,11 +894,3 @@ def test_invalid_qk_inputs(args, match) -> None:
     with pytest.raises(ValueError, match=match):
         sema_attention_qk(*args, **kwargs)
 
-
-def test_public_api() -> None:
-    assert ops.sema_attention is sema_attention
-    assert ops.sema_attention_naive is sema_attention_naive
-    assert ops.sema_attention_qk is sema_attention_qk
-    assert ops.sema_attention_qk_naive is sema_attention_qk_naive
-    assert set(ops.__all__) >= {'sema_attention', 'sema_attention_naive', 'sema_attention_qk',
-                                'sema_attention_qk_naive'}

@@ -1,9 +1,10 @@
-"""The ops' NaN contract, on the reference and on Triton (interpreted on the CPU) alike.
+"""The ops' NaN contract, on every backend alike: the reference, the torch backend and Triton
+(interpreted on the CPU).
 
 Every public op documents it: a NaN in an input element makes exactly the outputs that depend
 on that element NaN and leaves every other output unchanged; an inf follows IEEE arithmetic
 through the op's formula (a dependent output is non-finite or the formula's limit, e.g.
-``exp(-inf) = 0``), identically on both backends, and never changes an output that does not
+``exp(-inf) = 0``), identically on every backend, and never changes an output that does not
 depend on it. "Depends" is measured here: the outputs of the float64 reference that change when
 the element changes. Float arguments (scale, lam, eps, n_tokens) refuse NaN and inf, and
 ``newton_schulz_pinv`` raises on a matrix it cannot invert instead of returning NaN.
@@ -22,7 +23,7 @@ pytestmark = pytest.mark.usefixtures('one_thread')
 
 DEVICE = 'cuda' if torch.cuda.is_available() else 'cpu'
 TRITON_RUNNABLE = _backend.HAS_TRITON and (DEVICE == 'cuda' or _backend.TRITON_INTERPRET)
-BACKENDS = ['reference', pytest.param('triton', marks=pytest.mark.skipif(
+BACKENDS = ['reference', 'torch', pytest.param('triton', marks=pytest.mark.skipif(
     not TRITON_RUNNABLE, reason='needs Triton with a CUDA GPU or its CPU interpreter'))]
 VALUES = {'nan': math.nan, 'inf': math.inf}
 
@@ -49,8 +50,8 @@ CASES = {
     'sema_attention': Case(
         lambda backend, q, k, v: ops.sema_attention(q, k, v, (3, 5), 2, backend=backend),
         lambda: dict(q=_randn(1, 2, 15, 16), k=_randn(1, 2, 15, 16), v=_randn(1, 2, 15, 16))),
-    # 4 x 4 windows (16 keys, partial ones at the edges): fp32 takes torch's fused attention
-    # there (FUSED_MIN_KEYS)
+    # 4 x 4 windows (16 keys, partial ones at the edges): the torch backend takes torch's fused
+    # attention there in fp32 (FUSED_MIN_KEYS)
     'sema_attention-fused': Case(
         lambda backend, q, k, v: ops.sema_attention(q, k, v, (6, 9), 4, backend=backend),
         lambda: dict(q=_randn(1, 2, 54, 16), k=_randn(1, 2, 54, 16), v=_randn(1, 2, 54, 16))),
@@ -64,7 +65,7 @@ CASES = {
     'sema_attention_qk': Case(
         lambda backend, qk, v: ops.sema_attention_qk(qk, v, (4, 5), 2, backend=backend),
         lambda: dict(qk=_randn(1, 20, 2, 2, 16), v=_randn(1, 2, 20, 16))),
-    # C = 16 cores: the patch-to-core attention of the reference is fused too
+    # C = 16 cores: the torch backend's patch-to-core attention is fused too
     'core_periphery_attention-fused': Case(
         lambda backend, q, k, v: ops.core_periphery_attention(q, k, v, 16, backend=backend),
         lambda: dict(q=_randn(1, 2, 29, 16), k=_randn(1, 2, 29, 16), v=_randn(1, 2, 29, 16))),
@@ -145,7 +146,7 @@ def test_non_finite_input_reaches_its_dependents_only(case, name, value, backend
             f'{int(dep.sum())} depend on it'
     else:
         assert not (~torch.isfinite(out) & ~dep).any()
-        # IEEE arithmetic of the formula, the same on both backends
+        # IEEE arithmetic of the formula, the same on every backend
         ref = fn('reference', **_poisoned(inputs, name, VALUES[value]))
         assert torch.equal(torch.isfinite(out), torch.isfinite(ref))
         fin = torch.isfinite(ref)

@@ -1,9 +1,10 @@
-"""Pure PyTorch reference of VECA's core-periphery attention: the test oracle and the CPU path."""
-from typing import Optional, Tuple
+"""VECA's core-periphery attention written as the formula, in plain tensor operations: the test
+oracle."""
+from typing import Callable, Optional, Tuple
 
 import torch
 
-from .._common import autocast_off, window_attention
+from .._common import autocast_off, plain_attention
 
 
 def rotate_pairs(x: torch.Tensor) -> torch.Tensor:
@@ -40,18 +41,22 @@ def core_periphery_attention_naive(
         scale: logit scale, ``D ** -0.5`` by default.
 
     Returns:
-        ``[B, heads, C + N, D]`` in q's dtype, also under autocast, which it turns off (as the
-        Triton kernels ignore it): rows ``< C`` attend over all keys, rows ``>= C`` over the C
-        core keys.
+        ``[B, heads, C + N, D]`` in q's dtype (autocast is turned off, as in the kernels): rows
+        ``< C`` attend over all keys, rows ``>= C`` over the C core keys.
     """
+    return core_periphery(q, k, v, num_cores, rope, scale, plain_attention)
+
+
+def core_periphery(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_cores: int,
+                   rope: Optional[Tuple[torch.Tensor, torch.Tensor]], scale: Optional[float],
+                   attention: Callable) -> torch.Tensor:
+    """The two dense attentions (core rows over all keys, patch rows over the core keys) with
+    ``attention(q, k, v, mask, scale)``: the reference's and the torch backend's."""
     C = num_cores
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     with autocast_off(q.device.type):
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        # two dense attentions instead of one masked one: the patch rows only touch C keys, so
-        # the cost is O(C * (C + N)) rather than O((C + N) ** 2)
-        out_cores = window_attention(q[:, :, :C], k, v, None, scale)  # [B, heads, C, D]
-        out_patches = window_attention(q[:, :, C:], k[:, :, :C], v[:, :, :C], None,
-                                       scale)  # [B, heads, N, D]
+        out_cores = attention(q[:, :, :C], k, v, None, scale)  # [B, heads, C, D]
+        out_patches = attention(q[:, :, C:], k[:, :, :C], v[:, :, :C], None, scale)
         return torch.cat((out_cores, out_patches), dim=2)

@@ -1,5 +1,5 @@
-"""Public core-periphery attention op: validates its inputs and dispatches to Triton or the
-reference."""
+"""Public core-periphery attention op: validates its inputs and dispatches to Triton, the
+fast PyTorch form or the reference."""
 import operator
 from typing import List, Optional, Sequence, Tuple
 
@@ -10,9 +10,10 @@ from .._backend import dispatch, triton_reasons
 from .._common import import_kernels, offsets_reason, token_offsets_fit
 from .._validate import check_alike, check_int, check_qkv, check_real
 from .naive import core_periphery_attention_naive
+from .pytorch import core_periphery_attention_torch
 
 #: head dims the kernels run (they pad D to a power of two with masks; their forward tiles are
-#: tuned from 16 channels up, so a narrower head runs the reference)
+#: tuned from 16 channels up, so a narrower head runs the torch backend)
 MIN_TRITON_HEAD_DIM, MAX_TRITON_HEAD_DIM = 16, 128
 core_periphery_attention_triton, _KERNELS_IMPORT_ERROR = import_kernels(
     __package__, 'core_periphery_attention_triton', module='library')
@@ -88,13 +89,13 @@ def core_periphery_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     2D RoPE (VECA's ``Rotary2D.apply``: ``x * cos + rotate_pairs(x) * sin`` with interleaved
     channel pairs) is applied to q and k, not v. Gradients flow to q, k, v, cos and sin.
 
-    Non-finite inputs (the NaN contract of every op, the same on the reference and on Triton): a
+    Non-finite inputs (the NaN contract of every op, the same on every backend): a
     NaN in an input element makes exactly the outputs that depend on it NaN and leaves every
     other output unchanged; an inf follows IEEE arithmetic through the formula above, so a
     dependent output is non-finite or the formula's limit (a -inf logit gives its key zero
     weight, a +inf one makes its row NaN). A query reaches its own row; a core key or value
     every row (a patch one the core rows); a rope entry the rows its rotated q and k reach. One
-    exception, fp32 on the reference: a row whose every logit is -inf (only infinite q or k
+    exception, fp32 on the torch backend: a row whose every logit is -inf (only infinite q or k
     entries make one) comes out 0 rather than NaN, as torch's fused attention gives it (see
     :func:`mmeffattn.ops._common.window_attention`, which uses it from 16 keys up).
 
@@ -104,7 +105,7 @@ def core_periphery_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
         rope: None or ``(cos, sin)``, each ``[B or 1, C + N, D]`` (D even), any float dtype:
             cast to q's dtype before use.
         scale: logit scale, ``D ** -0.5`` by default.
-        backend: ``None`` (automatic), ``'triton'`` or ``'reference'``; see
+        backend: ``None`` (automatic), ``'triton'``, ``'torch'`` or ``'reference'``; see
             :mod:`mmeffattn.ops._backend` (``$MMEFFATTN_OPS_BACKEND`` applies when None).
 
     Returns:
@@ -120,5 +121,6 @@ def core_periphery_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     rope = _check_inputs(q, k, v, num_cores, rope, scale)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     return dispatch(_NAME, backend, lambda: core_periphery_triton_reasons(q, k, v, rope),
-                    (q, k, v), core_periphery_attention_triton, core_periphery_attention_naive,
+                    (q, k, v), core_periphery_attention_triton, core_periphery_attention_torch,
+                    core_periphery_attention_naive,
                     q, k, v, operator.index(num_cores), rope=rope, scale=scale)

@@ -1,52 +1,31 @@
-"""Pure PyTorch reference of the per-sample dynamic depthwise convolution: the test oracle and
-the CPU path. With ``normalize`` and ``weight`` it is the arithmetic (and its order) of
-WeightFormer's ``DynamicDWConv`` before the op existed, so the model gives bit-identical results
-through this path."""
+"""The per-sample dynamic depthwise convolution written as the formula, in plain tensor
+operations: the test oracle."""
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 
-from .._common import autocast_enabled, is_eager
-
-
-def effective_kernel(kernel: torch.Tensor, weight: Optional[torch.Tensor] = None,
-                     normalize: bool = False) -> torch.Tensor:
-    """``[B*C, 1, K, K]`` kernels the convolution applies (a grouped-conv weight): ``kernel``
-    ``[B, C, K, K]`` divided by its Frobenius norm plus one (with ``normalize``), plus the static
-    ``weight`` ``[C, 1, K, K]`` if given.
-
-    The kernel is flattened to ``[B*C, 1, K, K]`` *before* the norm, as the model always did:
-    the copy this makes of a channels-last kernel fixes the summation order, so the results are
-    bit-identical to the model's original code."""
-    B, C, K = kernel.shape[0], kernel.shape[1], kernel.shape[-1]
-    kernel = kernel.reshape(B * C, 1, K, K)
-    if normalize:
-        kernel = kernel / (kernel.norm(dim=(-2, -1), keepdim=True) + 1.0)
-    if weight is not None:
-        kernel = kernel + weight.reshape(C, 1, K, K).repeat(B, 1, 1, 1)
-    return kernel
+from .._common import autocast_off, compute_dtype
 
 
-def _conv_by_taps(x: torch.Tensor, k: torch.Tensor, b: Optional[torch.Tensor]) -> torch.Tensor:
-    """The zero-padded depthwise convolution as a sum over the ``K x K`` taps, each one adding
-    only where it reaches a pixel of the map. Used when a tap is NaN or inf: a padded
-    convolution may multiply it with the padding zeros (0 * NaN = NaN; torch's CPU kernel did
-    for bf16, not for fp32), which would reach outputs that do not depend on that tap.
+def conv_by_taps(x: torch.Tensor, k: torch.Tensor, b: Optional[torch.Tensor]) -> torch.Tensor:
+    """``out[b, c, h, w] = bias + sum_{i, j} x[b, c, h + i - K // 2, w + j - K // 2] k[b, c, i, j]``
+    over the taps that land on the map (zero padding without multiplying by the padding, so a
+    NaN tap reaches only the outputs that read it).
 
     Args:
-        x: ``[B, C, H, W]``; k: ``[B*C, 1, K, K]``; b: ``[B*C]`` or None.
+        x: ``[B, C, H, W]``; k: ``[B, C, K, K]``; b: None or broadcastable to ``[B, C, 1, 1]``.
     """
     B, C, H, W = x.shape
     K = k.shape[-1]
-    k = k.reshape(B, C, K * K, 1, 1)
-    out = x.new_zeros(x.shape) if b is None else b.reshape(B, C, 1, 1).expand_as(x).clone()
-    for t in range(K * K):
-        dh, dw = t // K - K // 2, t % K - K // 2  # out[h, w] += x[h + dh, w + dw] * k[t]
-        if abs(dh) >= H or abs(dw) >= W:  # the tap reaches no pixel (K // 2 >= the map side)
-            continue
-        out[:, :, max(0, -dh):H - max(0, dh), max(0, -dw):W - max(0, dw)] += (
-            x[:, :, max(0, dh):H - max(0, -dh), max(0, dw):W - max(0, -dw)] * k[:, :, t])
+    out = x.new_zeros(x.shape) if b is None else b.expand_as(x).clone()
+    for i in range(K):
+        for j in range(K):
+            dh, dw = i - K // 2, j - K // 2  # out[h, w] += x[h + dh, w + dw] * k[i, j]
+            if abs(dh) >= H or abs(dw) >= W:  # the tap reaches no pixel
+                continue
+            out[:, :, max(0, -dh):H - max(0, dh), max(0, -dw):W - max(0, dw)] += (
+                x[:, :, max(0, dh):H - max(0, -dh), max(0, dw):W - max(0, -dw)]
+                * k[:, :, i, j, None, None])
     return out
 
 
@@ -54,35 +33,30 @@ def dynamic_dwconv_naive(x: torch.Tensor, kernel: torch.Tensor,
                          bias: Optional[torch.Tensor] = None,
                          weight: Optional[torch.Tensor] = None,
                          normalize: bool = False) -> torch.Tensor:
-    """Depthwise convolution with one ``K x K`` kernel per sample and channel.
+    """Depthwise convolution with one ``K x K`` kernel per sample and channel::
 
-    Stride 1, zero padding ``K // 2`` (output size = input size). Does not validate its inputs
-    (``dynamic_dwconv`` does); works for any float dtype and device and is differentiable.
+        k = kernel / (||kernel[b, c]||_F + 1)  (with normalize)  + weight[c]  (if given)
+        out = conv_by_taps(x, k) + bias[c]     # stride 1, zero padding K // 2
+
+    Does not validate its inputs (``dynamic_dwconv`` does); any float dtype and device,
+    differentiable.
 
     Args:
-        x: ``[B, C, H, W]``.
-        kernel: ``[B, C, K, K]``, ``K`` odd.
-        bias: optional ``[C]``, shared by all samples.
-        weight: optional static kernel ``[C, 1, K, K]`` (or ``[C, K, K]``) added to every
-            sample's kernel.
-        normalize: divide each sample's ``K x K`` kernel by its Frobenius norm plus one before
-            adding ``weight`` (WeightFormer's rule).
+        x: ``[B, C, H, W]``. kernel: ``[B, C, K, K]``, ``K`` odd.
+        bias: optional ``[C]``. weight: optional static kernel ``[C, 1, K, K]`` or ``[C, K, K]``.
+        normalize: WeightFormer's rule above.
 
     Returns:
-        ``[B, C, H, W]`` in x's dtype (the kernel and bias are cast to it), or under autocast
-        the dtype autocast gives the convolution.
+        ``[B, C, H, W]`` in x's dtype (computed in fp32 for fp16/bf16; autocast is turned off).
     """
     B, C, H, W = x.shape
     K = kernel.shape[-1]
-    k = effective_kernel(kernel, weight, normalize)  # [B*C, 1, K, K]
-    b = None if bias is None else bias.repeat(B)  # [B*C]
-    if not autocast_enabled(x.device.type):  # (autocast casts them itself)
-        k = k.to(x.dtype)
-        b = None if b is None else b.to(x.dtype)
-    # rare: see _conv_by_taps; in a captured graph the convolution is F.conv2d's (whose fp32 CPU
-    # kernel keeps the padding rule), since a graph cannot branch on the values; fake and meta
-    # tensors have none to check
-    if is_eager(k) and not bool(torch.isfinite(k).all()):
-        return _conv_by_taps(x, k, b)
-    out = F.conv2d(x.reshape(1, B * C, H, W), k, b, padding=K // 2, groups=B * C)
-    return out.reshape(B, C, H, W)
+    ct = compute_dtype(x.dtype)
+    with autocast_off(x.device.type):
+        k = kernel.to(ct)
+        if normalize:
+            k = k / (k.norm(dim=(-2, -1), keepdim=True) + 1.0)
+        if weight is not None:
+            k = k + weight.to(ct).reshape(1, C, K, K)
+        b = None if bias is None else bias.to(ct).reshape(1, C, 1, 1)
+        return conv_by_taps(x.to(ct), k, b).to(x.dtype)

@@ -1,5 +1,5 @@
-"""Public dynamic depthwise-convolution op: validates its inputs and dispatches to Triton or the
-reference."""
+"""Public dynamic depthwise-convolution op: validates its inputs and dispatches to Triton, the
+fast PyTorch form or the reference."""
 from typing import List, Optional
 
 import torch
@@ -9,9 +9,10 @@ from .._backend import dispatch, triton_reasons
 from .._common import import_kernels, offsets_reason, sample_offsets_fit
 from .._validate import check_alike, check_not_empty, check_tensor
 from .naive import dynamic_dwconv_naive
+from .pytorch import dynamic_dwconv_torch
 
 #: largest kernel side compiled without spills (tests/ops/test_dynamic_dwconv.py); larger
-#: kernels run the reference
+#: kernels run the torch backend
 MAX_KERNEL_SIZE = 9
 dynamic_dwconv_triton, _KERNELS_IMPORT_ERROR = import_kernels(
     __package__, 'dynamic_dwconv_triton', module='library')
@@ -83,7 +84,7 @@ def dynamic_dwconv(x: torch.Tensor, kernel: torch.Tensor, bias: Optional[torch.T
     backend fuses the normalization, the static add, the convolution, the bias and the cast in
     one kernel; its backward gives every gradient (x, kernel, bias, weight) in two kernels.
 
-    Non-finite inputs (the NaN contract of every op, the same on the reference and on Triton): a
+    Non-finite inputs (the NaN contract of every op, the same on every backend): a
     NaN in an input element makes exactly the outputs that depend on it NaN and leaves every
     other output unchanged; an inf follows IEEE arithmetic through the formula above, so a
     dependent output is non-finite or the formula's limit. A pixel reaches the outputs whose ``K x K``
@@ -98,7 +99,7 @@ def dynamic_dwconv(x: torch.Tensor, kernel: torch.Tensor, bias: Optional[torch.T
         bias: optional ``[C]``, shared by the samples.
         weight: optional static kernel ``[C, 1, K, K]`` or ``[C, K, K]``.
         normalize: divide each ``K x K`` kernel by its Frobenius norm plus one first.
-        backend: ``None`` (automatic), ``'triton'`` or ``'reference'``; see
+        backend: ``None`` (automatic), ``'triton'``, ``'torch'`` or ``'reference'``; see
             :mod:`mmeffattn.ops._backend` (``$MMEFFATTN_OPS_BACKEND`` applies when None).
 
     Returns:
@@ -113,5 +114,5 @@ def dynamic_dwconv(x: torch.Tensor, kernel: torch.Tensor, bias: Optional[torch.T
     _check_inputs(x, kernel, bias, weight, normalize)
     tensors = [t for t in (x, kernel, bias, weight) if t is not None]
     return dispatch(_NAME, backend, lambda: dynamic_dwconv_triton_reasons(x, kernel, bias, weight),
-                    tensors, dynamic_dwconv_triton, dynamic_dwconv_naive,
+                    tensors, dynamic_dwconv_triton, dynamic_dwconv_torch, dynamic_dwconv_naive,
                     x, kernel, bias, weight, normalize)

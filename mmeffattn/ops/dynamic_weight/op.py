@@ -1,4 +1,4 @@
-"""Public dynamic-weight op: validates its inputs and dispatches to Triton or the reference."""
+"""Public dynamic-weight op: validates its inputs and dispatches to Triton, the fast PyTorch form or the reference."""
 from typing import List, Optional
 
 import torch
@@ -11,6 +11,9 @@ from .naive import dynamic_weight_naive
 
 dynamic_weight_triton, _KERNELS_IMPORT_ERROR = import_kernels(
     __package__, 'dynamic_weight_triton', module='library')
+
+#: the ``'torch'`` backend: the reference is already a batched matmul and a norm, it has no faster form
+dynamic_weight_torch = dynamic_weight_naive
 
 _NAME = 'dynamic_weight'
 
@@ -73,7 +76,7 @@ def dynamic_weight(u: torch.Tensor, v: torch.Tensor, n_tokens: float,
     a layer computes ``x @ out.transpose(1, 2) + bias``. The Triton backend fuses the reduction,
     scale, norm, division, weight add and cast in one kernel (its backward recomputes ``R``).
 
-    Non-finite inputs (the NaN contract of every op, the same on the reference and on Triton): a
+    Non-finite inputs (the NaN contract of every op, the same on every backend): a
     NaN in an input element makes exactly the outputs that depend on it NaN and leaves every
     other output unchanged; an inf follows IEEE arithmetic through the formula above, so a
     dependent output is non-finite or the formula's limit (an inf in ``R``'s row makes its norm inf and
@@ -89,12 +92,12 @@ def dynamic_weight(u: torch.Tensor, v: torch.Tensor, n_tokens: float,
         scale: multiplier, ``C_in ** -0.5`` by default.
         weight: optional static weight ``[C_out, C_in]``, any float dtype; the result then has
             the promoted dtype of u and weight (as ``dw + weight`` in PyTorch).
-        backend: ``None`` (automatic), ``'triton'`` or ``'reference'``; see
+        backend: ``None`` (automatic), ``'triton'``, ``'torch'`` or ``'reference'``; see
             :mod:`mmeffattn.ops._backend` (``$MMEFFATTN_OPS_BACKEND`` applies when None).
 
     Returns:
         ``[B, C_out, C_in]`` in u's dtype, or the promoted dtype with a weight (contiguous from
-        the Triton backend). Under autocast the reference follows it, as WeightFormer's
+        the Triton backend). Under autocast the PyTorch backends follow it, as WeightFormer's
         ``DynamicLinear`` did: ``v^T u`` runs in the autocast dtype, and without a weight the
         result comes back in it; the Triton backend does not follow autocast (the dtypes and
         arithmetic are those without it).
@@ -107,5 +110,5 @@ def dynamic_weight(u: torch.Tensor, v: torch.Tensor, n_tokens: float,
     scale = u.shape[-1] ** -0.5 if scale is None else float(scale)
     tensors = (u, v) if weight is None else (u, v, weight)
     return dispatch(_NAME, backend, lambda: dynamic_weight_triton_reasons(u, v, weight), tensors,
-                    dynamic_weight_triton, dynamic_weight_naive, u, v, n_tokens,
-                    scale=scale, weight=weight)
+                    dynamic_weight_triton, dynamic_weight_torch, dynamic_weight_naive,
+                    u, v, n_tokens, scale=scale, weight=weight)

@@ -1,16 +1,15 @@
-"""Pure PyTorch reference of LaplacianFormer's Laplacian kernel: the test oracle and the CPU
-path."""
+"""LaplacianFormer's Laplacian kernel written as the formula, in plain tensor operations: the
+test oracle."""
 import torch
 
-from .._common import compute_dtype  # noqa: F401  (imported from here before _common)
+from .._common import compute_dtype
 
 
 def laplacian_kernel_naive(x: torch.Tensor, y: torch.Tensor, lam: float) -> torch.Tensor:
-    """``out[..., i, j] = exp(-||x_i - y_j||_1 / lam)``, differentiable w.r.t. ``x`` and ``y``.
+    """``out[..., i, j] = exp(-sum_d |x_id - y_jd| / lam)``, differentiable w.r.t. ``x`` and
+    ``y`` (through ``sign(x_i - y_j)``, zero on ties). Materialises ``[..., N, M, D]``.
 
-    Does not validate its inputs (``laplacian_kernel`` does). ``torch.cdist`` with ``p=1`` sums
-    ``|x_i - y_j|`` directly (no ``[N, M, D]`` tensor, no matmul expansion) and its gradient is
-    ``sign(x_i - y_j)`` (zero on ties), the same convention as the Triton backward.
+    Does not validate its inputs (``laplacian_kernel`` does).
 
     Args:
         x: ``[B, heads, N, D]`` (queries).
@@ -21,5 +20,5 @@ def laplacian_kernel_naive(x: torch.Tensor, y: torch.Tensor, lam: float) -> torc
         ``[B, heads, N, M]`` in x's dtype (computed in fp32 for fp16/bf16 inputs).
     """
     ct = compute_dtype(x.dtype)
-    dist = torch.cdist(x.to(ct), y.to(ct), p=1)  # [B, heads, N, M]
-    return torch.exp(dist * (-1.0 / lam)).to(x.dtype)
+    dist = (x.to(ct)[..., :, None, :] - y.to(ct)[..., None, :, :]).abs().sum(-1)
+    return torch.exp(-dist / lam).to(x.dtype)

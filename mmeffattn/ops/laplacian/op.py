@@ -1,4 +1,4 @@
-"""Public Laplacian-kernel op: validates its inputs and dispatches to Triton or the reference."""
+"""Public Laplacian-kernel op: validates its inputs and dispatches to Triton, the fast PyTorch form or the reference."""
 from typing import List, Optional
 
 import torch
@@ -8,6 +8,7 @@ from .._backend import dispatch, triton_reasons
 from .._common import INT32_LIMIT, import_kernels, offsets_reason, token_offsets_fit
 from .._validate import check_alike, check_real, check_tensor
 from .naive import laplacian_kernel_naive
+from .pytorch import laplacian_kernel_torch
 
 laplacian_kernel_triton, _KERNELS_IMPORT_ERROR = import_kernels(
     __package__, 'laplacian_kernel_triton', module='library')
@@ -53,7 +54,7 @@ def laplacian_kernel(x: torch.Tensor, y: torch.Tensor, lam: float, *,
     backend never materialises ``[N, M, D]``: it accumulates the L1 distance of an output tile
     over chunks of D in fp32 and applies the exponential once; its backward reuses the output.
 
-    Non-finite inputs (the NaN contract of every op, the same on the reference and on Triton): a
+    Non-finite inputs (the NaN contract of every op, the same on every backend): a
     NaN in an input element makes exactly the outputs that depend on it NaN and leaves every
     other output unchanged; an inf follows IEEE arithmetic through the formula above, so a
     dependent output is non-finite or the formula's limit (an infinitely distant pair gives
@@ -64,7 +65,7 @@ def laplacian_kernel(x: torch.Tensor, y: torch.Tensor, lam: float, *,
         x: ``[B, heads, N, D]``.
         y: ``[B, heads, M, D]``, x's dtype and device; any strides.
         lam: kernel width, a positive float.
-        backend: ``None`` (automatic), ``'triton'`` or ``'reference'``; see
+        backend: ``None`` (automatic), ``'triton'``, ``'torch'`` or ``'reference'``; see
             :mod:`mmeffattn.ops._backend` (``$MMEFFATTN_OPS_BACKEND`` applies when None).
 
     Returns:
@@ -78,4 +79,5 @@ def laplacian_kernel(x: torch.Tensor, y: torch.Tensor, lam: float, *,
     _check_inputs(x, y, lam)
     lam = float(lam)
     return dispatch(_NAME, backend, lambda: laplacian_triton_reasons(x, y), (x, y),
-                    laplacian_kernel_triton, laplacian_kernel_naive, x, y, lam)
+                    laplacian_kernel_triton, laplacian_kernel_torch, laplacian_kernel_naive,
+                    x, y, lam)

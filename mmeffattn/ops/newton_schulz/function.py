@@ -15,13 +15,7 @@ then ``newton_schulz_step_kernel`` per step), backward ``2 iters + 1``
 ``newton_schulz_bwd_alpha_kernel``). Beyond ``MAX_ONCHIP_M`` the same iteration and the same
 hand-written backward run with batched matmuls in PyTorch (fp32 for 16-bit inputs).
 
-Memory: with ``backward='unrolled'`` every path stores the ``iters`` iterates in the forward
-when a gradient is needed (``'implicit'`` runs this forward without a graph and keeps only the
-result, see ``op.py``; the kernels: ``iters * B * heads * MP * MP`` fp32 values, MP = M padded
-to a power of two >= 16; the multi-program forward ping-pongs in 2 slots when no gradient is
-needed, and its backward uses 4 ``MP x MP`` buffers per matrix; the PyTorch path:
-``iters * B * heads * M * M`` in the compute dtype). Recomputing them in the backward would cost a forward per step walked back (or
-checkpointing), and the iteration cannot be run backwards.
+Memory (what each path stores for the backward): docs/design/ops_backends.md.
 """
 from typing import Dict, Optional, Tuple
 

@@ -1,5 +1,5 @@
-"""Public Newton-Schulz inverse op: validates its inputs and dispatches to Triton or the
-reference."""
+"""Public Newton-Schulz inverse op: validates its inputs and dispatches to Triton, the
+fast PyTorch form or the reference."""
 import contextlib
 from typing import List, Optional
 
@@ -14,6 +14,9 @@ from .naive import (BACKWARDS, newton_schulz_pinv_naive, newton_schulz_residual,
 
 newton_schulz_pinv_triton, _KERNELS_IMPORT_ERROR = import_kernels(
     __package__, 'newton_schulz_pinv_triton', module='library')
+
+#: the ``'torch'`` backend: the reference is already batched matmuls, it has no faster form
+newton_schulz_pinv_torch = newton_schulz_pinv_naive
 
 _NAME = 'newton_schulz_pinv'
 
@@ -93,7 +96,7 @@ def newton_schulz_pinv(a: torch.Tensor, iters: int, eps: float, *,
     however many steps it runs. :func:`newton_schulz_residual` reports how far a result is from the
     inverse; ``check`` uses it to raise on a matrix the iteration could not invert.
 
-    Non-finite inputs (the NaN contract of every op, the same on the reference and on Triton): a
+    Non-finite inputs (the NaN contract of every op, the same on every backend): a
     NaN in an input element makes exactly the outputs that depend on it NaN and leaves every
     other output unchanged; an inf follows IEEE arithmetic through the formula above, so a
     dependent output is non-finite or the formula's limit. Every entry of a matrix's result depends
@@ -131,7 +134,7 @@ def newton_schulz_pinv(a: torch.Tensor, iters: int, eps: float, *,
             tensors with values (not while torch.compile, torch.export or a trace captures the
             call, a graph cannot branch on the residual; nor under a FakeTensorMode or on meta
             tensors); pass ``True`` to check there too, ``False`` to skip it.
-        backend: ``None`` (automatic), ``'triton'`` or ``'reference'``; see
+        backend: ``None`` (automatic), ``'triton'``, ``'torch'`` or ``'reference'``; see
             :mod:`mmeffattn.ops._backend` (``$MMEFFATTN_OPS_BACKEND`` applies when None).
 
     Returns:
@@ -147,7 +150,8 @@ def newton_schulz_pinv(a: torch.Tensor, iters: int, eps: float, *,
     implicit = backward == 'implicit' and torch.is_grad_enabled() and a.requires_grad
     with torch.no_grad() if implicit else contextlib.nullcontext():
         out = dispatch(_NAME, backend, lambda: newton_schulz_triton_reasons(a), (a, ),
-                       newton_schulz_pinv_triton, newton_schulz_pinv_naive, a, iters, eps)
+                       newton_schulz_pinv_triton, newton_schulz_pinv_torch,
+                       newton_schulz_pinv_naive, a, iters, eps)
     if implicit:
         out = with_implicit_backward(a, out)
     if check or (check is None and a.device.type == 'cpu' and is_eager(a)):

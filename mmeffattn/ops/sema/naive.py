@@ -1,116 +1,10 @@
-"""Pure PyTorch reference of SEMA attention: the test oracle and the production CPU path."""
+"""SEMA attention written as the formula, in plain tensor operations: the test oracle."""
 from typing import Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 
-from .._common import autocast_off, is_symbolic
-from .._common import window_attention  # noqa: F401  (also this module's public helper)
-
-
-def _window_layout(H: int, W: int, window_size: int) -> Tuple[int, int, int, int]:
-    """``(win_h, win_w, pad_h, pad_w)``: a grid side smaller than the window is one window of
-    that side (the same partition, without padding)."""
-    win_h, win_w = min(window_size, H), min(window_size, W)
-    return win_h, win_w, (-H) % win_h, (-W) % win_w
-
-
-def window_partition(x: torch.Tensor, hw: Tuple[int, int], window_size: int) -> torch.Tensor:
-    """``[B, heads, N, D]`` -> ``[B*heads, n_windows, win_h*win_w, D]``, zero-padded, windows
-    in row-major order and tokens row-major inside each window."""
-    B, nh, N, D = x.shape
-    H, W = hw
-    win_h, win_w, pad_h, pad_w = _window_layout(H, W, window_size)
-    x = x.reshape(B * nh, H, W, D)
-    if pad_h or pad_w:
-        x = F.pad(x, (0, 0, 0, pad_w, 0, pad_h))
-    n_h, n_w = (H + pad_h) // win_h, (W + pad_w) // win_w
-    x = x.view(B * nh, n_h, win_h, n_w, win_w, D).transpose(2, 3)
-    return x.reshape(B * nh, n_h * n_w, win_h * win_w, D)  # a view when n_w == 1 and no padding
-
-
-def window_merge(x: torch.Tensor, hw: Tuple[int, int], window_size: int) -> torch.Tensor:
-    """Inverse of :func:`window_partition` without the final reshape: ``[B*heads, n_windows,
-    win_h*win_w, D]`` -> ``[B*heads, H, W, D]`` (possibly a non-contiguous view)."""
-    BH, _, _, D = x.shape
-    H, W = hw
-    win_h, win_w, pad_h, pad_w = _window_layout(H, W, window_size)
-    n_h, n_w = (H + pad_h) // win_h, (W + pad_w) // win_w
-    x = x.view(BH, n_h, n_w, win_h, win_w, D).transpose(2, 3).reshape(BH, H + pad_h, W + pad_w, D)
-    return x[:, :H, :W] if pad_h or pad_w else x
-
-
-def window_key_mask(hw: Tuple[int, int], window_size: int,
-                    device: Optional[torch.device] = None) -> Optional[torch.Tensor]:
-    """``[n_windows, 1, win_h*win_w]`` bool, True for real tokens; None when nothing is padded."""
-    H, W = hw
-    win_h, win_w, pad_h, pad_w = _window_layout(H, W, window_size)
-    if not (pad_h or pad_w):
-        return None
-    valid = torch.zeros(H + pad_h, W + pad_w, dtype=torch.bool, device=device)
-    valid[:H, :W] = True
-    n_h, n_w = (H + pad_h) // win_h, (W + pad_w) // win_w
-    return valid.view(n_h, win_h, n_w, win_w).transpose(1, 2).reshape(n_h * n_w, 1, win_h * win_w)
-
-
-def window_gather_index(hw: Tuple[int, int], window_size: int,
-                        device: Optional[torch.device] = None
-                        ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """The window partition as indices, for a symbolic grid (torch.export with a dynamic size).
-
-    Returns ``(idx, inv)``: ``idx`` ``[n_windows, window_size**2]`` holds the token index at each
-    window position (``N = H * W`` where the window runs past the grid: a zero token is put
-    there), ``inv`` ``[N]`` the flat window position of each token. Always full windows: the
-    masked padding gives the same attention as :func:`_window_layout`'s smaller windows, and
-    computing the layout with tensors instead of Python branches (pad or not, one window or
-    several) keeps the height and width symbolic in the graph.
-    """
-    H, W = hw
-    ws = window_size
-    n_h, n_w = (H + ws - 1) // ws, (W + ws - 1) // ws
-    # every index from one flat arange and scalar arithmetic: broadcasting two symbolic dims
-    # against each other would make the exporter guard on each being 1
-    t = torch.arange(n_h * n_w * ws * ws, device=device)  # (window, row in it, col in it)
-    # (and ``a - a // n * n`` for ``a % n`` with a symbolic n: ONNX export has no such remainder)
-    win, row, col = t // (ws * ws), (t // ws) % ws, t % ws
-    row, col = (win // n_w) * ws + row, (win - win // n_w * n_w) * ws + col  # grid position
-    idx = torch.where((row < H) & (col < W), row * W + col, H * W)
-    t = torch.arange(H * W, device=device)
-    row = t // W
-    col = t - row * W
-    inv = ((row // ws) * n_w + col // ws) * (ws * ws) + (row % ws) * ws + col % ws
-    return idx.view(n_h * n_w, ws * ws), inv
-
-
-def _sema_attention_symbolic(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                             hw: Tuple[int, int], window_size: int, scale: float) -> torch.Tensor:
-    """The windowed softmax of :func:`sema_attention_naive` by gathering windows with
-    :func:`window_gather_index` (no mean): ``[B, heads, N, D]`` -> ``[B*heads, N, D]``."""
-    B, nh, N, D = q.shape
-    idx, inv = window_gather_index(hw, window_size, q.device)
-    nW, L = idx.shape  # (the -1 below is nW)
-
-    def windows(x: torch.Tensor) -> torch.Tensor:
-        x = torch.cat([x.reshape(B * nh, N, D), x.new_zeros(B * nh, 1, D)], dim=1)  # [BH, N+1, D]
-        return x.index_select(1, idx.flatten()).view(B * nh, -1, L, D)
-
-    mask = (idx < N).view(nW, 1, L)  # True = real key
-    out = window_attention(windows(q), windows(k), windows(v), mask, scale)  # [BH, nW, L, D]
-    # -1, not nW * L: onnxscript's optimizer turned that symbolic shape into the export size's
-    return out.reshape(B * nh, -1, D).index_select(1, inv)  # [BH, N, D]
-
-
-def _merge_tokens_major(x: torch.Tensor, B: int, nh: int, hw: Tuple[int, int],
-                        window_size: int) -> torch.Tensor:
-    """``[B*heads, n_windows, win_h*win_w, D]`` -> ``[B, H, W, heads, D]`` in one copy (the
-    window merge and the heads-to-tokens transpose as one permute; possibly a sliced view)."""
-    _, _, _, D = x.shape
-    H, W = hw
-    win_h, win_w, pad_h, pad_w = _window_layout(H, W, window_size)
-    n_h, n_w = (H + pad_h) // win_h, (W + pad_w) // win_w
-    x = x.view(B, nh, n_h, n_w, win_h, win_w, D).permute(0, 2, 4, 3, 5, 1, 6)
-    x = x.reshape(B, H + pad_h, W + pad_w, nh, D)
-    return x[:, :H, :W] if pad_h or pad_w else x
+from .._common import autocast_off, plain_attention
 
 
 def sema_attention_naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: Tuple[int, int],
@@ -118,69 +12,52 @@ def sema_attention_naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: 
                          with_mean: bool = True, out_layout: str = 'bhnd',
                          return_mean: bool = False
                          ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
-    """Windowed softmax attention plus the broadcast mean of all values.
+    """Softmax attention inside ``window_size x window_size`` windows tiled from the top-left
+    corner of the ``H x W`` grid, plus ``mean_j v_j`` over all N tokens::
 
-    Does not validate its inputs (``sema_attention`` does); works for any float dtype and
-    device and is differentiable.
+        out_i = sum_{j in window(i)} softmax_j(q_i . k_j * scale) v_j  (+ mean_j v_j)
+
+    The grid is zero-padded to whole windows; padded keys are masked out. Does not validate its
+    inputs (``sema_attention`` does); any float dtype and device, differentiable.
 
     Args:
         q, k, v: ``[B, heads, N, D]`` with ``N = H * W`` tokens in row-major order.
-        hw: the token grid ``(H, W)``.
-        window_size: side of the non-overlapping windows tiled from the top-left corner; the
-            last row/column of windows may be partial (padded keys get zero weight).
+        hw: the token grid ``(H, W)``. window_size: the window side.
         scale: logit scale, ``D ** -0.5`` by default.
-        with_mean: add ``mean_j v_j`` over the N real tokens to every output token.
-        out_layout: ``'bhnd'`` for ``[B, heads, N, D]``, ``'bnhd'`` for ``[B, N, heads, D]``
-            (contiguous: the window merge writes that layout directly).
-        return_mean: (with ``with_mean``) return the mean instead of adding it.
+        with_mean: add the value mean to every token.
+        out_layout: ``'bhnd'`` (``[B, heads, N, D]``) or ``'bnhd'`` (``[B, N, heads, D]``).
+        return_mean: (with ``with_mean``) return ``(out, mean)`` instead of adding it.
 
     Returns:
-        ``[B, heads, N, D]`` or ``[B, N, heads, D]``; with ``return_mean``, ``(out, mean)``:
-        the windowed attention alone and ``mean_j v_j`` ``[B, heads, D]``. In the inputs'
-        dtype, also under autocast, which it turns off (as the Triton kernels ignore it).
+        As ``sema_attention``, in the inputs' dtype (autocast is turned off, as in the kernels).
     """
-    with autocast_off(q.device.type):
-        return _sema_attention_naive(q, k, v, hw, window_size, scale, with_mean, out_layout,
-                                     return_mean)
-
-
-def _sema_attention_naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                          hw: Tuple[int, int], window_size: int, scale: Optional[float],
-                          with_mean: bool, out_layout: str, return_mean: bool
-                          ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
-    """:func:`sema_attention_naive` (same arguments), run as autocast leaves it."""
     B, nh, N, D = q.shape
+    H, W = hw
+    ws = window_size
     scale = D ** -0.5 if scale is None else scale
-    mean = v.mean(dim=2) if with_mean else None  # [B, nh, D]
-    add_mean = with_mean and not return_mean
-    if is_symbolic(*hw):
-        out = _sema_attention_symbolic(q, k, v, hw, window_size, scale)  # [BH, N, D]
-        if add_mean:
-            out = out + mean.reshape(B * nh, 1, D)
-        out = out.reshape(B, nh, N, D)
-        out = out.transpose(1, 2).contiguous() if out_layout == 'bnhd' else out
-        return (out, mean) if return_mean else out
-    q_w, k_w, v_w = (window_partition(x, hw, window_size) for x in (q, k, v))  # [BH, nW, L, D]
-    mask = window_key_mask(hw, window_size, q.device)  # [nW, 1, L] or None
-    out = window_attention(q_w, k_w, v_w, mask, scale)  # [BH, nW, L, D]
-    if out_layout == 'bnhd':
-        out = _merge_tokens_major(out, B, nh, hw, window_size)  # [B, H, W, nh, D]
-        if add_mean:
-            out = out + mean.reshape(B, 1, 1, nh, D)
-        out = out.reshape(B, N, nh, D)
-    else:
-        out = window_merge(out, hw, window_size)  # [BH, H, W, D]
-        if add_mean:
-            # the add also materialises the (maybe strided) merged view
-            out = out + mean.reshape(B * nh, 1, 1, D)
-        out = out.reshape(B, nh, N, D)
+    Hp, Wp = -(-H // ws) * ws, -(-W // ws) * ws
+
+    def windows(x: torch.Tensor) -> torch.Tensor:  # [B, nh, N, c] -> [B, nh, nW, ws*ws, c]
+        x = F.pad(x.reshape(B, x.shape[1], H, W, -1), (0, 0, 0, Wp - W, 0, Hp - H))
+        x = x.reshape(B, x.shape[1], Hp // ws, ws, Wp // ws, ws, -1).transpose(3, 4)
+        return x.reshape(B, x.shape[1], -1, ws * ws, x.shape[-1])
+
+    with autocast_off(q.device.type):
+        real = windows(q.new_ones(B, 1, N, 1))[..., 0] > 0  # [B, 1, nW, ws*ws]
+        out = plain_attention(windows(q), windows(k), windows(v), real[..., None, :], scale)
+        out = out.reshape(B, nh, Hp // ws, Wp // ws, ws, ws, D).transpose(3, 4)
+        out = out.reshape(B, nh, Hp, Wp, D)[:, :, :H, :W].reshape(B, nh, N, D)
+        mean = v.mean(dim=2)  # [B, nh, D]
+        if with_mean and not return_mean:
+            out = out + mean[:, :, None]
+        if out_layout == 'bnhd':
+            out = out.transpose(1, 2).contiguous()
     return (out, mean) if return_mean else out
 
 
 def unbind_qk(qk: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """``(q, k)`` ``[B, heads, N, D]`` views of a packed ``[B, N, 2, heads, D]`` qk. ``unbind``
-    (not two ``select``s): its backward is one ``stack`` into qk's packed layout, where two
-    selects would each zero-fill a full-size gradient and add them."""
+    (not two ``select``s): its backward is one ``stack`` into qk's packed layout."""
     q, k = qk.unbind(2)
     return q.transpose(1, 2), k.transpose(1, 2)
 
@@ -190,14 +67,7 @@ def sema_attention_qk_naive(qk: torch.Tensor, v: torch.Tensor, hw: Tuple[int, in
                             with_mean: bool = True, out_layout: str = 'bhnd',
                             return_mean: bool = False
                             ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
-    """:func:`sema_attention_naive` with q and k packed in ``qk`` ``[B, N, 2, heads, D]`` (a
-    fused qk projection's output, reshaped): the same aten ops as unbinding them first.
-
-    Args:
-        qk: ``[B, N, 2, heads, D]``, ``qk[:, :, 0]`` the queries, ``qk[:, :, 1]`` the keys.
-        v: ``[B, heads, N, D]``.
-        Others as :func:`sema_attention_naive`.
-    """
+    """:func:`sema_attention_naive` with q and k packed in ``qk`` ``[B, N, 2, heads, D]``."""
     return sema_attention_naive(*unbind_qk(qk), v, hw, window_size, scale=scale,
                                 with_mean=with_mean, out_layout=out_layout,
                                 return_mean=return_mean)

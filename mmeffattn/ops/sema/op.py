@@ -1,4 +1,4 @@
-"""Public SEMA attention op: validates its inputs and dispatches to Triton or the reference."""
+"""Public SEMA attention op: validates its inputs and dispatches to Triton, the fast PyTorch form or the reference."""
 import operator
 from typing import List, Optional, Sequence, Tuple, Union
 
@@ -9,6 +9,7 @@ from .._backend import dispatch, triton_reasons
 from .._common import import_kernels, offsets_reason, token_offsets_fit
 from .._validate import check_alike, check_int, check_qkv, check_real, check_tensor
 from .naive import sema_attention_naive, sema_attention_qk_naive, unbind_qk
+from .pytorch import sema_attention_qk_torch, sema_attention_torch
 
 sema_attention_triton, sema_attention_qk_triton, _KERNELS_IMPORT_ERROR = import_kernels(
     __package__, 'sema_attention_triton', 'sema_attention_qk_triton', module='library')
@@ -90,14 +91,14 @@ def sema_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: Tuple[
     ``H x W`` grid; the last row/column of windows may be partial (padded positions get zero
     attention weight). With ``with_mean`` the mean of the N value vectors is added to every token.
 
-    Non-finite inputs (the NaN contract of every op, the same on the reference and on Triton): a
+    Non-finite inputs (the NaN contract of every op, the same on every backend): a
     NaN in an input element makes exactly the outputs that depend on it NaN and leaves every
     other output unchanged; an inf follows IEEE arithmetic through the formula above, so a
     dependent output is non-finite or the formula's limit (a -inf logit gives its key zero
     weight, a +inf one makes its row NaN). A query reaches its own row, a key every row of its
     window, a value its channel in the rows of its window (in every row with ``with_mean``; with
     ``return_mean`` its channel of the returned mean instead). One exception, fp32 on the
-    reference with windows of 16 keys or more: a row whose every logit is -inf (only infinite q
+    torch backend with windows of 16 keys or more: a row whose every logit is -inf (only infinite q
     or k entries make one) comes out finite rather than NaN, as torch's fused attention gives
     it (see :func:`mmeffattn.ops._common.window_attention`).
 
@@ -110,7 +111,7 @@ def sema_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: Tuple[
         with_mean: add the mean of all value vectors to every output token.
         out_layout: ``'bhnd'`` returns ``[B, heads, N, D]``; ``'bnhd'`` returns
             ``[B, N, heads, D]``, so that ``reshape(B, N, heads * D)`` for a following projection
-            is a view (the kernels store that layout directly, the reference merges its windows
+            is a view (the kernels store that layout directly, the torch backend merges its windows
             into it: no transpose copy either way).
         return_mean: (needs ``with_mean``) return the mean instead of adding it, for a caller
             that can add it where it costs nothing (a following op's per-channel bias, see
@@ -118,7 +119,7 @@ def sema_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: Tuple[
             v (each window sums its value rows while it has them, and a sum over the windows'
             few partial rows gives the mean) and the backward no ``sum_n dO`` (the mean's
             gradient comes in with it).
-        backend: ``None`` (automatic), ``'triton'`` or ``'reference'``; see
+        backend: ``None`` (automatic), ``'triton'``, ``'torch'`` or ``'reference'``; see
             :mod:`mmeffattn.ops._backend` (``$MMEFFATTN_OPS_BACKEND`` applies when None).
 
     Returns:
@@ -138,7 +139,8 @@ def sema_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: Tuple[
     _check_mean_flags(_NAME, with_mean, return_mean)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     return dispatch(_NAME, backend, lambda: sema_triton_reasons(q, k, v), (q, k, v),
-                    sema_attention_triton, sema_attention_naive, q, k, v, hw,
+                    sema_attention_triton, sema_attention_torch, sema_attention_naive,
+                    q, k, v, hw,
                     operator.index(window_size), scale=scale, with_mean=with_mean,
                     out_layout=out_layout, return_mean=return_mean)
 
@@ -158,8 +160,8 @@ def sema_attention_qk(qk: torch.Tensor, v: torch.Tensor, hw: Tuple[int, int], wi
     two, which autograd then stacks (a copy of both) into the projection's gradient. With qk as
     one input the Triton backward stores dq and dk straight into one new ``[B, N, 2, heads, D]``
     gradient in qk's layout (they tile it exactly: no fill, no stack), and the reshape back to
-    the projection's ``[B, N, 2 * heads * D]`` is a view. The reference unbinds qk and runs
-    :func:`sema_attention_naive`: exactly the aten ops of unbinding before ``sema_attention``.
+    the projection's ``[B, N, 2 * heads * D]`` is a view. The PyTorch backends unbind qk
+    and run as ``sema_attention``.
 
     Args:
         qk: ``[B, N, 2, heads, D]``: ``qk[:, :, 0]`` the queries, ``qk[:, :, 1]`` the keys,
@@ -195,6 +197,7 @@ def sema_attention_qk(qk: torch.Tensor, v: torch.Tensor, hw: Tuple[int, int], wi
     _check_mean_flags(_NAME_QK, with_mean, return_mean)
     scale = D ** -0.5 if scale is None else float(scale)
     return dispatch(_NAME_QK, backend, lambda: sema_triton_reasons(q, k, v), (qk, v),
-                    sema_attention_qk_triton, sema_attention_qk_naive, qk, v, hw,
+                    sema_attention_qk_triton, sema_attention_qk_torch,
+                    sema_attention_qk_naive, qk, v, hw,
                     operator.index(window_size), scale=scale, with_mean=with_mean,
                     out_layout=out_layout, return_mean=return_mean)
