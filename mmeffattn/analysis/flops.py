@@ -3,23 +3,23 @@
 mmengine's :class:`~mmengine.analysis.FlopAnalyzer` traces a model with ``torch.jit`` and counts
 the aten ops it knows (convolutions, matmuls, norms). Two things escape it:
 
-* ``scaled_dot_product_attention`` (used by the peers and by our references): handled by
+* ``scaled_dot_product_attention`` (used by the peers and by our torch backend): handled by
   :func:`sdpa_flop_jit`.
-* our public ops (``mmeffattn.ops.*``): a Triton kernel is opaque to a trace, and counting a
-  reference op by op charges its implementation (padding, masks), not the op. While
-  :func:`count_flops` runs, every public op that has an analytic counter (its spec's ``macs``,
-  see :data:`OP_COUNTERS`) is swapped, in the modules that imported it, for a wrapper that runs the
-  reference inside a ``torch.autograd.Function`` (so the trace sees one ``prim::PythonOp.<op>``
-  node, not the reference's aten ops) and records the op's analytic count; a handle for that
-  node hands the count back to the analyzer in trace order.
+* our public ops (``mmeffattn.ops.*``): a Triton kernel is opaque to a trace, and counting the
+  PyTorch backend op by op charges its implementation (padding, masks), not the op. While
+  :func:`count_flops` runs, a :func:`mmeffattn.ops.dispatch_hook` runs every op call that has an
+  analytic counter (its spec's ``macs``, see :data:`OP_COUNTERS`) inside a
+  ``torch.autograd.Function`` named after the op (so the trace sees one ``prim::PythonOp.<op>``
+  node, not the op's aten ops) and records the op's analytic count; a handle for that node
+  hands the count back to the analyzer in trace order.
 
 Counts are multiply-accumulates (MACs), the convention of the papers and of mmengine ("FLOPs").
 Element-wise work (softmax, exp, the mean) is not counted, as mmengine does not count it either.
 """
 import contextlib
+import functools
 import math
 import os
-import sys
 from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Deque, Dict, Iterator, List, Tuple
@@ -28,11 +28,12 @@ import torch
 import torch.nn as nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from mmeffattn.ops import dispatch_hook
 from mmeffattn.ops._spec import all_specs, sdpa_macs
 
 __all__ = ['OP_COUNTERS', 'register_op_counter', 'op_macs', 'sdpa_macs', 'sdpa_flop_jit',
            'count_flops', 'FlopCount', 'CountedForward', 'count_parameters',
-           'reference_backend', 'model_kind']
+           'reference_backend', 'torch_backend', 'model_kind']
 
 OpCounter = Callable[..., int]
 #: public op name (an attribute of :mod:`mmeffattn.ops`) -> analytic MACs from the op's arguments:
@@ -103,6 +104,7 @@ class _OpRecorder:
         return jit_handle
 
 
+@functools.lru_cache(maxsize=None)
 def _counted_op_class(name: str) -> type:
     """An autograd Function named after the op, so the trace shows ``prim::PythonOp.<name>``."""
 
@@ -116,68 +118,42 @@ def _counted_op_class(name: str) -> type:
                 dict(forward=staticmethod(forward), backward=staticmethod(backward)))
 
 
-def _wrap_op(name: str, op: Callable, recorder: _OpRecorder) -> Callable:
-    function = _counted_op_class(name)
+def _counting_hook(recorder: _OpRecorder) -> Callable:
+    """The :func:`mmeffattn.ops.dispatch_hook` of :func:`count_flops`: each call of an op with a
+    counter records its analytic MACs and runs as one node named after the op."""
 
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        kwargs = dict(kwargs, backend='reference')  # the trace cannot enter a Triton kernel
+    def hook(name: str, run: Callable, args: tuple, kwargs: Dict[str, Any]) -> Any:
+        if name not in OP_COUNTERS:
+            return run(*args, **kwargs)
         leaves, spec = tree_flatten((args, kwargs))
-        # Under tracing, sizes read from ``x.shape`` arrive as 0-dim tensors: give the op (and
-        # its counter) the plain numbers it validates for (constants of this trace anyway).
+        # Under tracing, sizes read from ``x.shape`` arrive as 0-dim tensors: give the counter
+        # (and the op) the plain numbers (constants of this trace anyway).
         leaves = [leaf.item() if isinstance(leaf, torch.Tensor) and leaf.dim() == 0 and
                   not leaf.is_floating_point() else leaf for leaf in leaves]
         plain_args, plain_kwargs = tree_unflatten(leaves, spec)
-        plain_kwargs.pop('backend')
-        macs = op_macs(name, *plain_args, **plain_kwargs)
         where = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
-        recorder.record(name, tuple(leaves[where[0]].shape), macs)
+        recorder.record(name, tuple(leaves[where[0]].shape),
+                        op_macs(name, *plain_args, **plain_kwargs))
 
-        def run(*tensors: torch.Tensor) -> Any:
+        def run_tensors(*tensors: torch.Tensor) -> Any:
             filled = list(leaves)
             for i, t in zip(where, tensors):
                 filled[i] = t
             call_args, call_kwargs = tree_unflatten(filled, spec)
-            return op(*call_args, **call_kwargs)
+            return run(*call_args, **call_kwargs)
 
-        return function.apply(run, *(leaves[i] for i in where))
+        return _counted_op_class(name).apply(run_tensors, *(leaves[i] for i in where))
 
-    counted.__wrapped__ = op
-    return counted
-
-
-@contextlib.contextmanager
-def _ops_counted_as_nodes(recorder: _OpRecorder) -> Iterator[Dict[str, int]]:
-    """Swap each counted public op for its wrapper in every loaded ``mmeffattn`` module that
-    holds it (models import the function by name), and put everything back afterwards."""
-    import mmeffattn.ops as ops
-    swapped: List[Tuple[Any, str, Any]] = []
-    found: Dict[str, int] = {}
-    try:
-        for name in OP_COUNTERS:
-            op = getattr(ops, name, None)
-            if op is None:  # an op of a family that is not installed in this version
-                continue
-            wrapper = _wrap_op(name, op, recorder)
-            for mod_name, module in list(sys.modules.items()):
-                if module is None or not mod_name.startswith('mmeffattn'):
-                    continue
-                if getattr(module, name, None) is op:
-                    swapped.append((module, name, op))
-                    setattr(module, name, wrapper)
-                    found[name] = found.get(name, 0) + 1
-        yield found
-    finally:
-        for module, name, op in reversed(swapped):
-            setattr(module, name, op)
+    return hook
 
 
 @contextlib.contextmanager
-def reference_backend() -> Iterator[None]:
-    """Within the block, every mmeffattn op runs its PyTorch reference (``$MMEFFATTN_OPS_BACKEND``
-    set, then restored): a trace cannot see into a kernel, and on a CPU the Triton interpreter
-    is a test tool, not something to measure."""
+def torch_backend() -> Iterator[None]:
+    """Within the block, every mmeffattn op runs its PyTorch backend (``'torch'``:
+    ``$MMEFFATTN_OPS_BACKEND`` set, then restored): a trace cannot see into a kernel, and on a
+    CPU the Triton interpreter is a test tool, not something to measure."""
     saved = os.environ.get('MMEFFATTN_OPS_BACKEND')
-    os.environ['MMEFFATTN_OPS_BACKEND'] = 'reference'
+    os.environ['MMEFFATTN_OPS_BACKEND'] = 'torch'
     try:
         yield
     finally:
@@ -185,6 +161,11 @@ def reference_backend() -> Iterator[None]:
             os.environ.pop('MMEFFATTN_OPS_BACKEND', None)
         else:
             os.environ['MMEFFATTN_OPS_BACKEND'] = saved
+
+
+#: the name the tools use (the PyTorch backend, which before it had a fast form of its own was
+#: the reference)
+reference_backend = torch_backend
 
 
 # --------------------------------------------------------------------------------------------
@@ -220,7 +201,7 @@ def count_flops(model: nn.Module, inputs: Tuple[Any, ...]) -> FlopCount:
 def _count(model: nn.Module, inputs: Tuple[Any, ...], device: str) -> FlopCount:
     from mmengine.analysis import FlopAnalyzer
     recorder = _OpRecorder()
-    with reference_backend(), _ops_counted_as_nodes(recorder), torch.no_grad():
+    with torch_backend(), dispatch_hook(_counting_hook(recorder)), torch.no_grad():
         analyzer = FlopAnalyzer(model, inputs)
         analyzer.set_op_handle('aten::scaled_dot_product_attention', sdpa_flop_jit)
         for name in OP_COUNTERS:

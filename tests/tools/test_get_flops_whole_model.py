@@ -4,13 +4,12 @@ Published Mask R-CNN 1x figures at 1280x800: MLLA-T 44 M / 255 G (MLLA README), 
 267 G (Swin README). Parameters do not depend on the input size, so the default test checks them
 at a small size; the FLOPs at the full size (minutes of CPU each) run under --run-slow."""
 import os.path as osp
-import sys
 
 import pytest
 
+from tools.analysis_tools.get_flops import count, main
+
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-sys.path.insert(0, osp.join(ROOT, 'tools', 'analysis_tools'))
-from get_flops import PAPER_SHAPES, count, main  # noqa: E402
 
 MILA = osp.join(ROOT, 'configs/mila/mask-rcnn_mila-t_fpn_1x_coco.py')
 SWIN = 'mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py'
@@ -29,8 +28,20 @@ def test_whole_detector_beside_backbone_at_a_small_size(capsys):
     assert params[0] > params[1] and flops[0] > flops[1] > 0
 
 
-def test_paper_shapes():
-    assert PAPER_SHAPES['detector'] == (800, 1280) and PAPER_SHAPES['segmentor'] == (512, 2048)
+def test_default_size_is_the_papers(monkeypatch):
+    """Without a shape a detector is counted at the paper's 800x1280, the backbone and the whole
+    model alike (the counts themselves are stubbed: at that size they take minutes)."""
+    from mmeffattn.analysis import flops
+    seen = []
+
+    def fake_count(model, inputs):
+        seen.append(tuple(inputs[0].shape))
+        return flops.FlopCount(total=1, by_operator={})
+
+    monkeypatch.setattr(flops, 'count_flops', fake_count)
+    r = count(MILA)
+    assert r['shape'] == (800, 1280) and r['model']['what'] == 'whole detector'
+    assert seen == [(1, 3, 800, 1280)] * 2
 
 
 @pytest.mark.slow

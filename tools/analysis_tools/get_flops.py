@@ -21,15 +21,11 @@ analyzer. The counting lives in :mod:`mmeffattn.analysis.flops`: it adds
 ``scaled_dot_product_attention`` (which mmengine skips) and counts mmeffattn's ops analytically.
 """
 import argparse
-import os.path as osp
-import sys
 from typing import Optional, Sequence
 
-sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
+import torch
 
-import torch  # noqa: E402
-
-from mmeffattn.analysis.flops import model_kind  # noqa: E402
+from mmeffattn.analysis.flops import model_kind
 
 
 #: the papers' input sizes (H, W) per kind of model
