@@ -448,11 +448,7 @@ class LaplacianFormer(BaseBackbone):
         attn_backend: backend of the ops.
     """
 
-    # Widths are ours (the paper does not publish them), PVTv2/SOFT-like: channels 64-128-320-512,
-    # head dim 64, MLP ratios 6-8-4-4, landmark cells 8-4-2-1; depths 2-2-2-2 (PVTv2-b1) and
-    # 3-4-8-4. The ImageNet classifier (+ 1000-way linear head) at 224x224, measured with
-    # tools/analysis_tools/get_flops.py (kernel evaluations and Newton-Schulz counted):
-    # tiny 11.88 M / 2.14 GMACs (paper 12.1 M / 2.1 G), small 25.83 M / 4.82 GMACs (25.7 / 4.8).
+    # widths are ours, fitted to the paper's parameters and FLOPs (docs/design/laplacianformer.md)
     arch_zoo = {
         **dict.fromkeys(['t', 'tiny'], {
             'embed_dims': [64, 128, 320, 512], 'depths': [2, 2, 2, 2],

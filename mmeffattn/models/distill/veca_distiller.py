@@ -116,27 +116,21 @@ class VECADistiller(BaseModel):
     """Distils a frozen teacher's class and patch features into a VECA student.
 
     Args:
-        student: backbone config with ``out_type='raw'`` returning ``(global [B, Dt], patches
-            [B, N, Dt])`` at the teacher width, e.g. ``dict(type='mmeffattn.VECA',
-            arch='small', out_proj_dims=768)`` for a ViT-B teacher.
-        teacher: backbone config of the frozen teacher, e.g. mmpretrain's ``VisionTransformer``
-            with ``out_type='raw'``; see :func:`split_teacher_tokens` for the outputs it may give.
-        teacher_ckpt: teacher checkpoint (path or URL), loaded strictly at build time.
-        teacher_ckpt_prefix: key prefix of the teacher inside that checkpoint (``None``: bare).
-        allow_random_teacher: train even without ``teacher_ckpt`` (tests, smoke runs); otherwise
-            training stops at ``init_weights`` with an error saying where the checkpoint goes.
-        teacher_num_register_tokens: register tokens after the class token to skip (DINOv3: 4;
-            an mmpretrain ViT has none).
-        init_student_patch_embed: ``(teacher_module, student_module)`` names, e.g.
-            ``('patch_embed.projection', 'patch_embed.proj')``: copy the teacher's patch
-            projection into the student at ``init_weights`` when the shapes match (the official
-            ``init_patch_from_dinov3``); skipped with a log line otherwise. ``None``: no copy.
-        loss_weights: ``dict(global_cos=, patch_cos=, patch_mse=)``.
-        norm_eps: eps of the cosine similarities.
-        save_teacher: also write the teacher into checkpoints (``teacher.*`` keys).
-        data_preprocessor: defaults to mmpretrain's ``SelfSupDataPreprocessor`` with the official
-            ImageNet mean/std, BGR -> RGB.
-        init_cfg: init config of the distiller (the student has its own ``init_cfg``).
+        student: backbone config, ``out_type='raw'`` at the teacher width (e.g. ``dict(type=
+            'mmeffattn.VECA', arch='small', out_proj_dims=768)`` for a ViT-B teacher).
+        teacher: backbone config of the frozen teacher (e.g. mmpretrain's ``VisionTransformer``,
+            ``out_type='raw'``; outputs as :func:`split_teacher_tokens` reads them).
+        teacher_ckpt, teacher_ckpt_prefix: the teacher's checkpoint (loaded strictly at build time)
+            and its key prefix there.
+        allow_random_teacher: train without ``teacher_ckpt`` (tests, smoke runs).
+        teacher_num_register_tokens: registers after the class token (DINOv3: 4).
+        init_student_patch_embed: ``(teacher_module, student_module)`` names: copy the teacher's
+            patch projection into the student when shapes match (``init_patch_from_dinov3``).
+        loss_weights: ``dict(global_cos=, patch_cos=, patch_mse=)``; norm_eps: the cosines' eps.
+        save_teacher: also write the teacher into checkpoints (``teacher.*``).
+        data_preprocessor: default mmpretrain's ``SelfSupDataPreprocessor`` with the official
+            mean/std, BGR -> RGB.
+        init_cfg: the distiller's (the student has its own).
     """
 
     LOSS_KEYS = ('global_cos', 'patch_cos', 'patch_mse')

@@ -78,21 +78,17 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: Sequence[int],
 def window_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                             hw: Tuple[int, int], window_size: int, *, with_mean: bool = True,
                             feature_map: str = 'elu', eps: float = 1e-6) -> torch.Tensor:
-    """Linear attention inside SEMA's non-overlapping windows, plus the mean of all values.
+    """Linear attention inside SEMA's windows, plus the mean of all values (``with_mean``).
 
     Args:
-        q, k: ``[B, heads, N, D]`` before the feature map (any strides), ``N = H * W`` tokens in
-            row-major order.
+        q, k: ``[B, heads, N, D]`` before the feature map, ``N = H * W`` tokens in row-major order.
         v: ``[B, heads, N, Dv]``.
-        hw: the token grid ``(H, W)``.
-        window_size: window side (``>= 1``), tiled from the top-left as ``sema_attention``.
-        with_mean: add ``mean_j v_j`` over the N tokens to every output token (SEMA's averaging).
-        feature_map: ``'elu'`` (``ELU + 1``, MLLA's) or ``'relu'`` (a query orthogonal to every
-            key of its window then gets only the ``eps``-guarded zero).
+        hw, window_size: the token grid and the window side, tiled as ``sema_attention``.
+        feature_map: ``'elu'`` (``ELU + 1``, MLLA's) or ``'relu'``.
         eps: added to the normalizer.
 
     Returns:
-        ``[B, heads, N, Dv]`` in v's dtype (computed in float32 for 16-bit inputs).
+        ``[B, heads, N, Dv]`` in v's dtype (float32 inside for 16-bit inputs).
     """
     H, W = _check(q, k, v, hw, window_size, feature_map, eps)
     win = (min(window_size, H), min(window_size, W))
