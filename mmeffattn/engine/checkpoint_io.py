@@ -22,6 +22,7 @@ import collections
 import contextlib
 import glob
 import hashlib
+import http.client
 import inspect
 import io
 import os
@@ -327,8 +328,8 @@ def checkpoint_cache_path(url: str, cache_dir: Optional[str] = None) -> str:
     return osp.join(folder, f'{hashlib.sha256(url.encode()).hexdigest()[:16]}-{name}')
 
 
-def download_checkpoint(url: str, cache_dir: Optional[str] = None, timeout_s: float = 60,
-                        progress: bool = True) -> str:
+def download_checkpoint(url: str, cache_dir: Optional[str] = None,
+                        timeout_s: float = 60) -> str:
     """The local path of ``url``'s file, downloaded once into :func:`checkpoint_cache_path`.
 
     The download is written atomically (:func:`atomic_write`), so an interrupted one never
@@ -343,28 +344,33 @@ def download_checkpoint(url: str, cache_dir: Optional[str] = None, timeout_s: fl
     os.makedirs(osp.dirname(path), exist_ok=True)
     local = (f"download it yourself and give its local path (init_cfg=dict(type='Pretrained', "
              f'checkpoint=LOCAL_PATH)), or place it at {path}')
-    if progress:
-        from mmengine.logging import print_log
-        print_log(f'Downloading {url} to {path}', logger='current')
+    from mmengine.logging import print_log
+    print_log(f'Downloading {url} to {path}', logger='current')
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as response:
-            atomic_write(path, lambda f: _copy_stream(response, f))
+            expected = int(response.headers.get('Content-Length') or -1)
+
+            def copy(f: io.BufferedWriter) -> None:
+                got = 0
+                while True:
+                    block = response.read(1 << 20)
+                    if not block:
+                        break
+                    f.write(block)
+                    got += len(block)
+                if expected >= 0 and got != expected:  # (http.client does not raise here)
+                    raise CheckpointError(f'the download of {url!r} broke off after {got} of '
+                                          f'{expected} bytes: try again, or {local}')
+
+            atomic_write(path, copy)
     except urllib.error.HTTPError as e:
         raise CheckpointError(f'cannot download checkpoint {url!r}: the server answered '
                               f'HTTP {e.code} ({e.reason}); check the URL, or {local}') from None
-    except (urllib.error.URLError, OSError) as e:
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
         reason = getattr(e, 'reason', None) or e
         raise CheckpointError(f'cannot download checkpoint {url!r} ({type(e).__name__}: '
                               f'{reason}): without network access, {local}') from None
     return path
-
-
-def _copy_stream(src: Any, dst: io.BufferedWriter, chunk: int = 1 << 20) -> None:
-    while True:
-        block = src.read(chunk)
-        if not block:
-            return
-        dst.write(block)
 
 
 def open_checkpoint(checkpoint: str, map_location: Any = 'cpu', *,

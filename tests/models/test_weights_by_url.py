@@ -24,10 +24,11 @@ pytestmark = pytest.mark.usefixtures('one_thread', 'reference_ops')
 
 class _Server:
     """``http.server`` on 127.0.0.1 in a thread; ``files`` maps a path (with its query) to
-    bytes; ``requests`` lists what was asked for."""
+    bytes; ``requests`` lists what was asked for; paths in ``cut`` send half their bytes and
+    close the connection (a download broken off)."""
 
     def __init__(self):
-        self.files, self.requests = {}, []
+        self.files, self.requests, self.cut = {}, [], set()
         outer = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -40,7 +41,7 @@ class _Server:
                 self.send_response(200)
                 self.send_header('Content-Length', str(len(body)))
                 self.end_headers()
-                self.wfile.write(body)
+                self.wfile.write(body[:len(body) // 2] if self.path in outer.cut else body)
 
             def log_message(self, *args):
                 pass
@@ -167,9 +168,15 @@ def test_safetensors_without_the_package_names_it(server, tmp_path, monkeypatch)
         dst.init_weights()
 
 
-def test_a_missing_file_names_the_http_status(server):
+def test_a_failed_download_says_why_and_caches_nothing(server):
     dst = MILA(arch=MILA.mini_arch,
                init_cfg=dict(type='Pretrained', checkpoint=server.base + '/f/nothing/?dl=1'))
     with pytest.raises(CheckpointError, match=r'HTTP 404.*check the URL'):
+        dst.init_weights()
+    route = '/f/broken/?dl=1'
+    server.files[route], server.cut = b'x' * 100000, {route}
+    dst = MILA(arch=MILA.mini_arch,
+               init_cfg=dict(type='Pretrained', checkpoint=server.base + route))
+    with pytest.raises(CheckpointError, match=r'broke off after 50000 of 100000 bytes'):
         dst.init_weights()
     assert not os.listdir(os.path.dirname(checkpoint_cache_path(server.base + '/x')))
