@@ -20,7 +20,7 @@ query ``i`` mixes the values ``v_j`` of one attention layer:
 weight, and the effective number of keys ``exp(entropy)``.
 """
 import math
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F

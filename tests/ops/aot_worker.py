@@ -13,19 +13,10 @@ metadata.
 import json
 import multiprocessing
 import os
-import re
-import subprocess
 import sys
-import tempfile
-import time
 from concurrent.futures import ProcessPoolExecutor
 
-assert not os.environ.get('TRITON_INTERPRET'), 'run with Triton\'s interpreter off'
-
-import triton  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
-
-from tools.analysis_tools.kernel_cases import record, specialise  # noqa: E402
+from tools.analysis_tools.kernel_cases import compile_launch, record, specialise
 
 
 _JOBS: list = []  # (launch, arch, meta), set before the worker processes fork
@@ -33,25 +24,13 @@ _JOBS: list = []  # (launch, arch, meta), set before the worker processes fork
 
 def compile_one(index: int) -> dict:
     launch, arch, meta = _JOBS[index]
-    target, signature, constexprs, attrs, options = specialise(launch, arch)
-    t0 = time.time()
-    compiled = triton.compile(ASTSource(launch.config.kernel, signature, constexprs, attrs),
-                              target=target, options=options.__dict__)
-    seconds = time.time() - t0
-    with tempfile.NamedTemporaryFile(suffix='.cubin') as f:
-        f.write(compiled.asm['cubin'])
-        f.flush()
-        usage = subprocess.run([triton.knobs.nvidia.cuobjdump.path, '-res-usage', f.name],
-                               capture_output=True, text=True, check=True).stdout
-    m = re.search(r'REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)', usage)
-    if m is None:
-        raise RuntimeError(f'cannot parse cuobjdump output:\n{usage}')
-    return dict(meta, arch=arch, regs=int(m.group(1)), stack=int(m.group(2)),
-                local=int(m.group(4)), shared=compiled.metadata.shared,
-                seconds=round(seconds, 2))
+    r = compile_launch(launch, arch)
+    return dict(meta, arch=arch, **{k: r[k] for k in ('regs', 'stack', 'local', 'shared',
+                                                      'seconds')})
 
 
 def main() -> None:
+    assert not os.environ.get('TRITON_INTERPRET'), "run with Triton's interpreter off"
     cases = json.loads(sys.argv[1])
     archs = [int(a) for a in sys.argv[2:]] or [80, 90]
     jobs, seen = _JOBS, set()

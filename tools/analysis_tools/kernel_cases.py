@@ -2,13 +2,17 @@
 and tests that look at compiled kernels without running them.
 
 * :func:`record`: the launches an op's launchers really issue for one case (forward and
-  backward, inside ``_launch.record_launches()``), and :func:`specialise`, Triton's JIT
-  specialisation of one launch: what ``tests/ops/test_aot.py`` and ``kernel_report.py``
-  compile ahead of time.
+  backward, inside ``_launch.record_launches()``); :func:`specialise`, Triton's JIT
+  specialisation of one launch, and :func:`compile_launch`, its compile for an NVIDIA target
+  without a GPU: what ``tests/ops/test_aot.py`` and ``kernel_report.py`` run.
 * :data:`ROOFLINES`: per GPU check of ``tools/gpu_check.py``, the bytes and work of one call
   (kernels and glue) and its predicted time at peak rates (:func:`predicted_seconds`).
   ``docs/perf/kernels_history.md`` records the rooflines of earlier kernel designs.
 """
+import re
+import subprocess
+import tempfile
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, NamedTuple, Optional
 
@@ -246,6 +250,32 @@ def specialise(launch, arch: int):
     options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound_args,
                                                               specialization, options)
     return target, signature, constexprs, attrs, options
+
+
+def compile_launch(launch, arch: int, sass: bool = False) -> Dict[str, Any]:
+    """Compile one recorded launch for ``sm_<arch>`` as the JIT would (Triton's interpreter
+    off): registers, stack, local and shared memory (``cuobjdump -res-usage``), compile
+    seconds, the PTX and, with ``sass``, the SASS text (``cuobjdump -sass``)."""
+    import triton
+    from triton.compiler import ASTSource
+    target, signature, constexprs, attrs, options = specialise(launch, arch)
+    t0 = time.time()
+    compiled = triton.compile(ASTSource(launch.config.kernel, signature, constexprs, attrs),
+                              target=target, options=options.__dict__)
+    seconds = time.time() - t0
+    cuobjdump = triton.knobs.nvidia.cuobjdump.path
+    with tempfile.NamedTemporaryFile(suffix='.cubin') as f:
+        f.write(compiled.asm['cubin'])
+        f.flush()
+        usage, text = (subprocess.run([cuobjdump, flag, f.name], check=True, capture_output=True,
+                                      text=True).stdout if want else ''
+                       for flag, want in (('-res-usage', True), ('-sass', sass)))
+    m = re.search(r'REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)', usage)
+    if m is None:
+        raise RuntimeError(f'cannot parse cuobjdump output:\n{usage}')
+    return dict(regs=int(m.group(1)), stack=int(m.group(2)), local=int(m.group(4)),
+                shared=compiled.metadata.shared, seconds=round(seconds, 2),
+                ptx=compiled.asm.get('ptx', ''), sass=text)
 
 
 # --------------------------------------------------------------------------------------------

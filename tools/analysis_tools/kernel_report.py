@@ -29,7 +29,6 @@ import os.path as osp
 import re
 import subprocess
 import sys
-import tempfile
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -112,46 +111,27 @@ def worker(cases: List[dict], archs: Sequence[int]) -> None:
     """Print one JSON line per distinct (launch, arch) of ``cases`` (each with ``op``), with
     the package found first on the path (:func:`compile_cases` puts the checkout there)."""
     assert not os.environ.get('TRITON_INTERPRET'), "run with Triton's interpreter off"
-    import triton
-    from triton.compiler import ASTSource
-    specialise = kernel_cases.specialise
-
-    cuobjdump = triton.knobs.nvidia.cuobjdump.path
     seen = set()
     for case in cases:
         for launch in kernel_cases.record(case):
             cfg = launch.config
             for arch in archs:
-                target, signature, constexprs, attrs, options = specialise(launch, arch)
+                _, signature, constexprs, attrs, _ = kernel_cases.specialise(launch, arch)
                 key = (cfg.kernel.__name__, repr((signature, constexprs, attrs)),
                        repr(cfg.launch_options), arch)
                 if key in seen:
                     continue
                 seen.add(key)
-                t0 = time.time()
-                compiled = triton.compile(ASTSource(cfg.kernel, signature, constexprs, attrs),
-                                          target=target, options=options.__dict__)
-                with tempfile.NamedTemporaryFile(suffix='.cubin') as f:
-                    f.write(compiled.asm['cubin'])
-                    f.flush()
-                    usage = subprocess.run([cuobjdump, '-res-usage', f.name], check=True,
-                                           capture_output=True, text=True).stdout
-                    sass = subprocess.run([cuobjdump, '-sass', f.name], check=True,
-                                          capture_output=True, text=True).stdout
-                m = re.search(r'REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)', usage)
-                if m is None:
-                    raise RuntimeError(f'cannot parse cuobjdump output:\n{usage}')
-                ptx = compiled.asm.get('ptx', '')
+                r = kernel_cases.compile_launch(launch, arch, sass=True)
                 grid = [int(g) for g in launch.grid]
                 print(json.dumps(dict(
                     op=case['op'], case=case, role=launch.role, kernel=cfg.kernel.__name__,
                     arch=arch, grid=grid, programs=math.prod(grid),
-                    constexprs={k: v for k, v in cfg.constexprs.items()},
-                    num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                    regs=int(m.group(1)), stack=int(m.group(2)), local=int(m.group(4)),
-                    shared=compiled.metadata.shared,
-                    ptx_mma=ptx.count('mma.sync') + ptx.count('wgmma.mma_async'),
-                    seconds=round(time.time() - t0, 2), **sass_stats(sass))), flush=True)
+                    constexprs=dict(cfg.constexprs), num_warps=cfg.num_warps,
+                    num_stages=cfg.num_stages,
+                    **{k: r[k] for k in ('regs', 'stack', 'local', 'shared')},
+                    ptx_mma=r['ptx'].count('mma.sync') + r['ptx'].count('wgmma.mma_async'),
+                    seconds=r['seconds'], **sass_stats(r['sass']))), flush=True)
 
 
 def compile_cases(cases: List[dict], archs: Sequence[int], root: str = ROOT,
