@@ -89,12 +89,10 @@ def newton_schulz_pinv(a: torch.Tensor, iters: int, eps: float, *,
         repeat iters times:  V = 2 V - (V P) V
 
     Converges to ``P^{-1}`` when ``||I - alpha P^2|| < 1``, e.g. for ``P`` symmetric positive
-    definite with nonnegative entries (a Laplacian kernel matrix plus ``eps I``), whose largest
-    row sum bounds its eigenvalues; the number of steps it needs grows with ``log(cond(P))``. A
-    matrix with negative entries can have a largest row sum below its largest eigenvalue (e.g.
-    ``[[2, -1.9], [-1.9, 2]]``: row sums 0.1, eigenvalues 0.1 and 3.9), and then it diverges
-    however many steps it runs. :func:`newton_schulz_residual` reports how far a result is from the
-    inverse; ``check`` uses it to raise on a matrix the iteration could not invert.
+    definite with nonnegative entries (a Laplacian kernel matrix plus ``eps I``), in a number of
+    steps that grows with ``log(cond(P))``; negative entries can make it diverge (a largest row
+    sum below the largest eigenvalue). ``check`` raises on a matrix it could not invert
+    (:func:`newton_schulz_residual`).
 
     Non-finite inputs (the NaN contract of every op, the same on every backend): a
     NaN in an input element makes exactly the outputs that depend on it NaN and leaves every
@@ -111,15 +109,8 @@ def newton_schulz_pinv(a: torch.Tensor, iters: int, eps: float, *,
     before that (ill-conditioned ``a``) they differ, and only ``'unrolled'`` is the gradient of
     the function computed. ``'implicit'`` stores nothing but the result and costs two matmuls.
 
-    The Triton backend runs ``M <= 128`` in its kernels (``M`` padded to a power of two with
-    the identity, fp32, tensor cores at about fp32 accuracy through 'tf32x3'): up to ``M = 32``
-    one program per matrix for the whole iteration, beyond that ``MP / 16`` programs per matrix
-    (MP: M padded to a power of two) and one launch per step; larger matrices run the same
-    iteration with batched matmuls in PyTorch (fp32), with the same hand-written backward.
-    With ``backward='unrolled'`` the forward stores the ``iters`` iterates when a gradient is
-    needed (``iters * B * heads * M * M`` fp32) and the backward reverses the iteration;
-    ``'implicit'`` runs the forward without a graph on either backend and attaches
-    ``-V^T G V^T`` (batched matmuls).
+    The Triton backend runs ``M <= 128`` in its kernels and larger matrices as batched matmuls
+    with the same hand-written backward (``function.py``).
 
     Args:
         a: ``[B, heads, M, M]``; any strides.

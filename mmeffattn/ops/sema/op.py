@@ -155,13 +155,8 @@ def sema_attention_qk(qk: torch.Tensor, v: torch.Tensor, hw: Tuple[int, int], wi
     ``sema_attention(q, k, v, ...)`` for ``q, k = (t.transpose(1, 2) for t in
     qk.unbind(2))``, forward and backward.
 
-    Why a second entry point rather than ``sema_attention`` recognising two views of one
-    tensor: autograd gives each differentiable input its own gradient, so unbound q and k get
-    two, which autograd then stacks (a copy of both) into the projection's gradient. With qk as
-    one input the Triton backward stores dq and dk straight into one new ``[B, N, 2, heads, D]``
-    gradient in qk's layout (they tile it exactly: no fill, no stack), and the reshape back to
-    the projection's ``[B, N, 2 * heads * D]`` is a view. The PyTorch backends unbind qk
-    and run as ``sema_attention``.
+    With qk as one input the Triton backward stores dq and dk straight into one gradient in qk's
+    layout, so the projection's gradient needs no stack of two (what unbinding q and k costs).
 
     Args:
         qk: ``[B, N, 2, heads, D]``: ``qk[:, :, 0]`` the queries, ``qk[:, :, 1]`` the keys,
