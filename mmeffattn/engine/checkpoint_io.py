@@ -1,22 +1,15 @@
-"""Reading and writing checkpoints safely: a scoped safe loader, atomic saves, clear errors.
+"""Reading and writing checkpoints safely (guarantees and tests: docs/advanced/reliability.md,
+docs/user_guides/checkpoints.md).
 
-* **Scoped safe loader.** torch >= 2.6 loads with ``weights_only=True``; mmengine 0.10.7 stores its
-  message hub (``HistoryBuffer`` of numpy arrays) in every checkpoint, which that loader refuses.
-  :func:`mmengine_safe_globals` allow-lists exactly what those checkpoints hold, and only inside a
-  ``with`` block around one load: nothing is added to torch's process-wide allow-list.
-* **Atomic saves.** :func:`atomic_save` writes to a temporary file in the destination folder,
-  fsyncs it and renames it over the final name, so a kill leaves the old file or the new one,
-  never a truncated file under the final name. The partial temporary file such a kill leaves is
-  removed by the next save to that name, and by ``--resume`` (:func:`find_resume_checkpoint`).
-* **Clear errors.** :func:`load_checkpoint_file` turns a missing, empty, truncated or refused file,
-  or a folder, into one line that names it and says what to do (:class:`CheckpointError`).
-* **Weights by URL.** :func:`open_checkpoint` reads a path or an ``http(s)://`` URL; downloads are
-  cached under a name keyed by the whole URL (:func:`download_checkpoint`), and ``.safetensors``
-  files load through the ``safetensors`` package.
-
-``import mmeffattn`` changes nothing in mmengine. :func:`install_checkpoint_io` routes mmengine's
-Runner through the loader and the atomic saves; our tools call it, and a config switches it on
-with the opt-in import :mod:`mmeffattn.engine.patch_mmengine` (docs/user_guides/checkpoints.md).
+* :func:`mmengine_safe_loading`: the allow-list that ``torch.load(weights_only=True)`` needs for
+  mmengine checkpoints (their message hub), active only inside a ``with`` block.
+* :func:`atomic_save`: temporary file, fsync, rename; a kill never leaves a truncated checkpoint.
+* :func:`load_checkpoint_file`: a bad file (missing, empty, truncated, refused, a folder) becomes
+  one :class:`CheckpointError` line naming it and the fix; ``.safetensors`` files load too.
+* :func:`open_checkpoint`: a path or an ``http(s)://`` URL, downloaded once into a cache keyed by
+  the whole URL (:func:`download_checkpoint`).
+* :func:`install_checkpoint_io`: routes mmengine's Runner through the above. ``import mmeffattn``
+  does not call it: our tools do, and a config opts in with ``mmeffattn.engine.patch_mmengine``.
 """
 import collections
 import contextlib

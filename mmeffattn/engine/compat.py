@@ -1,16 +1,7 @@
-"""Glue between the pinned stack's versions (torch 2.14, mmengine 0.10.7) on any device.
-
-Two problems that every OpenMMLab user of this stack meets, solved once here:
-
-* torch >= 2.6 loads checkpoints with ``weights_only=True``; mmengine 0.10.7 stores its message
-  hub (``HistoryBuffer`` of numpy arrays) in every checkpoint, so ``--resume`` and ``load_from``
-  fail with "Unsupported global". :mod:`.checkpoint_io` allow-lists exactly what those
-  checkpoints contain, only for the duration of each load.
-* mmengine's ``pytorch`` launcher calls ``torch.cuda.set_device``; on a CPU-only machine we start
-  the gloo process group ourselves (mmengine then skips its own) and make DDP wrap a CPU module
-  (``device_ids=None``). Its ``slurm`` and ``mpi`` launchers select a GPU as well: without CUDA
-  (and without the torchrun environment) they are refused with a message naming the launcher.
-"""
+"""Glue for mmengine 0.10.7 on any device: distributed runs on CPU-only machines (mmengine's
+``pytorch`` launcher calls ``torch.cuda.set_device``: we start gloo ourselves and make DDP wrap a
+CPU module; its ``slurm``/``mpi`` launchers need a GPU and are refused by name), and the
+``mmeffattn::`` config prefix."""
 import os
 import os.path as osp
 
@@ -63,18 +54,10 @@ def configure_cpu_ddp(cfg) -> None:
 
 
 def register_config_package() -> None:
-    """Let configs inherit ours as ``_base_ = 'mmeffattn::sema/...py'``.
-
-    mmengine 0.10.7 resolves ``pkg::`` only for packages in its fixed ``MODULE2PACKAGE`` table,
-    so the name is added there; it then finds the configs under ``mmeffattn/.mim/configs``. Our
-    tools call it before any config is parsed; elsewhere the opt-in import
-    :mod:`mmeffattn.engine.patch_mmengine` does (``import mmeffattn`` does not).
-
-    mmengine finds that folder beside the installed distribution's metadata, which an editable
-    install (``pip install -e .``) keeps in site-packages, where no ``mmeffattn`` folder is:
-    the lookup then worked only from the project root (whose ``mmeffattn.egg-info`` it found
-    first). So the config module's lookup is told where this package really is.
-    """
+    """Let configs inherit ours as ``_base_ = 'mmeffattn::sema/...py'``: mmengine 0.10.7 resolves
+    ``pkg::`` only for the packages in its ``MODULE2PACKAGE`` table, and finds them beside the
+    distribution's metadata, which an editable install keeps elsewhere; both are told about
+    mmeffattn here. Called by our tools and by :mod:`mmeffattn.engine.patch_mmengine`."""
     from mmengine.config import config as cfg_module
     from mmengine.config import utils as cfg_utils
     cfg_utils.MODULE2PACKAGE.setdefault('mmeffattn', 'mmeffattn')

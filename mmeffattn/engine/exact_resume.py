@@ -1,26 +1,9 @@
-"""Exact resume: checkpoints carry the random streams, and a resumed run restores them where the
-uninterrupted run would have been.
-
-Why (measured on a toy run, mmengine 0.10.7): mmengine already reproduces the data order and the
-dataloader workers' augmentation on resume (the sampler is seeded, iteration-based loops replay
-the skipped batches, workers are re-seeded from the run's seed). What it loses is the random
-state of the main process: the torch stream that dropout / drop path / nested dropout draw from,
-and - with ``num_workers=0``, where augmentation runs in the main process - the Python, numpy
-and torch streams of the data pipeline at an epoch boundary.
-
-:class:`ExactResumeHook` stores the Python, numpy and torch (CPU and CUDA) states and the data
-position in every checkpoint, and restores them at the first point of the resumed run that
-corresponds to the moment of the save:
-
-* epoch-based loops: at the start of the next training epoch;
-* iteration-based loops: after mmengine has replayed the already-trained batches (their
-  augmentation draws would otherwise move the restored streams on), just before the next batch.
-
-Validation during training is made neutral to the streams (they are saved before it and put back
-after), because the uninterrupted run validates after the save and the resumed run does not.
-
-Our tools add the hook to every training run; elsewhere add it to ``custom_hooks`` with
-``custom_imports=dict(imports=['mmeffattn'])``.
+"""Exact resume: each checkpoint carries the Python, numpy and torch random states and the data
+position, and :class:`ExactResumeHook` restores them where the uninterrupted run would be: at the
+next epoch's start, or (iteration loops) after mmengine has replayed the trained batches. The
+streams are saved around validation, which the resumed run does not repeat. mmengine alone
+restores the data order but not the main process's streams (dropout, drop path, and augmentation
+with ``num_workers=0``). Guarantees and limits: docs/advanced/reliability.md.
 """
 import random
 from typing import Any, Dict, Iterator, Optional

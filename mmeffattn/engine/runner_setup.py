@@ -185,20 +185,11 @@ def _keep_eager(obj: object, name: str) -> None:
 
 
 def prepare_compile(runner) -> None:
-    """Make mmengine's ``compile`` option (``--cfg-options compile=True``) work for our models.
-
-    mmengine compiles the whole ``train_step`` (tools/test.py: ``test_step``). Two parts of it are
-    left eager here, when the Runner compiles (the optimizer exists by then), so that the model
-    (forward, losses and, through AOTAutograd, backward) is what gets compiled:
-
-    - the data preprocessor: cheap (normalise, pad, stack) but data-dependent. mmdet pads each
-      batch to its own size, and mmpretrain's CutMix slices boxes drawn at random, which inductor
-      cannot compile (``aten._local_scalar_dense``, then a failed guard on a symbolic size);
-    - the optimizer update (backward, clipping, step): dynamo fails inside ``AdamW.step`` on
-      mmengine's parameter groups (``'UserDefinedDictVariable' object has no attribute
-      'items'``), and tracing one step of every parameter's update took minutes on a CPU.
-    The tools check the option itself (:func:`check_compile_option`) before building anything.
-    """
+    """Make mmengine's ``compile`` option (``--cfg-options compile=True``) work for our models:
+    of the ``train_step`` (``test_step``) mmengine compiles, the data preprocessor (data-dependent
+    padding and CutMix boxes that inductor cannot compile) and the optimizer update (dynamo fails
+    in ``AdamW.step`` on mmengine's parameter groups) stay eager, so that the model, its losses
+    and its backward are what gets compiled (docs/user_guides/compile_export.md)."""
     if not runner.cfg.get('compile'):
         return
     compile_step = runner._maybe_compile
@@ -242,13 +233,9 @@ def _draw_before_each_step(wrapped, model: torch.nn.Module) -> None:
 
 
 def close_distributed() -> None:
-    """End a distributed run cleanly: wait for every rank, then destroy the process group.
+    """End a distributed run cleanly: wait for every rank, then destroy the process group (left
+    to interpreter shutdown, gloo's threads could abort a finished run with SIGABRT)."""
 
-    Left to interpreter shutdown, gloo's worker threads can still own work objects holding
-    tensors; freeing those while Python is being torn down aborts the process (SIGABRT), and
-    torchrun then reports a finished run as failed. The barrier keeps a fast rank from closing
-    its connections while a slow one still talks to it.
-    """
     if not (dist.is_available() and dist.is_initialized()):
         return
     dist.barrier()

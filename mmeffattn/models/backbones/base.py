@@ -1,20 +1,9 @@
-"""What every backbone family does the same way (OpenMMLab's ``BaseBackbone`` role).
-
-A family subclasses :class:`BaseBackbone`, declares its ``arch_zoo`` and the keys a custom arch
-must give, and keeps only its own blocks, stages and forward. The base holds:
-
-- ``arch`` parsing against ``arch_zoo`` (:meth:`BaseBackbone._parse_arch`);
-- ``out_indices`` parsing, the ``frozen_stages`` range check, ``norm_eval`` (with
-  :class:`~mmeffattn.models.utils.FreezeStagesMixin`) and ``with_cp`` (:func:`run_block`);
-- the strict ``Pretrained`` ``init_cfg`` (:class:`~mmeffattn.models.utils.StrictPretrainedMixin`);
-- the drop-path rates (:func:`drop_path_rates`) and the per-output LayerNorms ``norm{i}``;
-- input validation with one clear error (:meth:`BaseBackbone.check_input`);
-- the deprecated ``pretrained=`` argument of mmseg's/mmdet's own backbones, accepted by every
-  family (:func:`pretrained_to_init_cfg`, applied to each subclass's ``__init__``), so that a
-  stock config whose segmentor passes its model-level ``pretrained`` to the backbone builds.
-
-A family joins the shared contract tests (tests/models/test_backbone_contract.py) by being
-registered in ``mmeffattn.registry.MODELS`` and setting :attr:`BaseBackbone.mini_arch`.
+"""What every backbone family shares (OpenMMLab's ``BaseBackbone`` role): ``arch`` parsing, the
+training switches (``out_indices``, ``frozen_stages``, ``norm_eval``, ``with_cp``), the strict
+``Pretrained`` ``init_cfg``, drop-path rates, per-output norms, input checks, and the deprecated
+``pretrained=`` argument that mmseg's segmentors pass to their backbone. A family registered in
+``mmeffattn.registry.MODELS`` with a :attr:`BaseBackbone.mini_arch` joins the contract tests
+(tests/models/test_backbone_contract.py).
 """
 import functools
 import inspect
@@ -65,18 +54,16 @@ def run_block(blk: nn.Module, x: torch.Tensor, *args, with_cp: bool = False) -> 
 def pretrained_to_init_cfg(name: str, pretrained: Optional[str],
                            init_cfg: Optional[Union[dict, List[dict]]]
                            ) -> Optional[Union[dict, List[dict]]]:
-    """The ``init_cfg`` that the deprecated ``pretrained`` argument stands for, as mmseg's and
+    """The ``init_cfg`` the deprecated ``pretrained`` argument stands for, read as mmseg's and
     mmdet's own backbones read it: a path or URL becomes ``dict(type='Pretrained',
-    checkpoint=pretrained)`` with a ``DeprecationWarning``; ``None`` keeps ``init_cfg``.
-
-    mmseg's ``EncoderDecoder`` hands its model-level ``pretrained`` to the backbone, so a stock
-    config (``pretrained='open-mmlab://resnet50_v1c'``) reaches here with ResNet weights: the
-    strict loader then refuses them with the fix ``model.pretrained=None``.
+    checkpoint=pretrained)`` (with a ``DeprecationWarning``); ``None`` keeps ``init_cfg``. A stock
+    segmentor's ResNet ``pretrained`` then reaches the strict loader, which names the fix.
 
     Raises:
         TypeError: ``pretrained`` is neither None nor a string.
         ValueError: both ``pretrained`` and ``init_cfg`` are given.
     """
+
     if pretrained is None:
         return init_cfg
     if not isinstance(pretrained, str):
@@ -95,12 +82,9 @@ def pretrained_to_init_cfg(name: str, pretrained: Optional[str],
 
 
 def _accept_pretrained(init: Callable) -> Callable:
-    """Wrap a family's ``__init__`` so that it also takes the deprecated ``pretrained``.
+    """Wrap a family's ``__init__`` so that it also takes the deprecated ``pretrained`` (turned
+    into ``init_cfg`` once, by the outermost wrapper of a subclass chain such as MILA(SEMA))."""
 
-    The wrapper turns ``pretrained`` into ``init_cfg`` (:func:`pretrained_to_init_cfg`) before
-    the family's own ``__init__`` runs; nested subclasses (``MILA(SEMA)``) see it only once, as
-    the outermost wrapper removes it.
-    """
     params = inspect.signature(init).parameters
     init_cfg_pos = list(params).index('init_cfg') if 'init_cfg' in params else None
 
