@@ -58,7 +58,8 @@ if [[ "${MMEFFATTN_SETUP_DRY_RUN:-0}" == "1" ]]; then
     exit 0
   fi
   "$PYTHON" "$ROOT/scripts/mmcv_plan.py" --mmcv-version "$MMCV_VERSION"
-  eval "$("$PYTHON" "$ROOT/scripts/mmcv_plan.py" --shell)"
+  PLAN="$("$PYTHON" "$ROOT/scripts/mmcv_plan.py" --shell)"
+  eval "$PLAN"
   [[ -z "$MMCV_ERROR" ]] || exit 1
   exit 0
 fi
@@ -100,7 +101,8 @@ fi
 "${PIP_C[@]}" setuptools wheel ninja numpy mmengine opencv-python addict packaging Pillow pyyaml \
   yapf
 
-eval "$("$PYTHON" "$ROOT/scripts/mmcv_plan.py" --shell)"
+PLAN="$("$PYTHON" "$ROOT/scripts/mmcv_plan.py" --shell)"  # set -e: a failing plan stops here
+eval "$PLAN"
 STAMP="$VENV/.mmeffattn-setup-$(stamp_key)-$MMCV_FLAVOR"
 
 # --- 5. mmcv with its ops (CPU, or CUDA where torch sees a GPU), built against this torch -------
