@@ -52,14 +52,10 @@ class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
 # The scoped safe loader
 # ---------------------------------------------------------------------------------------------
 def _history_buffer_getattr(obj: Any, name: str) -> Any:
-    """Stand-in for ``builtins.getattr`` while an mmengine checkpoint is unpickled.
-
-    mmengine's ``HistoryBuffer`` pickles its ``_statistics_methods`` (``HistoryBuffer.min``, ...),
-    and pickle stores a function defined in a class as ``getattr(HistoryBuffer, 'min')``, so
-    ``builtins.getattr`` appears in every Runner checkpoint. The real ``getattr`` would let a
-    crafted file walk from an allowed object to ``os.system``; this stand-in only returns the
-    statistics methods of the ``HistoryBuffer`` class, and refuses everything else.
-    """
+    """Stand-in for ``builtins.getattr`` while an mmengine checkpoint is unpickled: pickle stores
+    ``HistoryBuffer``'s statistics methods as ``getattr(HistoryBuffer, 'min')``, and the real
+    ``getattr`` would let a crafted file walk from an allowed object to ``os.system``. Only those
+    methods are returned."""
     from mmengine.logging import HistoryBuffer
     allowed = {'min', 'max', 'mean', 'current', *HistoryBuffer._statistics_methods}
     if (obj is HistoryBuffer and isinstance(name, str) and name in allowed
@@ -133,22 +129,17 @@ def load_error_reason(exc: BaseException, limit: int = 160) -> str:
 def load_checkpoint_file(path: str, map_location: Any = 'cpu', *, mmap: bool = False,
                          extra_safe_globals: Iterable[Any] = (), hint: str = _CORRUPT_HINT,
                          weights_only: bool = True, folder_hint: str = '') -> Any:
-    """``torch.load`` a local checkpoint safely, or raise a one-line :class:`CheckpointError`.
+    """``torch.load`` a local checkpoint safely (or read a ``.safetensors`` file), or raise a
+    one-line :class:`CheckpointError` naming the file and ``hint`` (what to do).
 
-    Args:
-        path: local file (``~`` is expanded).
-        map_location: as for ``torch.load``.
-        mmap: map the file instead of reading it (cheap to read ``meta`` only, and enough to
-            detect a truncated file); falls back to a full read for the legacy format.
-        extra_safe_globals: more objects (or ``(obj, name)`` pairs) the safe loader may build.
-        hint: what the user should do when the file is truncated or corrupt.
-        weights_only: keep ``True`` unless the caller trusts the file.
-        folder_hint: another way out when ``path`` is a folder (besides naming a file in it).
+    ``mmap`` maps the file (cheap for ``meta`` only; falls back to a full read for the legacy
+    format); ``extra_safe_globals`` are more objects (or ``(obj, name)`` pairs) the safe loader
+    may build; ``folder_hint`` is another way out when ``path`` is a folder. ``weights_only``
+    stays ``True`` unless the caller trusts the file.
 
     Raises:
         CheckpointNotFoundError: no file at ``path``.
-        CheckpointError: ``path`` is a folder, or the file is empty, truncated, corrupt, or holds
-            refused objects.
+        CheckpointError: a folder, or an empty, truncated, corrupt or refused file.
     """
     path = osp.expanduser(str(path))
     if osp.isdir(path):
@@ -266,13 +257,9 @@ def _remove(paths: Iterable[str]) -> None:
 
 
 def atomic_write(path: str, write: Callable[[io.BufferedWriter], None]) -> None:
-    """Call ``write(f)`` on a temporary file beside ``path``, fsync it, then rename it to ``path``.
-
-    A kill at any moment leaves ``path`` as it was (absent or the previous file) or complete; the
-    partly written temporary file is ``.<name>.XXXXXXXX.tmp`` and is removed on any Python
-    exception. One left by a kill (which no ``except`` sees) is removed here by the next save to
-    the same ``path``: a checkpoint's worth of disk would otherwise stay in a hidden file forever.
-    """
+    """Call ``write(f)`` on a temporary file beside ``path``, fsync it, then rename it to ``path``:
+    a kill leaves ``path`` as it was or complete. The temporary ``.<name>.XXXXXXXX.tmp`` is removed
+    on any Python exception; one left by a kill is removed by the next save to ``path``."""
     path = osp.abspath(path)
     folder = osp.dirname(path)
     _remove(_stale_temp_files(folder, re.escape(osp.basename(path))))
@@ -391,15 +378,10 @@ def open_checkpoint(checkpoint: str, map_location: Any = 'cpu', *,
 # Resuming
 # ---------------------------------------------------------------------------------------------
 def find_resume_checkpoint(work_dir: str) -> Optional[str]:
-    """The checkpoint ``--resume`` (no value) should continue from, or ``None`` when there is none.
-
-    mmengine's CheckpointHook names the latest checkpoint in ``WORK_DIR/last_checkpoint``. Without
-    that file (e.g. a kill between a save and its record), the newest ``*.pth`` in the work dir is
-    used. A named checkpoint that is missing or unreadable raises :class:`CheckpointError` rather
-    than silently starting from scratch. The partial ``.<name>.pth.XXXXXXXX.tmp`` files of saves
-    that were killed (hidden files, never taken for a checkpoint) are removed, and listed: the
-    run that wrote them is over.
-    """
+    """The checkpoint ``--resume`` (no value) continues from: the one ``WORK_DIR/last_checkpoint``
+    names, else the newest ``*.pth``; ``None`` when there is none. A named checkpoint that is
+    missing or unreadable raises :class:`CheckpointError` (never a silent fresh start). Partial
+    files of killed saves are removed, and listed."""
     leftovers = _stale_temp_files(work_dir, r'.+\.pth')
     if leftovers:
         _remove(leftovers)
