@@ -1,7 +1,7 @@
 """VECA's core-periphery attention: C core tokens attend to everything, patches to the cores.
 
-``naive.py``: PyTorch reference (test oracle, CPU path); ``kernels.py``: Triton kernels;
-``function.py``: launchers; ``library.py``: the registered op and its autograd; ``op.py``: the public, dispatching function.
+Layers: docs/adding_an_op.md (``naive.py`` the reference, ``pytorch.py`` the torch backend,
+``kernels.py``, ``function.py`` the launchers, ``library.py`` the registered op, ``op.py``).
 """
 from .naive import core_periphery_attention_naive
 from .op import core_periphery_attention

@@ -1,8 +1,8 @@
 """Per-sample dynamic depthwise convolution: one ``K x K`` kernel per sample and channel
 (optionally normalized and added to a static kernel, WeightFormer's ``DynamicDWConv``).
 
-``naive.py``: PyTorch reference (test oracle, CPU path); ``kernels.py``: Triton kernels;
-``function.py``: launchers; ``library.py``: the registered op and its autograd; ``op.py``: the public, dispatching function.
+Layers: docs/adding_an_op.md (``naive.py`` the reference, ``pytorch.py`` the torch backend,
+``kernels.py``, ``function.py`` the launchers, ``library.py`` the registered op, ``op.py``).
 """
 from .naive import dynamic_dwconv_naive
 from .op import dynamic_dwconv

@@ -1,8 +1,8 @@
 """WeightFormer's bilateral dynamic weight: ``R = v^T u * scale / N`` (a reduction over pooled
 tokens), each output row divided by its norm plus one, plus the static weight.
 
-``naive.py``: PyTorch reference (test oracle, CPU path); ``kernels.py``: Triton kernels;
-``function.py``: launchers; ``library.py``: the registered op and its autograd; ``op.py``: the public, dispatching function.
+Layers: docs/adding_an_op.md (``naive.py`` the reference and the torch backend,
+``kernels.py``, ``function.py`` the launchers, ``library.py`` the registered op, ``op.py``).
 """
 from .naive import dynamic_weight_naive
 from .op import dynamic_weight

@@ -1,8 +1,7 @@
 """Newton-Schulz approximation of ``(a + eps I)^{-1}`` (LaplacianFormer's landmark inverse).
 
-``naive.py``: PyTorch reference (test oracle, CPU path), the ``backward='implicit'`` gradient
-(``with_implicit_backward``, both backends) and the convergence check ``newton_schulz_residual``; ``kernels.py``: Triton kernels; ``function.py``: launchers, the
-large-matrix PyTorch path and the autograd Function; ``op.py``: the public, dispatching function.
+Layers: docs/adding_an_op.md (``naive.py`` the reference and the torch backend,
+``kernels.py``, ``function.py`` the launchers, ``library.py`` the registered op, ``op.py``).
 """
 from .naive import BACKWARDS, newton_schulz_pinv_naive, newton_schulz_residual
 from .op import newton_schulz_pinv

@@ -1,7 +1,7 @@
 """SEMA attention: softmax attention in non-overlapping windows + the mean of all values.
 
-``naive.py``: PyTorch reference (test oracle, CPU path); ``kernels.py``: Triton kernels;
-``function.py``: launchers; ``library.py``: the registered op and its autograd; ``op.py``: the public, dispatching function.
+Layers: docs/adding_an_op.md (``naive.py`` the reference, ``pytorch.py`` the torch backend,
+``kernels.py``, ``function.py`` the launchers, ``library.py`` the registered op, ``op.py``).
 """
 from .naive import sema_attention_naive, sema_attention_qk_naive
 from .op import sema_attention, sema_attention_qk
