@@ -16,8 +16,17 @@ def _id(path: str) -> str:
     return osp.relpath(path, osp.join(ROOT, 'configs'))
 
 
-def test_main_config_exists():
-    assert osp.isfile(osp.join(ROOT, 'configs', 'mask_rcnn_sema_t_3x.py'))
+def test_main_config_is_the_3x_recipe_plus_the_opt_in():
+    """The main job's config is sema/mask-rcnn_sema-t_fpn_ms-crop-3x_coco.py with only the
+    imports changed (its header says so): same model, data and schedule."""
+    main = Config.fromfile(osp.join(ROOT, 'configs', 'mask_rcnn_sema_t_3x.py')).to_dict()
+    recipe = Config.fromfile(
+        osp.join(ROOT, 'configs', 'sema', 'mask-rcnn_sema-t_fpn_ms-crop-3x_coco.py')).to_dict()
+    assert {k for k in main.keys() | recipe.keys() if main.get(k) != recipe.get(k)} <= {
+        'custom_imports'}
+    assert main['model']['type'] == 'MaskRCNN' and main['train_cfg']['max_epochs'] == 36
+    assert main['model']['backbone']['type'] == 'mmeffattn.SEMA'
+    assert main['custom_imports']['imports'][0] == 'mmeffattn'
 
 
 def _param(path: str):
@@ -31,7 +40,8 @@ def _param(path: str):
 @pytest.mark.parametrize('path', [_param(p) for p in CONFIGS])
 def test_config_builds(path):
     cfg = Config.fromfile(path)
-    assert cfg.custom_imports['imports'] == ['mmeffattn']
+    imports = cfg.custom_imports['imports']  # ours first, then only opt-ins of ours
+    assert imports[0] == 'mmeffattn' and all(i.startswith('mmeffattn.') for i in imports[1:])
     # a distillation model trains a student backbone instead of holding a `backbone`
     key = 'student' if 'student' in cfg.model else 'backbone'
     backbone = cfg.model[key]
@@ -48,13 +58,18 @@ def test_config_builds(path):
 
 
 def test_config_inherits_from_another_package_via_mim(tmp_path):
-    """A config outside the project can inherit ours through the package's .mim folder."""
+    """A config outside the project can inherit ours through the package's .mim folder, once
+    the opt-in (mmeffattn.engine.patch_mmengine) is imported."""
+    import mmeffattn.engine.patch_mmengine  # noqa: F401
     cfg_file = tmp_path / 'my_cfg.py'
     cfg_file.write_text("_base_ = 'mmeffattn::sema/retinanet_sema-t_fpn_1x_coco.py'\n"
                         "model = dict(backbone=dict(drop_path_rate=0.0))\n")
-    cfg = Config.fromfile(str(cfg_file))
-    assert cfg.model.backbone.type == 'mmeffattn.SEMA'
-    assert cfg.model.backbone.drop_path_rate == 0.0
+    cfg = Config.fromfile(str(cfg_file)).to_dict()
+    ours = Config.fromfile(osp.join(ROOT, 'configs', 'sema', 'retinanet_sema-t_fpn_1x_coco.py'))
+    ours = ours.to_dict()
+    assert ours['model']['backbone']['drop_path_rate'] != 0.0  # so the override shows
+    ours['model']['backbone']['drop_path_rate'] = 0.0
+    assert cfg == ours  # our config, found through the package, with the user's change only
 
 
 def test_mim_inheritance_works_outside_the_project_root(tmp_path):
@@ -64,7 +79,7 @@ def test_mim_inheritance_works_outside_the_project_root(tmp_path):
     import sys
     (tmp_path / 'my_cfg.py').write_text(
         "_base_ = 'mmeffattn::sema/mask-rcnn_sema-t_fpn_1x_coco.py'\n")
-    code = ('import mmeffattn; from mmengine.config import Config; '
+    code = ('import mmeffattn.engine.patch_mmengine; from mmengine.config import Config; '
             'print(Config.fromfile("my_cfg.py").model.backbone.type)')
     res = subprocess.run([sys.executable, '-c', code], cwd=tmp_path, capture_output=True,
                          text=True, timeout=120)
