@@ -126,6 +126,9 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     model = build_backbone(args.model)
     if args.checkpoint:
         from mmengine.runner import load_checkpoint
+
+        from mmeffattn.engine.runner_setup import prepare_runtime
+        prepare_runtime()  # our Runner's checkpoints load under torch's weights-only loader
         load_checkpoint(model, args.checkpoint, map_location='cpu',
                         revise_keys=[(r'^module\.', ''), (r'^backbone\.', '')])
     kinds = args.kinds or list(dsp.KINDS)
