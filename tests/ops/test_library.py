@@ -114,10 +114,10 @@ def test_public_op_dispatches_to_the_operator(name):
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5)
 
 
-def _reference(call, tensors):
-    """``call`` (which asks for ``backend='triton'``) run on the reference backend."""
+def _reference(call, tensors, backend: str = 'reference'):
+    """``call`` (which asks for ``backend='triton'``) run on a PyTorch backend."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(_backend, 'select_backend', lambda *a, **k: 'reference')
+        mp.setattr(_backend, 'select_backend', lambda *a, **k: backend)
         return call(*tensors)
 
 
@@ -165,12 +165,13 @@ def test_compile_fullgraph(name):
         torch.testing.assert_close(a.grad, b.grad)
 
 
-def test_reference_backend_is_plain_pytorch():
-    """The reference backend does not go through the operators: export sees aten ops only (the
+@pytest.mark.parametrize('backend', ['torch', 'reference'])
+def test_pytorch_backends_are_plain_pytorch(backend):
+    """The PyTorch backends do not go through the operators: export sees aten ops only (the
     path ONNX export takes)."""
     x, y = _rand(1, 2, 5, 6), _rand(1, 2, 7, 6, seed=1)
     ep = torch.export.export(
-        _Call(lambda a, b: ops.laplacian_kernel(a, b, 2.0, backend='reference')), (x, y))
+        _Call(lambda a, b: ops.laplacian_kernel(a, b, 2.0, backend=backend)), (x, y))
     targets = [str(n.target) for n in ep.graph.nodes if n.op == 'call_function']
     assert targets and not any(t.startswith('mmeffattn.') for t in targets), targets
 
@@ -297,25 +298,25 @@ def test_is_eager():
     assert not is_eager(fake) and not is_eager(x, fake)
 
 
-@pytest.mark.parametrize('backend', ['triton', 'reference'])
+@pytest.mark.parametrize('backend', ['triton', 'torch', 'reference'])
 @pytest.mark.parametrize('name', NAMES)
 def test_public_op_on_fake_tensors(name, backend):
     """Under a FakeTensorMode the public function gives the eager output's shape and dtype on
-    both backends (Triton: the operator's fake implementation; the reference: plain PyTorch,
-    whose value checks are skipped, as a fake tensor has no values)."""
+    every backend (Triton: the operator's fake implementation; the others: plain PyTorch, whose
+    value checks are skipped, as a fake tensor has no values)."""
     tensors, call, _ = _case(name)
     expected = call(*tensors)
     with FakeTensorMode() as mode:
         fakes = [mode.from_tensor(t) for t in tensors]
-        out = call(*fakes) if backend == 'triton' else _reference(call, fakes)
+        out = call(*fakes) if backend == 'triton' else _reference(call, fakes, backend)
     assert is_fake(out)
     assert (out.shape, out.dtype) == (expected.shape, expected.dtype)
 
 
 @pytest.mark.parametrize('name', NAMES)
 def test_public_op_on_meta_tensors(name):
-    """On meta tensors (which the kernels do not take) the automatic choice is the reference,
-    which gives the eager output's shape and dtype without reading a value."""
+    """On meta tensors (which the kernels do not take) the automatic choice is the torch
+    backend, which gives the eager output's shape and dtype without reading a value."""
     tensors, call, _ = _case(name)
     expected = call(*tensors)
     with pytest.MonkeyPatch.context() as mp:  # the call asks for Triton: let it choose
