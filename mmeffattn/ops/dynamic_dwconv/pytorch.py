@@ -59,9 +59,8 @@ def dynamic_dwconv_torch(x: torch.Tensor, kernel: torch.Tensor,
         b = None if b is None else b.to(x.dtype)
     # a NaN or inf tap: a padded convolution may multiply it with the padding zeros (0 * NaN =
     # NaN; torch's CPU kernel did for bf16), reaching outputs that do not depend on it, so the
-    # taps are summed where they reach the map (rare). In a captured graph the convolution is F.conv2d's (whose fp32 CPU
-    # kernel keeps the padding rule), since a graph cannot branch on the values; fake and meta
-    # tensors have none to check
+    # taps are summed where they reach the map (rare). A captured graph cannot branch on values
+    # (nor have fake or meta tensors any): there F.conv2d runs (its fp32 CPU kernel keeps the rule)
     if is_eager(k) and not bool(torch.isfinite(k).all()):
         return conv_by_taps(x, k.reshape(B, C, K, K),
                             None if b is None else b.reshape(B, C, 1, 1))

@@ -1,4 +1,5 @@
-"""Public dynamic-weight op: validates its inputs and dispatches to Triton, the fast PyTorch form or the reference."""
+"""Public dynamic-weight op: validates its inputs and dispatches to Triton, the fast PyTorch
+form or the reference."""
 from typing import List, Optional
 
 import torch
@@ -12,7 +13,7 @@ from .naive import dynamic_weight_naive
 dynamic_weight_triton, _KERNELS_IMPORT_ERROR = import_kernels(
     __package__, 'dynamic_weight_triton', module='library')
 
-#: the ``'torch'`` backend: the reference is already a batched matmul and a norm, it has no faster form
+#: the ``'torch'`` backend: the reference (a batched matmul and a norm) has no faster form
 dynamic_weight_torch = dynamic_weight_naive
 
 _NAME = 'dynamic_weight'

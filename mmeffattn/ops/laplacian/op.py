@@ -1,4 +1,5 @@
-"""Public Laplacian-kernel op: validates its inputs and dispatches to Triton, the fast PyTorch form or the reference."""
+"""Public Laplacian-kernel op: validates its inputs and dispatches to Triton, the fast PyTorch
+form or the reference."""
 from typing import List, Optional
 
 import torch

@@ -15,7 +15,7 @@ from .naive import (BACKWARDS, newton_schulz_pinv_naive, newton_schulz_residual,
 newton_schulz_pinv_triton, _KERNELS_IMPORT_ERROR = import_kernels(
     __package__, 'newton_schulz_pinv_triton', module='library')
 
-#: the ``'torch'`` backend: the reference is already batched matmuls, it has no faster form
+#: the ``'torch'`` backend: the reference (batched matmuls) has no faster form
 newton_schulz_pinv_torch = newton_schulz_pinv_naive
 
 _NAME = 'newton_schulz_pinv'

@@ -1,4 +1,5 @@
-"""Public SEMA attention op: validates its inputs and dispatches to Triton, the fast PyTorch form or the reference."""
+"""Public SEMA attention op: validates its inputs and dispatches to Triton, the fast PyTorch
+form or the reference."""
 import operator
 from typing import List, Optional, Sequence, Tuple, Union
 
