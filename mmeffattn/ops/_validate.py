@@ -95,6 +95,8 @@ def check_real(op: str, name: str, value: object, meaning: str, *, positive: boo
     refused, since a non-finite scalar would silently turn every output into NaN or zero."""
     if value is None and optional:
         return None
+    if isinstance(value, torch.Tensor) and value.dim() == 0 and torch.jit.is_tracing():
+        value = value.item()  # a size read from x.shape under torch.jit.trace (FLOP counting)
     is_number = not isinstance(value, bool) and isinstance(value, numbers.Real)
     if is_number and torch.compiler.is_compiling():
         # the value may be symbolic there (a size, or a float under dynamic=True): reading it

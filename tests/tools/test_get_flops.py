@@ -49,6 +49,19 @@ def test_sema_t_adds_value_projection_and_window_attention():
     assert sema['ops'] == {'sema_attention_qk': expected}
 
 
+def test_every_family_counts_its_ops():
+    """Each family's ops run as counted nodes under the trace, sizes read from ``x.shape``
+    included (WeightFormer's ``n_tokens`` arrives as a traced 0-dim tensor)."""
+    expected = {'configs/weightformer/weightformer-s_8xb256_in1k.py': {'dynamic_weight',
+                                                                       'dynamic_dwconv'},
+                'configs/laplacianformer/laplacianformer-t_8xb128_in1k.py': {
+                    'laplacian_kernel', 'newton_schulz_pinv'},
+                'configs/veca/veca-s_8xb128_in1k.py': {'core_periphery_attention'}}
+    for config, names in expected.items():
+        r = cached_count(config, (64, 64))
+        assert set(r['ops']) == names and all(v > 0 for v in r['ops'].values()), r['ops']
+
+
 @pytest.mark.parametrize('name', ['Swin-T', 'ResNet-50', 'DeiT-S'])
 def test_peers_match_published(name):
     model = CountedForward(build_classifier(name))
