@@ -1,31 +1,10 @@
-"""The ops as PyTorch custom operators (``torch.library``, namespace ``mmeffattn``).
-
-Each op's ``<op>/library.py`` declares two operators with :func:`define`: the forward
-``mmeffattn::<op>`` and ``mmeffattn::<op>_backward``, and registers the forward's autograd
-(``register_autograd`` with a ``setup_context``) so that the backward is the second operator.
-The public function calls the forward operator when it dispatches to Triton; the PyTorch
-reference is called directly, as plain PyTorch, so the CPU path and ONNX export see ordinary
-aten ops.
-
-What the registration gives:
-
-* ``torch.export`` captures a Triton call as one ``mmeffattn.<op>`` node, and ``torch.compile``
-  traces through it without a graph break: with compiled Triton the operator is a
-  ``torch.library.triton_op`` whose launches go through ``wrap_triton`` (:mod:`._launch`), so
-  the compiler sees the kernels themselves.
-* The fake (meta) implementation is the launcher code run on fake tensors with the launches
-  switched off: the outputs' shapes, dtypes and strides come from the very code that allocates
-  them, so they cannot drift apart.
-* Under Triton's interpreter (``TRITON_INTERPRET=1``, CPU tensors) ``wrap_triton`` cannot trace
-  an interpreted kernel (torch returns the kernel unwrapped, and it would read fake tensors'
-  data), so there the operators are opaque ``torch.library.custom_op``s with the fake above:
-  eager calls, ``torch.compile`` (one opaque node, no graph break), ``torch.export`` and
-  ``torch.library.opcheck`` all work, the compiler just does not see inside the kernels.
-
-Forward operators return the output first, then the tensors their backward needs (e.g. SEMA's
-log-sum-exp); an absent one is an empty tensor (schemas have no optional returns). These extra
-outputs are marked non-differentiable. The backward operators have no autograd (first-order
-gradients only, as the kernels).
+"""The ops as PyTorch custom operators (``torch.library``, namespace ``mmeffattn``): each op's
+``library.py`` declares ``mmeffattn::<op>`` and ``mmeffattn::<op>_backward`` with :func:`define`
+and registers the forward's autograd, the op's only Triton path. With compiled Triton they are
+``triton_op``s whose launches the compiler sees (``wrap_triton``); under the interpreter opaque
+``custom_op``s. The fake implementation is the launcher code with its launches off. Forward
+operators return the output first, then what their backward needs (an absent one is an empty
+tensor); backward operators have no autograd. Details: docs/adding_an_op.md.
 """
 from typing import Callable, Optional
 

@@ -61,15 +61,11 @@ def window_key_mask(hw: Tuple[int, int], window_size: int,
 def window_gather_index(hw: Tuple[int, int], window_size: int,
                         device: Optional[torch.device] = None
                         ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """The window partition as indices, for a symbolic grid (torch.export with a dynamic size).
-
-    Returns ``(idx, inv)``: ``idx`` ``[n_windows, window_size**2]`` holds the token index at each
-    window position (``N = H * W`` where the window runs past the grid: a zero token is put
-    there), ``inv`` ``[N]`` the flat window position of each token. Always full windows: the
-    masked padding gives the same attention as :func:`_window_layout`'s smaller windows, and
-    computing the layout with tensors instead of Python branches (pad or not, one window or
-    several) keeps the height and width symbolic in the graph.
-    """
+    """The window partition as indices, for a symbolic grid (torch.export with a dynamic size):
+    ``(idx, inv)``, ``idx`` ``[n_windows, window_size**2]`` the token at each window position
+    (``N = H * W``, a zero token, past the grid), ``inv`` ``[N]`` each token's flat window
+    position. Full windows with a mask, computed with tensors instead of Python branches, so
+    the height and width stay symbolic in the graph."""
     H, W = hw
     ws = window_size
     n_h, n_w = (H + ws - 1) // ws, (W + ws - 1) // ws
