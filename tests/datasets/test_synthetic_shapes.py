@@ -225,7 +225,8 @@ def test_light_import_and_cli(tmp_path):
     meta = ss.load_shapes_meta(root)
     assert meta['params']['img_size'] == [64, 72] and meta['params']['seed'] == 5
     from PIL import Image
-    assert Image.open(sheet).size[0] > 2 * 72
+    with Image.open(sheet) as opened:
+        assert opened.size[0] > 2 * 72
 
 
 def test_mmdet_coco_dataset(tiny):

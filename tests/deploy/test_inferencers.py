@@ -133,7 +133,8 @@ def test_mmseg_inferencer(tmp_path, shared_data):
     inferencer = MMSegInferencer(model=cfg, weights=ckpt, device='cpu')
     result = inferencer(img)
     pred = np.asarray(result['predictions'])
-    w, h = Image.open(img).size
+    with Image.open(img) as opened:
+        w, h = opened.size
     assert pred.shape == (h, w)  # at the original image size
     assert pred.min() >= 0 and pred.max() < len(classes)
 

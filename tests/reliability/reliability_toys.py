@@ -136,13 +136,9 @@ ROOT = osp.dirname(osp.dirname(HERE))
 
 
 def load_tool(name: str):
-    """Import tools/<name>.py as a module, to call its ``main(argv)`` in this process."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(f'_tool_{name}', osp.join(ROOT, 'tools',
-                                                                           f'{name}.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """``tools.<name>`` (tools/<name>.py), to call its ``main(argv)`` in this process."""
+    import importlib
+    return importlib.import_module(f'tools.{name}')
 
 
 def tool_env(**extra) -> dict:
