@@ -46,3 +46,50 @@ test_dataloader = None
 test_cfg = None
 test_evaluator = None
 '''
+
+
+#: ``MMEFFATTN_E2E_LR0=1`` trains the runs that must learn with learning rate 0, to check by hand
+#: that their assertions then fail: a test that a model which never learns passes checks nothing.
+FORCE_LR0 = os.environ.get('MMEFFATTN_E2E_LR0') == '1'
+
+#: Config lines for a run that must show learning within a few iterations: a fixed seed, so that
+#: its learning-rate-0 baseline starts from the same weights and sees the same batches. Each test
+#: also logs every iteration and sets a constant learning rate: a recipe's warm-up holds it near
+#: 0 for hundreds of iterations.
+LEARN = '''
+randomness = dict(seed=0)
+'''
+LR0 = '''
+optim_wrapper = dict(optimizer=dict(lr=0.0))
+'''
+
+
+def learning_config(path, base: str, body: str, lr0: bool = False) -> str:
+    """``write_config`` for a run that must learn (``lr0``: its baseline, the same run at
+    learning rate 0; ``MMEFFATTN_E2E_LR0=1`` makes every such run one)."""
+    return write_config(path, base, body + LEARN + (LR0 if lr0 or FORCE_LR0 else ''))
+
+
+def train_losses(work_dir: str) -> List[float]:
+    """The total training loss of every logged iteration in ``work_dir`` (all its runs)."""
+    from mmeffattn.analysis.logs import load_log
+    return load_log(work_dir).series('loss', 'train')[1]
+
+
+def assert_loss_falls(losses: List[float], window: int, drop: float) -> None:
+    """The mean loss of the last ``window`` logged iterations is at least ``drop`` (a fraction)
+    below that of the first ``window``. With a window of one epoch both cover the same images,
+    so at learning rate 0 they differ only by augmentation."""
+    assert len(losses) >= 2 * window, f'need two windows of {window} losses, got {losses}'
+    mean_first, mean_last = sum(losses[:window]) / window, sum(losses[-window:]) / window
+    assert mean_last < (1 - drop) * mean_first, (
+        f'the training loss did not fall by {drop:.0%}: first {mean_first:.4f}, last '
+        f'{mean_last:.4f} (all: {[round(v, 4) for v in losses]})')
+
+
+def assert_beats_baseline(metric: str, trained: float, baseline: float) -> None:
+    """The trained model's ``metric`` is above that of the same model trained at learning rate 0
+    on the same data."""
+    assert trained > baseline, (
+        f'{metric} {trained} does not beat {baseline}, what the same model reaches at learning '
+        f'rate 0 on the same data: it did not learn')
