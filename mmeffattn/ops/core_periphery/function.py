@@ -1,28 +1,8 @@
-"""Launchers of the Triton core-periphery attention kernels (their autograd is registered
-with the custom operators in ``library.py``).
+"""Launchers of the Triton core-periphery attention kernels (autograd: ``library.py``).
 
-Importing this module needs Triton (``op.py`` guards it). The kernels run compiled on CUDA
-tensors and interpreted on CPU tensors when Triton's interpreter is on.
-
-One forward is two launches of ``core_periphery_fwd_kernel`` (patch rows over the C core keys;
-core rows over all keys, optionally split over the keys); one backward is the ``delta``
-pre-pass (``_common_kernels.softmax_bwd_delta``) and then:
-
-* fused (the default), three launches that compute every (query, key) pair's P and dS once:
-  the patch rows' dq kernel (``KV_ATOMIC``) meets the C core keys, writes the patches' dq and
-  adds their share of the cores' dk/dv to a zeroed fp32 buffer with atomics; the dk/dv kernel
-  over all C + N keys (``ACC_INIT``, ``Q_ATOMIC``) meets the C core queries, writes every dk/dv
-  (the core keys' plus the buffer's sums) and adds the cores' dq to the buffer's third plane
-  with atomics; a dq launch over the C core rows (``ACC_INIT``, no key loop) maps that through
-  the rope.
-* deterministic (``torch.use_deterministic_algorithms``, and the tile classes without the fused
-  kernels): four launches, no atomics: dq and dk/dv of the patch rows, dq and dk/dv of the core
-  rows (all C + N keys and queries, optionally split), recomputing P and dS for each.
-
-Split long loops write fp32 partials reduced here with PyTorch (C rows only). With rope the dq
-and dk/dv kernels map their gradients back through it in their epilogues and write q's dtype;
-the tables' gradients (when asked for) are per-head fp32 partials those epilogues write, summed
-here by one reduction.
+Forward: two launches (patch rows over the C core keys; core rows over all keys, optionally
+split). Backward: the ``delta`` pre-pass, then either the fused three launches (fp32 atomics,
+the default) or four deterministic ones. The launch plan is in docs/design/ops_kernels.md.
 """
 import math
 from typing import Dict, NamedTuple, Optional, Tuple
@@ -37,11 +17,8 @@ from .._common import check_token_offsets as _check_int32_offsets
 from .._common_kernels import delta_config, softmax_bwd_delta
 from . import kernels
 
-#: default ``tl.dot`` input precision for fp32: exact fp32 ('ieee'), not TF32.
-DEFAULT_INPUT_PRECISION = 'ieee'
-#: a split of a long loop gets at least this many blocks (fewer: the partials' reduction and
-#: the repeated q tile load outweigh the extra parallelism)
-MIN_BLOCKS_PER_SPLIT = 4
+DEFAULT_INPUT_PRECISION = 'ieee'  # fp32 ``tl.dot``: exact, not TF32
+MIN_BLOCKS_PER_SPLIT = 4  # fewer: the partials' reduction outweighs the parallelism
 
 
 class Tiles(NamedTuple):
@@ -51,15 +28,8 @@ class Tiles(NamedTuple):
     stages: int
 
 
-#: the forward's ``(block, warps, stages)`` by (fp32 or not, padded head dim BD, D == BD,
-#: rope): the first candidate in (64, 4, 2), (64, 8, 2), (64, 8, 1), (32, 4, 2), (32, 4, 1),
-#: (32, 8, 1), (16, 4, 1) (fp32: (32, 4, 2), (32, 8, 2), (16, 4, 2), (16, 4, 1)) whose
-#: attention kernels compiled for sm_80 and sm_90 (ptxas of Triton 3.8) without a register
-#: spill, for fp16 and bf16, 8, 20 and 64 cores, per-sample and shared tables, with and without
-#: a split: every specialisation of the spec's full AOT matrix (``tests/ops/test_aot.py``).
-#: Rotating q/k tiles on load holds the tile and both tables at once, and a head dim below BD
-#: adds masks: both need more warps or smaller tiles. The backward has its own table
-#: (:data:`BWD_TILE_TABLE`).
+#: forward ``(block, warps, stages)`` by (fp32, BD, D == BD, rope): the largest candidate that
+#: compiles without a spill on sm_80 and sm_90 (docs/design/ops_kernels.md).
 TILE_TABLE = {
     # fp16 / bf16
     (False, 16, True, False): (64, 8, 2), (False, 16, True, True): (64, 4, 2),
@@ -82,15 +52,8 @@ TILE_TABLE = {
 
 def core_periphery_tiles(bd: int, even_d: bool, num_cores: int, dtype: torch.dtype,
                          rope: bool) -> Tiles:
-    """Blocks, warps and pipelining stages for padded head dim ``bd`` (``even_d``: D == BD),
-    C cores and rope or not.
-
-    The core side is one block of ``next_pow2(C)`` rows (>= 16 for ``tl.dot``) up to the block
-    size of the table (64 for fp16/bf16 at VECA's head dim 64: its largest budget of 64 cores is
-    one block, so a patch tile sees all cores at once); more cores loop over several blocks.
-    fp32 ``tl.dot`` with 'ieee' precision is an FMA loop holding its operands in registers, so
-    fp32 uses 32-row or 16-row blocks; fp16/bf16 run on tensor cores.
-    """
+    """Forward tiles for padded head dim ``bd`` (``even_d``: D == BD); the core side is one
+    block of ``next_pow2(C)`` rows (>= 16) up to the table's block."""
     block, warps, stages = TILE_TABLE[(dtype == torch.float32, bd, even_d, rope)]
     return Tiles(min(block, max(16, _next_pow2(num_cores))), block, warps, stages)
 
@@ -101,19 +64,11 @@ class BwdTiles(NamedTuple):
     warps: int
     stages: int
     maxnreg: Optional[int] = None  # register cap per thread (None: ptxas decides)
-    fused_warps: int = 0  # warps of the fused backward's kernels (0: not used, see below)
+    fused_warps: int = 0  # warps of the fused backward's kernels (0: not used)
 
 
-#: backward ``(row_block, loop_block, warps, stages, maxnreg, fused_warps)`` by (fp32 or not,
-#: BD, D == BD, rope),
-#: chosen so that every backward kernel compiles for sm_80 and sm_90 without a spill and the
-#: dk/dv kernel (two fp32 accumulators) within 128 registers (two CTAs per SM): see
-#: ``tests/ops/test_aot.py`` and ``tests/tools/test_kernel_report.py``. The loop block is the
-#: smaller one: on sm_80 every warp holds a whole ``[loop_block, BD]`` operand of each product.
 def _bwd_tiles(fp32: bool, bd: int, even: bool) -> Tuple[int, int, int, int]:
-    """16-row loop steps; 32-row programs where the head is narrow and D == BD, 16 otherwise;
-    8 warps for fp32 (its 'ieee' dots are FMA loops) except at BD = D = 128, where 8 warps
-    spilled on sm_90 and 4 warps need 141-143 registers (over the dk/dv budget)."""
+    """Backward ``(row, loop, warps, stages)``: no spill, dk/dv within 128 registers."""
     row = 32 if (even and bd < 128) else 16
     if not fp32:
         return row, 16, 4, 1
@@ -121,14 +76,8 @@ def _bwd_tiles(fp32: bool, bd: int, even: bool) -> Tuple[int, int, int, int]:
 
 
 def _fused_warps(fp32: bool, bd: int, even: bool, warps: int) -> int:
-    """Warps of the fused backward's kernels (the dq kernel with ``KV_ATOMIC`` on 16 x 16
-    tiles, the dk/dv kernel with ``Q_ATOMIC``), 0 where the fused backward is not used. The
-    patch rows' two extra products and the atomics hold more than the plain dq kernel:
-    with the other backward kernels' warps it needed 144-168 registers at D = 40 (fp16) and
-    126-202 at BD = 128 (sm_80 / sm_90); 8 warps bring those within 128. At BD = 128 with
-    D < BD (D = 72) no choice did (fp16: 149-173 with 8 warps; fp32 with rope: a 24-byte stack
-    at 8 warps, 232-244 registers at 4, 147-161 capped at 168), so those classes keep the
-    separate kernels."""
+    """Warps of the fused backward's kernels; 0 (separate kernels) where none fit in 128
+    registers (BD = 128 with D < BD)."""
     if bd == 128 and not even:
         return 0
     if bd == 128 or (bd == 64 and not even and not fp32):
@@ -136,18 +85,10 @@ def _fused_warps(fp32: bool, bd: int, even: bool, warps: int) -> int:
     return warps
 
 
-#: (fp32, BD, D == BD, rope) whose 8-warp backward kernels ptxas left at 64 or 80 registers
-#: (the occupancy steps of 256 threads: 4 or 3 CTAs per SM) with an 8-byte stack frame, i.e.
-#: two values live across the loop spilled (STL before it, LDL after it): D = 24 and 32 with
-#: rope, D = 72 without. An explicit cap of :data:`BWD_MAXNREG` lets ptxas keep them in
-#: registers (the same cure as ``dynamic_dwconv``'s backward): 79-128 registers, no stack. Any
-#: cap from 81 to 128 gives 8 warps the same occupancy (2 CTAs per SM), so the widest is taken.
-#: Elsewhere ptxas decides (4 warps instead moved the frames to other kernels and took D = 72 to
-#: 184 registers).
+#: classes whose backward spilled under ptxas's own register choice; capped at BWD_MAXNREG
 BWD_CAPPED = frozenset({(True, 32, False, True), (True, 32, True, True),
                         (True, 128, False, False)})
-#: the backward's register cap where :data:`BWD_CAPPED` asks for one: the dk/dv budget
-BWD_MAXNREG = 128
+BWD_MAXNREG = 128  # the dk/dv budget (two CTAs per SM)
 
 BWD_TILE_TABLE = {
     (fp32, bd, even, rope): (*_bwd_tiles(fp32, bd, even),
@@ -170,15 +111,9 @@ def padded_head_dim(head_dim: int) -> int:
 def core_periphery_kernel_configs(head_dim: int, num_cores: int, dtype: torch.dtype, rope: bool,
                       input_precision: str = DEFAULT_INPUT_PRECISION,
                       rope_grad: bool = False, fused: bool = True) -> Dict[str, KernelConfig]:
-    """The configurations the launchers use, by role: ``fwd_patches``, ``fwd_cores``,
-    ``bwd_preprocess``, then fused (:func:`use_fused_backward`) ``bwd_patches`` (the patch rows'
-    dq plus their share of the cores' dk/dv, ``KV_ATOMIC``), ``bwd_keys`` (every key's dk/dv
-    from the core queries plus those sums, and the cores' dq, ``ACC_INIT`` + ``Q_ATOMIC``) and
-    ``bwd_dq_cores`` (the cores' dq sums through the rope, ``ACC_INIT``), or deterministic
-    ``bwd_dq_patches``, ``bwd_dkdv_patches``, ``bwd_dq_cores``, ``bwd_dkdv_cores``.
-    ``*_patches`` have the patch tokens on the program's rows, ``*_cores`` the core tokens (and
-    the long loop). ``rope_grad``: the backward kernels also write the rope tables' gradients
-    (``ROPE_GRAD``)."""
+    """The launchers' configurations by role: ``fwd_patches``, ``fwd_cores``,
+    ``bwd_preprocess``, then fused ``bwd_patches``, ``bwd_keys``, ``bwd_dq_cores`` or
+    deterministic ``bwd_{dq,dkdv}_{patches,cores}``. ``rope_grad``: also the tables' gradients."""
     bd = padded_head_dim(head_dim)
     t = core_periphery_tiles(bd, head_dim == bd, num_cores, dtype, rope)
     common = dict(BD=bd, EVEN_D=head_dim == bd, ROPE=rope, INPUT_PRECISION=input_precision)
@@ -208,16 +143,10 @@ def core_periphery_kernel_configs(head_dim: int, num_cores: int, dtype: torch.dt
     # programs own the first block's rows and loop over the second's
     if fused:
         cfgs.update({
-            # loop-block rows: with the dq kernel's 32 rows the extra products and atomics took
-            # fp16 / bf16 to 162 registers on sm_80 (and a cap of 128 spilled on sm_90)
             'bwd_patches': bwd(dq, loop, min(core, loop), bt.fused_warps, KV_ATOMIC=True,
                                **no_acc),
-            # the mirror of bwd_patches (16 x 16 tiles, its warps), capped at the dk/dv budget:
-            # 32 key rows needed 156-159 registers at D = 64 (fp16 / bf16, rope, 4 warps; 8
-            # warps and fp32 at D = 16 spilled 8-16 bytes under the cap)
             'bwd_keys': bwd(dkdv, min(core, loop), loop, bt.fused_warps, BWD_MAXNREG,
                             ACC_INIT=True, Q_ATOMIC=True),
-            # 16-row blocks: 32 rows spilled 8 bytes (fp32, D = 64, rope, sm_90)
             'bwd_dq_cores': bwd(dq, min(core, loop), loop, KV_ATOMIC=False, ACC_INIT=True)})
     else:
         cfgs.update({
@@ -229,22 +158,15 @@ def core_periphery_kernel_configs(head_dim: int, num_cores: int, dtype: torch.dt
 
 
 def use_fused_backward() -> bool:
-    """The fused patch-row backward (fp32 atomics, run-to-run differences in the last bits of
-    the cores' dk/dv) unless ``torch.use_deterministic_algorithms`` is on."""
+    """Fused backward (fp32 atomics) unless ``torch.use_deterministic_algorithms`` is on."""
     return not torch.are_deterministic_algorithms_enabled()
 
 
 def num_splits(n_programs: int, n_loop_blocks: int, device: torch.device,
                splits: Optional[int] = None) -> Tuple[int, int]:
-    """``(n_splits, blocks_per_split)`` for a long loop of ``n_loop_blocks`` blocks run by
-    ``n_programs`` programs before splitting.
-
-    The core rows are few (C <= 64 is one block per batch*head), so with a small batch the
-    launch would occupy a handful of SMs while each program walks all C + N keys. Splitting the
-    loop over programs (flash-decoding) brings the launch to about two programs per SM, with at
-    least ``MIN_BLOCKS_PER_SPLIT`` blocks per split. ``splits`` forces a count (tests); on the
-    CPU (interpreter) the default is no split.
-    """
+    """``(n_splits, blocks_per_split)`` of a long loop (flash-decoding): the few core rows
+    would occupy a handful of SMs, so the loop is split to about two programs per SM.
+    ``splits`` forces a count; on the CPU the default is no split."""
     if splits is None:
         if device.type != 'cuda':
             splits = 1
@@ -258,18 +180,15 @@ def num_splits(n_programs: int, n_loop_blocks: int, device: torch.device,
 
 
 def _table_strides(t: torch.Tensor) -> Tuple[int, int]:
-    """``(stride_rb, stride_rn)`` of a ``[B or 1, L, D]`` rope table; a ``[1, L, D]`` table
-    broadcasts over the batch with a zero batch stride."""
+    """``(stride_rb, stride_rn)`` of a ``[B or 1, L, D]`` rope table (0: shared over B)."""
     return (t.stride(0) if t.shape[0] > 1 else 0), t.stride(1)
 
 
 def _pair_aligned(x: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    """x with every row of its last dim starting at an even element (even strides, pair-aligned
-    start): the rope kernels declare it (``kernels._rows``) so that a channel pair is one load;
-    a copy only for unusual views (a contiguous tensor with an even D qualifies)."""
+    """x with every row starting at an even element (a rope channel pair is one load); a copy
+    only for unusual views. Uses the storage offset: fake tensors have no data_ptr."""
     if x is None:
         return None
-    # (the storage offset, not data_ptr: allocations are aligned, and fake tensors have none)
     if all(st % 2 == 0 for st in x.stride()[:-1]) and x.storage_offset() % 2 == 0:
         return x
     return x.contiguous()
@@ -301,16 +220,8 @@ def core_periphery_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        cos: Optional[torch.Tensor], sin: Optional[torch.Tensor], num_cores: int,
                        scale: float, input_precision: str = DEFAULT_INPUT_PRECISION,
                        splits: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Forward launcher.
-
-    Args:
-        q, k, v: ``[B, heads, C + N, D]``, unit stride on D.
-        cos, sin: None or ``[B or 1, C + N, D]`` in q's dtype, unit stride on D.
-        splits: force the number of splits of the core rows' key loop (None: :func:`num_splits`).
-    Returns:
-        o ``[B, heads, C + N, D]`` (contiguous, q's dtype); lse ``[B*heads, C + N]`` fp32
-        log2-sum-exp.
-    """
+    """Forward: q, k, v ``[B, heads, C + N, D]``; cos, sin None or ``[B or 1, C + N, D]``.
+    Returns o (q's layout and dtype) and lse ``[B*heads, C + N]`` (fp32, log2)."""
     B, nh, L, D = q.shape
     C, N, BH = num_cores, L - num_cores, B * q.shape[1]
     cfgs = core_periphery_kernel_configs(D, C, q.dtype, cos is not None, input_precision)
@@ -343,8 +254,7 @@ def core_periphery_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             lse_part = torch.empty((n_splits, BH, C), dtype=torch.float32, device=q.device)
             _launch('fwd_cores', cfg, grid, *inputs, o_part, lse_part, *strides,
                     BH * C * D, C * D, D, BH * C, C, *sizes)
-            # merge the splits' softmaxes: weight each normalised part by its share of the mass
-            # (in fp32, as the kernels, also under autocast, which would run einsum in half)
+            # merge the splits' softmaxes by their share of the mass, in fp32
             with autocast_off(q.device.type):
                 lse_c = torch.logsumexp(lse_part * math.log(2), dim=0) / math.log(2)  # [BH, C]
                 weight = torch.exp2(lse_part - lse_c)  # [S, BH, C]
@@ -362,19 +272,8 @@ def core_periphery_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
                        fused: Optional[bool] = None
                        ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor,
                                   Optional[torch.Tensor], Optional[torch.Tensor]]:
-    """Backward launcher: ``(dq, dk, dv, dcos, dsin)``.
-
-    ``fused`` (None: :func:`use_fused_backward`): every (query, key) pair's P and dS are
-    computed once; the launches that meet a pair from the other side add its share of the
-    gradients with fp32 atomics to a zeroed ``[3, B*heads, C, D]`` buffer (the cores' dk, dv
-    from the patch rows; the cores' dq from all keys). Otherwise (deterministic) the dq and the
-    dk/dv launches each recompute P and dS, and the core rows' long loops may be split.
-
-    dq, dk, dv are ``[B, heads, C + N, D]`` contiguous in q's dtype (with rope: the gradients of
-    the unrotated q and k; the kernels map them back). dcos, dsin are the gradients of the rope
-    tables (``[B or 1, C + N, D]``, cos's dtype) when rope is on and ``rope_grad``, else None.
-    ``o`` and ``lse`` are the forward's outputs.
-    """
+    """Backward: ``(dq, dk, dv, dcos, dsin)``; dcos, dsin only with rope and ``rope_grad``.
+    ``fused`` (None: :func:`use_fused_backward`) sums shared gradients with fp32 atomics."""
     B, nh, L, D = q.shape
     C, N, BH = num_cores, L - num_cores, B * q.shape[1]
     rope = cos is not None
@@ -396,10 +295,8 @@ def core_periphery_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     inputs = (q, k, v, cos, sin, do, lse)
     strides = (*_strides(q), *_strides(k), *_strides(v), stride_rb, stride_rn, *_strides(do))
     out_strides = (0, L * D, D)
-    # (split, batch*head, cos / sin plane, row) strides of a table-gradient plane
     tab_strides = (0, L * D, BH * L * D, D) if rope_grad else (0, 0, 0, 0)
-    # fused: the cores' dk (of the rotated k, unscaled), dv and dq (of the rotated q, unscaled)
-    # summed by the launches that meet them from the other side
+    # fused: the cores' dk, dv, dq summed by the launches that meet them from the other side
     acc = (torch.zeros((3, BH, C, D), dtype=torch.float32, device=q.device) if fused
            else dq.new_empty(0))
     acc_strides = (BH * C * D, C * D, D) if fused else (0, 0, 0)
@@ -417,9 +314,7 @@ def core_periphery_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
                acc_ptr: torch.Tensor, start: int, n_rows: int, n_loop: int,
                n_splits: int = 1, per_split: Optional[int] = None,
                g_strides: tuple = out_strides, t_strides: tuple = tab_strides) -> None:
-        """One backward launch: programs own rows ``[start, start + n_rows)`` (dq: queries,
-        dk/dv: keys) and loop over rows ``[0, n_loop)`` of the other side, writing ``grads``
-        (dq, or dk and dv) and ``table`` at rows from ``start``."""
+        """Programs own rows ``[start, start + n_rows)``, loop over ``[0, n_loop)``."""
         own, loop = blocks(role)
         n_blocks = -(-n_rows // own)
         per_split = -(-n_loop // loop) if per_split is None else per_split
@@ -428,8 +323,7 @@ def core_periphery_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
                 n_loop, n_blocks, n_splits, per_split, start, L, scale, D)
 
     def core_launch(role: str, grads: Tuple[torch.Tensor, ...], table: int) -> None:
-        """The core rows ``[0, C)`` against all L rows of the other side, the loop split as
-        :func:`num_splits` says: then fp32 partials, summed here into ``grads``' core rows."""
+        """Core rows ``[0, C)`` against all L rows; split loops sum fp32 partials here."""
         own, loop = blocks(role)
         n_splits, per_split = num_splits(-(-C // own) * BH, -(-L // loop), q.device, splits)
         if n_splits == 1:
@@ -457,18 +351,14 @@ def core_periphery_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
             # the core rows' dq: the sums through the rope (no key loop)
             launch('bwd_dq_cores', (dq,), tab(0), acc[2], 0, C, 0)
         else:
-            # the patch rows [C, L) over the core keys; the patch keys [C, L) from the core
-            # queries, the only queries that attend them
+            # patch rows over the core keys; patch keys from the core queries
             launch('bwd_dq_patches', (dq,), tab(0), acc, C, N, C)
             launch('bwd_dkdv_patches', (dk, dv), tab(1), acc, C, N, C)
             # the core rows [0, C) over all keys; the core keys from all queries
             core_launch('bwd_dq_cores', (dq,), 0)
             core_launch('bwd_dkdv_cores', (dk, dv), 1)
     dcos = dsin = None
-    if rope_grad:  # one reduction per table: over the source (q, k), the heads (and a shared
-        # table's batch); two separate results, not views of one (custom operators need that)
-        # nor of a reduction's result (a view cannot be modified in place under autograd):
-        # the kept unit dim (table i's plane) is a shared table's leading 1
+    if rope_grad:  # sum over source and heads; two separate tensors (custom ops need that)
         dims = (0, 2, 3) if tables.shape[0] == 1 else (0, 1, 3)
         dcos, dsin = (dtab[:, i:i + 1].view(2, 1, B, nh, L, D).sum(dims).to(tables.dtype)
                       for i in range(2))

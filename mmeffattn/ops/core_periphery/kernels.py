@@ -1,66 +1,18 @@
-"""Triton kernels of core-periphery attention (VECA).
+"""Triton kernels of core-periphery attention (VECA); the launchers are in ``function.py``.
 
-Only ``@triton.jit`` functions live here; the launchers are in ``function.py``.
-The attention pattern is two rectangles of one softmax-attention problem, so
-every kernel works on a *range* of query rows against a *range* of key rows:
-
-* core queries ``[0, C)`` against all keys ``[0, C + N)`` (few rows, a long key loop);
-* patch queries ``[C, C + N)`` against the core keys ``[0, C)`` (many rows, a short key loop:
-  one block when C fits it).
-
-Both ranges always start at row 0 on one side (the cores come first), so a forward / dq launch
-is described by ``(q_start, n_q, n_k)`` (queries ``[q_start, q_start + n_q)``, keys
-``[0, n_k)``) and a dk/dv launch by ``(k_start, n_k, n_q)`` (keys ``[k_start, k_start + n_k)``,
-queries ``[0, n_q)``).
-
-Conventions shared by every kernel:
-
-* q, k, v, do are ``[B, heads, C + N, D]`` with arbitrary batch/head/token strides and unit
-  stride on the head dim. The rope tables cos, sin are ``[B or 1, C + N, D]`` in q's dtype with
-  unit stride on D (batch stride 0 when broadcast).
-* With ``ROPE`` the q and k tiles are rotated as they are loaded, so no rotated copy of q and k
-  is ever written to memory. A tile is loaded whole (vectorised along D) and split in registers
-  into its even and odd channels (``tl.reshape`` to ``[rows, BD/2, 2]`` + ``tl.split``: a
-  thread holds both channels of a pair, so this moves no data), rotated
-  (``x * cos + rotate_pairs(x) * sin`` pairs channel ``2i`` with ``2i+1``) and joined again
-  (``tl.join``), without a second load of the partner channel. The rotation is computed in
-  fp32 and rounded once to the storage dtype (the reference, like the official code, rounds
-  after each product in the storage dtype: within fp16/bf16 rounding). (Keeping the halves
-  apart, as two ``tl.dot`` of K = BD/2 each, compiled to more registers: every half is one
-  more ``tl.dot`` operand staged through shared memory.)
-* The backward kernels map the gradients of the *rotated* q and k back through the rope in
-  their epilogues (``dx = g * cos - rotate_pairs(g * sin)``: elementwise on the two channel
-  halves of the accumulator) and write q's dtype. With ``ROPE_GRAD`` they also write the
-  per-(batch, head) table gradients ``g * x`` (cos) and ``g * rotate_pairs(x)`` (sin), fp32, to
-  planes of ``dtab`` addressed like their dq / dk rows (plus ``stride_tk`` between the cos and
-  the sin plane): the dq kernels write the q planes, the dk/dv kernels the k planes, and
-  ``function.py`` sums planes and heads with one reduction per table. Both maps are linear in
-  g, so a split's partial sums can go through them before they are added.
-* The long loop can be split over ``n_splits`` programs (``blocks_per_split`` key or query
-  blocks each) so that few rows still fill the GPU. Every program writes normalised results for
-  its part to an output addressed by ``(split, batch*head, row)`` strides; the launcher either
-  points that at the final tensor (one split) or at fp32 partial buffers it then reduces.
-* The backward can run fused, computing P and dS once per (query, key) pair: a dq program
-  (``KV_ATOMIC``) holds a block of patch queries and meets all C core keys, so P and dS serve
-  both the patches' dq and the cores' dk/dv, which many programs add up with fp32 atomics; a
-  dk/dv program (``Q_ATOMIC``) holds a block of keys (cores and patches) and meets the C core
-  queries, so P and dS serve both its keys' dk/dv and the cores' dq, added up the same way and
-  mapped through the rope by a last dq launch (``ACC_INIT``). The atomics' order varies, so
-  these sums are not bitwise reproducible; without the flags the kernels recompute P and dS and
-  need no atomics (the deterministic path).
-* One program per (row block, split, batch*head) on a 1-D grid, row block fastest.
-* The head dim ``D`` is padded to ``BD`` (a power of two >= 16) with masks.
-* Logits are kept in the log2 domain (``qk_scale = scale * log2(e)``, ``exp2``); the
-  log-sum-exp ``lse`` and the backward's ``delta`` are ``[B*heads, C + N]`` fp32.
-* Accumulation is fp32; ``tl.dot`` inputs are the storage dtype (fp32 with ``INPUT_PRECISION``).
+Every kernel runs a range of query rows against a range of key rows: core queries ``[0, C)``
+against all keys, or patch queries ``[C, C + N)`` against the core keys. q, k, v, do are
+``[B, heads, C + N, D]`` (unit stride on D); rope tables ``[B or 1, C + N, D]``. With ``ROPE``
+q/k tiles are rotated on load and gradients mapped back in the epilogues. One program per
+(row block, split, batch*head), row block fastest; D is padded to ``BD`` with masks; logits are
+in the log2 domain; accumulation is fp32. Details: docs/design/ops_kernels.md.
 """
 import triton
 import triton.language as tl
 
 from .._common_kernels import head_dim_mask as _head_dim_mask
 
-#: runtime ints that change with the input size: not specialised, so one compiled kernel
-#: serves every number of cores and tokens of a tile class
+#: sizes not specialised: one compiled kernel serves every C and N of a tile class
 _SIZES = ['n_heads', 'n_q', 'n_k', 'n_blocks', 'n_splits', 'blocks_per_split', 'o_row0']
 
 
@@ -78,10 +30,8 @@ def _interleave(a, b):
 
 @triton.jit
 def _head_dim_mask_rope(D, BD: tl.constexpr, EVEN_D: tl.constexpr, ROPE: tl.constexpr):
-    """``_common_kernels.head_dim_mask``, with rope written per channel pair (D is even then):
-    the compiler sees the mask constant over each pair, so a thread loads both channels of a
-    pair and :func:`_halves` moves no data (with a per-channel mask below BD the loads were
-    scalar and the split reshuffled tiles across threads, spilling)."""
+    """``head_dim_mask``, per channel pair under rope, so a thread loads both channels of a
+    pair (a per-channel mask made the loads scalar and spilled)."""
     if ROPE and not EVEN_D:
         o_d = tl.arange(0, BD)
         return o_d, (o_d // 2) < (D // 2)
@@ -91,11 +41,8 @@ def _head_dim_mask_rope(D, BD: tl.constexpr, EVEN_D: tl.constexpr, ROPE: tl.cons
 
 @triton.jit
 def _rows(x, o_t, stride_xn, ROPE: tl.constexpr, EVEN_D: tl.constexpr):
-    """Pointers to the starts of rows ``o_t`` of x. With rope and D < BD declared aligned to a
-    channel pair (the launchers make the strides even), so that a pair is one load: an odd-
-    looking D (40, 72) leaves the strides without Triton's divisibility specialisation, and the
-    scalar loads made the pair split reshuffle tiles across threads (spills). Not with D == BD,
-    where the specialisation already proves more (and a hint would replace it)."""
+    """Pointers to rows ``o_t`` of x; with rope and D < BD declared pair-aligned (the
+    launchers ensure it) so that a channel pair is one load."""
     p = x + o_t * stride_xn
     if ROPE:
         if not EVEN_D:
@@ -117,10 +64,8 @@ def _load_rows(x, o_t, m_t, stride_xn, cos, sin, stride_rn, o_d, m_d, ROPE: tl.c
         p_s = _rows(sin, o_t, stride_rn, ROPE, EVEN_D)[:, None] + o_d[None, :]
         c_e, c_o = _halves(tl.load(p_c, mask=m_x, other=0.).to(tl.float32))
         s_e, s_o = _halves(tl.load(p_s, mask=m_x, other=0.).to(tl.float32))
-        # rotate_pairs(x)[2i] = -x[2i+1], rotate_pairs(x)[2i+1] = x[2i]. The row mask again (a
-        # no-op on values already zero) stops the compiler from moving the tl.dot operand's
-        # layout conversion up to the loads: on sm_80 that rotated the whole tile in every warp
-        # (an mma operand layout replicates a tile across warps) and spilled.
+        # rotate_pairs(x)[2i] = -x[2i+1], [2i+1] = x[2i]. The (no-op) row mask keeps the
+        # compiler from hoisting the mma layout conversion to the loads (spills on sm_80).
         m_h = m_t[:, None]
         dt = x.dtype.element_ty
         b_x = _interleave(tl.where(m_h, x_e * c_e - x_o * s_e, 0.).to(dt),
@@ -132,11 +77,8 @@ def _load_rows(x, o_t, m_t, stride_xn, cos, sin, stride_rn, o_d, m_d, ROPE: tl.c
 def _store_rows_grad(b_g, x, o_t, m_t, stride_xn, cos, sin, stride_rn, o_d, m_d,
                      dx, o_r, stride_gn, dtab, stride_tk, stride_tn,
                      ROPE: tl.constexpr, ROPE_GRAD: tl.constexpr, EVEN_D: tl.constexpr):
-    """Store the gradient ``b_g`` (fp32 ``[len(o_t), BD]``) of rows ``o_t`` of x at rows
-    ``o_r`` of dx, in dx's dtype. With ``ROPE`` it is the gradient of the rotated rows
-    ``x_rot = x cos + R x sin`` (``R = rotate_pairs``, ``R^T = -R``): store
-    ``dx = g cos - R(g sin)``, and with ``ROPE_GRAD`` the table gradients ``g x`` and ``g R x``
-    at rows ``o_r`` of the two planes of ``dtab`` (fp32)."""
+    """Store gradient ``b_g`` of rows ``o_t`` at rows ``o_r`` of dx. With ``ROPE``, b_g is of
+    ``x cos + R x sin``: store ``g cos - R(g sin)`` (and, ``ROPE_GRAD``, ``g x``, ``g R x``)."""
     m_x = m_t[:, None] & m_d[None, :]  # [BT, BD]
     p_g = _rows(dx, o_r, stride_gn, ROPE, EVEN_D)[:, None] + o_d[None, :]
     if ROPE:
@@ -168,8 +110,7 @@ def _split_range(i_s, blocks_per_split, n_rows, BLOCK: tl.constexpr):
 
 @triton.jit
 def _program(n_blocks, n_splits, n_heads):
-    """``(i_blk, i_s, i_bh, i_b, i_h)`` of this program: row block (fastest), split,
-    batch*head, and the batch and head (int64, for the base offsets)."""
+    """``(i_blk, i_s, i_bh, i_b, i_h)``: row block (fastest), split, batch*head, b, h."""
     i_prog = tl.program_id(0)
     i_bh = i_prog // (n_blocks * n_splits)
     return (i_prog % n_blocks, (i_prog // n_blocks) % n_splits, i_bh,
@@ -179,8 +120,7 @@ def _program(n_blocks, n_splits, n_heads):
 @triton.jit
 def _bwd_inputs(q, k, v, do, cos, sin, lse, delta, stride_qb, stride_qh, stride_kb, stride_kh,
                 stride_vb, stride_vh, stride_dob, stride_doh, stride_rb, L, i_bh, i_b, i_h):
-    """The backward kernels' inputs at this program's batch ``i_b`` and head ``i_h`` (``lse`` and
-    ``delta`` at row ``i_bh`` of their ``[B*heads, L]``)."""
+    """The backward kernels' inputs offset to batch ``i_b``, head ``i_h``."""
     return (q + i_b * stride_qb + i_h * stride_qh, k + i_b * stride_kb + i_h * stride_kh,
             v + i_b * stride_vb + i_h * stride_vh, do + i_b * stride_dob + i_h * stride_doh,
             cos + i_b * stride_rb, sin + i_b * stride_rb, lse + i_bh.to(tl.int64) * L,
@@ -200,12 +140,8 @@ def core_periphery_fwd_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BD: tl.constexpr, EVEN_D: tl.constexpr,
     ROPE: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):
-    """Softmax attention of queries ``[q_start, q_start + n_q)`` over keys ``[0, n_k)``.
-
-    Program ``(i_m, i_s, bh)``: ``BLOCK_M`` query rows against the key blocks of split ``i_s``
-    (online softmax). Writes the split's normalised output to ``o`` and its log2-sum-exp to
-    ``lse`` at row ``o_row0 + (row - q_start)``; ``n_blocks`` = query blocks.
-    """
+    """Softmax attention of queries ``[q_start, q_start + n_q)`` over keys ``[0, n_k)``
+    (online softmax over split ``i_s``'s key blocks); o and lse at row ``o_row0 + i``."""
     i_m, i_s, i_bh, i_b, i_h = _program(n_blocks, n_splits, n_heads)
     q += i_b * stride_qb + i_h * stride_qh
     k += i_b * stride_kb + i_h * stride_kh
@@ -265,23 +201,11 @@ def core_periphery_bwd_dq_kernel(
     ROPE: tl.constexpr, ROPE_GRAD: tl.constexpr, KV_ATOMIC: tl.constexpr,
     ACC_INIT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):
-    """dq for queries ``[q_start, q_start + n_q)`` over keys ``[0, n_k)``.
+    """dq = scale * dS K for queries ``[q_start, q_start + n_q)`` over keys ``[0, n_k)``.
 
-    Program ``(i_m, i_s, bh)`` sums the key blocks of split ``i_s``: dq = scale * dS K with
-    P = exp2(S - lse) recomputed and dS = P * (dO V^T - delta), mapped back through the rope
-    (and the table gradients written, with ``ROPE_GRAD``). ``lse`` and ``delta`` are
-    ``[B*heads, L]`` fp32; the result goes to row ``o_row0 + (row - q_start)`` of ``dq`` (and of
-    ``dtab``).
-
-    ``acc`` is fp32, ``[B*heads, row, BD]`` planes by ``stride_abh``, ``stride_an``:
-
-    * ``KV_ATOMIC`` (the patch rows' fused backward): P and dS, computed once, also give these
-      queries' share of the keys' gradients, ``dS^T Q`` (dk of the rotated k, unscaled) and
-      ``P^T dO`` (dv), added with fp32 atomics to the planes at ``acc`` and ``acc +
-      stride_ap`` (rows: key index; zeroed by the launcher, one split only).
-    * ``ACC_INIT`` (the core rows after :func:`core_periphery_bwd_dkdv_kernel` with
-      ``Q_ATOMIC``): the sums ``dS K`` in ``acc`` (rows: query index inside the range) are
-      added to the accumulator before the epilogue; the launcher passes ``n_k = 0``.
+    ``KV_ATOMIC``: also add these queries' share of the keys' dk (``dS^T Q``) and dv
+    (``P^T dO``) to the fp32 planes ``acc``, ``acc + stride_ap`` with atomics.
+    ``ACC_INIT``: add the dq sums in ``acc`` before the epilogue (``n_k = 0``).
     """
     i_m, i_s, i_bh, i_b, i_h = _program(n_blocks, n_splits, n_heads)
     q, k, v, do, cos, sin, lse, delta = _bwd_inputs(
@@ -311,8 +235,7 @@ def core_periphery_bwd_dq_kernel(
         b_k = _load_rows(k, o_j, m_j, stride_kn, cos, sin, stride_rn, o_d, m_d, ROPE, EVEN_D)
         b_v = tl.load(v + o_j[:, None] * stride_vn + o_d[None, :], mask=m_jd, other=0.)
         b_s = tl.dot(b_q, tl.trans(b_k), input_precision=INPUT_PRECISION) * qk_scale
-        # P = 0 for padded keys (their logit 0 - lse could overflow exp2), and with KV_ATOMIC
-        # for padded queries too (the keys' sums below run over the queries)
+        # P = 0 for padded keys (0 - lse could overflow exp2); with KV_ATOMIC padded queries too
         if KV_ATOMIC:
             m_p = m_i[:, None] & m_j[None, :]
         else:
@@ -351,24 +274,11 @@ def core_periphery_bwd_dkdv_kernel(
     ROPE: tl.constexpr, ROPE_GRAD: tl.constexpr, ACC_INIT: tl.constexpr,
     Q_ATOMIC: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):
-    """dk and dv for keys ``[k_start, k_start + n_k)`` from queries ``[0, n_q)``, which must be
-    exactly the queries that attend these keys.
+    """dv = P^T dO, dk = scale * dS^T Q for keys ``[k_start, k_start + n_k)`` from queries
+    ``[0, n_q)`` (exactly the queries that attend them).
 
-    Program ``(i_n, i_s, bh)``: ``BLOCK_N`` keys (rows of S^T) against the query blocks of split
-    ``i_s``: dv = P^T dO, dk = scale * dS^T Q, mapped back through the rope (and the table
-    gradients written, with ``ROPE_GRAD``). dk and dv share the output strides; the result goes
-    to row ``o_row0 + (key - k_start)``; ``n_blocks`` = key blocks.
-
-    ``acc`` is fp32, ``[B*heads, row, BD]`` planes by ``stride_abh``, ``stride_an``, ``stride_ap``
-    apart (the core rows' fused backward, one split only):
-
-    * ``ACC_INIT``: the keys below ``n_q`` (the core keys, when the queries are the cores) are
-      attended by other queries too, whose share :func:`core_periphery_bwd_dq_kernel` with
-      ``KV_ATOMIC`` summed into the dk plane (of the rotated k, unscaled) at ``acc`` and the dv
-      plane after it; these are added to the accumulators.
-    * ``Q_ATOMIC``: P and dS, computed once, also give the queries' ``dS K`` (dq of the rotated
-      q, unscaled), added with fp32 atomics to the third plane (rows: query index), which
-      :func:`core_periphery_bwd_dq_kernel` with ``ACC_INIT`` then maps through the rope.
+    ``ACC_INIT``: add the other queries' share summed by the ``KV_ATOMIC`` dq kernel.
+    ``Q_ATOMIC``: also add the queries' ``dS K`` to the third ``acc`` plane with atomics.
     """
     i_n, i_s, i_bh, i_b, i_h = _program(n_blocks, n_splits, n_heads)
     q, k, v, do, cos, sin, lse, delta = _bwd_inputs(
@@ -401,8 +311,7 @@ def core_periphery_bwd_dkdv_kernel(
         b_lse = tl.load(lse + o_i, mask=m_i, other=0.)  # [BLOCK_M]
         b_delta = tl.load(delta + o_i, mask=m_i, other=0.)  # [BLOCK_M]
         b_st = tl.dot(b_k, tl.trans(b_q), input_precision=INPUT_PRECISION) * qk_scale
-        # P^T = 0 for padded keys and for queries past the range (other rows of the op, which
-        # may not attend these keys at all)
+        # P^T = 0 for padded keys and queries past the range
         b_pt = tl.where(m_j[:, None] & m_i[None, :], tl.exp2(b_st - b_lse[None, :]), 0.)
         b_dv += tl.dot(b_pt.to(b_do.dtype), b_do, input_precision=INPUT_PRECISION)
         b_dpt = tl.dot(b_v, tl.trans(b_do), input_precision=INPUT_PRECISION)  # [BLOCK_N, BLOCK_M]
@@ -413,8 +322,7 @@ def core_periphery_bwd_dkdv_kernel(
             tl.atomic_add(acc + 2 * stride_ap + o_i[:, None] * stride_an + o_d[None, :], b_dq,
                           mask=m_i[:, None] & m_d[None, :], sem='relaxed')
     if ACC_INIT:
-        # added after the loop: loaded before it as the accumulators' start, fp32 at D = 128
-        # kept them in the load's layout through the loop and spilled (255 registers)
+        # added after the loop (as the start value it spilled at fp32, D = 128)
         m_a = m_jd & (o_t < n_q)[:, None]
         p_a = acc + o_t[:, None] * stride_an + o_d[None, :]
         b_dk += tl.load(p_a, mask=m_a, other=0.)
