@@ -72,9 +72,7 @@ def test_imagenet_config_learns(tmp_path, shared_data, config):
     work0 = str(tmp_path / 'work_lr0')
     run_tool(['tools/train.py', learning_config(tmp_path / 'cfg0.py', config, body, lr0=True),
               '--work-dir', work0])
-    losses, losses0 = train_losses(work), train_losses(work0)
-    assert losses[0] == pytest.approx(losses0[0], rel=0.02)  # same weights, same first batch
-    assert_loss_falls(losses, window=1, drop=0.02)  # one batch: the same 8 images
+    assert_loss_falls(train_losses(work), train_losses(work0), drop=0.01)  # measured: 4%
     top5_lr0 = load_log(work0).series('accuracy/top5', 'val')[1][-1]
     assert_beats_baseline('accuracy/top5', metrics['accuracy/top5'], top5_lr0)
 
