@@ -1,6 +1,13 @@
 """Attention ops. Each op has Triton kernels, a fast PyTorch form (the ``'torch'`` backend, the
 CPU default) and a plain reference (``'reference'``, the test oracle); the public function picks
-a backend (:mod:`._backend`) and reports to :func:`dispatch_hook`."""
+a backend (:mod:`._backend`) and reports to :func:`dispatch_hook`.
+
+NaN contract (every op, every backend): a NaN in an input element makes exactly the outputs
+that depend on it NaN and leaves the others unchanged; an inf follows IEEE arithmetic through
+the op's formula; float arguments (``scale``, ``lam``, ``eps``) must be finite. One exception:
+in fp32 on the torch backend an attention row whose every logit is -inf comes out 0, not NaN
+(torch's fused attention). See docs/advanced/ops.md.
+"""
 from ._backend import dispatch_hook
 from ._common import compute_dtype
 from .core_periphery import core_periphery_attention, core_periphery_attention_naive

@@ -84,20 +84,10 @@ def core_periphery_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
                              backend: Optional[str] = None) -> torch.Tensor:
     """VECA's core-periphery attention (block-sparse softmax attention).
 
-    The first ``C = num_cores`` tokens are cores: each core query attends over all ``C + N``
-    keys. Every other token is a patch: its query attends over the C core keys only. Optional
-    2D RoPE (VECA's ``Rotary2D.apply``: ``x * cos + rotate_pairs(x) * sin`` with interleaved
-    channel pairs) is applied to q and k, not v. Gradients flow to q, k, v, cos and sin.
-
-    Non-finite inputs (the NaN contract of every op, the same on every backend): a
-    NaN in an input element makes exactly the outputs that depend on it NaN and leaves every
-    other output unchanged; an inf follows IEEE arithmetic through the formula above, so a
-    dependent output is non-finite or the formula's limit (a -inf logit gives its key zero
-    weight, a +inf one makes its row NaN). A query reaches its own row; a core key or value
-    every row (a patch one the core rows); a rope entry the rows its rotated q and k reach. One
-    exception, fp32 on the torch backend: a row whose every logit is -inf (only infinite q or k
-    entries make one) comes out 0 rather than NaN, as torch's fused attention gives it (see
-    :func:`mmeffattn.ops._common.window_attention`, which uses it from 16 keys up).
+    The first ``C = num_cores`` tokens are cores: a core query attends all ``C + N`` keys, a
+    patch query only the C core keys. Optional 2D RoPE (``x * cos + rotate_pairs(x) * sin``,
+    interleaved pairs) rotates q and k. Non-finite inputs: the NaN contract of
+    :mod:`mmeffattn.ops` (with its fp32 torch-backend exception).
 
     Args:
         q, k, v: ``[B, heads, C + N, D]``, one dtype and device, any strides.
@@ -105,18 +95,15 @@ def core_periphery_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
         rope: None or ``(cos, sin)``, each ``[B or 1, C + N, D]`` (D even), any float dtype:
             cast to q's dtype before use.
         scale: logit scale, ``D ** -0.5`` by default.
-        backend: ``None`` (automatic), ``'triton'``, ``'torch'`` or ``'reference'``; see
-            :mod:`mmeffattn.ops._backend` (``$MMEFFATTN_OPS_BACKEND`` applies when None).
+        backend: None (automatic), ``'triton'``, ``'torch'`` or ``'reference'``
+            (:mod:`mmeffattn.ops._backend`).
 
     Returns:
-        ``[B, heads, C + N, D]`` in q's dtype (contiguous from the Triton backend). Neither
-        backend follows autocast: under ``torch.autocast`` the op computes and returns q's
-        dtype as without it (cast fp32 inputs to the autocast dtype first to run it in half
-        precision).
+        ``[B, heads, C + N, D]`` in q's dtype; autocast is not followed (cast inputs first).
 
     Raises:
         ValueError: malformed inputs (the message says what to change).
-        RuntimeError: ``backend='triton'`` on inputs the kernels cannot run (lists the reasons).
+        RuntimeError: ``backend='triton'`` on inputs the kernels cannot run (lists why).
     """
     rope = _check_inputs(q, k, v, num_cores, rope, scale)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)

@@ -1,14 +1,8 @@
-"""Launchers of the Triton dynamic depthwise-convolution kernels (their autograd is registered
-with the custom operators in ``library.py``).
+"""Launchers of the Triton dynamic depthwise-convolution kernels (autograd: ``library.py``).
 
-Importing this module needs Triton (``op.py`` guards it). The kernels run compiled on CUDA
-tensors and interpreted on CPU tensors when Triton's interpreter is on.
-
-Forward: one launch of ``dynamic_dwconv_fwd_kernel`` (kernel normalization, static-kernel add,
-convolution, bias and cast fused). Backward: ``dynamic_dwconv_bwd_kernel`` gives ``dx`` and
-partial sums of the kernel and bias gradients, one per group of pixel tiles (deterministic, no atomics);
-``dynamic_dwconv_bwd_reduce_kernel`` reduces them per sample and back-propagates the
-normalization; the static kernel's and the bias's gradients are sums over the samples (torch).
+Forward: one fused launch. Backward: dx plus per-group partial sums of the kernel and bias
+gradients (deterministic, no atomics), then a per-sample reduction that also back-propagates
+the normalization; static kernel and bias gradients are sums over the samples.
 """
 from typing import Dict, Optional, Tuple
 
@@ -43,15 +37,8 @@ def dynamic_dwconv_kernel_configs(channels: int, kernel_size: int, normalize: bo
                                   has_weight: bool, has_bias: bool,
                                   needs_dx: bool = True, needs_dk: bool = True
                                   ) -> Dict[str, KernelConfig]:
-    """The configurations the launchers use, by role: ``'fwd'``, ``'bwd'``, ``'bwd_reduce'``
-    (the last only when a kernel, weight or bias gradient is needed).
-
-    Chosen from ahead-of-time compiles for sm_80 and sm_90 (tests/ops/test_dynamic_dwconv.py):
-    ``32 x 64`` tiles on 8 warps stay near 56 (forward) and 80 (backward) registers for every
-    K up to ``op.MAX_KERNEL_SIZE`` = 9, dtype and layout; ``32 x 128`` forward tiles reached
-    ~110 and spilled a few bytes in one case. The tiles do not depend on the dtype (the
-    arithmetic is fp32).
-    """
+    """The launchers' configurations by role: ``'fwd'``, ``'bwd'``, ``'bwd_reduce'`` (only
+    when a kernel, weight or bias gradient is needed); spill-free on sm_80 and sm_90."""
     bc = min(FWD_TILE[0], _next_pow2(channels))
     bkk = _next_pow2(kernel_size ** 2 + 1)
     common = dict(K=kernel_size, NORMALIZE=normalize, HAS_WEIGHT=has_weight)
@@ -82,14 +69,7 @@ def _flat_kernel(kernel: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------
 def dynamic_dwconv_fwd(x: torch.Tensor, kernel: torch.Tensor, bias: Optional[torch.Tensor],
                        weight: Optional[torch.Tensor], normalize: bool) -> torch.Tensor:
-    """Forward launcher.
-
-    Args:
-        x: ``[B, C, H, W]``, any strides; kernel ``[B, C, K, K]``; bias ``[C]`` or None;
-            weight ``[C, K*K]``-reshapable or None.
-    Returns:
-        ``[B, C, H, W]`` in x's dtype, with x's memory layout (``torch.empty_like``).
-    """
+    """Forward: ``[B, C, H, W]`` in x's dtype and memory layout."""
     B, C, H, W = x.shape
     K = kernel.shape[-1]
     cfg = dynamic_dwconv_kernel_configs(C, K, normalize, weight is not None,

@@ -1,22 +1,10 @@
-"""Triton kernels of the per-sample dynamic depthwise convolution.
+"""Triton kernels of the per-sample dynamic depthwise convolution (launchers: ``function.py``).
 
-Only ``@triton.jit`` functions live here; the launchers are in ``function.py``.
-Conventions shared by every kernel:
-
-* ``x``, ``dy`` and the outputs ``out``, ``dx`` are ``[B, C, H, W]`` with arbitrary strides
-  (NCHW, or the channels-last view a token tensor ``[B, H*W, C]`` gives; Triton specialises the
-  unit stride, so either layout loads coalesced).
-* ``kernel`` is ``[B, C, K*K]`` (taps contiguous, row-major), ``weight`` ``[C, K*K]``
-  contiguous, ``bias`` ``[C]``. The effective tap of channel ``c`` is ``kernel[b, c, t] * inv +
-  weight[c, t]`` with ``inv = 1 / (||kernel[b, c, :]|| + 1)`` when NORMALIZE (else 1); each
-  program recomputes it for its channels (K*K values, cheaper than a launch).
-* Stride 1, zero padding ``P = K // 2``: ``out[h, w] = sum_t x[h + ky - P, w + kx - P] tap_t``
-  with ``t = ky * K + kx``; the taps are a loop (``loop_unroll_factor=1``: unrolled, every
-  tap's tile was loaded up front and ptxas spilled).
-* The forward runs one program per (block of ``BP`` pixels, block of ``BC`` channels,
-  sample) on a 3-D grid, the backward one per (group of consecutive pixel blocks, ...);
-  pixels are the flattened ``H*W`` grid in row-major order. Out-of-grid neighbours load as zero.
-* Arithmetic is fp32 whatever the storage dtypes.
+``x``, ``dy``, ``out``, ``dx`` are ``[B, C, H, W]`` with any strides (NCHW or a token tensor's
+channels-last view); ``kernel`` ``[B, C, K*K]``, ``weight`` ``[C, K*K]``, ``bias`` ``[C]``. Each
+program recomputes its channels' effective taps ``kernel * inv + weight`` (``inv = 1 /
+(||kernel|| + 1)`` when NORMALIZE). Stride 1, zero padding ``K // 2``; the tap loop is not
+unrolled (unrolled, ptxas spilled). Pixels are the flattened ``H*W`` grid; arithmetic is fp32.
 """
 import triton
 import triton.language as tl

@@ -80,17 +80,8 @@ def dynamic_dwconv(x: torch.Tensor, kernel: torch.Tensor, bias: Optional[torch.T
         kernel[b, c] / (||kernel[b, c]||_F + 1)   if normalize, else kernel[b, c]
           + weight[c]                             if weight is given
 
-    (WeightFormer's ``DynamicDWConv``: ``normalize=True`` with its static kernel). The Triton
-    backend fuses the normalization, the static add, the convolution, the bias and the cast in
-    one kernel; its backward gives every gradient (x, kernel, bias, weight) in two kernels.
-
-    Non-finite inputs (the NaN contract of every op, the same on every backend): a
-    NaN in an input element makes exactly the outputs that depend on it NaN and leaves every
-    other output unchanged; an inf follows IEEE arithmetic through the formula above, so a
-    dependent output is non-finite or the formula's limit. A pixel reaches the outputs whose ``K x K``
-    window covers it; a kernel or weight tap the pixels where it lands inside the map (a tap
-    that only meets the zero padding adds nothing, NaN or not; with ``normalize`` a kernel tap
-    reaches its whole channel through the norm); a bias entry its channel.
+    (WeightFormer's ``DynamicDWConv``: ``normalize=True`` with its static kernel). Non-finite
+    inputs: the NaN contract of :mod:`mmeffattn.ops` (a tap that meets only padding adds nothing).
 
     Args:
         x: ``[B, C, H, W]``, any strides (NCHW, channels-last, or a token tensor's
@@ -99,17 +90,15 @@ def dynamic_dwconv(x: torch.Tensor, kernel: torch.Tensor, bias: Optional[torch.T
         bias: optional ``[C]``, shared by the samples.
         weight: optional static kernel ``[C, 1, K, K]`` or ``[C, K, K]``.
         normalize: divide each ``K x K`` kernel by its Frobenius norm plus one first.
-        backend: ``None`` (automatic), ``'triton'``, ``'torch'`` or ``'reference'``; see
-            :mod:`mmeffattn.ops._backend` (``$MMEFFATTN_OPS_BACKEND`` applies when None).
+        backend: None (automatic), ``'triton'``, ``'torch'`` or ``'reference'``
+            (:mod:`mmeffattn.ops._backend`).
 
     Returns:
-        ``[B, C, H, W]`` in x's dtype. The Triton backend computes in fp32 whatever the input
-        dtypes (it does not follow autocast) and keeps x's memory layout (a token view in gives
-        tokens out without a copy).
+        ``[B, C, H, W]`` in x's dtype and memory layout (Triton: fp32 math, no autocast).
 
     Raises:
         ValueError: malformed inputs (the message says what to change).
-        RuntimeError: ``backend='triton'`` on inputs the kernels cannot run (lists the reasons).
+        RuntimeError: ``backend='triton'`` on inputs the kernels cannot run (lists why).
     """
     _check_inputs(x, kernel, bias, weight, normalize)
     tensors = [t for t in (x, kernel, bias, weight) if t is not None]

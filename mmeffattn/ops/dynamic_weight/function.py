@@ -1,14 +1,8 @@
-"""Launchers of the Triton dynamic-weight kernels (their autograd is registered with the
-custom operators in ``library.py``).
+"""Launchers of the Triton dynamic-weight kernels (autograd: ``library.py``).
 
-Importing this module needs Triton (``op.py`` guards it). The kernels run compiled on CUDA
-tensors and interpreted on CPU tensors when Triton's interpreter is on.
-
-Forward: one launch of ``dynamic_weight_fwd_kernel`` (reduction over tokens, scale, row norm,
-division, static-weight add and cast, all fused). Backward: ``dynamic_weight_bwd_dp_kernel``
-recomputes ``R`` and gives ``dp = dL/d(v^T u)``; two launches of ``dynamic_weight_bmm_kernel``
-give ``du = v dp`` and ``dv = u dp^T``; the static weight's gradient is ``sum_b g`` (a torch
-reduction).
+Forward: one fused launch. Backward: ``dp = dL/d(v^T u)`` (recomputing ``R``), then
+``du = v dp`` and ``dv = u dp^T`` with one batched-product kernel; the static weight's
+gradient is ``sum_b g``.
 """
 from typing import Dict, Optional, Tuple
 
@@ -32,23 +26,9 @@ def dynamic_weight_kernel_configs(c_in: int, c_out: int, dtype: torch.dtype,
                                   has_weight: bool = True,
                                   input_precision: str = DEFAULT_INPUT_PRECISION,
                                   max_block_i: Optional[int] = None) -> Dict[str, KernelConfig]:
-    """The configurations the launchers use, by role: ``'fwd'``, ``'bwd_dp'``, ``'bwd_du'``,
-    ``'bwd_dv'`` (the last two are the same product kernel).
-
-    Chosen from ahead-of-time compiles for sm_80 and sm_90 (tests/ops/test_dynamic_weight.py)
-    so that no config spills: in one piece (``C_in <= max_block_i``) the row tile ``BO x BI``
-    holds at most 8192 fp32 accumulators (4096 in the backward, which also holds the output
-    gradient), 8 warps from 4096 up, and the token loop is software-pipelined (2 stages); a
-    sweep uses ``32 x 128`` (forward) and ``16 x 128`` (backward) tiles, 8 warps, 1 stage.
-
-    Args:
-        c_in, c_out: ``C_in`` and ``C_out``.
-        dtype: dtype of ``u`` and ``v``.
-        has_weight: the forward adds a static weight.
-        input_precision: ``tl.dot`` precision for fp32 inputs.
-        max_block_i: widest column tile in one piece (default :data:`MAX_BLOCK_I`); wider
-            inputs are swept in tiles of ``min(SWEEP_BLOCK_I, max_block_i)`` columns.
-    """
+    """The launchers' configurations by role: ``'fwd'``, ``'bwd_dp'``, ``'bwd_du'``,
+    ``'bwd_dv'``; spill-free on sm_80 and sm_90. ``max_block_i``: widest column tile in one
+    piece (default :data:`MAX_BLOCK_I`); wider inputs are swept."""
     max_block_i = MAX_BLOCK_I if max_block_i is None else max_block_i
     bi = max(16, _next_pow2(c_in))
     sweep = bi > max_block_i
@@ -86,15 +66,8 @@ def dynamic_weight_kernel_configs(c_in: int, c_out: int, dtype: torch.dtype,
 def dynamic_weight_fwd(u: torch.Tensor, v: torch.Tensor, s: float,
                        weight: Optional[torch.Tensor] = None,
                        input_precision: str = DEFAULT_INPUT_PRECISION) -> torch.Tensor:
-    """Forward launcher.
-
-    Args:
-        u: ``[B, M, C_in]``, v: ``[B, M, C_out]``, unit stride on channels, one dtype.
-        s: ``scale / n_tokens``.
-        weight: optional ``[C_out, C_in]``, unit stride on C_in.
-    Returns:
-        ``[B, C_out, C_in]`` contiguous, dtype ``promote_types(u.dtype, weight.dtype)``.
-    """
+    """Forward: ``[B, C_out, C_in]`` contiguous in u's dtype promoted with weight's;
+    ``s = scale / n_tokens``."""
     B, M, C_in = u.shape
     C_out = v.shape[2]
     dtype = u.dtype if weight is None else torch.promote_types(u.dtype, weight.dtype)
@@ -114,11 +87,7 @@ def dynamic_weight_bwd(g: torch.Tensor, u: torch.Tensor, v: torch.Tensor, s: flo
                        needs_uv: Tuple[bool, bool] = (True, True),
                        input_precision: str = DEFAULT_INPUT_PRECISION
                        ) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
-    """Backward launcher: ``(du, dv)`` (None where not needed), contiguous, u's dtype.
-
-    Args:
-        g: gradient of the output ``[B, C_out, C_in]``.
-    """
+    """Backward: ``(du, dv)`` (None where not needed), contiguous, u's dtype."""
     B, M, C_in = u.shape
     C_out = v.shape[2]
     cfgs = dynamic_weight_kernel_configs(C_in, C_out, u.dtype, True, input_precision)

@@ -1,21 +1,10 @@
-"""Triton kernels of WeightFormer's bilateral dynamic weight.
+"""Triton kernels of WeightFormer's bilateral dynamic weight (launchers: ``function.py``).
 
-Only ``@triton.jit`` functions live here; the launchers are in ``function.py``.
-Conventions shared by every kernel:
-
-* ``u [B, M, C_in]`` and ``v [B, M, C_out]`` have arbitrary batch/token strides and unit stride
-  on channels; ``out``, ``g`` (its gradient) and ``dp`` are ``[B, C_out, C_in]`` with unit stride
-  on ``C_in`` (``nn.Linear``'s layout of one weight per sample).
-* ``R = s * v^T u`` (``s = scale / n_tokens``) is the raw predicted weight; the op returns
-  ``R_j / (||R_j|| + 1) (+ W_j)`` for each output row ``j`` (norm over the ``C_in`` inputs).
-* One program per (block of ``BO`` output rows, sample), on a 2-D grid. The row norm needs the
-  whole row, so a program covers all of ``C_in``: in one ``BO x BI`` tile held in registers when
-  ``NUM_I_TILES == 1`` (``BI >= C_in``, the usual case), else in ``NUM_I_TILES`` tiles that are
-  computed twice (a first sweep for the row statistics, a second one that stores) -- FLOPs are
-  traded for no workspace and no read-after-write of global memory inside a program.
-* The reduction over the ``M`` tokens is the inner loop, ``BM`` tokens per ``tl.dot``; masked
-  (padded) tokens, rows and columns load as zero and add nothing to sums or norms.
-* Accumulation is fp32; ``tl.dot`` inputs are the storage dtype (fp32 with ``INPUT_PRECISION``).
+``u [B, M, C_in]``, ``v [B, M, C_out]`` (unit stride on channels); ``out``, ``g``, ``dp`` are
+``[B, C_out, C_in]``. ``R = s v^T u`` (``s = scale / n_tokens``); the op returns
+``R_j / (||R_j|| + 1) (+ W_j)`` per output row. One program per (block of output rows,
+sample) covers all of ``C_in`` (the norm needs the row): one register tile, or a sweep that
+computes the tiles twice instead of using a workspace. Accumulation is fp32.
 """
 import triton
 import triton.language as tl

@@ -72,18 +72,9 @@ def dynamic_weight(u: torch.Tensor, v: torch.Tensor, n_tokens: float,
 
         out[b, j, :] = R[b, j, :] / (||R[b, j, :]|| + 1)  (+ weight[j, :])
 
-    i.e. each output channel's row (the official code's column of its ``[C_in, C_out]`` weight)
-    is divided by its norm over the inputs plus one. The result is in ``nn.Linear``'s layout, so
-    a layer computes ``x @ out.transpose(1, 2) + bias``. The Triton backend fuses the reduction,
-    scale, norm, division, weight add and cast in one kernel (its backward recomputes ``R``).
-
-    Non-finite inputs (the NaN contract of every op, the same on every backend): a
-    NaN in an input element makes exactly the outputs that depend on it NaN and leaves every
-    other output unchanged; an inf follows IEEE arithmetic through the formula above, so a
-    dependent output is non-finite or the formula's limit (an inf in ``R``'s row makes its norm inf and
-    the row's finite entries ``0``). Through the row norm, an entry of u or v reaches every
-    output row of its sample it feeds; a weight entry only its own output.
-    ``scale`` and ``n_tokens`` must be finite (a NaN there would silently poison every output).
+    in ``nn.Linear``'s layout (a layer computes ``x @ out.transpose(1, 2) + bias``).
+    Non-finite inputs: the NaN contract of :mod:`mmeffattn.ops`; ``scale`` and ``n_tokens``
+    must be finite.
 
     Args:
         u: ``[B, M, C_in]`` input-side factor (WeightFormer: ``SiLU(A_in) @ in_basis``).
@@ -93,19 +84,16 @@ def dynamic_weight(u: torch.Tensor, v: torch.Tensor, n_tokens: float,
         scale: multiplier, ``C_in ** -0.5`` by default.
         weight: optional static weight ``[C_out, C_in]``, any float dtype; the result then has
             the promoted dtype of u and weight (as ``dw + weight`` in PyTorch).
-        backend: ``None`` (automatic), ``'triton'``, ``'torch'`` or ``'reference'``; see
-            :mod:`mmeffattn.ops._backend` (``$MMEFFATTN_OPS_BACKEND`` applies when None).
+        backend: None (automatic), ``'triton'``, ``'torch'`` or ``'reference'``
+            (:mod:`mmeffattn.ops._backend`).
 
     Returns:
-        ``[B, C_out, C_in]`` in u's dtype, or the promoted dtype with a weight (contiguous from
-        the Triton backend). Under autocast the PyTorch backends follow it, as WeightFormer's
-        ``DynamicLinear`` did: ``v^T u`` runs in the autocast dtype, and without a weight the
-        result comes back in it; the Triton backend does not follow autocast (the dtypes and
-        arithmetic are those without it).
+        ``[B, C_out, C_in]`` in u's dtype (promoted with a weight). The PyTorch backends
+        follow autocast (as WeightFormer's ``DynamicLinear``); Triton does not.
 
     Raises:
         ValueError: malformed inputs (the message says what to change).
-        RuntimeError: ``backend='triton'`` on inputs the kernels cannot run (lists the reasons).
+        RuntimeError: ``backend='triton'`` on inputs the kernels cannot run (lists why).
     """
     _check_inputs(u, v, n_tokens, scale, weight)
     scale = u.shape[-1] ** -0.5 if scale is None else float(scale)

@@ -1,13 +1,7 @@
-"""Launchers of the Triton Laplacian-kernel kernels (their autograd is registered with the
-custom operators in ``library.py``).
+"""Launchers of the Triton Laplacian-kernel kernels (autograd: ``library.py``).
 
-Importing this module needs Triton (``op.py`` guards it). The kernels run compiled on CUDA
-tensors and interpreted on CPU tensors when Triton's interpreter is on.
-
-Forward: one launch of ``laplacian_fwd_kernel``; the output is saved for the backward (it is the
-``out_ij`` factor of the gradient, so nothing is recomputed). Backward: one launch of
-``laplacian_bwd_kernel`` reads ``g`` and ``out`` once, writes dx and split partial sums of dy
-(one per split of the x rows, summed by torch; a single one is used as it is).
+Forward: one launch; its output is saved (it is the gradient's ``out_ij`` factor). Backward:
+one launch writes dx and per-split partial sums of dy, summed by torch.
 """
 import math
 from typing import Dict, Optional, Tuple
@@ -28,18 +22,8 @@ BWD_TARGET_PROGRAMS = 264
 
 
 def laplacian_kernel_configs(D: int, M: int = 64) -> Dict[str, KernelConfig]:
-    """The configurations the launchers use, by role: ``'fwd'`` and ``'bwd'``.
-
-    Forward: a ``64 x 64`` (``BM`` down to 16 for few y rows) fp32 output tile on 8 warps, a
-    16-value micro-tile per thread, accumulated one D column at a time (no reduction across
-    lanes; 4 warps held 32 values per thread and ptxas used 156 registers). Backward: ``BR =
-    32`` x rows by ``BD`` (D padded to 16..64; wider D is a grid axis) on 4 warps, and
-    ``BM x BD`` tiles of y with ``BM`` the y rows padded (16 to 64). Compiled without spills for
-    sm_80 and sm_90 (tests/ops/test_aot.py).
-
-    Args:
-        D: the head dim. M: the y rows (the forward's and backward's column tile).
-    """
+    """The launchers' configurations, ``'fwd'`` and ``'bwd'``, for head dim D and M y rows;
+    spill-free on sm_80 and sm_90 (docs/design/ops_kernels.md)."""
     bm = min(BWD_MAX_COLS, max(16, _next_pow2(M)))
     fwd = KernelConfig(kernels.laplacian_fwd_kernel, dict(BN=64, BM=bm), num_warps=8,
                        num_stages=1)
@@ -59,14 +43,7 @@ def bwd_row_split(N: int, other_programs: int) -> int:
 
 
 def laplacian_fwd(x: torch.Tensor, y: torch.Tensor, lam: float) -> torch.Tensor:
-    """Forward launcher.
-
-    Args:
-        x: ``[B, heads, N, D]``, y: ``[B, heads, M, D]``, unit stride on D, one dtype.
-        lam: kernel width.
-    Returns:
-        ``[B, heads, N, M]`` contiguous, x's dtype.
-    """
+    """Forward: ``[B, heads, N, M]`` contiguous in x's dtype."""
     B, heads, N, D = x.shape
     M = y.shape[2]
     cfg = laplacian_kernel_configs(D, M)['fwd']
@@ -82,12 +59,8 @@ def laplacian_fwd(x: torch.Tensor, y: torch.Tensor, lam: float) -> torch.Tensor:
 def laplacian_bwd(g: torch.Tensor, x: torch.Tensor, y: torch.Tensor, out: torch.Tensor,
                   lam: float, needs_xy: Tuple[bool, bool] = (True, True)
                   ) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
-    """Backward launcher: ``(dx, dy)`` (None where not needed), contiguous, x's dtype.
-
-    Args:
-        g: gradient of the output ``[B, heads, N, M]`` (any strides).
-        out: the forward's output.
-    """
+    """Backward: ``(dx, dy)`` (None where not needed), contiguous, x's dtype; ``out`` is the
+    forward's output."""
     B, heads, N, D = x.shape
     M = y.shape[2]
     base = laplacian_kernel_configs(D, M)['bwd']

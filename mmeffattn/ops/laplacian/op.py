@@ -51,31 +51,22 @@ def laplacian_kernel(x: torch.Tensor, y: torch.Tensor, lam: float, *,
 
         out[b, h, i, j] = exp(-sum_d |x[b, h, i, d] - y[b, h, j, d]| / lam)
 
-    Differentiable w.r.t. ``x`` and ``y`` (through ``sign(x - y)``, zero on ties). The Triton
-    backend never materialises ``[N, M, D]``: it accumulates the L1 distance of an output tile
-    over chunks of D in fp32 and applies the exponential once; its backward reuses the output.
-
-    Non-finite inputs (the NaN contract of every op, the same on every backend): a
-    NaN in an input element makes exactly the outputs that depend on it NaN and leaves every
-    other output unchanged; an inf follows IEEE arithmetic through the formula above, so a
-    dependent output is non-finite or the formula's limit (an infinitely distant pair gives
-    ``exp(-inf) = 0``). A row of x reaches its output row, a row of y its output column.
-    ``lam`` must be positive and finite.
+    Differentiable w.r.t. ``x`` and ``y`` (through ``sign(x - y)``, zero on ties). Non-finite
+    inputs: the NaN contract of :mod:`mmeffattn.ops`; ``lam`` must be positive and finite.
 
     Args:
         x: ``[B, heads, N, D]``.
         y: ``[B, heads, M, D]``, x's dtype and device; any strides.
         lam: kernel width, a positive float.
-        backend: ``None`` (automatic), ``'triton'``, ``'torch'`` or ``'reference'``; see
-            :mod:`mmeffattn.ops._backend` (``$MMEFFATTN_OPS_BACKEND`` applies when None).
+        backend: None (automatic), ``'triton'``, ``'torch'`` or ``'reference'``
+            (:mod:`mmeffattn.ops._backend`).
 
     Returns:
-        ``[B, heads, N, M]`` in the inputs' dtype, computed in fp32 for fp16/bf16 inputs
-        (contiguous from the Triton backend).
+        ``[B, heads, N, M]`` in the inputs' dtype (computed in fp32).
 
     Raises:
         ValueError: malformed inputs (the message says what to change).
-        RuntimeError: ``backend='triton'`` on inputs the kernels cannot run (lists the reasons).
+        RuntimeError: ``backend='triton'`` on inputs the kernels cannot run (lists why).
     """
     _check_inputs(x, y, lam)
     lam = float(lam)

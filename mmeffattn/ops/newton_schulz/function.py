@@ -1,21 +1,9 @@
-"""Launchers and the large-matrix PyTorch path of the Newton-Schulz inverse (their autograd is
-registered with the custom operators in ``library.py``).
+"""Launchers and the large-matrix PyTorch path of the Newton-Schulz inverse (autograd:
+``library.py``).
 
-Importing this module needs Triton (``op.py`` guards it). The kernels run compiled on CUDA
-tensors and interpreted on CPU tensors when Triton's interpreter is on.
-
-Matrices up to :data:`MAX_ONCHIP_M` run in the kernels, in fp32 with ``tl.dot`` at
-'tf32x3' (tensor cores at about fp32 accuracy): small ones (padded size up to
-:data:`MAX_REGISTER_MP`) one program per matrix, entirely in registers, one launch forward
-and one backward (``newton_schulz_fwd_kernel``, ``newton_schulz_bwd_kernel``); larger ones
-spread over ``MP / BR`` programs per matrix (row blocks) with one launch per step, the iterates
-in global memory (L2-resident): forward ``1 + iters`` launches (``newton_schulz_init_kernel``,
-then ``newton_schulz_step_kernel`` per step), backward ``2 iters + 1``
-(``newton_schulz_bwd_q_kernel`` and ``newton_schulz_bwd_step_kernel`` per step, then
-``newton_schulz_bwd_alpha_kernel``). Beyond ``MAX_ONCHIP_M`` the same iteration and the same
-hand-written backward run with batched matmuls in PyTorch (fp32 for 16-bit inputs).
-
-Memory (what each path stores for the backward): docs/design/ops_backends.md.
+Up to :data:`MAX_ONCHIP_M` the kernels run in fp32: small matrices one program each, in
+registers; larger ones over row blocks, one launch per step. Beyond, the same iteration and
+hand-written backward run as batched matmuls. Plan and memory: docs/design/ops_kernels.md.
 """
 from typing import Dict, Optional, Tuple
 
@@ -27,31 +15,18 @@ from .._launch import (KernelConfig, Launch, device_guard as _device_guard,  # n
 from . import kernels
 from .naive import ALPHA_NUM, compute_dtype, initial_iterate, regularized
 
-#: default ``tl.dot`` input precision: 'tf32x3', three TF32 tensor-core products per fp32
-#: product (high x high + high x low + low x high) for about fp32 accuracy; plain TF32 (~1e-3
-#: relative) would bound how close the iteration can get to the inverse. 'ieee' (exact fp32,
-#: CUDA cores) remains available through ``newton_schulz_kernel_configs``.
+#: three TF32 products per fp32 product: about fp32 accuracy (plain TF32 would bound how
+#: close the iteration gets to the inverse)
 DEFAULT_INPUT_PRECISION = 'tf32x3'
-#: largest M run by the kernels; larger matrices take the batched-matmul path
-MAX_ONCHIP_M = 128
-#: largest padded size MP whose forward / backward keeps whole matrices in registers, one
-#: program per matrix; larger ones use the multi-program kernels (MP / BR programs per
-#: matrix). Whole-matrix kernels spilled beyond these sizes in ahead-of-time compiles for
-#: sm_80 / sm_90 (MP = 128 forward; MP = 64 backward, which holds P, G, dP and V_k), and at
-#: MP = 64 one program per matrix leaves most SMs idle at LaplacianFormer's B * heads.
+MAX_ONCHIP_M = 128  # larger matrices take the batched-matmul path
+#: largest padded size MP kept whole in registers (one program per matrix)
 MAX_REGISTER_MP = {'fwd': 32, 'bwd': 32}
-#: warps of the whole-matrix kernels by MP, and of the multi-program ones
 REGISTER_WARPS = {'fwd': {16: 4, 32: 4}, 'bwd': {16: 2, 32: 8}}
 TILED_WARPS = {"fwd": 4, "bwd": 4}
-#: the kernels' only storage dtype: the launchers convert matrices and gradients to fp32
-#: ``[B*heads, MP, MP]`` zero-padded buffers and the results back (an M x M copy next to the
-#: iteration's ~4 iters MP^3 flops); with a row stride M not a multiple of 16, ptxas spilled
-#: (MP = 64 forward at M = 33 or 40: a 5.9 KB stack on sm_80)
+#: the kernels' only dtype: launchers copy into zero-padded fp32 ``[B*heads, MP, MP]`` buffers
 KERNEL_DTYPE = torch.float32
-#: rows per program (BR) of the multi-program kernels, and the width of the chunks (BK) their
-#: products are accumulated over; MP / BR programs per matrix (4 at MP = 64, 8 at MP = 128)
-ROW_BLOCK = 16
-CHUNK = 32
+ROW_BLOCK = 16  # BR: rows per program of the multi-program kernels
+CHUNK = 32  # BK: width of the chunks their products accumulate over
 
 
 def padded_size(M: int) -> int:
@@ -141,15 +116,8 @@ def _unpadded(x: torch.Tensor, shape: torch.Size, dtype: torch.dtype) -> torch.T
 def newton_schulz_fwd(a: torch.Tensor, iters: int, eps: float, store_iterates: bool,
                       input_precision: str = DEFAULT_INPUT_PRECISION
                       ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """Forward launcher: ``(out, ws)``.
-
-    Args:
-        a: ``[B, heads, M, M]``, any strides, ``M <= MAX_ONCHIP_M``.
-    Returns:
-        out ``[B, heads, M, M]`` contiguous in a's dtype (a tensor of its own, not a view of
-        the padded buffer); ws fp32 ``[B*heads, iters, MP, MP]`` with ``V_k`` in slot ``k``
-        (None unless ``store_iterates``).
-    """
+    """Forward: ``(out, ws)``; out contiguous in a's dtype, ws fp32 ``[B*heads, iters, MP,
+    MP]`` with ``V_k`` in slot k (None unless ``store_iterates``)."""
     B, heads, M, _ = a.shape
     BH = B * heads
     cfgs = newton_schulz_kernel_configs(M, store_iterates, input_precision)

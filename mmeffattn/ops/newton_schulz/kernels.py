@@ -1,28 +1,11 @@
 """Triton kernels of the Newton-Schulz inverse ``V <- 2 V - (V P) V``, ``P = a + eps I``.
 
-Only ``@triton.jit`` functions live here; launchers and the large-matrix PyTorch path
-are in ``function.py``. Conventions shared by the kernels:
-
-* The whole-matrix kernels (small matrices) run one program per matrix
-  (``program_id(0) = b * heads + h``), the whole iteration in one launch; the multi-program
-  kernels (larger ones) spread each matrix over row blocks, one launch per step (below).
-  Everything is fp32, ``tl.dot`` at ``INPUT_PRECISION``: 'tf32x3' (the launchers' default)
-  splits each fp32 operand into a TF32 high part and a TF32 remainder and sums three tensor-core
-  products, for about fp32 accuracy (the iteration squares its own rounding errors, so plain
-  'tf32', ~1e-3, would bound how close it gets to the inverse); 'ieee' is exact fp32 on CUDA
-  cores. The interpreter computes every precision as plain fp32.
-* Every matrix is a contiguous fp32 ``MP x MP`` buffer (``MP``: M padded to a power of two
-  >= 16, the smallest ``tl.dot`` tile), zero outside the real ``M x M`` block: the launchers
-  pad and convert (a non-constant row stride M made ptxas spill, and so did 16-bit loads),
-  so offsets are compile-time and loads/stores need no masks. ``M`` only decides where ``eps``
-  goes on the diagonal and which rows count for ``alpha``.
-* ``P`` is the identity outside its ``M x M`` block, and so is ``V_0`` (the padding's exact
-  inverse, a fixed point). ``P`` and every iterate are then block diagonal, so the padded block
-  never mixes into the real one (the result is that of the unpadded iteration); ``alpha`` takes the maximum over the real rows only, and the padded
-  block of every gradient stays zero.
-* Iterates ``V_0 .. V_{iters-1}`` (the input of each step) go to slot ``k`` of an fp32
-  workspace ``[B*heads, n_slots, MP, MP]`` when the forward is told to keep them (either
-  forward; either backward reads them); the backward walks them in reverse.
+Whole-matrix kernels (small MP) run one program per matrix, the whole iteration in one
+launch; multi-program kernels spread a matrix over row blocks, one launch per step. All fp32.
+Every matrix is a contiguous ``MP x MP`` buffer (M padded to a power of two >= 16), identity
+on the padding, so P and every iterate are block diagonal and need no masks; ``M`` only places
+``eps`` and picks the rows ``alpha`` sees. Iterates ``V_k`` go to slot k of a workspace
+``[B*heads, n_slots, MP, MP]`` for the backward. Details: docs/design/ops_kernels.md.
 """
 import triton
 import triton.language as tl
@@ -136,17 +119,9 @@ def newton_schulz_bwd_kernel(
     _store_mat_tile(da, o, o, b_dp, MP)
 
 
-# ---------------------------------------------------------------------------------------------
-# Multi-program kernels for the larger matrices (MP >= 64): each matrix is spread over MP / BR
-# programs, program ``(i_r, bh)`` owning the rows ``[i_r * BR, (i_r + 1) * BR)`` of one matrix,
-# and one launch runs one step (the launcher launches once per step: a step needs all of the
-# previous iterate, and programs of one launch cannot wait for each other). Every buffer is a
-# contiguous ``MP x MP`` fp32 matrix (``stride_*``: its batch*head stride, so a slot of the
-# iterate workspace is passed as is), identity-padded like the whole-matrix kernels (P and every
-# iterate are block diagonal, the padded block stays I), so the loops run over the whole padded
-# size with compile-time bounds and no masks. Operands are read in BK-wide chunks from L2
-# (loops, not unrolled: unrolled, MP = 128 needed over 255 registers and spilled).
-# ---------------------------------------------------------------------------------------------
+# Multi-program kernels (MP >= 64): program ``(i_r, bh)`` owns rows ``[i_r BR, (i_r + 1) BR)``
+# of one matrix, one launch per step (a step needs all of the previous iterate). ``stride_*``:
+# a buffer's batch*head stride. Operands are read in BK-wide chunks (loops: unrolled, spills).
 @triton.jit
 def _p_tile(a, o_r, o_c, M, eps, MP: tl.constexpr):
     """Tile ``P[o_r, o_c]`` of ``P = a + eps I`` (identity-padded)."""

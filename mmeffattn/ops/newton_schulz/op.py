@@ -21,9 +21,7 @@ newton_schulz_pinv_torch = newton_schulz_pinv_naive
 _NAME = 'newton_schulz_pinv'
 
 
-#: a result whose residual ``||P inv - I||_F / sqrt(M)`` is not below this has not converged
-#: (the iteration converges iff the residual drops below 1; the pseudo-inverse of a singular
-#: but non-zero symmetric P stays below it too)
+#: a residual ``||P inv - I||_F / sqrt(M)`` at or above this has not converged
 MAX_RESIDUAL = 1.0
 
 
@@ -65,12 +63,7 @@ def check_converged(a: torch.Tensor, inv: torch.Tensor, iters: int, eps: float) 
 
 
 def newton_schulz_triton_reasons(a: torch.Tensor, interpret: Optional[bool] = None) -> List[str]:
-    """Reasons the Triton backend cannot run this (validated) input; empty if it can.
-
-    Args:
-        interpret: whether Triton's interpreter is on (default: the mode recorded at import,
-            ``mmeffattn.ops._backend.TRITON_INTERPRET``).
-    """
+    """Reasons the Triton backend cannot run this (validated) input; empty if it can."""
     # the kernels convert to fp32 before every tl.dot, so bf16 is fine under the interpreter
     return triton_reasons('Newton-Schulz', _KERNELS_IMPORT_ERROR, (a,), (a,), SUPPORTED_DTYPES,
                           interpret=interpret, uses_dot=False)
@@ -88,45 +81,23 @@ def newton_schulz_pinv(a: torch.Tensor, iters: int, eps: float, *,
                                                  # the float range (|s| outside 1e-18..1e18)
         repeat iters times:  V = 2 V - (V P) V
 
-    Converges to ``P^{-1}`` when ``||I - alpha P^2|| < 1``, e.g. for ``P`` symmetric positive
-    definite with nonnegative entries (a Laplacian kernel matrix plus ``eps I``), in a number of
-    steps that grows with ``log(cond(P))``; negative entries can make it diverge (a largest row
-    sum below the largest eigenvalue). ``check`` raises on a matrix it could not invert
-    (:func:`newton_schulz_residual`).
-
-    Non-finite inputs (the NaN contract of every op, the same on every backend): a
-    NaN in an input element makes exactly the outputs that depend on it NaN and leaves every
-    other output unchanged; an inf follows IEEE arithmetic through the formula above, so a
-    dependent output is non-finite or the formula's limit. Every entry of a matrix's result depends
-    on all of its entries, so a NaN or inf in ``a`` makes that matrix's result NaN and leaves the
-    other matrices unchanged; such matrices are not reported by ``check``.
-
-    Differentiable w.r.t. ``a``, in one of two ways (``backward``): ``'unrolled'`` (default),
-    the exact derivative of the returned iterate (``alpha`` included, not detached), whether or
-    not the iteration has converged; ``'implicit'``, the derivative of the exact inverse taken at
-    the result, ``dL/da = -V^T G V^T`` (``G = dL/dV``), which is what LaplacianFormer's official
-    CUDA operator and SOFT's backward compute. The two agree once the iteration has converged;
-    before that (ill-conditioned ``a``) they differ, and only ``'unrolled'`` is the gradient of
-    the function computed. ``'implicit'`` stores nothing but the result and costs two matmuls.
-
-    The Triton backend runs ``M <= 128`` in its kernels and larger matrices as batched matmuls
-    with the same hand-written backward (``function.py``).
+    Converges to ``P^{-1}`` for symmetric positive definite ``P`` with nonnegative entries
+    (a Laplacian kernel matrix plus ``eps I``) in about ``log(cond(P))`` steps. Non-finite
+    inputs: the NaN contract of :mod:`mmeffattn.ops` (a NaN or inf makes its whole matrix NaN,
+    not reported by ``check``).
 
     Args:
         a: ``[B, heads, M, M]``; any strides.
         iters: number of iterations, ``>= 0``.
         eps: diagonal regularization, ``>= 0`` (LaplacianFormer: 0.01).
-        backward: ``'unrolled'`` or ``'implicit'`` (see above; :data:`BACKWARDS`; the names of
-            ``conjugate_gradient_solve``'s).
-        check: compute the residual of the result and raise ``ValueError`` naming the
-            matrices whose residual is NaN or ``>= 1`` (not invertible, e.g. zero, or not
-            converged). ``None`` (default): check CPU inputs only, since on a GPU the check
-            waits for the result (a host synchronisation per call), and only eagerly, on
-            tensors with values (not while torch.compile, torch.export or a trace captures the
-            call, a graph cannot branch on the residual; nor under a FakeTensorMode or on meta
-            tensors); pass ``True`` to check there too, ``False`` to skip it.
-        backend: ``None`` (automatic), ``'triton'``, ``'torch'`` or ``'reference'``; see
-            :mod:`mmeffattn.ops._backend` (``$MMEFFATTN_OPS_BACKEND`` applies when None).
+        backward: ``'unrolled'`` (exact derivative of the returned iterate) or
+            ``'implicit'`` (``-V^T G V^T``, the exact inverse's, as the official CUDA op; it
+            stores only the result). They agree once converged.
+        check: raise ``ValueError`` naming the matrices whose residual is NaN or ``>= 1``.
+            None: only for eager CPU inputs (on a GPU the check syncs the host; a captured
+            graph cannot branch on it).
+        backend: None (automatic), ``'triton'``, ``'torch'`` or ``'reference'``
+            (:mod:`mmeffattn.ops._backend`).
 
     Returns:
         ``[B, heads, M, M]`` in a's dtype, computed in fp32 for fp16/bf16 inputs.
@@ -134,7 +105,7 @@ def newton_schulz_pinv(a: torch.Tensor, iters: int, eps: float, *,
     Raises:
         ValueError: malformed inputs (the message says what to change), or ``check`` found a
             matrix it could not invert.
-        RuntimeError: ``backend='triton'`` on inputs the kernels cannot run (lists the reasons).
+        RuntimeError: ``backend='triton'`` on inputs the kernels cannot run (lists why).
     """
     iters = _check_inputs(a, iters, eps, backward)
     eps = float(eps)
