@@ -473,22 +473,12 @@ def _glue_inputs(B: int, N: int, C: int, dtype: str) -> Tuple[torch.Tensor, ...]
                                                     ('fp16', 4, False)],
                          ids=['one-block', 'several-blocks', 'one-block-nomean'])
 def test_triton_glue_call_count(dtype: str, window: int, with_mean: bool) -> None:
-    """One forward + backward with the backbone's views and the mean added inside the op (the
-    default; ``SEMAttention.forward`` before the mean was returned, and ``with_mean=False`` as
-    the backbone's ``'window'`` mixer calls it: q and k packed, the ``[B, N, 2, heads, D]``
-    view of the fused qk projection, given to ``sema_attention_qk``; v a view of the value
-    projection; the output read tokens-major by the next projection) leaves only the calls the
-    design needs around the kernels:
-
-    * forward, ``mean``: the value mean (with the mean), the one pass every window's output
-      needs before any is stored (the kernels add it);
-    * backward, ``sum``: ``sum_n dO`` (with the mean), the mean's gradient that reaches every
-      dv (the kernels divide it by N).
-
-    The kernels store dq and dk straight into the projection's packed gradient (no ``stack``),
-    dv in v's layout and the output tokens-major, so every view's backward is a view. The same
-    call with q and k unbound first and given to ``sema_attention`` (the backbone before) still
-    pays autograd's ``stack`` of dq and dk; main before issue 14 had 9 calls with the mean."""
+    """Forward + backward with the backbone's views (packed qk, v a view, tokens-major output)
+    and the mean added by the op (the default) or absent (the ``'window'`` mixer) makes only
+    the calls the design needs around the kernels. With the mean: forward ``sum`` of the
+    windows' partial value sums and ``add_`` of the mean to the output (the kernels never add
+    it); backward ``sum`` of dO, the mean's gradient (the kernels add it to dv over N). q and
+    k unbound and given to ``sema_attention`` add autograd's ``stack`` of dq and dk."""
     B, nh, D, (H, W) = 1, 2, 16, (5, 6)
     N, C = H * W, nh * D
     qk_tok, v_tok, do = _glue_inputs(B, N, C, dtype)
@@ -505,7 +495,7 @@ def test_triton_glue_call_count(dtype: str, window: int, with_mean: bool) -> Non
                                  out_layout='bnhd', backend='triton')
         out.reshape(B, N, C).backward(do)
 
-    mean_calls = ['aten::mean', 'aten::sum'] if with_mean else []
+    mean_calls = ['aten::add_', 'aten::sum', 'aten::sum'] if with_mean else []
     grads = {}
     for packed in (True, False):
         step(packed)  # first call: compilation and caches outside the profile
@@ -533,9 +523,9 @@ def test_triton_glue_call_count_mean_returned(dtype: str, window: int) -> None:
       the ``[B, heads, D]`` mean to v's dtype;
     * backward, nothing: the kernels read the mean's gradient as given.
 
-    Against the op with the mean inside (``test_triton_glue_call_count``): the ``mean`` over v
-    and the ``sum`` over dO are gone. The gradients equal that call's when the mean's gradient
-    is its output gradient's token sum."""
+    Against the op adding the mean (``test_triton_glue_call_count``): the ``add_`` to the
+    output and the ``sum`` over dO are gone. The gradients equal that call's when the mean's
+    gradient is its output gradient's token sum."""
     B, nh, D, (H, W) = 2, 2, 16, (5, 6)
     N, C = H * W, nh * D
     qk_tok, v_tok, do = _glue_inputs(B, N, C, dtype)
@@ -568,7 +558,7 @@ def test_triton_glue_call_count_mean_returned(dtype: str, window: int) -> None:
             assert calls == sorted(expected)
             assert all(math.prod(shape) < N * D for _, shape in calls)  # nothing N-sized
         else:
-            assert [name for name, _ in calls] == ['aten::mean', 'aten::sum']
+            assert [name for name, _ in calls] == ['aten::add_', 'aten::sum', 'aten::sum']
         grads[return_mean] = qk_tok.grad, v_tok.grad
         qk_tok.grad = v_tok.grad = None
     for name, a, b in zip(('dqk', 'dv'), grads[True], grads[False]):

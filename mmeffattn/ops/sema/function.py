@@ -1,9 +1,5 @@
-"""Launchers of the Triton SEMA attention kernels (their autograd is registered with the custom
-operators in ``library.py``).
-
-Importing this module needs Triton (``op.py`` guards it). The kernels run compiled on CUDA
-tensors and interpreted on CPU tensors when Triton's interpreter is on.
-"""
+"""Launchers of the Triton SEMA kernels (autograd: the custom operators in ``library.py``).
+Needs Triton; CPU tensors run under Triton's interpreter."""
 from typing import Dict, NamedTuple, Optional, Tuple
 
 import torch
@@ -21,11 +17,8 @@ DEFAULT_INPUT_PRECISION = 'ieee'
 
 
 class WindowGeometry(NamedTuple):
-    """How an ``H x W`` grid is tiled by windows of side ``window_size``.
-
-    Windows are ``win_h x win_w`` with ``win_h = min(window_size, H)`` (likewise for W): a grid
-    smaller than the window is one window of the grid's own size, which is the same partition.
-    """
+    """How an ``H x W`` grid is tiled by ``win_h x win_w`` windows, ``win_h = min(window_size,
+    H)`` (likewise W): a grid smaller than the window is one window, the same partition."""
     H: int
     W: int
     win_h: int
@@ -57,23 +50,12 @@ class Tiles(NamedTuple):
 
 
 def sema_tiles(bd: int, window_tokens: int, dtype: torch.dtype) -> Tiles:
-    """Token block, warps and pipelining stages for padded head dim ``bd``.
-
-    A window that fits one block (at most 64 tokens; 16 in fp32) is processed whole: one
-    program per window, and the backward recomputes the softmax in one pass. Larger windows loop
-    over blocks (online softmax forward; backward with saved log-sum-exp). fp32 ``tl.dot`` with
-    ``'ieee'`` precision is an FMA loop that holds its operands in registers, so fp32 uses
-    16-token blocks; fp16/bf16 run on tensor cores.
-
-    The numbers come from an ahead-of-time search over warps/stages for sm_80 and sm_90 (ptxas
-    of Triton 3.8): the first candidate in (4 warps, 8 warps) x (2, 1 stages) with no register
-    spill for D == BD and D < BD, fp16 and bf16, with and without the mean. The full matrix is
-    re-checked by ``tests/ops/test_sema_aot.py --run-slow``; the default run checks a subset.
-    """
+    """Token block, warps and stages for padded head dim ``bd``: a window of at most 64 tokens
+    (16 in fp32, whose ``'ieee'`` dots are FMA loops) is one block, larger ones loop over
+    blocks. The numbers: the first spill-free candidate of an AOT search on sm_80/sm_90
+    (docs/design/sema_kernels.md), re-checked by ``tests/ops/test_aot.py``."""
     one_block = max(16, _next_pow2(window_tokens))
     if dtype == torch.float32:
-        # (the backward took 1 stage at BD == 32 until its gradients got two stride sets: with
-        # them 1 stage spills on sm_90 at D < BD and 2 stages spill nowhere)
         return Tiles(16, 4, 4)
     if window_tokens <= 64:
         return Tiles(one_block, 8 if bd == 128 and one_block == 64 else 4,
@@ -83,42 +65,35 @@ def sema_tiles(bd: int, window_tokens: int, dtype: torch.dtype) -> Tiles:
     return Tiles(32, 4 if bd == 64 else 8, 8)
 
 
-def sema_kernel_configs(head_dim: int, window_tokens: int, dtype: torch.dtype, with_mean: bool,
+def sema_kernel_configs(head_dim: int, window_tokens: int, dtype: torch.dtype, mean: bool,
                         input_precision: str = DEFAULT_INPUT_PRECISION,
-                        return_mean: bool = False) -> Tuple[int, Dict[str, KernelConfig]]:
-    """``(n_blocks, configs)``: blocks per window and the configurations the launchers use, by
-    role: ``'fwd'``; ``'bwd'`` (``sema_bwd_window_kernel`` when a window is one block, else
-    ``sema_bwd_kernel``); ``'bwd_preprocess'`` (only with several blocks per window).
-
-    ``with_mean``: the op has the mean term (the backward adds its gradient to dv);
-    ``return_mean``: the mean is returned rather than added (the forward writes the value
-    partial sums instead of reading the mean, and the output, as stored, needs no correction in
-    the backward's delta).
-    """
+                        mean_in_out: bool = False) -> Tuple[int, Dict[str, KernelConfig]]:
+    """``(n_blocks, configs)`` by launch role: ``'fwd'``, ``'bwd'`` and, with several blocks per
+    window, ``'bwd_preprocess'``. ``mean``: the forward writes the value partial sums
+    (V_PARTIALS), the backward adds the mean's gradient to dv (MEAN_GRAD); ``mean_in_out``:
+    the launcher added the mean to o, which the delta pre-pass subtracts again."""
     bd = max(16, _next_pow2(head_dim))
     tiles = sema_tiles(bd, window_tokens, dtype)
     n_blocks = -(-window_tokens // tiles.block)
-    common = dict(BD=bd, EVEN_D=head_dim == bd, BLOCK=tiles.block, WITH_MEAN=with_mean,
-                  INPUT_PRECISION=input_precision)
-    fwd = dict(common, WITH_MEAN=with_mean and not return_mean, V_PARTIALS=return_mean)
+    common = dict(BD=bd, EVEN_D=head_dim == bd, BLOCK=tiles.block)
+    fwd = dict(common, V_PARTIALS=mean, INPUT_PRECISION=input_precision)
+    bwd = dict(common, MEAN_GRAD=mean, INPUT_PRECISION=input_precision)
     if n_blocks == 1:
         return n_blocks, {
             'fwd': KernelConfig(kernels.sema_fwd_window_kernel, fwd, tiles.fwd_warps, 1),
-            'bwd': KernelConfig(kernels.sema_bwd_window_kernel, common, tiles.bwd_warps, 1)}
+            'bwd': KernelConfig(kernels.sema_bwd_window_kernel, bwd, tiles.bwd_warps, 1)}
     return n_blocks, {
         'fwd': KernelConfig(kernels.sema_fwd_kernel, fwd, tiles.fwd_warps, tiles.fwd_stages),
-        'bwd_preprocess': delta_config(head_dim, with_mean and not return_mean),
-        'bwd': KernelConfig(kernels.sema_bwd_kernel, common, tiles.bwd_warps, tiles.bwd_stages)}
+        'bwd_preprocess': delta_config(head_dim, mean_in_out),
+        'bwd': KernelConfig(kernels.sema_bwd_kernel, bwd, tiles.bwd_warps, tiles.bwd_stages)}
 
 
 # ---------------------------------------------------------------------------------------------
 # launchers
 # ---------------------------------------------------------------------------------------------
 def empty_out(q: torch.Tensor, out_layout: str) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``(out, o)``: a new output tensor in ``out_layout`` (``'bhnd'`` ``[B, heads, N, D]`` or
-    ``'bnhd'`` ``[B, N, heads, D]``, whose ``reshape(B, N, heads * D)`` for a following
-    projection is a view) and its ``[B, heads, N, D]`` view, through whose strides the kernels
-    store (so no transpose copy follows)."""
+    """``(out, o)``: a new tensor in ``out_layout`` (``'bhnd'`` or ``'bnhd'``) and its
+    ``[B, heads, N, D]`` view, through whose strides the kernels store (no transpose copy)."""
     B, nh, N, D = q.shape
     if out_layout == 'bnhd':
         out = torch.empty((B, N, nh, D), dtype=q.dtype, device=q.device)
@@ -136,52 +111,35 @@ def sema_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, geom: WindowGeom
              scale: float, with_mean: bool, input_precision: str = DEFAULT_INPUT_PRECISION,
              out_layout: str = 'bhnd', return_mean: bool = False
              ) -> Tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
-    """Forward launcher.
-
-    Args:
-        q, k, v: ``[B, heads, N, D]``, unit stride on D.
-        out_layout: ``'bhnd'`` or ``'bnhd'``, the layout of ``o`` (:func:`empty_out`).
-        return_mean: (with ``with_mean``) return the value mean instead of adding it to o.
-    Returns:
-        o (contiguous in ``out_layout``, q's dtype); lse ``[B*heads, N]`` fp32 log2-sum-exp
-        (only when a window spans several blocks, else None); the value mean: None without
-        ``with_mean``; ``[B*heads, D]`` fp32, added to every token inside the kernels; with
-        ``return_mean``, ``[B, heads, D]`` in v's dtype, not added to o.
-    """
+    """Forward launcher on q, k, v ``[B, heads, N, D]`` (unit stride on D): ``(o, lse, mean)``,
+    o contiguous in ``out_layout``; lse ``[B*heads, N]`` fp32 (several blocks per window, else
+    None); mean None without ``with_mean``, ``[B, heads, D]`` in v's dtype with
+    ``return_mean`` (o without it), else the contiguous fp32 mean added to o here."""
     B, nh, N, D = q.shape
     n_blocks, cfgs = sema_kernel_configs(D, geom.window_tokens, q.dtype, with_mean,
-                                         input_precision, return_mean)
+                                         input_precision)
     out, o = empty_out(q, out_layout)
-    mean = v_sum = None
-    if return_mean:
-        # every forward program sums the value rows of its block (divided by N), which it
-        # loads anyway: no pass over v; one sum of these n_win * n_blocks rows gives the mean
-        v_sum = torch.empty((B * nh, geom.n_win * n_blocks, D), dtype=torch.float32,
-                            device=q.device)
-    elif with_mean:
-        # every window's output adds the mean, so it must exist before any window is stored
-        # (per-window partial sums would need a second pass over the output); written through
-        # a view, as a reshape of mean's result would make this operator output a view
-        mean = torch.empty((B * nh, D), dtype=torch.float32, device=q.device)
-        torch.mean(v, dim=2, dtype=torch.float32, out=mean.view(B, nh, D))
+    # the forward programs sum the value rows they load anyway (divided by N): no pass over v
+    v_sum = (torch.empty((B * nh, geom.n_win * n_blocks, D), dtype=torch.float32,
+                         device=q.device) if with_mean else o)  # (any pointer when unused)
     lse = (torch.empty((B * nh, N), dtype=torch.float32, device=q.device)
            if n_blocks > 1 else None)
     _check_int32_offsets(q, k, v, o)
     strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(o))
     geometry = (nh, geom.H, geom.W, geom.win_h, geom.win_w, geom.n_win_w, geom.n_win)
-    # any pointer where unused
-    mean_arg = mean if mean is not None else o
-    v_sum_arg = v_sum if v_sum is not None else o
     with _device_guard(q):
         if n_blocks == 1:
             _launch('fwd', cfgs['fwd'], (B * nh * geom.n_win,),
-                    q, k, v, o, mean_arg, v_sum_arg, *strides, *geometry, scale, D)
+                    q, k, v, o, v_sum, *strides, *geometry, scale, D)
         else:
             _launch('fwd', cfgs['fwd'], (B * nh * geom.n_win * n_blocks,),
-                    q, k, v, o, mean_arg, lse, v_sum_arg, *strides, *geometry, n_blocks,
-                    scale, D)
+                    q, k, v, o, lse, v_sum, *strides, *geometry, n_blocks, scale, D)
+    if not with_mean:
+        return out, lse, None
+    mean = v_sum.view(B, nh, -1, D).sum(dim=2)  # [B, heads, D] fp32
     if return_mean:
-        mean = v_sum.view(B, nh, -1, D).sum(dim=2).to(v.dtype)  # [B, heads, D]
+        return out, lse, mean.to(v.dtype)
+    o.add_(mean[:, :, None])  # (computed in fp32: one rounding)
     return out, lse, mean
 
 
@@ -197,37 +155,28 @@ def sema_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
              input_precision: str = DEFAULT_INPUT_PRECISION, out_layout: str = 'bhnd',
              dqk: Optional[torch.Tensor] = None, grad_mean: Optional[torch.Tensor] = None,
              return_mean: bool = False) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Backward launcher: ``(dq, dk, dv)``, each ``[B, heads, N, D]``. dv has v's strides when v
-    is dense (``torch.empty_like``; e.g. the transposed ``[B, N, heads, D]`` view a backbone
-    passes, so that the views' backward is a view again), else is contiguous; dq and dk are
-    alike in v's layout, or, with ``dqk``, its two halves (:func:`qk_views`).
-
-    ``do`` and ``o`` are in ``out_layout``; ``o``, ``lse`` (and ``mean`` with ``with_mean``) are
-    the forward's outputs; ``o`` and ``lse`` are only read when a window spans several blocks.
-    ``dqk``: an allocated ``[B, N, 2, heads, D]`` buffer with unit stride on D, the gradient of
-    a packed qk (``sema_attention_qk``); the kernels store dq and dk straight into it, and since
-    the two halves tile it exactly it needs no fill (nor autograd a ``stack`` of dq and dk).
-    ``return_mean``: the forward returned the mean (o holds no mean); ``grad_mean``
-    ``[B, heads, D]`` is its gradient (None: the mean did not reach the loss), which every dv
-    gets divided by N instead of ``sum_n dO / N``.
-    """
+    """Backward launcher: ``(dq, dk, dv)``, ``[B, heads, N, D]``; dv in v's strides when v is
+    dense (so a view's backward stays a view), dq and dk alike or, with ``dqk`` (an allocated
+    ``[B, N, 2, heads, D]`` gradient of a packed qk), its two halves, which tile it (no fill,
+    no ``stack``). ``do``, ``o`` in ``out_layout``; ``o``, ``lse``, ``mean``: the forward's
+    (o and lse read only with several blocks per window). ``return_mean``: ``grad_mean``
+    ``[B, heads, D]`` is the returned mean's gradient (None: unused), else ``sum_n dO`` is."""
     B, nh, N, D = q.shape
     if return_mean:
         with_mean = grad_mean is not None  # a dv term only when the mean has a gradient
     n_blocks, cfgs = sema_kernel_configs(D, geom.window_tokens, q.dtype, with_mean,
-                                         input_precision, return_mean)
+                                         input_precision, with_mean and not return_mean)
     do = _unit_last_stride(as_bhnd(do, out_layout))
     dv = torch.empty_like(v, dtype=q.dtype)
     # dq and dk share one set of strides in the kernels (views of one packed buffer have)
     dq, dk = qk_views(dqk) if dqk is not None else (torch.empty_like(v, dtype=q.dtype)
                                                     for _ in range(2))
-    if return_mean:
-        # the mean's gradient as given (the kernels read it in its dtype, rows of D)
-        g_mean = grad_mean.reshape(B * nh, D).contiguous() if with_mean else dv
-    else:
-        # the mean's gradient sum_n dO / N reaches every dv: the one reduction of the backward
-        # (the kernels divide by N)
-        g_mean = do.sum(dim=2, dtype=torch.float32).reshape(B * nh, D) if with_mean else dv
+    if not with_mean:
+        g_mean = dv  # (any pointer)
+    elif return_mean:
+        g_mean = grad_mean.reshape(B * nh, D).contiguous()  # read in its dtype
+    else:  # the mean was added to o: its gradient is sum_n dO (the kernels divide by N)
+        g_mean = do.sum(dim=2, dtype=torch.float32).reshape(B * nh, D)
     _check_int32_offsets(q, k, v, do, dq, dv)
     strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq),
                *_strides(dv))

@@ -1,39 +1,18 @@
-"""Triton kernels of SEMA attention (windowed softmax attention + broadcast value mean).
+"""Triton kernels of SEMA's windowed softmax attention; the launchers are in ``function.py``.
 
-Only ``@triton.jit`` functions live here; the launchers are in ``function.py``.
-Layout and conventions shared by every kernel:
-
-* q, k, v, do and the outputs o, dq, dk, dv are ``[B, heads, N, D]`` with arbitrary
-  batch/head/token strides and unit stride on the head dim (the launchers store o straight into
-  the layout its consumer reads, dv in v's layout, and dq, dk, which share their strides,
-  either in v's layout too or as the two halves of one packed ``[B, N, 2, heads, D]`` gradient
-  of a fused qk projection).
-* The token grid ``H x W`` is tiled by ``win_h x win_w`` windows from the top-left corner
-  (``win_h = min(window_size, H)``, ``win_w = min(window_size, W)``); window ``i_w`` is at
-  window-row ``i_w // n_win_w`` and window-column ``i_w % n_win_w``. Inside a window tokens are
-  numbered row-major (``t = r * win_w + c``) and processed in ``n_blocks`` blocks of ``BLOCK``
-  tokens; positions past the grid edge (and past ``win_h * win_w``) are masked.
-* One program per (batch*head, window, token block), on a 1-D grid, block fastest.
-* The head dim ``D`` is padded to ``BD`` (a power of two >= 16) with masks.
-* Only block sizes, the padded head dim, dtype and flags are compile-time constants: the head
-  dim, the grid geometry and the block count are runtime values, and the geometry is not
-  specialised (``do_not_specialize``), so one compiled kernel serves every grid and window size
-  of a tile class (and the ahead-of-time test can cover all of them).
-* Logits are kept in the log2 domain (``qk_scale = scale * log2(e)``, ``exp2``); the optional
-  log-sum-exp buffer ``lse`` is ``[B*heads, N]`` fp32 in that domain.
-* Accumulation is fp32; ``tl.dot`` inputs are the storage dtype (fp32 with ``INPUT_PRECISION``).
-* The value mean either is added to every output row inside the kernels (``WITH_MEAN``: the
-  launcher computes it first) or is returned to the caller (``V_PARTIALS``: each forward
-  program writes the fp32 sum of its block's value rows divided by N, ``v_sum`` ``[B*heads,
-  n_win * n_blocks, D]`` indexed by program id, and the launcher sums those few rows); the
-  backward adds ``g_mean / N`` to every dv either way (``g_mean`` ``[B*heads, D]``, the mean's
-  gradient, in any float dtype).
+q, k, v, do, o, dq, dk, dv are ``[B, heads, N, D]`` with any batch/head/token strides and unit
+stride on D; the ``H x W`` grid is tiled by ``win_h x win_w`` windows from the top-left corner,
+tokens row-major inside a window, in blocks of ``BLOCK``; D is padded to ``BD`` with masks. Only
+tile sizes, dtype and flags are compile-time constants (the geometry is not specialised), so
+one compile serves every grid. Logits are in the log2 domain (``exp2``), accumulation is fp32.
+The value mean is never added here: with ``V_PARTIALS`` each forward program writes its block's
+``sum_n v_n / N`` (fp32) for the launcher to sum; with ``MEAN_GRAD`` the backward adds
+``g_mean / N`` to every dv. Layout details: docs/design/sema_kernels.md.
 """
 import triton
 import triton.language as tl
 
-from .._common_kernels import (bh_offset, head_dim_mask, load_rows, store_rows,
-                              softmax_bwd_delta_kernel)
+from .._common_kernels import bh_offset, head_dim_mask, load_rows, store_rows
 
 _GEOMETRY = ['n_heads', 'H', 'W', 'win_h', 'win_w', 'n_win_w', 'n_win', 'n_blocks']
 
@@ -63,22 +42,17 @@ def _bwd_slices(q, k, v, do, i_bh, n_heads, stride_qb, stride_qh, stride_kb, str
 
 @triton.jit(do_not_specialize=_GEOMETRY[:-1])
 def sema_fwd_window_kernel(
-    q, k, v, o, mean, v_sum,
+    q, k, v, o, v_sum,
     stride_qb, stride_qh, stride_qn,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
     stride_ob, stride_oh, stride_on,
     n_heads, H, W, win_h, win_w, n_win_w, n_win, scale, D,
-    BD: tl.constexpr, EVEN_D: tl.constexpr, BLOCK: tl.constexpr, WITH_MEAN: tl.constexpr,
-    V_PARTIALS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    BD: tl.constexpr, EVEN_D: tl.constexpr, BLOCK: tl.constexpr, V_PARTIALS: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
 ):
-    """Forward when a whole window fits in one block: one program per (batch*head, window).
-
-    o = softmax(q k^T * scale) v (+ mean[b, h]) over the window's tokens.
-    mean: ``[B*heads, D]`` fp32 value mean (read only if WITH_MEAN).
-    v_sum: ``[B*heads, n_win, D]`` fp32, this window's ``sum_n v_n / N`` (written only if
-    V_PARTIALS).
-    """
+    """Forward, one program per (batch*head, window) whose window fits one block:
+    o = softmax(q k^T * scale) v; v_sum ``[B*heads, n_win, D]`` (V_PARTIALS)."""
     i_w = tl.program_id(0) % n_win
     i_bh = tl.program_id(0) // n_win
     q += bh_offset(i_bh, n_heads, stride_qb, stride_qh)
@@ -103,30 +77,23 @@ def sema_fwd_window_kernel(
     b_p = tl.exp2(b_s - tl.max(b_s, 1)[:, None])  # [BLOCK, BLOCK]
     b_o = tl.dot(b_p.to(b_v.dtype), b_v, input_precision=INPUT_PRECISION)  # [BLOCK, BD]
     b_o = b_o / tl.sum(b_p, 1)[:, None]
-    if WITH_MEAN:
-        b_o += tl.load(mean + i_bh * D + o_d, mask=m_d, other=0.)[None, :]
     store_rows(o, o_n, stride_on, o_d, b_o, m_nd)
 
 
 @triton.jit(do_not_specialize=_GEOMETRY)
 def sema_fwd_kernel(
-    q, k, v, o, mean, lse, v_sum,
+    q, k, v, o, lse, v_sum,
     stride_qb, stride_qh, stride_qn,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
     stride_ob, stride_oh, stride_on,
     n_heads, H, W, win_h, win_w, n_win_w, n_win, n_blocks, scale, D,
-    BD: tl.constexpr, EVEN_D: tl.constexpr, BLOCK: tl.constexpr, WITH_MEAN: tl.constexpr,
-    V_PARTIALS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    BD: tl.constexpr, EVEN_D: tl.constexpr, BLOCK: tl.constexpr, V_PARTIALS: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
 ):
-    """Forward for windows of several blocks: one program per (batch*head, window, query
-    block), online softmax over the window's key blocks.
-
-    mean: ``[B*heads, D]`` fp32 value mean (read only if WITH_MEAN).
-    lse: ``[B*heads, N]`` fp32 log2-sum-exp of each query row, for the backward.
-    v_sum: ``[B*heads, n_win * n_blocks, D]`` fp32, ``sum_n v_n / N`` over the value rows of
-    this program's block (written only if V_PARTIALS).
-    """
+    """Forward, one program per (batch*head, window, query block), online softmax over the
+    window's key blocks; lse ``[B*heads, N]`` fp32 (log2) for the backward; v_sum
+    ``[B*heads, n_win * n_blocks, D]`` (V_PARTIALS)."""
     i_prog = tl.program_id(0)
     i_blk = i_prog % n_blocks
     i_w = (i_prog // n_blocks) % n_win
@@ -169,8 +136,6 @@ def sema_fwd_kernel(
         b_m = b_m_new
 
     b_o = b_acc / b_l[:, None]  # [BLOCK, BD]
-    if WITH_MEAN:
-        b_o += tl.load(mean + i_bh * D + o_d, mask=m_d, other=0.)[None, :]
     store_rows(o, o_nq, stride_on, o_d, b_o, m_q)
     tl.store(lse + i_bh.to(tl.int64) * (H * W) + o_nq, b_m + tl.log2(b_l), mask=m_nq)
 
@@ -185,19 +150,12 @@ def sema_bwd_window_kernel(
     stride_gb, stride_gh, stride_gn,
     stride_dvb, stride_dvh, stride_dvn,
     n_heads, H, W, win_h, win_w, n_win_w, n_win, scale, D,
-    BD: tl.constexpr, EVEN_D: tl.constexpr, BLOCK: tl.constexpr, WITH_MEAN: tl.constexpr,
+    BD: tl.constexpr, EVEN_D: tl.constexpr, BLOCK: tl.constexpr, MEAN_GRAD: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
 ):
-    """Backward when a whole window fits in one block: one program per (batch*head, window).
-
-    Recomputes the window's softmax from scratch (no saved statistics) and takes the softmax
-    backward's row term from ``delta_i = sum_j P_ij dP_ij`` (= dO_i . O_i without the mean), so
-    it needs neither o nor lse. dq and dk share the strides ``stride_g*``, dv has
-    ``stride_dv*``;
-    g_mean: ``[B*heads, D]`` the value mean's gradient (``sum_n dO`` in fp32 when the mean was
-    added to o; the returned mean's gradient, in its dtype, otherwise); ``g_mean / N`` is added
-    to every dv (read only if WITH_MEAN).
-    """
+    """Backward, one program per (batch*head, window) whose window fits one block: recomputes
+    the softmax and takes ``delta_i = sum_j P_ij dP_ij``, so it needs neither o nor lse. dq and
+    dk share the strides ``stride_g*``; g_mean ``[B*heads, D]`` (any float dtype, MEAN_GRAD)."""
     i_w = tl.program_id(0) % n_win
     i_bh = tl.program_id(0) // n_win
     q, k, v, do = _bwd_slices(q, k, v, do, i_bh, n_heads, stride_qb, stride_qh, stride_kb,
@@ -222,7 +180,7 @@ def sema_bwd_window_kernel(
     b_dp = tl.dot(b_do, tl.trans(b_v), input_precision=INPUT_PRECISION)  # [BLOCK, BLOCK]
     b_dv = tl.dot(tl.trans(b_p.to(b_do.dtype)), b_do,
                   input_precision=INPUT_PRECISION)  # [BLOCK, BD]
-    if WITH_MEAN:
+    if MEAN_GRAD:
         b_dv += (tl.load(g_mean + i_bh * D + o_d, mask=m_d, other=0.).to(tl.float32)
                  / (H * W))[None, :]
     store_rows(dv + bh_offset(i_bh, n_heads, stride_dvb, stride_dvh), o_n, stride_dvn, o_d,
@@ -248,15 +206,12 @@ def sema_bwd_kernel(
     stride_gb, stride_gh, stride_gn,
     stride_dvb, stride_dvh, stride_dvn,
     n_heads, H, W, win_h, win_w, n_win_w, n_win, n_blocks, scale, D,
-    BD: tl.constexpr, EVEN_D: tl.constexpr, BLOCK: tl.constexpr, WITH_MEAN: tl.constexpr,
+    BD: tl.constexpr, EVEN_D: tl.constexpr, BLOCK: tl.constexpr, MEAN_GRAD: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
 ):
-    """Backward for windows of several blocks: one program per (batch*head, window, block j).
-
-    Part 1 accumulates dk_j, dv_j over the window's query blocks; part 2 accumulates dq_j over its
-    key blocks. Uses the forward's lse and the preprocessed delta (both ``[B*heads, N]`` fp32).
-    g_mean: as in :func:`sema_bwd_window_kernel`.
-    """
+    """Backward, one program per (batch*head, window, block j): dk_j, dv_j over the window's
+    query blocks, then dq_j over its key blocks, from the forward's lse and the pre-pass's
+    delta (``[B*heads, N]`` fp32); g_mean as in :func:`sema_bwd_window_kernel`."""
     i_prog = tl.program_id(0)
     i_blk = i_prog % n_blocks
     i_w = (i_prog // n_blocks) % n_win
@@ -292,7 +247,7 @@ def sema_bwd_kernel(
         b_dpt = tl.dot(b_v, tl.trans(b_do), input_precision=INPUT_PRECISION)  # [BLOCK(k), BLOCK(q)]
         b_dst = b_pt * (b_dpt - b_delta[None, :])  # [BLOCK(k), BLOCK(q)]
         b_dk += tl.dot(b_dst.to(b_q.dtype), b_q, input_precision=INPUT_PRECISION)
-    if WITH_MEAN:
+    if MEAN_GRAD:
         b_dv += (tl.load(g_mean + i_bh * D + o_d, mask=m_d, other=0.).to(tl.float32)
                  / (H * W))[None, :]
     store_rows(dv + bh_offset(i_bh, n_heads, stride_dvb, stride_dvh), o_nj, stride_dvn, o_d,
@@ -319,6 +274,3 @@ def sema_bwd_kernel(
     store_rows(dq + bh_offset(i_bh, n_heads, stride_gb, stride_gh), o_nj, stride_gn, o_d,
                b_dq * scale, m_j)
 
-
-#: the delta pre-pass, shared with the other softmax ops (its old name here)
-sema_bwd_preprocess_kernel = softmax_bwd_delta_kernel
