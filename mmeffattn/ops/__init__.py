@@ -1,6 +1,7 @@
 """Attention ops. Each op has Triton kernels, a fast PyTorch form (the ``'torch'`` backend, the
 CPU default) and a plain reference (``'reference'``, the test oracle); the public function picks
-a backend (:mod:`._backend`) and reports to :func:`dispatch_hook`.
+a backend (:mod:`._backend`) and reports to :func:`dispatch_hook`. An op folder's files:
+docs/adding_an_op.md.
 
 NaN contract (every op, every backend): a NaN in an input element makes exactly the outputs
 that depend on it NaN and leaves the others unchanged; an inf follows IEEE arithmetic through

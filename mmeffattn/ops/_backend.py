@@ -61,12 +61,8 @@ def can_run_triton() -> List[str]:
 
 
 def can_run_device(tensors: Sequence[torch.Tensor], interpret: Optional[bool] = None) -> List[str]:
-    """Reasons the tensors' device cannot run Triton kernels.
-
-    Args:
-        tensors: the op's inputs.
-        interpret: whether Triton's interpreter is on; defaults to :data:`TRITON_INTERPRET`.
-    """
+    """Reasons the tensors' device cannot run Triton kernels (``interpret``: default
+    :data:`TRITON_INTERPRET`)."""
     interpret = TRITON_INTERPRET if interpret is None else interpret
     devices = {t.device for t in tensors}
     if len(devices) > 1:
@@ -88,14 +84,8 @@ def can_run_device(tensors: Sequence[torch.Tensor], interpret: Optional[bool] = 
 
 def can_run_dtype(tensors: Sequence[torch.Tensor], dtypes: Iterable[torch.dtype],
                   interpret: Optional[bool] = None, uses_dot: bool = True) -> List[str]:
-    """Reasons the tensors' dtype cannot run the kernels.
-
-    Args:
-        tensors: the op's inputs.
-        dtypes: dtypes the kernels support.
-        interpret: whether Triton's interpreter is on; defaults to :data:`TRITON_INTERPRET`.
-        uses_dot: the kernels use ``tl.dot``, which Triton's interpreter gets wrong for bf16.
-    """
+    """Reasons the tensors' dtype cannot run the kernels; ``uses_dot``: the kernels use
+    ``tl.dot``, which Triton's interpreter gets wrong for bf16."""
     interpret = TRITON_INTERPRET if interpret is None else interpret
     dtypes = tuple(dtypes)
     reasons = []
@@ -115,13 +105,8 @@ def can_run_dtype(tensors: Sequence[torch.Tensor], dtypes: Iterable[torch.dtype]
 def triton_reasons(kernels: str, import_error: str, tensors: Sequence[torch.Tensor],
                    dtype_tensors: Sequence[torch.Tensor], dtypes: Iterable[torch.dtype],
                    interpret: Optional[bool] = None, uses_dot: bool = True) -> List[str]:
-    """What every op checks before its kernels: Triton usable, the op's kernels imported, the
-    tensors' device (``tensors``) and dtype (``dtype_tensors``; see :func:`can_run_dtype`).
-
-    Args:
-        kernels: the kernels' name for the messages, e.g. ``'SEMA'``.
-        import_error: why the op's ``function`` module failed to import ('' if it did not).
-    """
+    """What every op checks before its kernels: Triton usable, the op's kernels imported
+    (``import_error`` empty), the tensors' device and ``dtype_tensors``' dtype."""
     reasons = can_run_triton()
     if import_error:  # pragma: no cover - e.g. a Triton release without an API we use
         reasons.append(f'the {kernels} Triton kernels failed to import ({import_error})')
@@ -147,15 +132,8 @@ def requested_backend(backend: Optional[str]) -> Optional[str]:
 def select_backend(op_name: str, backend: Optional[str],
                    triton_reasons: Callable[[], List[str]],
                    tensors: Sequence[torch.Tensor] = ()) -> str:
-    """Pick ``'triton'``, ``'torch'`` or ``'reference'`` for one call of ``op_name`` (rules in
-    the module doc).
-
-    Args:
-        op_name: used in messages.
-        backend: ``None``/``'auto'`` or one of :data:`BACKENDS`.
-        triton_reasons: returns the reasons the Triton kernels cannot run these inputs.
-        tensors: the inputs (only to decide whether a fallback deserves a log message).
-    """
+    """Pick ``'triton'``, ``'torch'`` or ``'reference'`` for one call (rules in the module
+    doc); ``tensors`` only decide whether a fallback is logged."""
     backend = requested_backend(backend)
     if backend in ('torch', 'reference'):
         return backend
@@ -167,8 +145,7 @@ def select_backend(op_name: str, backend: Optional[str],
                            '\n'.join(f'  - {r}' for r in reasons) +
                            "\nUse backend='torch' (or None to choose automatically).")
     if torch.compiler.is_compiling():
-        # dynamo cannot trace a logging call: it would break the graph at every op of a compiled
-        # model (mmengine's compile=True with the default backend); eager calls log it
+        # a logging call would break the dynamo graph at every op
         return 'torch'
     key = (op_name, tuple(reasons))
     if any(t.is_cuda for t in tensors) and key not in _warned:

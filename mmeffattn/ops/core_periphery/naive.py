@@ -1,5 +1,4 @@
-"""VECA's core-periphery attention written as the formula, in plain tensor operations: the test
-oracle."""
+"""VECA's core-periphery attention as the formula in plain tensor operations (the oracle)."""
 from typing import Callable, Optional, Tuple
 
 import torch
@@ -8,11 +7,8 @@ from .._common import autocast_off, plain_attention
 
 
 def rotate_pairs(x: torch.Tensor) -> torch.Tensor:
-    """Rotate interleaved pairs of the last dim by 90 degrees: ``(a, b) -> (-b, a)``.
-
-    ``out[..., 2i] = -x[..., 2i+1]`` and ``out[..., 2i+1] = x[..., 2i]`` (VECA's ``Rotary2D``
-    pairs neighbouring channels, not the two halves).
-    """
+    """Rotate interleaved channel pairs by 90 degrees, ``(a, b) -> (-b, a)`` (VECA's
+    ``Rotary2D`` pairs neighbouring channels, not halves)."""
     pairs = x.unflatten(-1, (-1, 2))  # [..., D/2, 2]
     return torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
 
@@ -29,21 +25,8 @@ def core_periphery_attention_naive(
         q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_cores: int, *,
         rope: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
         scale: Optional[float] = None) -> torch.Tensor:
-    """Core-periphery softmax attention: cores see every token, patches see only the cores.
-
-    Does not validate its inputs (``core_periphery_attention`` does); any float dtype and
-    device, differentiable in q, k, v and the rope tables.
-
-    Args:
-        q, k, v: ``[B, heads, C + N, D]``, the ``C = num_cores`` core tokens first.
-        num_cores: C, ``1 <= C < C + N``.
-        rope: optional ``(cos, sin)``, each ``[B or 1, C + N, D]``, applied to q and k.
-        scale: logit scale, ``D ** -0.5`` by default.
-
-    Returns:
-        ``[B, heads, C + N, D]`` in q's dtype (autocast is turned off, as in the kernels): rows
-        ``< C`` attend over all keys, rows ``>= C`` over the C core keys.
-    """
+    """Core-periphery softmax attention (unvalidated): rows ``< C`` attend all keys, rows
+    ``>= C`` the C core keys. Arguments and result as ``core_periphery_attention``."""
     return core_periphery(q, k, v, num_cores, rope, scale, plain_attention)
 
 

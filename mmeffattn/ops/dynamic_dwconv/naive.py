@@ -1,5 +1,4 @@
-"""The per-sample dynamic depthwise convolution written as the formula, in plain tensor
-operations: the test oracle."""
+"""The per-sample dynamic depthwise convolution as the formula (the test oracle)."""
 from typing import Optional
 
 import torch
@@ -8,13 +7,8 @@ from .._common import autocast_off, compute_dtype
 
 
 def conv_by_taps(x: torch.Tensor, k: torch.Tensor, b: Optional[torch.Tensor]) -> torch.Tensor:
-    """``out[b, c, h, w] = bias + sum_{i, j} x[b, c, h + i - K // 2, w + j - K // 2] k[b, c, i, j]``
-    over the taps that land on the map (zero padding without multiplying by the padding, so a
-    NaN tap reaches only the outputs that read it).
-
-    Args:
-        x: ``[B, C, H, W]``; k: ``[B, C, K, K]``; b: None or broadcastable to ``[B, C, 1, 1]``.
-    """
+    """``out[h, w] = b + sum_{i,j} x[h + i - K // 2, w + j - K // 2] k[i, j]`` over the taps
+    that land on the map (a NaN tap reaches only the outputs that read it). x, k: ``[B, C, *]``."""
     B, C, H, W = x.shape
     K = k.shape[-1]
     out = x.new_zeros(x.shape) if b is None else b.expand_as(x).clone()
@@ -38,16 +32,7 @@ def dynamic_dwconv_naive(x: torch.Tensor, kernel: torch.Tensor,
         k = kernel / (||kernel[b, c]||_F + 1)  (with normalize)  + weight[c]  (if given)
         out = conv_by_taps(x, k) + bias[c]     # stride 1, zero padding K // 2
 
-    Does not validate its inputs (``dynamic_dwconv`` does); any float dtype and device,
-    differentiable.
-
-    Args:
-        x: ``[B, C, H, W]``. kernel: ``[B, C, K, K]``, ``K`` odd.
-        bias: optional ``[C]``. weight: optional static kernel ``[C, 1, K, K]`` or ``[C, K, K]``.
-        normalize: WeightFormer's rule above.
-
-    Returns:
-        ``[B, C, H, W]`` in x's dtype (computed in fp32 for fp16/bf16; autocast is turned off).
+    Unvalidated; arguments as ``dynamic_dwconv``. Computed in fp32, returned in x's dtype.
     """
     B, C, H, W = x.shape
     K = kernel.shape[-1]

@@ -1,9 +1,5 @@
 """WeightFormer's bilateral dynamic weight: ``R = v^T u * scale / N`` (a reduction over pooled
-tokens), each output row divided by its norm plus one, plus the static weight.
-
-Layers: docs/adding_an_op.md (``naive.py`` the reference and the torch backend,
-``kernels.py``, ``function.py`` the launchers, ``library.py`` the registered op, ``op.py``).
-"""
+tokens), each output row divided by its norm plus one, plus the static weight."""
 from .naive import dynamic_weight_naive
 from .op import dynamic_weight
 

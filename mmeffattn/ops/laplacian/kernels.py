@@ -1,18 +1,9 @@
 """Triton kernels of LaplacianFormer's Laplacian kernel ``exp(-||x_i - y_j||_1 / lam)``.
 
-Only ``@triton.jit`` functions live here; the launchers are in ``function.py``.
-Conventions shared by the kernels:
-
-* Token tensors ``[B, heads, tokens, D]`` have arbitrary sample/head/token strides and unit
-  stride on D; a program finds its ``(sample, head)`` from ``program_id(1) = b * heads + h``
-  (int64 base offsets, int32 offsets inside one matrix).
-* The L1 distance is not a matmul, so there is no ``tl.dot``, and no reduction over a tile axis
-  either (that compiles to shuffle rounds and layout conversions): the forward holds a
-  ``[rows, cols]`` output tile in registers, each thread its own micro-tile, and loops over D
-  one column at a time (``acc += |x[:, d, None] - y[None, :, d]|``); the backward loops over
-  one token set one token at a time, accumulating into ``[tokens, D]`` register tiles.
-* All arithmetic is fp32 whatever the storage dtype: an fp16 sum of D distances overflows (and
-  its exponential underflows) long before the fp32 result stops being representable.
+Token tensors are ``[B, heads, tokens, D]`` (unit stride on D); ``program_id(1) = b * heads +
+h``. No ``tl.dot`` and no reduction over a tile axis (shuffles): the forward loops over D one
+column at a time on a register output tile, the backward over one token set one token at a
+time. All arithmetic is fp32 (an fp16 sum of D distances overflows).
 """
 import triton
 import triton.language as tl
@@ -52,8 +43,7 @@ def laplacian_fwd_kernel(
     b_dist = tl.zeros([BN, BM], dtype=tl.float32)  # [BN, BM]
     p_x = x + o_n * stride_xn  # [BN]
     p_y = y + o_m * stride_yn  # [BM]
-    # one column of x and y per step (cached lines: the tiles' rows are read once from HBM);
-    # padded rows load 0 and are masked at the store
+    # one column of x and y per step; padded rows load 0 and are masked at the store
     for d in range(0, D):
         b_xd = tl.load(p_x + d, mask=m_n, other=0.).to(tl.float32)  # [BN]
         b_yd = tl.load(p_y + d, mask=m_m, other=0.).to(tl.float32)  # [BM]
@@ -80,14 +70,8 @@ def laplacian_bwd_kernel(
 
         dx[i, d] = -1/lam sum_j w_ij s_ijd        dy[j, d] = +1/lam sum_i w_ij s_ijd
 
-    A program owns ``rows_per_prog`` rows of x (one row split), all of y and ``BD`` columns
-    of D, and reads its rows of ``w`` from HBM once: phase 1 loops over the y rows one at a
-    time on ``[BR, BD]`` chunks of x rows (dx complete, stored in dx's dtype); phase 2 over its
-    x rows one at a time on ``[BM, BD]`` tiles of y (its rows of ``w`` are then in L1/L2),
-    giving this split's partial sum of dy. Neither phase reduces over a tile axis.
-
-    Grid: ``(n_row_splits * n_d_blocks, B * heads)``. dx: ``[B * heads, N, D]`` contiguous;
-    dy_part: ``[n_row_splits, B * heads, M, D]`` fp32 (dy is its sum over axis 0).
+    A program owns a split of x rows, all of y and ``BD`` columns of D: phase 1 gives its dx,
+    phase 2 its partial dy ``dy_part [n_row_splits, B * heads, M, D]`` (fp32, summed by torch).
     """
     i_bh = tl.program_id(1)
     i_d = tl.program_id(0) % n_d_blocks
@@ -116,8 +100,7 @@ def laplacian_bwd_kernel(
                                other=0.).to(tl.float32)
                 b_yj = tl.load(y + j * stride_yn + o_d, mask=m_d, other=0.).to(tl.float32)
                 b_diff = b_x - b_yj[None, :]  # [BR, BD]
-                # sign with sign(0) = 0 (torch.sign / cdist's convention); a product, so a
-                # NaN weight reaches the gradient as in the reference
+                # sign(0) = 0 as torch.sign; a product, so a NaN weight propagates
                 b_sgn = (b_diff > 0).to(tl.float32) - (b_diff < 0).to(tl.float32)
                 b_dx += b_w[:, None] * b_sgn
             store_rows(p_dx, o_n, D, o_d, b_dx * neg_inv_lam, m_nd)

@@ -17,19 +17,8 @@ def sema_attention_naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: 
 
         out_i = sum_{j in window(i)} softmax_j(q_i . k_j * scale) v_j  (+ mean_j v_j)
 
-    The grid is zero-padded to whole windows; padded keys are masked out. Does not validate its
-    inputs (``sema_attention`` does); any float dtype and device, differentiable.
-
-    Args:
-        q, k, v: ``[B, heads, N, D]`` with ``N = H * W`` tokens in row-major order.
-        hw: the token grid ``(H, W)``. window_size: the window side.
-        scale: logit scale, ``D ** -0.5`` by default.
-        with_mean: add the value mean to every token.
-        out_layout: ``'bhnd'`` (``[B, heads, N, D]``) or ``'bnhd'`` (``[B, N, heads, D]``).
-        return_mean: (with ``with_mean``) return ``(out, mean)`` instead of adding it.
-
-    Returns:
-        As ``sema_attention``, in the inputs' dtype (autocast is turned off, as in the kernels).
+    The grid is zero-padded to whole windows; padded keys are masked out. Unvalidated;
+    arguments and result as ``sema_attention``.
     """
     B, nh, N, D = q.shape
     H, W = hw

@@ -1,9 +1,5 @@
-"""SEMA attention in fast PyTorch: the ``'torch'`` backend (the CPU default).
-
-Windows are views where the grid allows, fp32 windows of 16 keys or more go through torch's fused
-attention (:func:`mmeffattn.ops._common.window_attention`), ``'bnhd'`` is written by the window
-merge itself, and a symbolic grid (torch.export with a dynamic size) gathers its windows by index.
-Same results as :mod:`.naive`, which is the formula written plainly."""
+"""SEMA attention in fast PyTorch, the ``'torch'`` backend: windows as views, fused attention
+(:func:`mmeffattn.ops._common.window_attention`), and index gathers for a symbolic grid."""
 from typing import Optional, Tuple, Union
 
 import torch
@@ -61,16 +57,12 @@ def window_key_mask(hw: Tuple[int, int], window_size: int,
 def window_gather_index(hw: Tuple[int, int], window_size: int,
                         device: Optional[torch.device] = None
                         ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """The window partition as indices, for a symbolic grid (torch.export with a dynamic size):
-    ``(idx, inv)``, ``idx`` ``[n_windows, window_size**2]`` the token at each window position
-    (``N = H * W``, a zero token, past the grid), ``inv`` ``[N]`` each token's flat window
-    position. Full windows with a mask, computed with tensors instead of Python branches, so
-    the height and width stay symbolic in the graph."""
+    """The window partition as indices for a symbolic grid: ``idx [n_windows, ws**2]`` (N,
+    a zero token, past the grid) and ``inv [N]``, each token's flat window position."""
     H, W = hw
     ws = window_size
     n_h, n_w = (H + ws - 1) // ws, (W + ws - 1) // ws
-    # every index from one flat arange and scalar arithmetic: broadcasting two symbolic dims
-    # against each other would make the exporter guard on each being 1
+    # one flat arange: broadcasting two symbolic dims would make the exporter guard on them
     t = torch.arange(n_h * n_w * ws * ws, device=device)  # (window, row in it, col in it)
     # (and ``a - a // n * n`` for ``a % n`` with a symbolic n: ONNX export has no such remainder)
     win, row, col = t // (ws * ws), (t // ws) % ws, t % ws
@@ -119,27 +111,8 @@ def sema_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: 
                          with_mean: bool = True, out_layout: str = 'bhnd',
                          return_mean: bool = False
                          ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
-    """Windowed softmax attention plus the broadcast mean of all values (``'torch'`` backend).
-
-    Does not validate its inputs (``sema_attention`` does); any float dtype and device,
-    differentiable, traceable with a symbolic grid.
-
-    Args:
-        q, k, v: ``[B, heads, N, D]`` with ``N = H * W`` tokens in row-major order.
-        hw: the token grid ``(H, W)``.
-        window_size: side of the non-overlapping windows tiled from the top-left corner; the
-            last row/column of windows may be partial (padded keys get zero weight).
-        scale: logit scale, ``D ** -0.5`` by default.
-        with_mean: add ``mean_j v_j`` over the N real tokens to every output token.
-        out_layout: ``'bhnd'`` for ``[B, heads, N, D]``, ``'bnhd'`` for ``[B, N, heads, D]``
-            (contiguous: the window merge writes that layout directly).
-        return_mean: (with ``with_mean``) return the mean instead of adding it.
-
-    Returns:
-        ``[B, heads, N, D]`` or ``[B, N, heads, D]``; with ``return_mean``, ``(out, mean)``:
-        the windowed attention alone and ``mean_j v_j`` ``[B, heads, D]``. In the inputs'
-        dtype, also under autocast, which it turns off (as the Triton kernels ignore it).
-    """
+    """Windowed softmax attention plus the mean of all values (unvalidated; arguments and
+    result as ``sema_attention``; traceable with a symbolic grid; autocast off)."""
     with autocast_off(q.device.type):
         return _sema_attention_torch(q, k, v, hw, window_size, scale, with_mean, out_layout,
                                      return_mean)
