@@ -28,9 +28,10 @@ class Matrix(NamedTuple):
 
 
 # Only the tile class changes the compiled code: dtype, padded head dim BD, whether D == BD,
-# one block per window or several, the block size, the mean added, returned (the forward
-# writes partial sums, the backward reads the mean's gradient in v's dtype) or absent (plus
-# Triton's alignment specialisation of pointers and strides). Window token counts 12, 30, 49
+# one block per window or several, the block size, the mean added or returned (the forward
+# writes partial sums either way; the backward reads the mean's gradient, fp32 or in v's
+# dtype, and the delta pre-pass subtracts an added mean) or absent (plus Triton's alignment
+# specialisation of pointers and strides). Window token counts 12, 30, 49
 # and 144 hit every block class (16, 32, 64 tokens in one block; several blocks). The subset:
 # the backbone's head dim 32 with window 7 in every dtype (the mean returned, as the backbone
 # calls it) plus one case of each other kind of tile, in both mean modes.

@@ -213,7 +213,7 @@ def test_triton_qk_matches_reference(case: Case, out_layout: str) -> None:
     into one gradient for qk) against the fp64 reference on the unbound q and k: the output and
     the gradients of qk and v, one block per window and several, partial windows, head dims
     that are not powers of two, with and without the mean, both output layouts."""
-    B, nh, N, D, hw = case.B, case.heads, case.H * case.W, case.D, (case.H, case.W)
+    hw = (case.H, case.W)
     dtype = DTYPES[case.dtype]
     qk, v_tok = make_packed(case)
     out = sema_attention_qk(qk, v_tok.transpose(1, 2), hw, case.window, scale=case.scale,
@@ -296,7 +296,7 @@ def test_triton_return_mean_matches_reference(case: Case, entry: str, out_layout
     backward reads the mean's gradient) against the fp64 reference: ``out`` without the mean,
     the mean ``[B, heads, D]`` in v's dtype, and the gradients of qk and v through both."""
     dtype = DTYPES[case.dtype]
-    B, nh, N, D = case.B, case.heads, case.H * case.W, case.D
+    B, nh, D = case.B, case.heads, case.D
     qk, v_tok = make_packed(case)
     out, mean = return_mean_call(case, entry, out_layout, 'triton', qk, v_tok)
     assert out.dtype == mean.dtype == dtype and mean.shape == (B, nh, D)

@@ -15,10 +15,8 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: Sequence[int
              window_size: int, scale: float, with_mean: bool, input_precision: str,
              out_layout: str = 'bhnd', return_mean: bool = False
              ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(out, lse, mean)``: out in ``out_layout``; lse (several blocks per window), what the
-    backward reads, empty when absent; mean: with ``return_mean`` the returned value mean
-    ``[B, heads, D]`` (differentiable, not in out), else the fp32 mean the kernels added (for
-    the backward) or empty."""
+    """``(out, lse, mean)`` of :func:`~.function.sema_fwd`, an absent one empty; the mean is
+    differentiable only with ``return_mean`` (else the backward's record of the added mean)."""
     q, k, v = unit_last_stride(q), unit_last_stride(k), unit_last_stride(v)
     o, lse, mean = sema_fwd(q, k, v, window_geometry(tuple(hw), window_size), scale, with_mean,
                             input_precision, out_layout, return_mean)
@@ -52,17 +50,14 @@ sema_attention_backward_op = define(
 
 
 def _autograd(backward_op, n_tensors: int):
-    """``(backward, setup_context)`` for a forward operator whose first ``n_tensors``
-    arguments are the differentiable tensors and whose backward operator takes
-    ``(grad, grad_mean, *tensors, out, lse, mean, *args)`` and returns one gradient per
-    tensor."""
+    """``(backward, setup_context)`` of a forward operator whose first ``n_tensors`` arguments
+    are differentiable; ``backward_op(grad, grad_mean, *tensors, out, lse, mean, *args)``."""
     def setup_context(ctx, inputs, output) -> None:
         ctx.args = inputs[n_tensors:]
         args = ctx.args
         ctx.return_mean = len(args) > _RETURN_MEAN_ARG and bool(args[_RETURN_MEAN_ARG])
         out, lse, mean = output
-        # lse (and the mean the kernels added, saved for the backward) get no gradient; a
-        # returned mean does
+        # lse (and an added mean, saved for the backward) get no gradient; a returned mean does
         ctx.mark_non_differentiable(*((lse, ) if ctx.return_mean else (lse, mean)))
         # without this autograd would fill zero tensors for the absent gradients
         ctx.set_materialize_grads(False)
@@ -92,11 +87,8 @@ def _register_autograd(op, backward_op, n_tensors: int) -> None:
 _register_autograd(sema_attention_op, sema_attention_backward_op, 3)
 
 
-# q and k packed: the forward reads them as views, and the backward stores dq and dk straight
-# into one new [B, N, 2, heads, D] gradient, whose halves tile it (no fill), so that autograd
-# hands it to the qk projection as is: no stack of dq and dk (what unbinding q and k before
-# ``sema_attention`` costs), and the reshape back to the projection's [B, N, 2 * heads * D]
-# is a view
+# q and k packed: the backward stores dq and dk into one [B, N, 2, heads, D] gradient that
+# autograd hands to the qk projection as is (no stack of dq and dk)
 def _forward_qk(qk: torch.Tensor, v: torch.Tensor, hw: Sequence[int], window_size: int,
                 scale: float, with_mean: bool, input_precision: str, out_layout: str = 'bhnd',
                 return_mean: bool = False) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -137,10 +129,8 @@ def sema_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw:
                           input_precision: str = DEFAULT_INPUT_PRECISION,
                           out_layout: str = 'bhnd', return_mean: bool = False
                           ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
-    """SEMA attention with the Triton kernels through ``mmeffattn::sema_attention``, no input
-    validation (see ``op.sema_attention``). Returns ``[B, heads, N, D]`` (``out_layout='bhnd'``)
-    or ``[B, N, heads, D]`` (``'bnhd'``), contiguous; with ``return_mean``, ``(out, mean)``
-    (out without the mean, mean ``[B, heads, D]``)."""
+    """``op.sema_attention`` on the Triton kernels through ``mmeffattn::sema_attention``,
+    without input validation; out contiguous."""
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     hw: List[int] = list(hw)
     out, _, mean = sema_attention_op(q, k, v, hw, window_size, scale, with_mean,
@@ -154,9 +144,8 @@ def sema_attention_qk_triton(qk: torch.Tensor, v: torch.Tensor, hw: Sequence[int
                              input_precision: str = DEFAULT_INPUT_PRECISION,
                              out_layout: str = 'bhnd', return_mean: bool = False
                              ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
-    """:func:`sema_attention_triton` with q and k packed in ``qk`` ``[B, N, 2, heads, D]``,
-    through ``mmeffattn::sema_attention_qk``, no input validation (see
-    ``op.sema_attention_qk``)."""
+    """:func:`sema_attention_triton` with q and k packed in ``qk`` ``[B, N, 2, heads, D]``
+    (``mmeffattn::sema_attention_qk``)."""
     scale = qk.shape[-1] ** -0.5 if scale is None else float(scale)
     hw: List[int] = list(hw)
     out, _, mean = sema_attention_qk_op(qk, v, hw, window_size, scale, with_mean,

@@ -60,8 +60,7 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: Sequenc
 
 
 def _check_mean_flags(name: str, with_mean: bool, return_mean: bool) -> None:
-    """``with_mean`` and ``return_mean`` must be bools, ``return_mean`` True only with the mean
-    term (``with_mean``)."""
+    """Both flags bools, ``return_mean`` only with ``with_mean``."""
     for flag, value in (('with_mean', with_mean), ('return_mean', return_mean)):
         if not isinstance(value, bool):
             raise ValueError(f'{name}: {flag} must be True or False, got {value!r}')
@@ -88,53 +87,33 @@ def sema_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: Tuple[
                    ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """SEMA attention: softmax attention inside non-overlapping windows + the mean of all values.
 
-    Windows of ``window_size x window_size`` tokens are tiled from the top-left corner of the
-    ``H x W`` grid; the last row/column of windows may be partial (padded positions get zero
-    attention weight). With ``with_mean`` the mean of the N value vectors is added to every token.
-
-    Non-finite inputs (the NaN contract of every op, the same on every backend): a
-    NaN in an input element makes exactly the outputs that depend on it NaN and leaves every
-    other output unchanged; an inf follows IEEE arithmetic through the formula above, so a
-    dependent output is non-finite or the formula's limit (a -inf logit gives its key zero
-    weight, a +inf one makes its row NaN). A query reaches its own row, a key every row of its
-    window, a value its channel in the rows of its window (in every row with ``with_mean``; with
-    ``return_mean`` its channel of the returned mean instead). One exception, fp32 on the
-    torch backend with windows of 16 keys or more: a row whose every logit is -inf (only infinite q
-    or k entries make one) comes out finite rather than NaN, as torch's fused attention gives
-    it (see :func:`mmeffattn.ops._common.window_attention`).
+    ``window_size`` windows are tiled from the top-left corner of the ``H x W`` grid (the last
+    row/column of windows may be partial); ``with_mean`` adds ``mean_j v_j`` to every token.
+    Non-finite inputs: the NaN contract of :mod:`mmeffattn.ops` (a value reaches every row
+    through the mean; with ``return_mean`` its channel of the mean instead).
 
     Args:
-        q, k, v: ``[B, heads, N, D]``, ``N = H * W`` tokens in row-major order, ``16 <= D <= 128``,
-            one dtype and device; any strides (e.g. views of a fused qkv projection).
-        hw: the token grid ``(H, W)``.
-        window_size: window side, ``>= 1``.
+        q, k, v: ``[B, heads, N, D]``, ``N = H * W`` tokens row-major, ``16 <= D <= 128``, one
+            dtype and device, any strides (e.g. views of a fused qkv projection).
+        hw: the token grid ``(H, W)``. window_size: window side, ``>= 1``.
         scale: logit scale, ``D ** -0.5`` by default.
         with_mean: add the mean of all value vectors to every output token.
-        out_layout: ``'bhnd'`` returns ``[B, heads, N, D]``; ``'bnhd'`` returns
-            ``[B, N, heads, D]``, so that ``reshape(B, N, heads * D)`` for a following projection
-            is a view (the kernels store that layout directly, the torch backend merges its windows
-            into it: no transpose copy either way).
-        return_mean: (needs ``with_mean``) return the mean instead of adding it, for a caller
-            that can add it where it costs nothing (a following op's per-channel bias, see
-            ``SEMAttention`` of the SEMA backbone). The Triton forward then needs no pass over
-            v (each window sums its value rows while it has them, and a sum over the windows'
-            few partial rows gives the mean) and the backward no ``sum_n dO`` (the mean's
-            gradient comes in with it).
-        backend: ``None`` (automatic), ``'triton'``, ``'torch'`` or ``'reference'``; see
-            :mod:`mmeffattn.ops._backend` (``$MMEFFATTN_OPS_BACKEND`` applies when None).
+        out_layout: ``'bhnd'`` (``[B, heads, N, D]``) or ``'bnhd'`` (``[B, N, heads, D]``, whose
+            ``reshape(B, N, heads * D)`` is a view; stored directly, no transpose copy).
+        return_mean: (needs ``with_mean``) return ``(out, mean)``, out without the mean, for a
+            caller that adds it itself (the SEMA backbone); on Triton neither direction then
+            reduces an N-sized tensor (docs/design/sema_kernels.md).
+        backend: None (automatic), ``'triton'``, ``'torch'`` or ``'reference'``
+            (:mod:`mmeffattn.ops._backend`).
 
     Returns:
-        ``[B, heads, N, D]`` or ``[B, N, heads, D]`` (``out_layout``) in the inputs' dtype
-        (contiguous from the Triton backend). With ``return_mean``, ``(out, mean)``: ``out``
-        without the mean and ``mean`` ``[B, heads, D]`` in v's dtype, differentiable (its
-        gradient reaches every value vector divided by N); ``out + mean`` broadcast over the
-        tokens is the default result. Neither backend follows autocast: under
-        ``torch.autocast`` the op computes and returns the inputs' dtype as without it (cast
-        fp32 inputs to the autocast dtype first to run it in half precision).
+        ``out`` in ``out_layout`` and the inputs' dtype; with ``return_mean``, ``(out, mean)``,
+        mean ``[B, heads, D]`` in v's dtype, differentiable. Autocast is not followed (cast
+        the inputs first).
 
     Raises:
         ValueError: malformed inputs (the message says what to change).
-        RuntimeError: ``backend='triton'`` on inputs the kernels cannot run (lists the reasons).
+        RuntimeError: ``backend='triton'`` on inputs the kernels cannot run (lists why).
     """
     hw = _check_inputs(q, k, v, hw, window_size, scale, out_layout)
     _check_mean_flags(_NAME, with_mean, return_mean)
@@ -151,29 +130,11 @@ def sema_attention_qk(qk: torch.Tensor, v: torch.Tensor, hw: Tuple[int, int], wi
                       out_layout: str = 'bhnd', return_mean: bool = False,
                       backend: Optional[str] = None
                       ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
-    """:func:`sema_attention` with q and k packed in one tensor, as a fused qk projection makes
-    them: ``sema_attention_qk(proj(x).reshape(B, N, 2, heads, D), v, ...)`` equals
-    ``sema_attention(q, k, v, ...)`` for ``q, k = (t.transpose(1, 2) for t in
-    qk.unbind(2))``, forward and backward.
-
-    With qk as one input the Triton backward stores dq and dk straight into one gradient in qk's
-    layout, so the projection's gradient needs no stack of two (what unbinding q and k costs).
-
-    Args:
-        qk: ``[B, N, 2, heads, D]``: ``qk[:, :, 0]`` the queries, ``qk[:, :, 1]`` the keys,
-            ``N = H * W`` tokens in row-major order, ``16 <= D <= 128``; any strides.
-        v: ``[B, heads, N, D]`` (e.g. ``v_proj(x).reshape(B, N, heads, D).transpose(1, 2)``),
-            qk's dtype and device.
-        hw, window_size, scale, with_mean, out_layout, return_mean, backend: as
-            :func:`sema_attention`.
-
-    Returns:
-        ``[B, heads, N, D]`` or ``[B, N, heads, D]`` (``out_layout``) in the inputs' dtype,
-        also under autocast; with ``return_mean``, ``(out, mean)`` as :func:`sema_attention`.
-
-    Raises:
-        ValueError: malformed inputs (the message says what to change).
-        RuntimeError: ``backend='triton'`` on inputs the kernels cannot run (lists the reasons).
+    """:func:`sema_attention` with q and k packed as a fused qk projection makes them, ``qk``
+    ``[B, N, 2, heads, D]`` (queries, keys on dim 2; any strides), and v ``[B, heads, N, D]``;
+    equals ``sema_attention`` on ``qk.unbind(2)`` transposed, forward and backward. The Triton
+    backward stores dq and dk straight into one gradient in qk's layout (no ``stack``). The
+    other arguments, the result and the errors are :func:`sema_attention`'s.
     """
     check_tensor(_NAME_QK, 'qk', qk, '[B, N, 2, heads, D]',
                  'reshape the qk projection\'s [B, N, 2 * heads * D] output with '
