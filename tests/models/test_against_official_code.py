@@ -21,9 +21,7 @@ import pytest
 import torch
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-sys.path.insert(0, osp.join(ROOT, 'tools', 'analysis_tools'))
-
-import compare_official  # noqa: E402
+from tools.analysis_tools import compare_official
 
 pytestmark = pytest.mark.usefixtures('one_thread', 'reference_ops')
 

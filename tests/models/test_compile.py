@@ -63,9 +63,9 @@ def test_dynamic_sizes_share_one_graph(name, monkeypatch):
     convolution heuristics (a size threshold) decide alike for all. Non-square first (duck
     sizing would tie H to W)."""
     from torch._dynamo.utils import counters
-    # the PyTorch references: the graph is the subject here, and the interpreted kernels the
-    # test harness turns on would take a minute at these sizes
-    monkeypatch.setenv('MMEFFATTN_OPS_BACKEND', 'reference')
+    # the torch backend (what a CPU runs): the graph is the subject here, and the interpreted
+    # kernels the test harness turns on would take a minute at these sizes
+    monkeypatch.setenv('MMEFFATTN_OPS_BACKEND', 'torch')
     model = build(name)
     compiled = torch.compile(model, backend='eager', dynamic=True, fullgraph=True)
     counters.clear()
@@ -125,13 +125,13 @@ def test_veca_nested_dropout_compiles_one_graph_per_budget():
 
 def test_automatic_backend_choice_does_not_break_the_graph(monkeypatch):
     """Without ``$MMEFFATTN_OPS_BACKEND`` (what tools/train.py runs with), each op chooses its
-    backend and logs a fallback to the reference; under ``torch.compile`` that log call broke
-    the graph at every op. The choice itself must still be the reference."""
+    backend and logs a fallback to the torch backend; under ``torch.compile`` that log call broke
+    the graph at every op. The choice itself must still be the torch backend."""
     monkeypatch.delenv('MMEFFATTN_OPS_BACKEND', raising=False)
 
     def call(x: torch.Tensor) -> torch.Tensor:
         chosen = _backend.select_backend('op', None, lambda: ['no GPU'], (x,))
-        return x + 1 if chosen == 'reference' else x - 1
+        return x + 1 if chosen == 'torch' else x - 1
 
     out = torch.compile(call, backend='eager', fullgraph=True)(torch.zeros(3))
     torch.testing.assert_close(out, torch.ones(3))

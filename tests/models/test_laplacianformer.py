@@ -62,11 +62,9 @@ def test_classifier_params_within_5_percent_of_paper(arch):
 @pytest.mark.parametrize('arch', ['tiny', pytest.param('small', marks=pytest.mark.slow)])
 def test_classifier_flops_within_5_percent_of_paper(arch):
     """The in1k config measured as the README says, with the attention ops counted."""
-    import sys
     from os.path import abspath, dirname, join
-    sys.path.insert(0, join(dirname(dirname(dirname(abspath(__file__)))), 'tools',
-                            'analysis_tools'))
-    from get_flops import count
+
+    from tools.analysis_tools.get_flops import count
 
     cfg = join(dirname(dirname(dirname(abspath(__file__)))), 'configs', 'laplacianformer',
                f'laplacianformer-{arch[0]}_8xb128_in1k.py')

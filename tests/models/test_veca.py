@@ -1,13 +1,12 @@
 """Tests of the VECA backbone (mmeffattn/models/backbones/veca.py).
 
 The official architecture (alansong1322/VECA, veca/model.py + veca/config.py) enters only
-through the test-only oracle of tests/tools/test_veca_converter.py (its state-dict keys and shapes
+through the test-only oracle of tests/models/test_veca_converter.py (its state-dict keys and shapes
 per family, and its forward pass); nothing official is imported or copied.
 """
 import json
 import math
 import os.path as osp
-import sys
 from collections import Counter
 
 import pytest
@@ -19,11 +18,9 @@ from mmeffattn.models.backbones import veca as veca_mod
 from mmeffattn.models.backbones.veca import (VECA, RoPE2D, farthest_point_sampling,
                                              fps_core_coords, patch_centres)
 from mmeffattn.registry import MODELS
+from test_veca_converter import OFFICIAL_FAMILIES, official_shapes  # same folder
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-sys.path.insert(0, osp.join(ROOT, 'tests', 'tools'))
-sys.path.insert(0, osp.join(ROOT, 'tests', 'e2e'))
-from test_veca_converter import OFFICIAL_FAMILIES, official_shapes  # noqa: E402
 
 # A reduced arch for mechanism tests: head dim 32, three blocks (two coordinate updates).
 pytestmark = pytest.mark.usefixtures('one_thread', 'reference_ops')

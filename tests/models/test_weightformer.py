@@ -25,10 +25,9 @@ from mmeffattn.models.backbones.weightformer import (DynamicDWConv, DynamicLinea
 from mmeffattn.models.layers import ViTPyramid
 from mmeffattn.models.layers.vit_pyramid import CeilMaxPool2d
 from mmeffattn.registry import MODELS
+from tools.model_converters import weightformer_official as converter_cli
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-sys.path.insert(0, osp.join(ROOT, 'tools', 'model_converters'))
-import weightformer_official as converter_cli  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures('one_thread', 'reference_ops')
 

@@ -80,11 +80,7 @@ def _umask():
 
 def test_converter_save_is_atomic(tmp_path):
     """tools/model_converters/converter_cli.save_converted: a failing save keeps the old file."""
-    sys.path.insert(0, osp.join(ROOT, 'tools', 'model_converters'))
-    try:
-        from converter_cli import save_converted
-    finally:
-        sys.path.pop(0)
+    from tools.model_converters.converter_cli import save_converted
     dst = str(tmp_path / 'converted.pth')
     save_converted({'w': torch.ones(2)}, {'src': 'a'}, dst)
     with pytest.raises(RuntimeError, match='cannot pickle'):

@@ -18,19 +18,19 @@ projection ``output_proj`` is then ignored, with a warning). The key mapping is
 """
 import argparse
 import os.path as osp
-import sys
 from typing import Optional, Sequence
 
-sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
-sys.path.insert(0, osp.dirname(osp.abspath(__file__)))  # converter_cli
+import torch
 
+from mmeffattn.models.backbones.veca import VECA, checkpoint_filter_veca_official
 
-from converter_cli import (check_loads, load_official, parse_converter_args,  # noqa: E402
-                           save_converted)
+try:  # imported from the tools package
+    from .converter_cli import (check_loads, load_official, parse_converter_args,
+                                save_converted)
+except ImportError:  # run as a script: its folder is on sys.path
+    from converter_cli import (check_loads, load_official, parse_converter_args,
+                               save_converted)
 
-import torch  # noqa: E402
-
-from mmeffattn.models.backbones.veca import VECA, checkpoint_filter_veca_official  # noqa: E402
 
 # official families (veca/config.py FAMILY_PRESETS) by (embed dims, depth, SwiGLU half width)
 _FAMILIES = {(384, 12, 1024): 'small', (384, 12, 1536): 'splus', (768, 12, 2048): 'base',

@@ -19,21 +19,20 @@ and give the official logits. The key mapping is
 """
 import argparse
 import os.path as osp
-import sys
 from typing import Optional, Sequence
 
-sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
-sys.path.insert(0, osp.dirname(osp.abspath(__file__)))  # converter_cli
+import torch
 
-
-from converter_cli import load_official as _load  # noqa: E402
-from converter_cli import check_loads, parse_converter_args, save_converted  # noqa: E402
-
-import torch  # noqa: E402
-
-from mmeffattn.engine.checkpoint_io import OFFICIAL_STAND_INS  # noqa: E402
-from mmeffattn.models.backbones.weightformer import (  # noqa: E402
+from mmeffattn.engine.checkpoint_io import OFFICIAL_STAND_INS
+from mmeffattn.models.backbones.weightformer import (
     WeightFormer, checkpoint_filter_weightformer_official)
+
+try:  # imported from the tools package
+    from .converter_cli import load_official as _load
+    from .converter_cli import check_loads, parse_converter_args, save_converted
+except ImportError:  # run as a script: its folder is on sys.path
+    from converter_cli import load_official as _load
+    from converter_cli import check_loads, parse_converter_args, save_converted
 
 
 def load_official(path: str, unsafe: bool = False) -> dict:

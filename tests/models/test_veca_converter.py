@@ -9,7 +9,6 @@ split it in two), so an error in either split would show.
 """
 import math
 import os.path as osp
-import sys
 from collections import OrderedDict
 from typing import Optional
 
@@ -20,10 +19,9 @@ import torch.nn.functional as F
 import mmeffattn  # noqa: F401  (registers the models)
 from mmeffattn.models.backbones.veca import (VECA, checkpoint_filter_veca,
                                              checkpoint_filter_veca_official)
+from tools.model_converters import veca_official as converter_cli
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-sys.path.insert(0, osp.join(ROOT, 'tools', 'model_converters'))
-import veca_official as converter_cli  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures('one_thread', 'reference_ops')
 
