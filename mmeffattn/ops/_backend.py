@@ -1,19 +1,11 @@
-"""Backend selection shared by every op, and the dispatch hook.
+"""Backend selection shared by every op, and the dispatch hook (imports without Triton).
 
-Each op has three implementations: ``'triton'`` (its kernels, compiled or interpreted),
-``'torch'`` (fast PyTorch: fused attention, layouts written directly, symbolic-size paths) and
-``'reference'`` (the paper's formula in plain tensor operations: the test oracle). Each op asks
-:func:`select_backend` with the reasons its kernels cannot run the inputs. Rules:
-
-* ``backend='reference'`` or ``'torch'`` always runs that implementation.
-* ``backend='triton'`` runs the kernels, or raises ``RuntimeError`` listing every reason.
-* ``backend=None`` (automatic): ``$MMEFFATTN_OPS_BACKEND`` (``triton``/``torch``/``reference``/
-  ``auto``) if set, else Triton when there is no reason against it, otherwise ``'torch'``. A
-  CUDA input that falls back logs the reasons once (a silent slow path otherwise).
-
-Triton runs CUDA tensors compiled, and CPU tensors only when its interpreter was switched on
-(``TRITON_INTERPRET=1`` before ``import triton``; the mode is recorded here at import). This
-module imports without Triton and without a GPU.
+Backends: ``'triton'`` (the kernels), ``'torch'`` (fast PyTorch) and ``'reference'`` (the
+formula, the test oracle). ``backend='torch'``/``'reference'`` always runs that one;
+``'triton'`` runs the kernels or raises ``RuntimeError`` listing every reason; None reads
+``$MMEFFATTN_OPS_BACKEND`` (a backend or ``auto``), else picks Triton when nothing stands
+against it, otherwise ``'torch'`` (a CUDA fallback logs its reasons once). CPU tensors run
+Triton only under its interpreter (``TRITON_INTERPRET=1`` before ``import triton``).
 """
 import contextlib
 import logging

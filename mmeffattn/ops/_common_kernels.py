@@ -1,9 +1,5 @@
-"""Triton code the ops' kernels share: ``@triton.jit`` helpers (inlined into the kernels that
-call them, so a kernel compiles to the same code as with the lines written out) and the
-softmax-backward delta pre-pass with its launcher.
-
-Importing this module needs Triton (only ``kernels.py`` / ``function.py`` modules import it).
-"""
+"""Triton code the ops' kernels share: ``@triton.jit`` helpers (inlined where called) and the
+softmax-backward delta pre-pass with its launcher."""
 from typing import Optional
 
 import torch

@@ -15,9 +15,7 @@ from torch.library import wrap_triton
 
 from ._backend import TRITON_INTERPRET
 
-#: the profiler range around an interpreted launch: the interpreter emulates the kernel with
-#: aten calls, which a profile of the glue around an op (tests/ops/test_sema_attention.py)
-#: leaves out by this name
+#: profiler range around an interpreted launch (its aten calls are left out of glue profiles)
 INTERPRETED_LAUNCH = 'mmeffattn::interpreted_launch'
 
 
@@ -48,9 +46,8 @@ class Launch:
     args: Tuple[Any, ...]
 
 
-#: the recording list of :func:`record_launches` (``.recorder``), per thread: the fake
-#: implementations record (``_library.py``), so a fake-tensor trace in one thread must not turn
-#: another thread's eager launches into records (their outputs would stay uninitialised)
+#: :func:`record_launches`' list, per thread (a fake trace must not capture another thread's
+#: eager launches)
 _state = threading.local()
 
 

@@ -27,14 +27,9 @@ def _fake(impl: Callable) -> Callable:
 
 
 def define(name: str, schema: str, impl: Callable):
-    """Register ``impl`` (the launchers of one op, direction forward or backward) as
-    ``mmeffattn::<name>`` with ``schema`` (e.g. ``'(Tensor x, float lam) -> Tensor'``) and its
-    fake implementation; returns the ``CustomOpDef`` (call it like the function, or through
-    ``torch.ops.mmeffattn.<name>``).
-
-    ``impl`` must allocate its outputs with torch (``torch.empty`` and friends), launch every
-    kernel through :func:`mmeffattn.ops._launch.launch`, and return new tensors (never an input
-    or a view of one: custom operators' outputs may not alias their inputs).
+    """Register ``impl`` (one op's forward or backward launchers) as ``mmeffattn::<name>``
+    with ``schema`` and its fake implementation; returns the ``CustomOpDef``. ``impl`` launches
+    through :func:`._launch.launch` and returns new tensors (outputs may not alias inputs).
     """
     qualname = f'{NAMESPACE}::{name}'
     if TRITON_INTERPRET:

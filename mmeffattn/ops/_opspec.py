@@ -1,9 +1,5 @@
-"""The facts an op declares about itself (:class:`OpSpec`) and the tolerance check they use.
-
-Each ``<op>/spec.py`` defines ``SPEC = OpSpec(...)``; :mod:`mmeffattn.ops._spec` lists them.
-The cases a tool or a test runs (benchmark shapes, GPU checks, AOT matrices, rooflines) live
-with that tool or test, so this module and the specs import nothing above the ops.
-"""
+"""The facts an op declares about itself (:class:`OpSpec`, one per ``<op>/spec.py``, listed
+in :mod:`._spec`) and the tolerance check they use. Test and tool cases live with those."""
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, NamedTuple, Optional
 
@@ -20,10 +16,8 @@ class Tolerance(NamedTuple):
     max_factor: float
 
 
-#: the default tolerance table, per dtype: an op's result computed in ``dtype`` against its
-#: reference evaluated in float64 on the same inputs
-#:     rms(actual - expected) <= rtol * rms(expected) + atol
-#:     max|actual - expected| <= max_factor * (rtol * max|expected| + atol)
+#: per dtype, against the fp64 reference: ``rms(err) <= rtol rms(expected) + atol`` and
+#: ``max|err| <= max_factor (rtol max|expected| + atol)``
 DEFAULT_TOLERANCES: Dict[torch.dtype, Tolerance] = {
     torch.float64: Tolerance(1e-10, 1e-12, 10.),
     torch.float32: Tolerance(1e-5, 1e-7, 20.),

@@ -1,9 +1,5 @@
-"""Every op's facts, named one by one: the list the tools that work across ops read
-(``analysis/flops.py`` for MACs, ``tools/gpu_check.py`` for tolerances, the op tests).
-
-Adding an op: a ``<op>/spec.py`` defining ``SPEC = OpSpec(...)`` (:mod:`._opspec`) and one
-line in :data:`SPECS`.
-"""
+"""Every op's facts, named one by one (read by the FLOP count, the GPU check and the tests);
+a new op adds its ``<op>/spec.py`` here."""
 from typing import List
 
 from ._opspec import (DEFAULT_TOLERANCES, DTYPES, OpSpec, Tolerance, check_close, rms,

@@ -9,7 +9,7 @@ from typing import Dict, NamedTuple, Optional, Tuple
 
 import torch
 
-from .._launch import (KernelConfig, Launch, device_guard as _device_guard,  # noqa: F401
+from .._launch import (KernelConfig, device_guard as _device_guard,  # noqa: F401
                        launch as _launch, next_pow2 as _next_pow2, record_launches,
                        unit_last_stride as _unit_last_stride)
 from .._common import autocast_off, bh_strides as _strides
@@ -213,9 +213,6 @@ def _rope_args(q: torch.Tensor, cos: Optional[torch.Tensor], sin: Optional[torch
     return (cos, sin, *strides)
 
 
-# ---------------------------------------------------------------------------------------------
-# launchers
-# ---------------------------------------------------------------------------------------------
 def core_periphery_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        cos: Optional[torch.Tensor], sin: Optional[torch.Tensor], num_cores: int,
                        scale: float, input_precision: str = DEFAULT_INPUT_PRECISION,

@@ -9,7 +9,7 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from .._common import sample_offsets_fit as int32_offsets_fit, strides4 as _strides4
-from .._launch import (KernelConfig, Launch, device_guard as _device_guard,  # noqa: F401
+from .._launch import (KernelConfig, device_guard as _device_guard,  # noqa: F401
                        launch as _launch, next_pow2 as _next_pow2, record_launches)
 from . import kernels
 
@@ -64,9 +64,6 @@ def _flat_kernel(kernel: torch.Tensor) -> torch.Tensor:
     return kernel.reshape(kernel.shape[0], kernel.shape[1], -1).contiguous()
 
 
-# ---------------------------------------------------------------------------------------------
-# launchers
-# ---------------------------------------------------------------------------------------------
 def dynamic_dwconv_fwd(x: torch.Tensor, kernel: torch.Tensor, bias: Optional[torch.Tensor],
                        weight: Optional[torch.Tensor], normalize: bool) -> torch.Tensor:
     """Forward: ``[B, C, H, W]`` in x's dtype and memory layout."""

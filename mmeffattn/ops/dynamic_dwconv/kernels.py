@@ -91,15 +91,9 @@ def dynamic_dwconv_bwd_kernel(
     NORMALIZE: tl.constexpr, HAS_WEIGHT: tl.constexpr, NEEDS_DX: tl.constexpr,
     NEEDS_DK: tl.constexpr,
 ):
-    """dx of ``tiles_per_prog`` consecutive ``BP x BC`` tiles, and their summed partial sums of
-    the kernel and bias gradients.
-
-    ``dx[p] = sum_t dy[p - off_t] tap_t`` (the transposed convolution); ``part`` is
-    ``[B, n_groups, C, K*K + 1]`` fp32 (one group = one program's tiles): slot ``t < K*K``
-    holds ``sum_p dy[p] x[p + off_t]`` over the group's pixels, slot ``K*K`` ``sum_p dy[p]``
-    (written only if NEEDS_DK; the reduce kernel sums the groups). The sums stay in a
-    ``[BKK, BC]`` register tile across the group's tiles, so a program writes them once.
-    Grid: ``(n_groups, channel tiles, B)``.
+    """``dx[p] = sum_t dy[p - off_t] tap_t`` over ``tiles_per_prog`` tiles, and (NEEDS_DK)
+    the group's sums ``part [B, n_groups, C, K*K + 1]``: ``sum_p dy[p] x[p + off_t]`` per tap,
+    then ``sum_p dy[p]``. Grid: ``(n_groups, channel tiles, B)``.
     """
     i_g = tl.program_id(0)
     o_c = tl.program_id(1) * BC + tl.arange(0, BC)  # [BC]
@@ -164,14 +158,9 @@ def dynamic_dwconv_bwd_reduce_kernel(
     C, n_groups,
     K: tl.constexpr, BC: tl.constexpr, BKK: tl.constexpr, NORMALIZE: tl.constexpr,
 ):
-    """Reduce the per-group partial sums of one sample and back-propagate the normalization.
-
-    ``red [B, C, K*K + 1]`` fp32 receives ``G`` (the effective kernel's gradient, slots
-    ``< K*K``) and the bias gradient of the sample (slot ``K*K``); the launcher sums it over the
-    samples for the static weight and bias. ``dkernel [B, C, K*K]`` (kernel's dtype) receives
-    ``G`` or, with NORMALIZE, ``G / (n + 1) - R (G . R) / (n (n + 1)^2)`` for the raw kernel
-    ``R`` of norm ``n`` (``G`` where ``n = 0``, as torch's norm backward).
-    One program per (block of ``BC`` channels, sample).
+    """Sum a sample's group partials into ``red [B, C, K*K + 1]`` (the effective kernel's
+    gradient G, then the bias's) and write ``dkernel``: G, or with NORMALIZE
+    ``G / (n + 1) - R (G . R) / (n (n + 1)^2)`` for raw kernel R of norm n (G where n = 0).
     """
     i_c = tl.program_id(0)
     i_b = tl.program_id(1).to(tl.int64)

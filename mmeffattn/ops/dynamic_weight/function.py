@@ -9,7 +9,7 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from .._common import sample_offsets_fit as int32_offsets_fit
-from .._launch import (KernelConfig, Launch, device_guard as _device_guard,  # noqa: F401
+from .._launch import (KernelConfig, device_guard as _device_guard,  # noqa: F401
                        launch as _launch, next_pow2 as _next_pow2, record_launches,
                        unit_last_stride as _unit_last_stride)
 from . import kernels
@@ -60,9 +60,6 @@ def dynamic_weight_kernel_configs(c_in: int, c_out: int, dtype: torch.dtype,
     return configs
 
 
-# ---------------------------------------------------------------------------------------------
-# launchers
-# ---------------------------------------------------------------------------------------------
 def dynamic_weight_fwd(u: torch.Tensor, v: torch.Tensor, s: float,
                        weight: Optional[torch.Tensor] = None,
                        input_precision: str = DEFAULT_INPUT_PRECISION) -> torch.Tensor:

@@ -31,11 +31,8 @@ def laplacian_fwd_kernel(
     heads, N, M, D, neg_log2e_over_lam,
     BN: tl.constexpr, BM: tl.constexpr,
 ):
-    """out[b, h, i, j] = exp2(-log2(e) / lam * sum_d |x_id - y_jd|) for one ``BN x BM`` tile.
-
-    Grid: ``(cdiv(N, BN) * cdiv(M, BM), B * heads)``, tiles numbered along M fastest.
-    out: ``[B, heads, N, M]`` with unit stride on M, in its own dtype.
-    """
+    """out[b, h, i, j] = exp2(-log2(e) / lam * sum_d |x_id - y_jd|) for one ``BN x BM`` tile
+    (grid ``(N tiles * M tiles, B * heads)``, M fastest)."""
     o_n, m_n, o_m, m_m, i_bh = _tile(N, M, BN, BM)
     x += bh_offset(i_bh, heads, stride_xb, stride_xh)
     y += bh_offset(i_bh, heads, stride_yb, stride_yh)

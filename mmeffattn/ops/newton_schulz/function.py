@@ -10,7 +10,7 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from .._common import autocast_off
-from .._launch import (KernelConfig, Launch, device_guard as _device_guard,  # noqa: F401
+from .._launch import (KernelConfig, device_guard as _device_guard,  # noqa: F401
                        launch as _launch, next_pow2 as _next_pow2, record_launches)
 from . import kernels
 from .naive import ALPHA_NUM, compute_dtype, initial_iterate, regularized
@@ -37,16 +37,9 @@ def padded_size(M: int) -> int:
 def newton_schulz_kernel_configs(M: int, store_iterates: bool = True,
                                  input_precision: str = DEFAULT_INPUT_PRECISION
                                  ) -> Dict[str, KernelConfig]:
-    """The configurations the launchers use for ``M <= MAX_ONCHIP_M``, by role: ``'fwd'``,
-    ``'bwd'``: the whole-matrix kernels up to :data:`MAX_REGISTER_MP`; beyond, the
-    multi-program step kernels, with ``'fwd_init'`` (V_0) and ``'bwd_q'`` (Q = V^T G per
-    step) and ``'bwd_alpha'`` (the final alpha term) beside them.
-
-    Args:
-        M: matrix size.
-        store_iterates: the forward keeps its iterates for the backward.
-        input_precision: ``tl.dot`` precision.
-    """
+    """The launchers' configurations for ``M <= MAX_ONCHIP_M`` by role: ``'fwd'``, ``'bwd'``
+    (whole-matrix up to :data:`MAX_REGISTER_MP`, else per-step kernels with ``'fwd_init'``,
+    ``'bwd_q'`` and ``'bwd_alpha'``)."""
     mp = padded_size(M)
     common = dict(MP=mp, INPUT_PRECISION=input_precision)
     tiled = dict(common, BR=min(ROW_BLOCK, mp), BK=min(CHUNK, mp))
@@ -90,10 +83,8 @@ def _padded(x: torch.Tensor, mp: int) -> torch.Tensor:
 
 
 def _new_result(a: torch.Tensor, mp: int, zero: bool = False) -> torch.Tensor:
-    """A new fp32 ``[B, heads, MP, MP]`` buffer for a result the kernels write through its
-    ``[B*heads, MP, MP]`` view (uninitialised, or zeros). Allocated with the result's own
-    shape, so that for ``M == MP`` in fp32 :func:`_unpadded` returns the buffer itself: no copy,
-    and no view (an operator output that is a view cannot be modified in place under autograd)."""
+    """A new fp32 ``[B, heads, MP, MP]`` result buffer, shaped so that for ``M == MP`` in fp32
+    :func:`_unpadded` returns it as is (no copy, no view)."""
     B, heads = a.shape[:2]
     new = a.new_zeros if zero else a.new_empty
     return new((B, heads, mp, mp), dtype=KERNEL_DTYPE)
@@ -110,9 +101,6 @@ def _unpadded(x: torch.Tensor, shape: torch.Size, dtype: torch.dtype) -> torch.T
     return x[:, :, :M, :M].to(dtype, memory_format=torch.contiguous_format, copy=True)
 
 
-# ---------------------------------------------------------------------------------------------
-# on-chip launchers (M <= MAX_ONCHIP_M)
-# ---------------------------------------------------------------------------------------------
 def newton_schulz_fwd(a: torch.Tensor, iters: int, eps: float, store_iterates: bool,
                       input_precision: str = DEFAULT_INPUT_PRECISION
                       ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
@@ -147,12 +135,7 @@ def newton_schulz_fwd(a: torch.Tensor, iters: int, eps: float, store_iterates: b
 def newton_schulz_bwd(g: torch.Tensor, a: torch.Tensor, ws: Optional[torch.Tensor], iters: int,
                       eps: float, input_precision: str = DEFAULT_INPUT_PRECISION
                       ) -> torch.Tensor:
-    """Backward launcher: dL/da ``[B, heads, M, M]`` contiguous in a's dtype (not a view).
-
-    Args:
-        g: gradient of the output (any strides); ws: the forward's iterates (None when
-            ``iters == 0``).
-    """
+    """Backward: dL/da contiguous in a's dtype; ws: the forward's iterates (None if no iters)."""
     B, heads, M, _ = a.shape
     BH = B * heads
     cfgs = newton_schulz_kernel_configs(M, True, input_precision)
@@ -187,9 +170,6 @@ def newton_schulz_bwd(g: torch.Tensor, a: torch.Tensor, ws: Optional[torch.Tenso
     return _unpadded(result, a.shape, a.dtype)
 
 
-# ---------------------------------------------------------------------------------------------
-# batched-matmul path (M > MAX_ONCHIP_M)
-# ---------------------------------------------------------------------------------------------
 def newton_schulz_fwd_torch(a: torch.Tensor, iters: int, eps: float, store_iterates: bool
                             ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """The forward with batched matmuls: ``(out, iterates)``, iterates ``[iters, B, heads, M,

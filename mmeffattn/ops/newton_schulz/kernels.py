@@ -47,10 +47,7 @@ def newton_schulz_fwd_kernel(
     MP: tl.constexpr, STORE_ITERATES: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):
     """out = V_iters for one matrix held whole in registers; ``ws`` (if STORE_ITERATES) gets
-    ``V_0 .. V_{iters-1}``.
-
-    a, out: ``[B*heads, MP, MP]``; ws: ``[B*heads, iters, MP, MP]``.
-    """
+    ``V_0 .. V_{iters-1}``."""
     i_bh = tl.program_id(0).to(tl.int64)
     a += i_bh * MP * MP
     out += i_bh * MP * MP
@@ -77,9 +74,7 @@ def newton_schulz_bwd_kernel(
     M, iters, n_slots, eps, alpha_num,
     MP: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):
-    """da = dL/da of ``out = V_iters`` for one matrix held whole in registers, given
-    ``g = dL/d out``.
-
+    """da = dL/da of ``out = V_iters`` (one matrix in registers) given ``g = dL/d out``.
     Reverses ``V_{k+1} = 2 V_k - V_k P V_k`` with ``G = dL/dV_{k+1}``::
 
         dL/dP   -= V_k^T G V_k^T
@@ -87,9 +82,7 @@ def newton_schulz_bwd_kernel(
 
     then ``V_0 = alpha P`` with ``alpha = alpha_num / s^2``, ``s = max_i sum_j P_ij``:
     ``dL/dP += alpha G_0 + dL/ds [i is a largest row] / (number of largest rows)`` with
-    ``dL/ds = -2 alpha / s * sum(G_0 * P)``. ``dL/da = dL/dP``.
-    a, g, da: ``[B*heads, MP, MP]``; ws: the forward's iterates ``[B*heads, n_slots, MP,
-    MP]`` (``V_k`` in slot k, from either forward kernel).
+    ``dL/ds = -2 alpha / s * sum(G_0 * P)``. ``dL/da = dL/dP``. ws: the forward's iterates.
     """
     i_bh = tl.program_id(0).to(tl.int64)
     a += i_bh * MP * MP
@@ -234,8 +227,7 @@ def newton_schulz_bwd_step_kernel(
         G_new[i, j] = 2 G_ij - (R_i P^T)_j - (P^T Q)_ij  (= dL/dV_k)
         dP[i, j]   -= (Q V^T)_ij
 
-    per BK-wide column chunk ``j``. dp is updated in place (each program owns its rows).
-    q, g_new, dp: ``[B*heads, MP, MP]``; v, g: batch*head strides ``stride_v``, ``stride_g``.
+    per BK-wide column chunk ``j``; dp is updated in place (each program owns its rows).
     """
     i_r = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
