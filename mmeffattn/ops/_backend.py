@@ -154,10 +154,8 @@ _hooks: List[Callable] = []
 
 @contextlib.contextmanager
 def dispatch_hook(hook: Callable[[str, Callable, tuple, Dict[str, Any]], Any]) -> Iterator[None]:
-    """Within the block, every public op call (after validation) goes through
-    ``hook(op_name, run, args, kwargs)``, which must return ``run(*args, **kwargs)`` or what
-    stands for it (e.g. the FLOP counter runs it inside a node it can count). ``args`` and
-    ``kwargs`` are the op's validated arguments; ``run`` runs the backend the call selects."""
+    """Within the block, every validated public op call goes through ``hook(op_name, run,
+    args, kwargs)``, which returns ``run(*args, **kwargs)`` or what stands for it."""
     _hooks.append(hook)
     try:
         yield
@@ -168,10 +166,8 @@ def dispatch_hook(hook: Callable[[str, Callable, tuple, Dict[str, Any]], Any]) -
 def dispatch(op_name: str, backend: Optional[str], triton_reasons: Callable[[], List[str]],
              tensors: Sequence[torch.Tensor], triton_fn: Callable, torch_fn: Callable,
              reference_fn: Callable, *args, **kwargs):
-    """Run ``triton_fn``, ``torch_fn`` or ``reference_fn`` on ``(*args, **kwargs)``, as
-    :func:`select_backend` decides, through the innermost :func:`dispatch_hook` if one is
-    active: the last step of every public op. The op passes its module-level entry points at
-    call time, so patching them (the dispatch tests) still works."""
+    """The last step of every public op: run the backend :func:`select_backend` picks,
+    through the innermost :func:`dispatch_hook` if any."""
     def run(*args, **kwargs):
         chosen = select_backend(op_name, backend, triton_reasons, tensors)
         fn = {'triton': triton_fn, 'torch': torch_fn, 'reference': reference_fn}[chosen]

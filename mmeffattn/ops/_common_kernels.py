@@ -53,11 +53,8 @@ def softmax_bwd_delta_kernel(
     n_heads, N, D,
     BD: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr, WITH_MEAN: tl.constexpr,
 ):
-    """delta[bh, n] = sum_d dO[n, d] * (O[n, d] - mean[d]): the softmax backward's row term.
-
-    One program per (block of BLOCK_N tokens, batch*head); delta: ``[B*heads, N]`` fp32;
-    mean: ``[B*heads, D]`` fp32, read only if WITH_MEAN (a term added after the softmax).
-    """
+    """delta[bh, n] = sum_d dO[n, d] * (O[n, d] - mean[d]), the softmax backward's row term
+    (``mean`` only if WITH_MEAN)."""
     i_nb = tl.program_id(0)
     i_bh = tl.program_id(1)
     o += bh_offset(i_bh, n_heads, stride_ob, stride_oh)

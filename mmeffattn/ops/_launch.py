@@ -57,9 +57,8 @@ def _recorder() -> Optional[List[Launch]]:
 
 @contextlib.contextmanager
 def record_launches() -> Iterator[List[Launch]]:
-    """Within the block, launchers record their launches in the yielded list and run nothing
-    (outputs stay uninitialised). Used to compile exactly what the launchers launch. Only the
-    calling thread's launches are recorded (other threads launch as usual meanwhile)."""
+    """Within the block, this thread's launchers record their launches in the yielded list
+    and run nothing (to compile exactly what they launch)."""
     previous = _recorder()
     _state.recorder = launches = []
     try:

@@ -56,12 +56,8 @@ def check_alike(op: str, named: Named, same_dtype: bool = True) -> None:
 
 def check_qkv(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
               tokens: str = 'N') -> None:
-    """q, k, v: floating-point ``[B, heads, tokens, D]`` tensors of one shape, dtype and device.
-
-    Args:
-        op: the op's name, first in every message.
-        tokens: how the op names its token axis (e.g. ``'C + N'``), for the messages.
-    """
+    """q, k, v: floating-point ``[B, heads, tokens, D]`` of one shape, dtype and device
+    (``tokens``: the token axis's name in messages, e.g. ``'C + N'``)."""
     for name, x in (('q', q), ('k', k), ('v', v)):
         check_tensor(op, name, x, f'[B, heads, {tokens}, D]',
                      f'reshape tokens [B, {tokens}, heads*D] with '

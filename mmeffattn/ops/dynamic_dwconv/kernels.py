@@ -36,9 +36,7 @@ def _inv_norm(kernel, o_c, m_c, BC: tl.constexpr, KK: tl.constexpr):
 
 @triton.jit
 def _pixel_channel_tile(C, H, W, BC: tl.constexpr, BP: tl.constexpr):
-    """``(o_c, m_c, o_p, m_p, o_h, o_w, i_b)`` of this program's ``BP x BC`` tile: channel
-    offsets [BC] and mask, flat pixel offsets [BP], their mask, rows and columns, and the
-    sample (int64). Grid ``(pixel tiles, channel tiles, B)``."""
+    """``(o_c, m_c, o_p, m_p, o_h, o_w, i_b)`` of this program's ``BP x BC`` tile."""
     o_c = tl.program_id(1) * BC + tl.arange(0, BC)  # [BC]
     o_p = tl.program_id(0) * BP + tl.arange(0, BP)  # [BP]
     return o_c, o_c < C, o_p, o_p < H * W, o_p // W, o_p % W, tl.program_id(2).to(tl.int64)

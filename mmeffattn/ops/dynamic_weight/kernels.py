@@ -54,11 +54,7 @@ def dynamic_weight_fwd_kernel(
     BO: tl.constexpr, BI: tl.constexpr, BM: tl.constexpr, NUM_I_TILES: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):
-    """out[b] = R / (||R_j|| + 1) (+ w), R = s v[b]^T u[b]; one block of output rows per program.
-
-    w: static weight ``[C_out, C_in]`` (read only if HAS_WEIGHT); out: ``[B, C_out, C_in]`` in
-    its own dtype (the promoted dtype of u and w).
-    """
+    """out[b] = R / (||R_j|| + 1) (+ w), R = s v[b]^T u[b]; one block of output rows per program."""
     o_o, m_o, i_b = _row_block(C_out, BO)
     u += i_b * stride_ub
     v += i_b * stride_vb
@@ -100,10 +96,8 @@ def dynamic_weight_fwd_kernel(
 
 @triton.jit
 def _grad_raw(b_r, b_g, b_n, b_c, s):
-    """``dL/dP`` for ``P = R / s`` from ``R`` and the output gradient ``g`` of one tile
-    ([BO, BI]), given each row's norm ``n = ||R_j||`` and ``c = g_j . R_j`` ([BO]):
-    ``s * (g / (n + 1) - R c / (n (n + 1)^2))``; a zero row (n = 0) gets ``s * g``, as torch's
-    norm backward (the second term's limit)."""
+    """``dL/dP = s (g / (n + 1) - R c / (n (n + 1)^2))`` for ``P = R / s``, ``n = ||R_j||``,
+    ``c = g_j . R_j``; ``s g`` where n = 0, as torch's norm backward."""
     b_inv = 1. / (b_n + 1.)  # [BO]
     b_coef = tl.where(b_n > 0., b_c * b_inv * b_inv / tl.where(b_n > 0., b_n, 1.), 0.)  # [BO]
     return (b_g * b_inv[:, None] - b_r * b_coef[:, None]) * s
@@ -177,12 +171,8 @@ def dynamic_weight_bmm_kernel(
     M, N, K,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):
-    """c[i] = a[i] @ b[i] for each sample i: ``a [M, K]``, ``b [K, N]`` with any strides (a
-    transpose is a stride swap), ``c [M, N]`` with unit stride on N, in its own dtype.
-
-    The backward's two products: ``du = v dp`` (K = C_out) and ``dv = u dp^T`` (K = C_in).
-    One program per (``BM x BN`` output tile, sample); tiles are numbered along N fastest.
-    """
+    """c[i] = a[i] @ b[i] per sample (any strides: a transpose is a stride swap), for the
+    backward's ``du = v dp`` and ``dv = u dp^T``; one program per output tile, N fastest."""
     i_t = tl.program_id(0)
     i_s = tl.program_id(1).to(tl.int64)
     n_tiles_n = tl.cdiv(N, BN)

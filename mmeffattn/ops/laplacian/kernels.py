@@ -13,9 +13,7 @@ from .._common_kernels import bh_offset, load_rows, store_rows
 
 @triton.jit
 def _tile(n_rows, n_cols, BR: tl.constexpr, BC: tl.constexpr):
-    """``(o_r, m_r, o_c, m_c, i_bh)``: the row and column offsets ([BR], [BC]) and masks of
-    this program's tile (``program_id(0)``, column tiles fastest) and its ``b * heads + h``
-    (``program_id(1)``)."""
+    """``(o_r, m_r, o_c, m_c, i_bh)`` of this program's tile (column tiles fastest)."""
     n_col_tiles = tl.cdiv(n_cols, BC)
     o_r = (tl.program_id(0) // n_col_tiles) * BR + tl.arange(0, BR)  # [BR]
     o_c = (tl.program_id(0) % n_col_tiles) * BC + tl.arange(0, BC)  # [BC]

@@ -91,9 +91,7 @@ def _new_result(a: torch.Tensor, mp: int, zero: bool = False) -> torch.Tensor:
 
 
 def _unpadded(x: torch.Tensor, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
-    """Inverse of :func:`_padded` for a :func:`_new_result` buffer ``x`` ``[B, heads, MP, MP]``:
-    a new contiguous ``shape`` in ``dtype``, never a view of ``x`` (a view would keep the whole
-    padded buffer alive); ``x`` itself when it already is that."""
+    """Inverse of :func:`_padded`: a new contiguous tensor, never a view of ``x``."""
     M = shape[-1]
     if M == x.shape[-1] and x.dtype == dtype:
         return x
@@ -172,9 +170,7 @@ def newton_schulz_bwd(g: torch.Tensor, a: torch.Tensor, ws: Optional[torch.Tenso
 
 def newton_schulz_fwd_torch(a: torch.Tensor, iters: int, eps: float, store_iterates: bool
                             ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """The forward with batched matmuls: ``(out, iterates)``, iterates ``[iters, B, heads, M,
-    M]`` in the compute dtype (None unless ``store_iterates``); the matmuls in the compute
-    dtype also under autocast, as the kernels'."""
+    """The forward with batched matmuls in the compute dtype: ``(out, iterates)``."""
     with autocast_off(a.device.type):
         p = regularized(a.to(compute_dtype(a.dtype)), eps)
         v = initial_iterate(p)

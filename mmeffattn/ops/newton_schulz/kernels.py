@@ -19,9 +19,7 @@ def _diag_term(o_r, o_c, M, eps):
 
 @triton.jit
 def _initial_factors(b_s, alpha_num):
-    """``(r1, r2)`` with ``V_0 = (P * r1) * r2 = alpha_num / s^2 * P``: ``(alpha_num / s^2, 1)``
-    while ``s^2`` stays in range (1e-18 < |s| < 1e18, ``naive.SQUARE_SAFE``), else
-    ``(1 / s, alpha_num / s)`` (as ``naive.initial_iterate``)."""
+    """``(r1, r2)`` with ``V_0 = (P * r1) * r2``, as ``naive.initial_iterate``."""
     b_in = (tl.abs(b_s) > 1e-18) & (tl.abs(b_s) < 1e18)
     b_sin = tl.where(b_in, b_s, 1.)
     b_sout = tl.where(b_in, 1., b_s)
@@ -150,10 +148,7 @@ def newton_schulz_init_kernel(
     a, dst, stride_dst, M, eps, alpha_num,
     MP: tl.constexpr, BR: tl.constexpr,
 ):
-    """``dst = V_0 = alpha P`` (I on the padding) for the rows of program ``(i_r, bh)``.
-
-    a: ``[B*heads, MP, MP]``; dst: batch*head stride ``stride_dst``.
-    """
+    """``dst = V_0 = alpha P`` (I on the padding) for the rows of program ``(i_r, bh)``."""
     i_r = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     a += i_bh * MP * MP
@@ -171,10 +166,8 @@ def newton_schulz_step_kernel(
     a, src, dst, stride_src, stride_dst, M, eps,
     MP: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):
-    """One step ``dst = 2 V - (V P) V`` with ``V = src``, for the BR rows ``i`` of program
-    ``(i_r, bh)``: ``T_i = V_i P`` (``[BR, MP]``, in registers), then each BK-wide column chunk
-    ``j`` of ``2 V_ij - T_i V[:, j]``.
-    """
+    """One step ``dst = 2 V - (V P) V`` (``V = src``) for program ``(i_r, bh)``'s BR rows:
+    ``T_i = V_i P`` in registers, then ``2 V_ij - T_i V[:, j]`` per BK-wide chunk."""
     i_r = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     a += i_bh * MP * MP
@@ -264,9 +257,8 @@ def newton_schulz_bwd_alpha_kernel(
     a, g, dp, da, stride_g, M, eps, alpha_num,
     MP: tl.constexpr, BR: tl.constexpr,
 ):
-    """``da = dP + alpha G_0 + dL/ds [i is a largest row] / n_top`` (``V_0 = alpha P``, see
-    ``newton_schulz_bwd_kernel``) for the rows of program ``(i_r, bh)``; ``g`` is ``G_0``
-    (batch*head stride ``stride_g``), whose padded block is zero. dp may alias da."""
+    """``da = dP + alpha G_0 + dL/ds [i is a largest row] / n_top`` (``g = G_0``) for
+    program ``(i_r, bh)``'s rows; dp may alias da."""
     i_r = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     a += i_bh * MP * MP
