@@ -284,8 +284,8 @@ def compile_launch(launch, arch: int, sass: bool = False) -> Dict[str, Any]:
 def sema_costs(B: int, h: int, side: int, D: int):
     """One call on ``[B, h, side**2, D]`` q, k, v in windows of :data:`SEMA_WINDOW`, as the SEMA
     backbone makes it: q, k packed in the qk projection's output (``sema_attention_qk``), the
-    output stored tokens-major, the mean returned (the backbone adds it through the LePE
-    convolution's bias). Forward: the kernel (q, k, v read, o stored into ``[B, N, heads, D]``;
+    output stored tokens-major, the mean returned (the backbone adds it at the call site).
+    Forward: the kernel (q, k, v read, o stored into ``[B, N, heads, D]``;
     with several blocks per window the fp32 log-sum-exp) also writes each block's fp32 value
     sum (the several-block kernel reads its block's v rows once more), one sum of those
     partials per (batch, head) into the mean, and in 16-bit dtypes its cast. Backward: the
