@@ -14,15 +14,12 @@ import argparse
 import json
 import os
 import os.path as osp
-import sys
 from typing import Optional
 
-sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
-
-import mmeffattn  # noqa: E402,F401
-from mmeffattn.engine import check_dataset_paths  # noqa: E402
-from mmeffattn.engine import load_checkpoint_file  # noqa: E402
-from mmeffattn.engine.runner_setup import (DictAction, check_compile_option,  # noqa: E402
+import mmeffattn  # noqa: F401
+from mmeffattn.engine import check_dataset_paths
+from mmeffattn.engine import load_checkpoint_file
+from mmeffattn.engine.runner_setup import (DictAction, check_compile_option,
                                            load_config, prepare_compile, prepare_runtime,
                                            run_cli, set_work_dir, setup_launcher)
 

@@ -6,14 +6,10 @@
 """
 import argparse
 import os
-import os.path as osp
-import sys
 
-sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))  # run from a checkout too
-
-import mmeffattn  # noqa: E402,F401  (registers the models)
-from mmeffattn.engine import check_dataset_paths  # noqa: E402
-from mmeffattn.engine.runner_setup import (DictAction, add_exact_resume_hook,  # noqa: E402
+import mmeffattn  # noqa: F401  (registers the models)
+from mmeffattn.engine import check_dataset_paths
+from mmeffattn.engine.runner_setup import (DictAction, add_exact_resume_hook,
                                            check_compile_option, configure_resume, enable_amp,
                                            load_config, prepare_compile,
                                            prepare_runtime, run_cli, set_work_dir,
