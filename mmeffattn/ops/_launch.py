@@ -46,8 +46,7 @@ class Launch:
     args: Tuple[Any, ...]
 
 
-#: :func:`record_launches`' list, per thread (a fake trace must not capture another thread's
-#: eager launches)
+#: :func:`record_launches`' list, per thread (not another thread's eager launches)
 _state = threading.local()
 
 

@@ -1,11 +1,8 @@
-"""Triton kernels of core-periphery attention (VECA); the launchers are in ``function.py``.
+"""Triton kernels of core-periphery attention (VECA); launchers in ``function.py``.
 
-Every kernel runs a range of query rows against a range of key rows: core queries ``[0, C)``
-against all keys, or patch queries ``[C, C + N)`` against the core keys. q, k, v, do are
-``[B, heads, C + N, D]`` (unit stride on D); rope tables ``[B or 1, C + N, D]``. With ``ROPE``
-q/k tiles are rotated on load and gradients mapped back in the epilogues. One program per
-(row block, split, batch*head), row block fastest; D is padded to ``BD`` with masks; logits are
-in the log2 domain; accumulation is fp32. Details: docs/design/ops_kernels.md.
+Each kernel runs a range of query rows against a range of key rows (core queries against all
+keys, patch queries against the core keys); with ``ROPE`` q/k tiles are rotated on load and
+gradients mapped back in the epilogues. Layouts and rope details: docs/design/ops_kernels.md.
 """
 import triton
 import triton.language as tl

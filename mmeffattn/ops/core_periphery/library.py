@@ -1,6 +1,4 @@
-"""Core-periphery attention as the custom operators ``mmeffattn::core_periphery_attention``
-(+ ``_backward``); see :mod:`mmeffattn.ops._library`. Importing this module needs Triton
-(``op.py`` guards it)."""
+"""Custom operators ``mmeffattn::core_periphery_attention`` and its backward (``_library.py``)."""
 from typing import Optional, Sequence, Tuple
 
 import torch
@@ -77,10 +75,8 @@ def core_periphery_attention_triton(
         rope: Optional[Tuple[torch.Tensor, torch.Tensor]] = None, scale: Optional[float] = None,
         input_precision: str = DEFAULT_INPUT_PRECISION,
         splits: Optional[int] = None) -> torch.Tensor:
-    """Core-periphery attention with the Triton kernels through
-    ``mmeffattn::core_periphery_attention``, no input validation (see
-    ``op.core_periphery_attention``); rope tables are cast to q's dtype here, with autograd.
-    Returns ``[B, heads, C + N, D]`` contiguous."""
+    """Unvalidated Triton entry point of ``op.core_periphery_attention``; rope tables are cast
+    to q's dtype here, with autograd."""
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     cos = sin = None
     if rope is not None:

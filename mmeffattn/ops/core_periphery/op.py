@@ -1,5 +1,4 @@
-"""Public core-periphery attention op: validates its inputs and dispatches to Triton, the
-fast PyTorch form or the reference."""
+"""Public core-periphery attention op: validates its inputs and dispatches to a backend."""
 import operator
 from typing import List, Optional, Sequence, Tuple
 
@@ -12,8 +11,7 @@ from .._validate import check_alike, check_int, check_qkv, check_real
 from .naive import core_periphery_attention_naive
 from .pytorch import core_periphery_attention_torch
 
-#: head dims the kernels run (they pad D to a power of two with masks; their forward tiles are
-#: tuned from 16 channels up, so a narrower head runs the torch backend)
+#: head dims the kernels run (tiles are tuned from 16 channels up)
 MIN_TRITON_HEAD_DIM, MAX_TRITON_HEAD_DIM = 16, 128
 core_periphery_attention_triton, _KERNELS_IMPORT_ERROR = import_kernels(
     __package__, 'core_periphery_attention_triton', module='library')

@@ -19,11 +19,9 @@ BWD_TILE = (32, 64)
 NUM_WARPS = 8
 #: channels per program of the reduction kernel
 REDUCE_BLOCK_C = 32
-#: the backward sums the kernel-gradient partial sums of up to this many pixel tiles per
-#: program, keeping at least BWD_MIN_PROGRAMS programs (two per SM of an H100)
+#: most pixel tiles per backward program; fewest programs (two per SM of an H100)
 BWD_MAX_TILES_PER_PROG, BWD_MIN_PROGRAMS = 16, 264
-#: register cap of the backward: without it ptxas chose 80 registers and an 8-byte stack frame
-#: for sm_80 (bf16 NCHW, 64 x 64); with it no case uses a stack frame
+#: the backward's register cap (without it ptxas spilled 8 bytes on sm_80)
 BWD_MAXNREG = 128
 
 

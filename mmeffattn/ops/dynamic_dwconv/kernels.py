@@ -1,10 +1,8 @@
-"""Triton kernels of the per-sample dynamic depthwise convolution (launchers: ``function.py``).
+"""Triton kernels of the per-sample dynamic depthwise convolution; launchers in ``function.py``.
 
-``x``, ``dy``, ``out``, ``dx`` are ``[B, C, H, W]`` with any strides (NCHW or a token tensor's
-channels-last view); ``kernel`` ``[B, C, K*K]``, ``weight`` ``[C, K*K]``, ``bias`` ``[C]``. Each
-program recomputes its channels' effective taps ``kernel * inv + weight`` (``inv = 1 /
-(||kernel|| + 1)`` when NORMALIZE). Stride 1, zero padding ``K // 2``; the tap loop is not
-unrolled (unrolled, ptxas spilled). Pixels are the flattened ``H*W`` grid; arithmetic is fp32.
+Tensors ``[B, C, H, W]`` with any strides; taps ``kernel * inv + weight`` (``inv = 1 /
+(||kernel|| + 1)`` when NORMALIZE) are recomputed per program; stride 1, zero padding ``K // 2``;
+the tap loop is not unrolled (unrolled, ptxas spilled); fp32 arithmetic.
 """
 import triton
 import triton.language as tl

@@ -1,6 +1,4 @@
-"""The dynamic depthwise convolution as the custom operators ``mmeffattn::dynamic_dwconv``
-(+ ``_backward``); see :mod:`mmeffattn.ops._library`. Importing this module needs Triton
-(``op.py`` guards it)."""
+"""Custom operators ``mmeffattn::dynamic_dwconv`` and its backward (``_library.py``)."""
 from typing import Optional, Sequence, Tuple
 
 import torch
@@ -54,7 +52,5 @@ def dynamic_dwconv_triton(x: torch.Tensor, kernel: torch.Tensor,
                           bias: Optional[torch.Tensor] = None,
                           weight: Optional[torch.Tensor] = None,
                           normalize: bool = False) -> torch.Tensor:
-    """The dynamic depthwise convolution with the Triton kernels through
-    ``mmeffattn::dynamic_dwconv``, no input validation (see ``op.dynamic_dwconv``). Returns
-    ``[B, C, H, W]`` in x's dtype and memory layout."""
+    """Unvalidated Triton entry point of ``op.dynamic_dwconv``."""
     return dynamic_dwconv_op(x, kernel, bias, weight, bool(normalize))

@@ -1,5 +1,4 @@
-"""Public dynamic depthwise-convolution op: validates its inputs and dispatches to Triton, the
-fast PyTorch form or the reference."""
+"""Public dynamic depthwise-convolution op: validates its inputs and dispatches to a backend."""
 from typing import List, Optional
 
 import torch
@@ -11,8 +10,7 @@ from .._validate import check_alike, check_not_empty, check_tensor
 from .naive import dynamic_dwconv_naive
 from .pytorch import dynamic_dwconv_torch
 
-#: largest kernel side compiled without spills (tests/ops/test_dynamic_dwconv.py); larger
-#: kernels run the torch backend
+#: largest kernel side compiled without spills; larger kernels run the torch backend
 MAX_KERNEL_SIZE = 9
 dynamic_dwconv_triton, _KERNELS_IMPORT_ERROR = import_kernels(
     __package__, 'dynamic_dwconv_triton', module='library')

@@ -16,8 +16,7 @@ from . import kernels
 
 #: default ``tl.dot`` input precision for fp32: exact fp32 ('ieee'), not TF32.
 DEFAULT_INPUT_PRECISION = 'ieee'
-#: widest column tile (C_in, padded to a power of two) a program holds in one piece; wider
-#: inputs are swept in tiles of SWEEP_BLOCK_I columns, each computed twice.
+#: widest C_in tile held in one piece; wider inputs are swept (each tile computed twice)
 MAX_BLOCK_I = 512
 SWEEP_BLOCK_I = 128
 

@@ -1,10 +1,8 @@
-"""Triton kernels of WeightFormer's bilateral dynamic weight (launchers: ``function.py``).
+"""Triton kernels of WeightFormer's bilateral dynamic weight; launchers in ``function.py``.
 
-``u [B, M, C_in]``, ``v [B, M, C_out]`` (unit stride on channels); ``out``, ``g``, ``dp`` are
-``[B, C_out, C_in]``. ``R = s v^T u`` (``s = scale / n_tokens``); the op returns
-``R_j / (||R_j|| + 1) (+ W_j)`` per output row. One program per (block of output rows,
-sample) covers all of ``C_in`` (the norm needs the row): one register tile, or a sweep that
-computes the tiles twice instead of using a workspace. Accumulation is fp32.
+``R = s v^T u`` (``s = scale / n_tokens``), out ``= R_j / (||R_j|| + 1) (+ W_j)``. A program
+covers all of ``C_in`` for a block of output rows (the norm needs the row): one register tile,
+or a sweep that computes the tiles twice instead of using a workspace. fp32 accumulation.
 """
 import triton
 import triton.language as tl

@@ -1,5 +1,4 @@
-"""The dynamic weight as the custom operators ``mmeffattn::dynamic_weight`` (+ ``_backward``);
-see :mod:`mmeffattn.ops._library`. Importing this module needs Triton (``op.py`` guards it)."""
+"""Custom operators ``mmeffattn::dynamic_weight`` and its backward (``_library.py``)."""
 from typing import Optional, Sequence, Tuple
 
 import torch
@@ -55,7 +54,6 @@ dynamic_weight_op.register_autograd(_autograd_backward, setup_context=_setup_con
 def dynamic_weight_triton(u: torch.Tensor, v: torch.Tensor, n_tokens: float,
                           scale: Optional[float] = None, weight: Optional[torch.Tensor] = None,
                           input_precision: str = DEFAULT_INPUT_PRECISION) -> torch.Tensor:
-    """The dynamic weight with the Triton kernels through ``mmeffattn::dynamic_weight``, no input
-    validation (see ``op.dynamic_weight``). Returns ``[B, C_out, C_in]`` contiguous."""
+    """Unvalidated Triton entry point of ``op.dynamic_weight``."""
     scale = u.shape[-1] ** -0.5 if scale is None else float(scale)
     return dynamic_weight_op(u, v, weight, scale / float(n_tokens), input_precision)

@@ -16,8 +16,7 @@ from . import kernels
 
 #: x rows per backward chunk, y rows per backward tile (at most), D columns per program (at most)
 BWD_ROWS, BWD_MAX_COLS, BWD_MAX_D = 32, 64, 64
-#: split the x rows into enough backward programs for this many (two per SM of an H100): more
-#: splits mean more dy partial sums to write and add
+#: backward programs to aim for when splitting the x rows (two per SM of an H100)
 BWD_TARGET_PROGRAMS = 264
 
 

@@ -1,5 +1,4 @@
-"""The Laplacian kernel as the custom operators ``mmeffattn::laplacian_kernel`` (+ ``_backward``);
-see :mod:`mmeffattn.ops._library`. Importing this module needs Triton (``op.py`` guards it)."""
+"""Custom operators ``mmeffattn::laplacian_kernel`` and its backward (``_library.py``)."""
 from typing import Tuple
 
 import torch
@@ -49,6 +48,5 @@ laplacian_kernel_op.register_autograd(_autograd_backward, setup_context=_setup_c
 
 
 def laplacian_kernel_triton(x: torch.Tensor, y: torch.Tensor, lam: float) -> torch.Tensor:
-    """The Laplacian kernel with the Triton kernels through ``mmeffattn::laplacian_kernel``, no
-    input validation (see ``op.laplacian_kernel``). Returns ``[B, heads, N, M]`` contiguous."""
+    """Unvalidated Triton entry point of ``op.laplacian_kernel``."""
     return laplacian_kernel_op(x, y, float(lam))

@@ -1,5 +1,4 @@
-"""Public Laplacian-kernel op: validates its inputs and dispatches to Triton, the fast PyTorch
-form or the reference."""
+"""Public Laplacian-kernel op: validates its inputs and dispatches to a backend."""
 from typing import List, Optional
 
 import torch

@@ -15,8 +15,7 @@ from .._launch import (KernelConfig, device_guard as _device_guard,  # noqa: F40
 from . import kernels
 from .naive import ALPHA_NUM, compute_dtype, initial_iterate, regularized
 
-#: three TF32 products per fp32 product: about fp32 accuracy (plain TF32 would bound how
-#: close the iteration gets to the inverse)
+#: three TF32 products per fp32 product, about fp32 accuracy (docs/design/ops_kernels.md)
 DEFAULT_INPUT_PRECISION = 'tf32x3'
 MAX_ONCHIP_M = 128  # larger matrices take the batched-matmul path
 #: largest padded size MP kept whole in registers (one program per matrix)

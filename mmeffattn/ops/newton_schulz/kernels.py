@@ -1,11 +1,8 @@
 """Triton kernels of the Newton-Schulz inverse ``V <- 2 V - (V P) V``, ``P = a + eps I``.
 
-Whole-matrix kernels (small MP) run one program per matrix, the whole iteration in one
-launch; multi-program kernels spread a matrix over row blocks, one launch per step. All fp32.
-Every matrix is a contiguous ``MP x MP`` buffer (M padded to a power of two >= 16), identity
-on the padding, so P and every iterate are block diagonal and need no masks; ``M`` only places
-``eps`` and picks the rows ``alpha`` sees. Iterates ``V_k`` go to slot k of a workspace
-``[B*heads, n_slots, MP, MP]`` for the backward. Details: docs/design/ops_kernels.md.
+All fp32 on identity-padded ``MP x MP`` buffers (P and every iterate stay block diagonal, so no
+masks): whole-matrix kernels run the iteration in one launch, multi-program ones one step per
+launch. Iterates ``V_k`` go to slot k of a workspace for the backward (docs/design/ops_kernels.md).
 """
 import triton
 import triton.language as tl

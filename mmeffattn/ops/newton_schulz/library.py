@@ -1,6 +1,4 @@
-"""The Newton-Schulz inverse as the custom operators ``mmeffattn::newton_schulz_pinv``
-(+ ``_backward``); see :mod:`mmeffattn.ops._library`. Importing this module needs Triton
-(``op.py`` guards it)."""
+"""Custom operators ``mmeffattn::newton_schulz_pinv`` and its backward (``_library.py``)."""
 from typing import Tuple
 
 import torch
@@ -52,8 +50,7 @@ newton_schulz_pinv_op.register_autograd(_autograd_backward, setup_context=_setup
 
 
 def newton_schulz_pinv_triton(a: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
-    """The Newton-Schulz inverse with the Triton kernels (batched matmuls beyond
-    ``MAX_ONCHIP_M``) through ``mmeffattn::newton_schulz_pinv``, no input validation (see
-    ``op.newton_schulz_pinv``). The iterates are stored only when a gradient can be needed."""
+    """Unvalidated Triton entry point of ``op.newton_schulz_pinv`` (batched matmuls beyond
+    ``MAX_ONCHIP_M``); iterates are stored only when a gradient can be needed."""
     store = torch.is_grad_enabled() and a.requires_grad
     return newton_schulz_pinv_op(a, int(iters), float(eps), store)[0]

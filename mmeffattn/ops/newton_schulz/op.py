@@ -1,5 +1,4 @@
-"""Public Newton-Schulz inverse op: validates its inputs and dispatches to Triton, the
-fast PyTorch form or the reference."""
+"""Public Newton-Schulz inverse op: validates its inputs and dispatches to a backend."""
 import contextlib
 from typing import List, Optional
 
