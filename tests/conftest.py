@@ -64,11 +64,11 @@ def one_thread():
 
 
 @pytest.fixture
-def reference_ops(monkeypatch):
-    """Run the ops' PyTorch references (what runs on a CPU); the Triton kernels have their own
-    tests in tests/ops. Opt in with ``pytest.mark.usefixtures('reference_ops')``; a test may
-    still set ``MMEFFATTN_OPS_BACKEND`` itself."""
-    monkeypatch.setenv('MMEFFATTN_OPS_BACKEND', 'reference')
+def torch_ops(monkeypatch):
+    """Run the ops' torch backend (what a CPU runs); the Triton kernels and the naive references
+    have their own tests in tests/ops. Opt in with ``pytest.mark.usefixtures('torch_ops')``; a
+    test may still set ``MMEFFATTN_OPS_BACKEND`` itself."""
+    monkeypatch.setenv('MMEFFATTN_OPS_BACKEND', 'torch')
 
 
 @pytest.fixture

@@ -224,7 +224,7 @@ def test_official_weights_are_cited():
                     f'{path}:{i + 1}: uncited'
 
 
-@pytest.mark.usefixtures('reference_ops')
+@pytest.mark.usefixtures('torch_ops')
 @pytest.mark.parametrize('path,m', _entry_params(flops=False))
 def test_parameters_equal_the_tool(path, m):
     """Models that share a key (same model dict, less drop path and init) are counted once."""
@@ -235,7 +235,7 @@ def test_parameters_equal_the_tool(path, m):
         f"{m['Config']})")
 
 
-@pytest.mark.usefixtures('reference_ops', 'one_thread')
+@pytest.mark.usefixtures('torch_ops', 'one_thread')
 @pytest.mark.parametrize('path,m', _entry_params(flops=True))
 def test_flops_equal_the_tool(path, m):
     if 'FLOPs' not in m['Metadata']:

@@ -23,7 +23,7 @@ import torch
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 from tools.analysis_tools import compare_official
 
-pytestmark = pytest.mark.usefixtures('one_thread', 'reference_ops')
+pytestmark = pytest.mark.usefixtures('one_thread', 'torch_ops')
 
 FAMILIES = {  # env variable, builder
     'MLLA': ('MMEFFATTN_MLLA_ROOT', compare_official.mlla_pairs),

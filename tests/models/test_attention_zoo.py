@@ -12,7 +12,7 @@ import mmeffattn.ops as ops
 from mmeffattn.models.backbones import SEMA
 from mmeffattn.models.backbones import attention_zoo as zoo
 
-pytestmark = pytest.mark.usefixtures('one_thread', 'reference_ops')
+pytestmark = pytest.mark.usefixtures('one_thread', 'torch_ops')
 
 ZOO = ['sema', 'linear', 'window', 'softmax', 'laplacian', 'core_periphery', 'dynamic']
 MINI = dict(embed_dims=32, depths=[1, 1, 1, 1], num_heads=[1, 2, 4, 8])

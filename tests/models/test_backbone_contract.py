@@ -15,7 +15,7 @@ from backbone_checks import (assert_pretrained_none_keeps_init, assert_with_cp_e
 from mmeffattn.models.backbones.base import backbone_families
 from mmeffattn.registry import MODELS
 
-pytestmark = pytest.mark.usefixtures('one_thread', 'reference_ops')
+pytestmark = pytest.mark.usefixtures('one_thread', 'torch_ops')
 
 FAMILIES = backbone_families()
 NAMES = sorted(FAMILIES)

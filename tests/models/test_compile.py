@@ -7,7 +7,7 @@ import torch
 from mmeffattn.models.backbones.base import backbone_families
 from mmeffattn.ops import _backend
 
-pytestmark = pytest.mark.usefixtures('one_thread', 'reference_ops')
+pytestmark = pytest.mark.usefixtures('one_thread', 'torch_ops')
 
 FAMILIES = backbone_families()
 NAMES = sorted(FAMILIES)

@@ -14,7 +14,7 @@ from mmeffattn.models.backbones.laplacianformer import (DiagonalWhitening, Lapla
 from mmeffattn.models.layers.kernel_whitening import KernelWhitening
 from mmeffattn.registry import MODELS
 
-pytestmark = pytest.mark.usefixtures('one_thread', 'reference_ops')
+pytestmark = pytest.mark.usefixtures('one_thread', 'torch_ops')
 
 TINY_CHANNELS = [64, 128, 320, 512]
 # Published ImageNet classifiers (paper, Table 1): parameters and GMACs at 224x224.

@@ -19,7 +19,7 @@ from mmeffattn.models.backbones.weightformer import WeightFormer
 from mmeffattn.models.utils.pretrained import official_layout_of
 from official_layouts import CASES, seeded, to_official_weightformer
 
-pytestmark = pytest.mark.usefixtures('one_thread', 'reference_ops')
+pytestmark = pytest.mark.usefixtures('one_thread', 'torch_ops')
 
 
 @pytest.mark.parametrize('layout', list(CASES))

@@ -12,7 +12,7 @@ from mmeffattn.models.layers.rope import apply_rope_2d
 from mmeffattn.models.layers.tokens import map_to_tokens, tokens_to_map
 from mmeffattn.registry import MODELS
 
-pytestmark = pytest.mark.usefixtures('one_thread', 'reference_ops')
+pytestmark = pytest.mark.usefixtures('one_thread', 'torch_ops')
 
 ATTN_TYPES = ['sema', 'linear']
 TINY_CHANNELS = [64, 128, 256, 512]

@@ -23,7 +23,7 @@ from test_veca_converter import OFFICIAL_FAMILIES, official_shapes  # same folde
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 # A reduced arch for mechanism tests: head dim 32, three blocks (two coordinate updates).
-pytestmark = pytest.mark.usefixtures('one_thread', 'reference_ops')
+pytestmark = pytest.mark.usefixtures('one_thread', 'torch_ops')
 
 MINI = dict(embed_dims=64, depth=3, num_heads=2)
 OUT_TYPES = ['raw', 'global', 'featmap', 'pyramid']

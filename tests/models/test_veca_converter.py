@@ -23,7 +23,7 @@ from tools.model_converters import veca_official as converter_cli
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 
-pytestmark = pytest.mark.usefixtures('one_thread', 'reference_ops')
+pytestmark = pytest.mark.usefixtures('one_thread', 'torch_ops')
 
 # veca/config.py FAMILY_PRESETS: (hidden_dim, num_layers, num_heads, mlp_ratio)
 OFFICIAL_FAMILIES = {'small': (384, 12, 6, 2.66667), 'splus': (384, 12, 6, 4.0),

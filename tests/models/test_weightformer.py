@@ -29,7 +29,7 @@ from tools.model_converters import weightformer_official as converter_cli
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 
-pytestmark = pytest.mark.usefixtures('one_thread', 'reference_ops')
+pytestmark = pytest.mark.usefixtures('one_thread', 'torch_ops')
 
 ARCHS = {'tiny': (192, 17), 'small': (384, 17), 'base': (384, 17)}  # cfg/wfm_{t,s,b}.yaml
 # A reduced arch for mechanism tests: dynamic blocks 1 and 4, as the real rule gives.

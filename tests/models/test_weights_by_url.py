@@ -19,7 +19,7 @@ from mmeffattn.models.backbones.sema import MILA
 from mmeffattn.models.backbones.weightformer import WeightFormer
 from official_layouts import CASES, seeded, to_official_mlla, to_official_weightformer
 
-pytestmark = pytest.mark.usefixtures('one_thread', 'reference_ops')
+pytestmark = pytest.mark.usefixtures('one_thread', 'torch_ops')
 
 
 class _Server:
