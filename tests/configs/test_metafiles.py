@@ -13,7 +13,7 @@
 
 To refresh the numbers after a model change::
 
-    python tests/configs/test_metafiles.py CONFIG [CONFIG ...]   # prints Parameters and FLOPs
+    PYTHONPATH=. python tests/configs/test_metafiles.py CONFIG [CONFIG ...]   # prints Parameters and FLOPs
 """
 import glob
 import json
@@ -31,7 +31,7 @@ ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 NOT_IN_METAFILES = {'configs/demo/mask-rcnn_sema-t_fpn_shapes.py'}
 #: metafile entries whose FLOPs have not been counted yet (a detector or segmentor's count is a
 #: forward at 800x1280 or 512x2048: minutes each on a CPU). Fill them in with
-#: ``python tests/configs/test_metafiles.py CONFIG`` and remove them here; the test fails while
+#: ``PYTHONPATH=. python tests/configs/test_metafiles.py CONFIG`` and remove them here; the test fails while
 #: this list names an entry that has FLOPs, so it can only shrink.
 FLOPS_NOT_YET_COUNTED = {
     'configs/veca/retinanet_veca-b_fpn_1x_coco.py',
@@ -231,7 +231,7 @@ def test_parameters_equal_the_tool(path, m):
     measured = _params_by_key(model_key(m['Config']), m['Config'])
     assert m['Metadata']['Parameters'] == measured, (
         f"{path}: {m['Name']}: Parameters {m['Metadata']['Parameters']}, but get_flops.py "
-        f'counts {measured}: update the metafile (python tests/configs/test_metafiles.py '
+        f'counts {measured}: update the metafile (PYTHONPATH=. python tests/configs/test_metafiles.py '
         f"{m['Config']})")
 
 
@@ -244,14 +244,13 @@ def test_flops_equal_the_tool(path, m):
     assert m['Metadata']['FLOPs'] == measured['flops'], (
         f"{path}: {m['Name']}: FLOPs {m['Metadata']['FLOPs']}, but get_flops.py counts "
         f"{measured['flops']} at {measured['shape']}: update the metafile "
-        f"(python tests/configs/test_metafiles.py {m['Config']})")
+        f"(PYTHONPATH=. python tests/configs/test_metafiles.py {m['Config']})")
     assert m['Metadata']['Parameters'] == measured['params'], f"{path}: {m['Name']}"
 
 
 if __name__ == '__main__':
     import os
-    sys.path.insert(0, ROOT)  # the tools package, as pytest.ini's pythonpath gives it to tests
-    os.environ.setdefault('MMEFFATTN_OPS_BACKEND', 'reference')
+    os.environ.setdefault('MMEFFATTN_OPS_BACKEND', 'torch')
     for config in sys.argv[1:]:
         r = measure(osp.relpath(osp.abspath(config), ROOT))
         print(json.dumps(dict(config=config, **r)), flush=True)
