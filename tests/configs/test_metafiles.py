@@ -31,8 +31,8 @@ ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 NOT_IN_METAFILES = {'configs/demo/mask-rcnn_sema-t_fpn_shapes.py'}
 #: metafile entries whose FLOPs have not been counted yet (a detector or segmentor's count is a
 #: forward at 800x1280 or 512x2048: minutes each on a CPU). Fill them in with
-#: ``PYTHONPATH=. python tests/configs/test_metafiles.py CONFIG`` and remove them here; the test fails while
-#: this list names an entry that has FLOPs, so it can only shrink.
+#: ``PYTHONPATH=. python tests/configs/test_metafiles.py CONFIG`` and remove them here; the
+#: test fails while this list names an entry that has FLOPs, so it can only shrink.
 FLOPS_NOT_YET_COUNTED = {
     'configs/veca/retinanet_veca-b_fpn_1x_coco.py',
     'configs/veca/retinanet_veca-s_fpn_1x_coco.py',
@@ -231,8 +231,8 @@ def test_parameters_equal_the_tool(path, m):
     measured = _params_by_key(model_key(m['Config']), m['Config'])
     assert m['Metadata']['Parameters'] == measured, (
         f"{path}: {m['Name']}: Parameters {m['Metadata']['Parameters']}, but get_flops.py "
-        f'counts {measured}: update the metafile (PYTHONPATH=. python tests/configs/test_metafiles.py '
-        f"{m['Config']})")
+        f'counts {measured}: update the metafile (PYTHONPATH=. python '
+        f"tests/configs/test_metafiles.py {m['Config']})")
 
 
 @pytest.mark.usefixtures('torch_ops', 'one_thread')
