@@ -437,9 +437,10 @@ class LaplacianFormer(BaseBackbone):
         arch: ``'tiny'``/``'t'``, ``'small'``/``'s'`` or a dict of ``embed_dims``, ``depths``,
             ``num_heads`` (optionally ``mlp_ratios``, ``sr_ratios``).
         in_channels: image channels.
-        kernel, lam, ns_iters, ns_backward, eps, whitening, whitening_stats, landmark_grid,
-            feature_scale, pinv_solver, cg_iters, cg_tol, max_landmarks: as
-            :class:`LaplacianAttention` (``max_landmarks=128``: the official CUDA inverse's limit).
+        kernel, lam, ns_iters, ns_backward, eps: as :class:`LaplacianAttention`.
+        whitening, whitening_stats, landmark_grid, feature_scale: as :class:`LaplacianAttention`.
+        pinv_solver, cg_iters, cg_tol, max_landmarks: as :class:`LaplacianAttention`
+            (``max_landmarks=128``: the official CUDA inverse's limit).
         softmax_last_stage: softmax attention in the last stage (as SOFT).
         dwc_kernel_sizes: depthwise value-conv side per kernel stage (SOFT: 9, 5, 3).
         qkv_bias, drop_rate, drop_path_rate: projection bias, MLP dropout, stochastic depth.
