@@ -88,10 +88,10 @@ def capture(model: nn.Module, attn: nn.Module, x: torch.Tensor) -> Dict[str, Any
             got['args'] = args[1:]
             got['kwargs'] = dict(kwargs)
 
-    from mmeffattn.analysis.flops import reference_backend
+    from mmeffattn.analysis.flops import torch_backend
     handle = attn.register_forward_pre_hook(hook, with_kwargs=True)
     try:
-        with torch.no_grad(), reference_backend():  # (not the Triton interpreter on a CPU)
+        with torch.no_grad(), torch_backend():  # (not the Triton interpreter on a CPU)
             model(x)
     finally:
         handle.remove()

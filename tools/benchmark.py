@@ -73,10 +73,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument('--dtype', choices=['fp32', 'bf16'], default='fp32',
                    help='bf16 runs under autocast (CPU or CUDA)')
     p.add_argument('--threads', type=int, help='torch.set_num_threads (CPU)')
-    p.add_argument('--ops-backend', choices=['auto', 'reference', 'triton'],
+    p.add_argument('--ops-backend', choices=['auto', 'torch', 'reference', 'triton'],
                    help="backend of mmeffattn's ops (default: auto, i.e. Triton on CUDA; the "
-                   'reference on a CPU, even when the Triton interpreter is on, since the '
-                   'interpreter is a test tool)')
+                   'torch backend on a CPU, even when the Triton interpreter is on, since the '
+                   "interpreter is a test tool; 'reference' times the naive formulas)")
     p.add_argument('--reference', help='model the ratios are taken against (default: Swin-T, '
                    "the preset's)")
     p.add_argument('--no-flops', action='store_true', default=None,
@@ -134,10 +134,10 @@ class Runner:
 
 def apply_ops_backend(choice: Optional[str], device: torch.device) -> str:
     """Set ``$MMEFFATTN_OPS_BACKEND`` for this process and return it: the choice, or by
-    default the reference on a CPU (the Triton interpreter would otherwise be timed) and
+    default the torch backend on a CPU (the Triton interpreter would otherwise be timed) and
     automatic dispatch on a GPU (Triton kernels)."""
     if choice is None:
-        choice = 'auto' if device.type == 'cuda' else 'reference'
+        choice = 'auto' if device.type == 'cuda' else 'torch'
     os.environ['MMEFFATTN_OPS_BACKEND'] = choice
     return choice
 

@@ -33,7 +33,7 @@ from mmeffattn.ops._spec import all_specs, sdpa_macs
 
 __all__ = ['OP_COUNTERS', 'register_op_counter', 'op_macs', 'sdpa_macs', 'sdpa_flop_jit',
            'count_flops', 'FlopCount', 'CountedForward', 'count_parameters',
-           'reference_backend', 'torch_backend', 'model_kind']
+           'torch_backend', 'model_kind']
 
 OpCounter = Callable[..., int]
 #: public op name (an attribute of :mod:`mmeffattn.ops`) -> analytic MACs from the op's arguments:
@@ -162,10 +162,6 @@ def torch_backend() -> Iterator[None]:
         else:
             os.environ['MMEFFATTN_OPS_BACKEND'] = saved
 
-
-#: the name the tools use (the PyTorch backend, which before it had a fast form of its own was
-#: the reference)
-reference_backend = torch_backend
 
 
 # --------------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ def test_smoke_run_writes_every_output(tmp_path):
     assert saved['results'] == report['results']
     assert saved['environment']['threads'] == torch.get_num_threads()
     assert 'dispatch mode' in saved['environment']['memory_method']
-    assert saved['settings']['ops_backend'] == 'reference'  # never the interpreter on a CPU
+    assert saved['settings']['ops_backend'] == 'torch'  # what a CPU runs, never the interpreter
     rows = {(r['model'], tuple(r['size'])): r for r in report['results']}
     assert len(rows) == 4
     for name in ('ResNet-50', 'SEMA-T'):

@@ -111,7 +111,7 @@ class _Stop(Exception):
 def first_call(model: torch.nn.Module, attn: torch.nn.Module, x: torch.Tensor) -> Dict[str, Any]:
     """The first input of ``attn`` in ``model(x)`` (like analyze_dispersion's ``capture``), the
     forward stopped right there: a quadratic mixer's whole forward at 1024 px is not needed."""
-    from mmeffattn.analysis.flops import reference_backend
+    from mmeffattn.analysis.flops import torch_backend
     got: Dict[str, Any] = {}
 
     def hook(module, args):
@@ -120,7 +120,7 @@ def first_call(model: torch.nn.Module, attn: torch.nn.Module, x: torch.Tensor) -
 
     handle = attn.register_forward_pre_hook(hook)
     try:
-        with torch.no_grad(), reference_backend():
+        with torch.no_grad(), torch_backend():
             model(x)
     except _Stop:
         pass

@@ -139,6 +139,8 @@ def load_model(config: str, checkpoint: Optional[str] = None,
     with DefaultScope.overwrite_default_scope(cfg.get('default_scope')):
         model = MODELS.build(model_cfg)
     if checkpoint:
+        from mmeffattn.engine.runner_setup import prepare_runtime
+        prepare_runtime()  # our Runner's checkpoints load under torch's weights-only loader
         load_checkpoint(model, checkpoint, map_location='cpu', strict=True)
     return model.eval(), cfg
 
@@ -232,10 +234,10 @@ def export(wrapper: ExportWrapper, shape: Sequence[int], out: str, dynamic: bool
             raise ValueError(dynamic_side_error(wrapper, shape))
         dynamic_shapes = ({2: torch.export.Dim('height', min=side, max=16384),
                            3: torch.export.Dim('width', min=side, max=16384)}, )
-    from mmeffattn.analysis.flops import reference_backend
+    from mmeffattn.analysis.flops import torch_backend
 
     # the ops' PyTorch references: a Triton kernel (or the interpreter) cannot be exported
-    with torch.no_grad(), reference_backend():
+    with torch.no_grad(), torch_backend():
         if dynamic:
             # torch.export first: torch.onnx.export falls back to a static graph when the model
             # pins a size, silently; torch.export raises and names the guard that pins it
@@ -301,7 +303,7 @@ def check_parity(path: str, wrapper: nn.Module, sizes: Sequence[Tuple[int, int]]
     ``shapes``, ``ort_ms``, ``torch_ms``."""
     import onnxruntime as ort
 
-    from mmeffattn.analysis.flops import reference_backend
+    from mmeffattn.analysis.flops import torch_backend
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     session = ort.InferenceSession(path, opts, providers=['CPUExecutionProvider'])
@@ -314,7 +316,7 @@ def check_parity(path: str, wrapper: nn.Module, sizes: Sequence[Tuple[int, int]]
         got = session.run(None, {name: x.numpy()})
         ort_ms = (time.perf_counter() - t0) * 1e3
         t0 = time.perf_counter()
-        with torch.no_grad(), reference_backend():
+        with torch.no_grad(), torch_backend():
             ref = _flatten(wrapper(x))
         torch_ms = (time.perf_counter() - t0) * 1e3
         if len(got) != len(ref):
