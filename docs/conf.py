@@ -61,6 +61,19 @@ PERF_TITLES = {
     'perf/kernels': 'Compiled kernels and rooflines',
 }
 
+# What produced each generated table: the hardware and the command (the tables themselves carry
+# the settings). Shown under the title.
+CPU = 'an x86_64 CPU, 2 cores, no GPU'
+PERF_SOURCES = {
+    'perf/benchmark': (CPU, 'python tools/benchmark.py --preset readme --threads 2 '
+                            '--out-dir docs/perf'),
+    'perf/benchmark_ops': (CPU, 'python tools/benchmark_ops.py --preset readme --threads 2 '
+                                '--out-dir docs/perf'),
+    'perf/dispersion': (None, 'python tools/analyze_dispersion.py --model SEMA-T '
+                              '--sizes 224 512 1024 --out-dir docs/perf'),
+    'perf/zoo': (CPU, 'python tools/analysis_tools/zoo_table.py --out-dir docs/perf'),
+}
+
 
 def _title_generated_pages(app, docname, source):
     if not docname.startswith('perf/'):
@@ -69,7 +82,11 @@ def _title_generated_pages(app, docname, source):
     first = next((line for line in text.splitlines() if line.strip()), '')
     if not first.startswith('# '):
         title = PERF_TITLES.get(docname, docname.split('/')[-1].replace('_', ' ').capitalize())
-        source[0] = f'# {title}\n\n{text}'
+        hardware, command = PERF_SOURCES.get(docname, (None, None))
+        origin = ''
+        if command:
+            origin = f'Produced by `{command}`' + (f' on {hardware}' if hardware else '') + '.\n\n'
+        source[0] = f'# {title}\n\n{origin}{text}'
 
 
 def setup(app):
