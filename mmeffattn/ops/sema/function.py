@@ -7,7 +7,7 @@ import torch
 from .._common import bh_strides as _strides
 from .._common import check_token_offsets as _check_int32_offsets
 from .._common_kernels import delta_config, softmax_bwd_delta
-from .._launch import (KernelConfig, Launch, device_guard as _device_guard,  # noqa: F401
+from .._launch import (KernelConfig, device_guard as _device_guard,  # noqa: F401
                        launch as _launch, next_pow2 as _next_pow2, record_launches,
                        unit_last_stride as _unit_last_stride)
 from . import kernels
