@@ -63,9 +63,7 @@ def op_macs(name: str, *args: Any, **kwargs: Any) -> int:
     return int(OP_COUNTERS[name](*args, **kwargs))
 
 
-# --------------------------------------------------------------------------------------------
 # jit handles
-# --------------------------------------------------------------------------------------------
 def sdpa_flop_jit(inputs: List[Any], outputs: List[Any]) -> int:
     """mmengine handle of ``aten::scaled_dot_product_attention`` (q ``[..., L, D]``,
     k ``[..., S, D]``, v ``[..., S, Dv]``); mmengine's analyzer skips the op otherwise."""
@@ -164,9 +162,7 @@ def torch_backend() -> Iterator[None]:
 
 
 
-# --------------------------------------------------------------------------------------------
 # counting a model
-# --------------------------------------------------------------------------------------------
 @dataclass
 class FlopCount:
     """Result of :func:`count_flops`. ``total`` and ``by_operator`` are MACs; ``ops`` holds

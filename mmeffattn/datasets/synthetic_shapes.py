@@ -1,35 +1,14 @@
-"""A deterministic synthetic COCO-format instance-segmentation dataset: coloured shapes.
+"""A deterministic synthetic COCO-format instance-segmentation dataset of coloured shapes.
 
-The demo trains Mask R-CNN on data the project makes itself, with no download. This module draws
-a few visually distinct kinds of shapes (circles, squares, triangles, stars, ...) in random solid,
-noisy or graded colours on textured backgrounds (gradients, smooth noise, stripes, checks) and
-writes them in the layout OpenMMLab's ``CocoDataset`` expects::
+Lets the Mask R-CNN demo train with no download. Shapes (circles, squares, stars, ...) in solid,
+noisy or graded colours on textured backgrounds are written in ``CocoDataset``'s layout
+(``train2017/``, ``val2017/``, ``annotations/instances_*.json``, plus ``meta.json``).
 
-    OUT_DIR/
-        train2017/000000.png ...
-        val2017/000000.png ...
-        annotations/instances_train2017.json
-        annotations/instances_val2017.json
-        meta.json            # the parameters, the version, the counts, and the metainfo
-
-Guarantees:
-
-* **Deterministic.** Every image draws from its own random stream, seeded by ``(seed, split,
-  index)``, so the same parameters give byte-identical images (PNG) and JSON, and the first
-  ``n`` images of a split do not depend on how many images the split has.
-* **Exact masks.** Each shape is rasterised with pycocotools' own polygon rasteriser and the image
-  is painted through that very mask, so an annotation decodes to exactly the pixels of its object.
-  A fully visible shape is annotated with its polygon (a dense polygon for circles), a partly
-  occluded one (or a ring, which has a hole) with the RLE of its visible pixels.
-* **Occlusion.** Shapes are painted in order; a later one hides earlier ones. A placement that
-  would hide more than ``1 - min_visible_frac`` of an earlier object, or leave it under
-  ``min_area`` pixels, is rejected and retried elsewhere; an object that cannot be placed is not
-  painted at all, so every painted object is annotated and the visible masks never overlap.
-* **Idempotent.** ``meta.json`` is written last. When it is present and matches the requested
-  parameters (and the files are there) :func:`generate_shapes_coco` returns at once.
-
-Only the standard library and numpy are imported at module import; PIL and pycocotools are
-imported when a dataset is generated or read.
+* **Deterministic**: each image has its own stream seeded by ``(seed, split, index)``.
+* **Exact masks**: images are painted through pycocotools' rasterised mask of each shape.
+* **Occlusion**: placements hiding more than ``1 - min_visible_frac`` of an earlier object are
+  retried; unplaceable objects are not painted, so visible masks never overlap.
+* **Idempotent**: ``meta.json`` is written last; a matching one makes generation a no-op.
 
 Command line::
 
@@ -86,9 +65,7 @@ def shapes_metainfo(classes=DEFAULT_CLASSES):
 DEFAULT_METAINFO = shapes_metainfo(DEFAULT_CLASSES)
 
 
-# ----------------------------------------------------------------------------------------------
 # shapes: polygon outlines (image coordinates, x right, y down)
-# ----------------------------------------------------------------------------------------------
 def _regular(cx, cy, r, n, theta):
     # vertices with the math module (libm), not numpy's SIMD loops, so the stored coordinates do
     # not depend on the CPU's instruction set
@@ -151,9 +128,7 @@ def _rasterise(flat_polys, h, w):
     return mask_utils.decode(mask_utils.merge(rles)).astype(bool)
 
 
-# ----------------------------------------------------------------------------------------------
 # textures
-# ----------------------------------------------------------------------------------------------
 def _hsv_to_rgb(h, s, v):
     i = int(h * 6) % 6
     f = h * 6 - int(h * 6)
@@ -238,9 +213,7 @@ def _object_fill(rng, colour, ys, xs, box):
     return colour[None] * (shade + (1 - shade) * t[:, None].astype(np.float32))
 
 
-# ----------------------------------------------------------------------------------------------
 # one image
-# ----------------------------------------------------------------------------------------------
 def _draw_image(seed, split, index, p):
     """Draw one image. Returns (uint8 HxWx3 image, list of (cat index, polygons or None, mask))."""
     h, w = p['img_size']
@@ -312,9 +285,7 @@ def _annotation(ann_id, img_id, cat_id, polys, mask):
                 bbox=bbox, iscrowd=0)
 
 
-# ----------------------------------------------------------------------------------------------
 # the dataset
-# ----------------------------------------------------------------------------------------------
 def _split_paths(out_dir, split):
     return (osp.join(out_dir, f'{split}2017'),
             osp.join(out_dir, 'annotations', f'instances_{split}2017.json'))
@@ -415,24 +386,20 @@ def generate_shapes_coco(out_dir, num_train=200, num_val=50, img_size=(256, 256)
         num_train, num_val: images in ``train2017/`` and ``val2017/``.
         img_size: ``(H, W)`` of every image.
         seed: the dataset's seed; the same parameters always give the same files.
-        classes: shape kinds, in category order (ids 1..K); any of :data:`SHAPE_KINDS`.
-        min_objects, max_objects: objects attempted per image (uniform); an attempt that cannot
-            be placed within the occlusion limits after ``max_tries`` positions is skipped.
+        classes: shape kinds (any of :data:`SHAPE_KINDS`), in category order (ids 1..K).
+        min_objects, max_objects: objects attempted per image; unplaceable ones are skipped.
         size_range: circumradius of a shape as a fraction of ``min(H, W)``.
-        min_visible_frac: least fraction of an object left visible by the shapes drawn on it.
-        min_area: least visible pixels of an object; by default 150 at 256x256, in proportion
-            to the image area for other sizes (at least 16).
+        min_visible_frac: least fraction of an object left visible by later shapes.
+        min_area: least visible pixels of an object (default scales 150 px at 256x256).
         noise_std: std of the pixel noise over the whole image (0-255 scale).
-        img_format: ``'png'`` (lossless; pixels exactly as drawn) or ``'jpg'``.
+        img_format: ``'png'`` (lossless) or ``'jpg'`` (with ``jpeg_quality``).
         jpeg_quality: JPEG quality when ``img_format='jpg'``.
         force: regenerate even when ``out_dir`` already holds this dataset.
         verbose: print progress.
 
     Returns:
-        dict with ``data_root`` (absolute), ``metainfo`` (``classes`` tuple and ``palette``, for
-        ``CocoDataset(metainfo=...)``), ``train`` and ``val`` (``ann_file`` and ``img_prefix``
-        relative to ``data_root``, ``num_images``, ``num_instances``), ``regenerated`` (False
-        when an existing dataset was reused) and ``seconds``.
+        dict with ``data_root``, ``metainfo``, ``train``/``val`` (``ann_file``, ``img_prefix``,
+        ``num_images``, ``num_instances``), ``regenerated`` and ``seconds``.
     """
     t0 = time.perf_counter()
     metainfo = shapes_metainfo(classes)
@@ -484,9 +451,7 @@ def generate_shapes_coco(out_dir, num_train=200, num_val=50, img_size=(256, 256)
     return _result(out_dir, meta, True, time.perf_counter() - t0)
 
 
-# ----------------------------------------------------------------------------------------------
 # a look at the data
-# ----------------------------------------------------------------------------------------------
 def make_contact_sheet(data_root, out_path, split='train', num_images=8, cols=4, alpha=0.45):
     """Save a grid of ``split`` images with their masks, boxes and class names drawn over them.
 
