@@ -1,23 +1,11 @@
 """How spread out attention weights are, per query, for each attention kind (SEMA's argument).
 
-SEMA's paper argues that global softmax attention *disperses* as the token count grows: each
-query's weights flatten towards uniform, its entropy grows like ``log N`` and its largest weight
-shrinks, so the output degrades to an average. Localized attention (windows) keeps a fixed
-number of keys; SEMA adds the global mean explicitly. This module measures that from real
-queries and keys.
-
-For each kind, :func:`implied_weights` gives the weights ``p[i, j]`` (rows sum to 1) with which
-query ``i`` mixes the values ``v_j`` of one attention layer:
-
-* ``softmax``: ``softmax(q k^T / sqrt(D))``.
-* ``linear``: ``phi(q_i) . phi(k_j) / sum_j' phi(q_i) . phi(k_j')`` with ``phi = ELU + 1``.
-* ``window``: softmax inside the query's ``window x window`` window, zero outside.
-* ``sema``: the window softmax plus the global mean of the values.
-* ``core_periphery``: patch -> core -> patch, two softmax hops through the cores.
-* ``laplacian_nystrom``: LaplacianFormer's Nystrom product of Laplacian kernels.
-
-:func:`dispersion_stats` summarises rows: entropy (nats), entropy over ``log N``, the largest
-weight, and the effective number of keys ``exp(entropy)``.
+SEMA argues that global softmax attention *disperses* as ``N`` grows (entropy ~ ``log N``, the
+top weight shrinks); windows keep a fixed key count and SEMA adds the global mean explicitly.
+:func:`implied_weights` gives each kind's weights ``p[i, j]`` (rows sum to 1) from real queries
+and keys; :func:`dispersion_stats` summarises rows (entropy, entropy / ``log N``, top weight,
+``exp(entropy)`` keys). Kinds: ``softmax``, ``linear`` (ELU + 1), ``window``, ``sema``,
+``core_periphery`` (two softmax hops) and ``laplacian_nystrom``.
 """
 import math
 from typing import Any, Callable, Dict, Optional, Tuple

@@ -1,20 +1,11 @@
 """FLOP counting that understands mmeffattn's attention ops.
 
-mmengine's :class:`~mmengine.analysis.FlopAnalyzer` traces a model with ``torch.jit`` and counts
-the aten ops it knows (convolutions, matmuls, norms). Two things escape it:
-
-* ``scaled_dot_product_attention`` (used by the peers and by our torch backend): handled by
-  :func:`sdpa_flop_jit`.
-* our public ops (``mmeffattn.ops.*``): a Triton kernel is opaque to a trace, and counting the
-  PyTorch backend op by op charges its implementation (padding, masks), not the op. While
-  :func:`count_flops` runs, a :func:`mmeffattn.ops.dispatch_hook` runs every op call that has an
-  analytic counter (its spec's ``macs``, see :data:`OP_COUNTERS`) inside a
-  ``torch.autograd.Function`` named after the op (so the trace sees one ``prim::PythonOp.<op>``
-  node, not the op's aten ops) and records the op's analytic count; a handle for that node
-  hands the count back to the analyzer in trace order.
-
-Counts are multiply-accumulates (MACs), the convention of the papers and of mmengine ("FLOPs").
-Element-wise work (softmax, exp, the mean) is not counted, as mmengine does not count it either.
+mmengine's :class:`~mmengine.analysis.FlopAnalyzer` misses ``scaled_dot_product_attention``
+(:func:`sdpa_flop_jit` counts it) and our ops, whose Triton kernels are opaque to a trace. While
+:func:`count_flops` runs, a :func:`mmeffattn.ops.dispatch_hook` wraps each op that has an analytic
+counter (:data:`OP_COUNTERS`) in a ``torch.autograd.Function`` named after it, so the trace sees
+one node per op, and hands the analytic count back in trace order. Counts are MACs, as in the
+papers and mmengine; element-wise work (softmax, exp, the mean) is not counted.
 """
 import contextlib
 import functools

@@ -1,19 +1,11 @@
 """Reading the scalar logs that training writes, for ``tools/analysis_tools/analyze_logs.py``.
 
-mmengine writes one JSON object per line to ``<work_dir>/<timestamp>/vis_data/scalars.json``:
-
-- training lines carry ``step`` (the global iteration), ``iter`` and, in epoch-based loops,
-  ``epoch``, beside the losses, ``lr``, ``time`` (seconds per iteration, smoothed over the
-  last iterations) and ``data_time``;
-- validation lines carry the metrics and ``step``: by default the epoch (0 throughout an
-  iteration-based loop), the iteration with ``LoggerHook(log_metric_by_epoch=False)``; so
-  :func:`load_log` places each by the training line before it instead.
-
-Every run of ``tools/train.py`` in a work dir gets its own timestamped folder (shared by runs
-started in the same second), and a resumed run logs again the iterations after its checkpoint.
-:func:`load_log` therefore reads a whole work dir as one history: the runs in time order, each
-run replacing what earlier runs logged from its first iteration on. Runs without training
-lines (``tools/test.py``) are left out.
+mmengine writes ``<work_dir>/<timestamp>/vis_data/scalars.json``, one JSON object per line:
+training lines carry ``step``, ``iter`` (``epoch``), losses, ``lr``, ``time`` and ``data_time``;
+validation lines carry metrics and a ``step`` that :func:`load_log` ignores, placing each by the
+training line before it. A work dir is read as one history: runs in time order, each replacing
+what earlier runs logged from its first iteration on (resumes); runs without training lines
+(``tools/test.py``) are left out.
 """
 import glob
 import json

@@ -1,18 +1,11 @@
 """Strict, helpful loading of checkpoints, shared by every family and load path.
 
-mmengine's ``PretrainedInit`` loads non-strictly and only logs what did not match, so a wrong
-prefix, arch or family silently trains from partly random weights. Here a missing key, an
-unexpected key or a shape mismatch raises an error that names the keys, the likely cause and the
-fix. Only ``strict=False``, asked for explicitly, loads what fits, and it says at WARNING level how
-many tensors it ignored.
-
-One module holds every checkpoint diagnostic, and one loader serves every path: the backbones'
-``Pretrained`` ``init_cfg`` (:class:`StrictPretrainedMixin`), the VECA distiller's teacher and
-the converters' checks. It also recognises the authors' own checkpoints (MLLA, WeightFormer,
-VECA: :data:`OFFICIAL_LAYOUTS`) and converts them on load with the family's converter, found in
-the module that defines the family (timm's ``checkpoint_filter_fn`` convention), so that this
-module imports no backbone. Files and URLs are read by
-:func:`mmeffattn.engine.checkpoint_io.open_checkpoint` (downloads cached by the whole URL).
+mmengine's ``PretrainedInit`` loads non-strictly and only logs mismatches, so a wrong prefix,
+arch or family silently trains from partly random weights. Here a missing, unexpected or
+mis-shaped key raises an error naming the keys, the likely cause and the fix (``strict=False``
+loads what fits and logs what it ignored). One loader serves the backbones' ``Pretrained``
+``init_cfg`` (:class:`StrictPretrainedMixin`), the VECA distiller's teacher and the converters,
+and converts the authors' checkpoints (:data:`OFFICIAL_LAYOUTS`) with each family's converter.
 """
 import re
 import sys
@@ -131,7 +124,7 @@ def load_state_dict_strict(module: nn.Module, state_dict: StateDict, source: str
                            check_shapes: bool = True,
                            hint: Optional[Callable[[List[str], List[str], List[str]], str]] = None,
                            logger: Optional[MMLogger] = None, dry_run: bool = False) -> None:
-    """Load ``state_dict`` into ``module`` and raise on any key or shape that does not match.
+    """Load ``state_dict`` into ``module``; raise on any key or shape that does not match.
 
     Nothing is copied before the checks pass, so a failed load leaves ``module`` unchanged.
 
@@ -140,19 +133,14 @@ def load_state_dict_strict(module: nn.Module, state_dict: StateDict, source: str
         state_dict: the (filtered) checkpoint tensors.
         source: how errors name the checkpoint (``"checkpoint 'x.pth'"``).
         describe: how errors name the model (default: its class name).
-        optional_keys: regex (``re.match``) of the model's own keys a checkpoint may lack
-            (e.g. the output norms a classification checkpoint has not); they keep their init,
-            logged at INFO.
-        ignorable_keys: regex of checkpoint keys the model may deliberately lack (documented
-            exceptions, e.g. VECA's distillation projection); skipped, logged at WARNING.
-        strict: ``False`` loads what fits and logs at WARNING how many tensors were ignored.
-        check_shapes: compare shapes before loading. ``False`` leaves them to
-            ``module.load_state_dict`` (for modules whose load hooks resize tensors, such as a
-            ViT's position embedding); its size-mismatch error is re-raised naming ``source``.
+        optional_keys: regex of own keys a checkpoint may lack; they keep their init (INFO).
+        ignorable_keys: regex of checkpoint keys the model may deliberately lack (WARNING).
+        strict: ``False`` loads what fits and logs how many tensors were ignored.
+        check_shapes: ``False`` leaves shapes to ``module.load_state_dict`` (for load hooks that
+            resize tensors); its size-mismatch error is re-raised naming ``source``.
         hint: ``(missing, unexpected, mismatched) -> str``, the likely cause and fix.
         logger: where to log (default: the current ``MMLogger``).
-        dry_run: only check (e.g. a converter checking its output against a model built on the
-            meta device).
+        dry_run: only check (e.g. against a model on the meta device).
 
     Raises:
         RuntimeError: missing, unexpected or mismatched keys (with ``strict=True``).
