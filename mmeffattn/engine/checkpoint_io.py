@@ -1,15 +1,10 @@
-"""Reading and writing checkpoints safely (guarantees and tests: docs/advanced/reliability.md,
-docs/user_guides/checkpoints.md).
+"""Reading and writing checkpoints safely (see docs/advanced/reliability.md).
 
-* :func:`mmengine_safe_loading`: the allow-list that ``torch.load(weights_only=True)`` needs for
-  mmengine checkpoints (their message hub), active only inside a ``with`` block.
-* :func:`atomic_save`: temporary file, fsync, rename; a kill never leaves a truncated checkpoint.
-* :func:`load_checkpoint_file`: a bad file (missing, empty, truncated, refused, a folder) becomes
-  one :class:`CheckpointError` line naming it and the fix; ``.safetensors`` files load too.
-* :func:`open_checkpoint`: a path or an ``http(s)://`` URL, downloaded once into a cache keyed by
-  the whole URL (:func:`download_checkpoint`).
-* :func:`install_checkpoint_io`: routes mmengine's Runner through the above. ``import mmeffattn``
-  does not call it: our tools do, and a config opts in with ``mmeffattn.engine.patch_mmengine``.
+:func:`mmengine_safe_loading` scopes the allow-list mmengine checkpoints need under
+``weights_only=True``; :func:`atomic_save` never leaves a truncated file;
+:func:`load_checkpoint_file` turns a bad file into one :class:`CheckpointError` line naming the
+fix; :func:`open_checkpoint` also takes URLs (cached by the whole URL);
+:func:`install_checkpoint_io` routes mmengine's Runner through these.
 """
 import collections
 import contextlib
@@ -419,18 +414,10 @@ def _is_local(filename: Any, file_client_args: Any, backend_args: Any) -> bool:
 def install_checkpoint_io() -> None:
     """Make mmengine's Runner save atomically and load through the scoped safe loader.
 
-    Not done by ``import mmeffattn``: our tools call it, and a config opts in with
-    ``custom_imports=dict(imports=['mmeffattn', 'mmeffattn.engine.patch_mmengine'])``.
-    Three narrow, idempotent patches of mmengine 0.10.7:
-
-    * the ``save_checkpoint`` name inside ``mmengine.runner.runner`` (what
-      ``Runner.save_checkpoint``, i.e. the CheckpointHook, calls) writes local files through
-      :func:`atomic_save`; other destinations keep mmengine's own function;
-    * the loader of plain local paths in ``CheckpointLoader`` (used by ``resume``, ``load_from``
-      and ``init_cfg=dict(type='Pretrained')``) reads through :func:`load_checkpoint_file`, so
-      the allow-list is active only during that load and a bad file gives one clear line;
-    * its ``http(s)://`` loader downloads through :func:`download_checkpoint` (cached by the
-      whole URL) and reads the file the same way.
+    Not done by ``import mmeffattn`` (see :mod:`mmeffattn.engine.patch_mmengine`). Idempotent
+    patches of mmengine 0.10.7: ``save_checkpoint`` in ``mmengine.runner.runner`` writes local
+    files through :func:`atomic_save`; ``CheckpointLoader``'s local-path loader reads through
+    :func:`load_checkpoint_file` and its ``http(s)://`` loader through :func:`download_checkpoint`.
     """
     from mmengine.runner import checkpoint as mm_ckpt
     from mmengine.runner import runner as mm_runner

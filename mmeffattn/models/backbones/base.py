@@ -107,20 +107,16 @@ def _accept_pretrained(init: Callable) -> Callable:
 class BaseBackbone(StrictPretrainedMixin, FreezeStagesMixin, BaseModule):
     """Base of the backbone families: the arguments and checks they all share.
 
-    Subclasses set :attr:`arch_zoo`, :attr:`arch_keys` (and :attr:`arch_defaults`), call
-    ``super().__init__(arch, in_channels, init_cfg)``, then :meth:`_init_training_switches` once
-    they know their number of stages/blocks, build their modules (with :meth:`_add_out_norms`
-    where outputs get their own norm), and end ``__init__`` with ``self._freeze_stages()``.
-    ``forward`` starts with :meth:`check_input`; blocks run through :func:`run_block`.
+    Subclasses set :attr:`arch_zoo`, :attr:`arch_keys` (:attr:`arch_defaults`), call
+    ``super().__init__``, then :meth:`_init_training_switches`, build their modules (with
+    :meth:`_add_out_norms`) and end with ``self._freeze_stages()``. ``forward`` starts with
+    :meth:`check_input`; blocks run through :func:`run_block`.
 
     Args:
         arch: a key of :attr:`arch_zoo` (case-insensitive) or a dict with :attr:`arch_keys`.
         in_channels: image channels.
-        init_cfg: mmengine init config; ``dict(type='Pretrained', checkpoint=..., prefix=...,
-            strict=True)`` loads a checkpoint strictly.
-        pretrained: (every subclass, deprecated) a checkpoint path or URL, the same as
-            ``init_cfg=dict(type='Pretrained', checkpoint=pretrained)``; mmseg's segmentors pass
-            their ``model.pretrained`` here.
+        init_cfg: mmengine init config (``type='Pretrained'`` loads strictly).
+        pretrained: deprecated alias of ``init_cfg=dict(type='Pretrained', checkpoint=...)``.
     """
 
     #: the variants, ``name -> settings``

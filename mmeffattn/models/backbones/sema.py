@@ -318,26 +318,21 @@ class SEMAStage(nn.Module):
 class SEMA(BaseBackbone):
     """SEMA / MILA hierarchical backbone (MLLA macro-architecture) for detection and segmentation.
 
-    A stride-4 stem, four stages of :class:`SEMABlock` with downsampling between them (channels
-    ``embed_dims * 2**i`` at stride ``4 * 2**i``), one NCHW map per ``out_indices`` entry through
-    its own LayerNorm ``norm{i}``, for any input size. ``attn_type`` picks the mixer: ``'sema'``
-    (SEMA), ``'linear'`` (MILA) or another mixer of the attention zoo in the same pyramid. SEMA's
-    ablation switches (``with_mean``, ``value_proj``, ``local_attn``) default to None: the mixer's
-    own default.
+    A stride-4 stem and four stages of :class:`SEMABlock` (``embed_dims * 2**i`` channels at
+    stride ``4 * 2**i``); each ``out_indices`` map gets its own LayerNorm ``norm{i}``.
 
     Args:
-        arch: ``'tiny'``/``'t'``, ``'small'``/``'s'``, ``'base'``/``'b'`` or a dict of
-            ``embed_dims``, ``depths``, ``num_heads``.
-        attn_type: the mixer (``attention_zoo.mixer_names()``); ``mixer_cfg`` its further options.
+        arch: ``'tiny'``, ``'small'``, ``'base'`` (or initials) or a dict of ``embed_dims``,
+            ``depths``, ``num_heads``.
+        attn_type: ``'sema'``, ``'linear'`` (MILA) or another zoo mixer; ``mixer_cfg`` options.
         in_channels: image channels.
         window_size: SEMA window side (>= 1).
-        mlp_ratio, qkv_bias, drop_rate, drop_path_rate: MLP width, projection bias, dropout,
-            stochastic depth.
+        mlp_ratio, qkv_bias, drop_rate, drop_path_rate: MLP width, bias, dropout, drop path.
         out_indices, frozen_stages, norm_eval, with_cp, init_cfg: the OpenMMLab switches.
         norm_cfg, act_cfg: norm and activation of the stem and downsampling convolutions.
         rope_base: RoPE base of ``'linear'``.
         attn_backend: backend of the mixers' ops (None: automatic).
-        with_mean, value_proj, local_attn: SEMA's ablations (see :class:`SEMAttention`).
+        with_mean, value_proj, local_attn: SEMA's ablations (None: the mixer's default).
     """
 
     arch_zoo = {

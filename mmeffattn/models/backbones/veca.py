@@ -247,16 +247,13 @@ def _sample_outside_graph(model: 'VECA') -> int:
 class VECA(BaseBackbone):
     """VECA backbone: patch tokens and a bank of learned cores; patches attend to the cores only.
 
-    Outputs per ``out_type``: ``'raw'`` (the official output: core 0 and the patch tokens after the
-    final norm, and ``output_proj`` if ``out_proj_dims``; last block only), ``'global'`` (core 0 of
-    each ``out_indices`` block, ``[B, D]``), ``'featmap'`` (patch tokens as ``[B, D, Hp, Wp]``) or
-    ``'pyramid'`` (those maps at strides 4-32 through :class:`~mmeffattn.models.layers.ViTPyramid`).
+    ``out_type``: ``'raw'`` (official: core 0 and normed patch tokens, last block), ``'global'``
+    (core 0, ``[B, D]``), ``'featmap'`` (``[B, D, Hp, Wp]``) or ``'pyramid'`` (strides 4-32).
 
     Args:
-        arch: ``'small'``/``'s'``, ``'splus'``, ``'base'``/``'b'``, ``'large'``/``'l'`` or a dict of
+        arch: ``'small'``, ``'splus'``, ``'base'``, ``'large'`` (or initials) or a dict of
             ``embed_dims``, ``depth``, ``num_heads`` (``mlp_ratio``).
-        num_cores: active cores in eval, a multiple of ``core_chunk`` (None: ``max_cores``); may be
-            changed on a built model.
+        num_cores: active cores in eval, a multiple of ``core_chunk`` (None: ``max_cores``).
         out_type: ``'raw'``, ``'global'``, ``'featmap'`` or ``'pyramid'``.
         in_channels, patch_size: image channels and patch side.
         max_cores, core_chunk: the bank's size and chunk (budgets are multiples of the chunk).
@@ -268,8 +265,7 @@ class VECA(BaseBackbone):
         coord_alpha: initial step of the core-coordinate updates.
         out_indices: blocks whose outputs are returned (None: ``out_type``'s default).
         drop_path_rate: stochastic depth (not in the official code).
-        frozen_stages: 0 freezes the patch embedding and the bank, ``i >= 1`` also blocks ``< i``
-            with their norms (``depth`` also stops the RoPE augmentation).
+        frozen_stages: 0 freezes the patch embedding and bank, ``i >= 1`` also blocks ``< i``.
         norm_eval, with_cp, init_cfg: the OpenMMLab switches.
         pyramid_cfg: :class:`ViTPyramid` arguments for ``'pyramid'``.
         attn_backend: backend of :func:`mmeffattn.ops.core_periphery_attention`.

@@ -216,24 +216,19 @@ class PatchEmbed(nn.Module):
 class WeightFormer(BaseBackbone):
     """WeightFormer isotropic backbone for classification, detection and segmentation.
 
-    Every block runs at stride ``patch_size``; outputs after the ``out_indices`` blocks go through
-    their own LayerNorm ``norm{i}`` and come back per ``out_type``: ``'featmap'`` (``[B, C, h,
-    w]``), ``'avgpool'`` (``[B, C]``; with ``(-1, )`` exactly the official head input) or
-    ``'pyramid'`` (4 maps at strides 4-32 through :class:`~mmeffattn.models.layers.ViTPyramid`).
-    Blocks after the last output are not run. Outputs and variants: docs/design/weightformer.md.
+    Blocks run at stride ``patch_size``; each ``out_indices`` output gets its own LayerNorm and is
+    returned per ``out_type`` (see docs/design/weightformer.md). Later blocks are not run.
 
     Args:
-        arch: ``'tiny'``/``'t'``, ``'small'``/``'s'``, ``'base'``/``'b'`` or a dict of
-            ``embed_dims``, ``depth`` (``mlp_ratio``).
+        arch: ``'tiny'``, ``'small'``, ``'base'`` (or initials) or a dict of ``embed_dims``,
+            ``depth`` (``mlp_ratio``).
         in_channels, patch_size: image channels and patch side.
         out_indices: blocks whose outputs are returned (None: ``out_type``'s default).
-        out_type: ``'featmap'``, ``'avgpool'`` or ``'pyramid'``.
+        out_type: ``'featmap'``, ``'avgpool'`` (``(-1, )``: the official head input), ``'pyramid'``.
         drop_rate, drop_path_rate: MLP dropout and stochastic depth of the MLP branches.
-        frozen_stages, norm_eval, with_cp, init_cfg: the OpenMMLab switches (0 freezes the patch
-            embedding, ``i >= 1`` also blocks ``< i``; the pyramid is never frozen).
-        dynamic_every: block ``i`` is dynamic when ``(i + 2) % dynamic_every == 0`` (3: the
-            paper's).
-        pyramid_cfg: :class:`ViTPyramid` arguments for ``'pyramid'``.
+        frozen_stages, norm_eval, with_cp, init_cfg: the OpenMMLab switches.
+        dynamic_every: block ``i`` is dynamic when ``(i + 2) % dynamic_every == 0``.
+        pyramid_cfg: :class:`~mmeffattn.models.layers.ViTPyramid` arguments for ``'pyramid'``.
         attn_backend: backend of the dynamic blocks' ops (None: automatic).
     """
 

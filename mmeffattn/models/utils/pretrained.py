@@ -306,21 +306,16 @@ WEIGHTS_DOC = 'docs/user_guides/checkpoints.md'
 class StrictPretrainedMixin:
     """``init_weights`` for an mmengine ``BaseModule`` backbone with a strict ``Pretrained`` load.
 
-    ``init_cfg=dict(type='Pretrained', checkpoint=PATH_OR_URL, prefix=None, strict=True)`` reads
-    the checkpoint (:func:`open_checkpoint`), unwraps it, converts an official layout, keeps the
-    keys under ``prefix`` (stripped), maps them with :meth:`checkpoint_filter` and loads them with
-    :func:`load_state_dict_strict`. Without a checkpoint (no ``Pretrained`` entry, or
-    ``checkpoint=None``, our configs' default) the backbone keeps its random initialization and a
-    WARNING says where weights come from (INFO with ``allow_random=True``); a backbone frozen
-    whole (a linear probe) is refused without ``allow_random=True``. ``strict=False`` loads what
-    fits and logs how much it ignored. Other ``init_cfg`` entries run the mmengine way.
+    ``init_cfg=dict(type='Pretrained', checkpoint=PATH_OR_URL, prefix=None, strict=True)`` reads,
+    unwraps and converts the checkpoint, keeps the keys under ``prefix``, maps them with
+    :meth:`checkpoint_filter` and loads them with :func:`load_state_dict_strict`. Without a
+    checkpoint the random init is kept with a WARNING (INFO with ``allow_random=True``, which a
+    backbone frozen whole requires).
 
     Subclasses set:
-        optional_keys: regex of own keys a checkpoint may lack (e.g. output norms); logged.
-        ignorable_keys: regex of checkpoint keys the model may deliberately lack; logged.
+        optional_keys, ignorable_keys: see :func:`load_state_dict_strict`.
         prefix_probe: an own key used to detect the prefix of a whole-model checkpoint.
-        checkpoint_signature: regex of a key only this family's checkpoints have (used to say
-            "this looks like a X checkpoint" when another family's checkpoint is loaded).
+        checkpoint_signature: regex of a key only this family's checkpoints have.
         official_name: how error messages name a bare checkpoint of the family.
     and may override :meth:`checkpoint_filter`, :meth:`describe` and :meth:`mismatch_cause`.
     """
