@@ -26,13 +26,11 @@ class ZooModel:
 
     Attributes:
         name: display name (``'SEMA-T'``).
-        scope: the package whose registry builds it (``'mmeffattn'``, ``'mmpretrain'``,
-            ``'mmdet'``).
+        scope: the package whose registry builds it (``'mmeffattn'``, ``'mmpretrain'``, ...).
         backbone: registry config of the backbone (task-neutral outputs).
-        classifier: an ImageNet classifier config file (``'mmpretrain::...'`` or a path under
-            the project), for the FLOPs at 224.
+        classifier: an ImageNet classifier config (``'mmpretrain::...'`` or a project path).
         published_gflops: the paper's GFLOPs (MACs) of that classifier at 224x224.
-        attention: the token mixer, for reports (``'window softmax'``, ``'global softmax'``...).
+        attention: the token mixer, for reports (``'window softmax'``, ...).
         ours: one of this project's models.
         attrs: attributes set on the built backbone (VECA's ``num_cores``).
     """

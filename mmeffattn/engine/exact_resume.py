@@ -79,16 +79,8 @@ class ExactResumeHook(Hook):
     """Store the random streams and the data position in checkpoints; restore them on resume.
 
     Resuming at an epoch or iteration boundary then reproduces the uninterrupted run bit for bit
-    on the CPU (with any ``num_workers``), provided the run has a fixed ``randomness.seed`` (our
-    tools take it from the checkpoint when the config leaves it ``None``).
-
-    Limits: in an epoch-based loop, persistent dataloader workers (``persistent_workers=True``)
-    carry their streams across epochs, which no checkpoint can hold (a WARNING says so), and a
-    checkpoint saved in the middle of an epoch restarts that epoch (mmengine's behaviour); on a
-    GPU, nondeterministic kernels (cuDNN, atomics) still differ from run to run unless
-    ``randomness.deterministic=True``; in a distributed run every rank restores rank 0's streams
-    (exact when the ranks draw alike, as with mmengine's default ``diff_rank_seed=False`` and
-    augmentation in dataloader workers).
+    on the CPU, given a fixed ``randomness.seed``. Limits (persistent workers, mid-epoch
+    checkpoints, GPU nondeterminism, distributed ranks): docs/advanced/reliability.md.
     """
 
     priority = 'VERY_HIGH'  # restore before any other hook of the epoch draws a random number

@@ -1,16 +1,9 @@
 """MESA: self-distillation from the model's own exponential moving average (MLLA's recipe).
 
-MLLA's ImageNet training (``main.py`` of LeapLabTHU/MLLA, after "Sharpness-Aware Training for
-Free") adds, once a quarter of the epochs has passed, a soft-target cross-entropy towards the EMA
-model's predictions on the same (mixed) batch::
-
-    loss = CE(logits, targets) + mesa * CE(logits, softmax(ema_logits))
-
-with ``mesa`` 1.0 / 1.5 / 2.0 for MLLA-T / S / B, the EMA model in eval mode and no gradient through
-it. Here the term lives in :class:`MESAClassifier` (mmpretrain's ``ImageClassifier`` plus
-``loss_mesa``), and :class:`~mmeffattn.engine.MESAHook` (mmengine's ``EMAHook``) hands it the EMA
-model and the weight while the term is on. Without the hook the classifier is mmpretrain's
-``ImageClassifier``: same keys, same losses.
+After a quarter of the epochs, MLLA adds ``mesa * CE(logits, softmax(ema_logits))`` (``mesa`` 1.0
+/ 1.5 / 2.0 for T / S / B; EMA model in eval, no gradient). :class:`MESAClassifier` is
+mmpretrain's ``ImageClassifier`` plus ``loss_mesa``; :class:`~mmeffattn.engine.MESAHook` hands it
+the EMA model and weight while the term is on. Without the hook it is a plain ``ImageClassifier``.
 """
 import functools
 from typing import Optional

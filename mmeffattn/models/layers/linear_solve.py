@@ -98,18 +98,14 @@ class _ImplicitCG(torch.autograd.Function):
 def conjugate_gradient_solve(a: torch.Tensor, b: torch.Tensor, eps: float = 0., *,
                              iters: int = 20, tol: float = 1e-6,
                              backward: str = 'implicit') -> torch.Tensor:
-    """Solve ``(a + eps I) x = b`` by conjugate gradients, batched over the leading dims.
-
-    At most ``iters`` iterations from ``x = 0``, stopping once every column's residual is at most
-    ``tol * ||b||``.
+    """Solve ``(a + eps I) x = b`` by conjugate gradients from ``x = 0``, batched over leading dims.
 
     Args:
-        a: ``[..., M, M]`` symmetric positive definite (or semi-definite with ``eps > 0``); not
-            checked.
+        a: ``[..., M, M]`` symmetric positive (semi-)definite; not checked.
         b: ``[..., M, K]`` right-hand sides.
         eps, iters, tol: ridge, iteration cap, relative residual (0 runs all ``iters``).
-        backward: ``'implicit'`` (the exact solution's gradient, one more CG solve, memory
-            independent of ``iters``) or ``'unrolled'`` (autograd through the iterations).
+        backward: ``'implicit'`` (one more CG solve, memory independent of ``iters``) or
+            ``'unrolled'`` (autograd through the iterations).
 
     Returns:
         ``x [..., M, K]`` in b's dtype (float32 inside for 16-bit inputs).

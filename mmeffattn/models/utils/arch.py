@@ -16,8 +16,7 @@ def resolve_arch(owner: str, arch: Union[str, dict], arch_zoo: Mapping[str, dict
 
     Raises:
         KeyError: an unknown name (the message lists the known ones).
-        ValueError: a custom dict without the essential keys, or with a key no variant has
-            (a misspelt or another family's setting would otherwise be ignored silently).
+        ValueError: a custom dict lacking essential keys or with a key no variant has.
     """
     essential = sorted(essential)
     optional = f' (optional: {sorted(defaults)})' if defaults else ''
