@@ -1,14 +1,8 @@
-"""An unlabeled image folder: every image file under a directory, for self/feature distillation.
+"""An unlabeled image folder: every image file under a directory, for feature distillation.
 
-VECA's pretraining (https://github.com/alansong1322/VECA, ``veca/data.py``) distills a teacher on
-bare images: it indexes every file with an image extension below a folder, recursively, and reads
-them without labels. :class:`UnlabeledImageFolder` is that index as an mmengine ``BaseDataset``,
-so any OpenMMLab pipeline (``LoadImageFromFile`` -> augmentations -> ``PackInputs``) applies.
-
-The file list is sorted, so the sample order (and ``max_images``) does not depend on the file
-system. An optional ``ann_file`` lists the images instead of scanning (one path per line, relative
-to the image folder; further columns such as ImageNet's ``FILE LABEL`` are ignored), which avoids
-walking millions of files on every start.
+As VECA's pretraining reads bare images, :class:`UnlabeledImageFolder` indexes image files below
+a folder (sorted, so order is file-system independent) as an mmengine ``BaseDataset``. An
+optional ``ann_file`` lists them instead (one relative path per line; further columns ignored).
 """
 import os
 import os.path as osp

@@ -1,12 +1,8 @@
 """LaplacianFormer: Nystrom linear attention with a Laplacian kernel, as an OpenMMLab backbone.
 
-Paper: LaplacianFormer: Rethinking Linear Attention with Laplacian Kernel (Feng et al.), ICLR 2026,
-arXiv 2604.20368. Baseline: SOFT (Lu et al., NeurIPS 2021), https://github.com/fudan-zvg/SOFT.
-
-``A ~= K(Q, L) W^-1 K(L, Q)``, ``W = K(L, L) + eps I``, ``out = A V / N + DWC(V)`` with ``k(x, y) =
-exp(-||x - y||_1 / lam)``, pooled landmarks ``L`` and the kernel similarities whitened
-(``whitening='kernel'``, the paper's injective map) in a PVTv2 pyramid. The choices where paper and
-SOFT leave freedom, and why: docs/design/laplacianformer.md.
+Paper: LaplacianFormer (Feng et al.), ICLR 2026, arXiv 2604.20368; baseline SOFT (NeurIPS 2021).
+``out = K(Q, L) (K(L, L) + eps I)^-1 K(L, Q) V / N + DWC(V)``, ``k(x, y) = exp(-||x - y||_1 /
+lam)``, in a PVTv2 pyramid. Design choices: docs/design/laplacianformer.md.
 """
 from typing import List, Optional, Sequence, Tuple, Union
 

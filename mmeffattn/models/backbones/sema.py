@@ -1,13 +1,9 @@
 """SEMA and MILA (MLLA) hierarchical backbones for OpenMMLab.
 
-Papers: SEMA (Tran et al.), arXiv 2506.08297; Demystify Mamba in Vision: A Linear Attention
-Perspective (Han et al., NeurIPS 2024), arXiv 2405.16605, code https://github.com/LeapLabTHU/MLLA.
-
-Both use MLLA's macro design: a convolutional stem, four stages of Mamba-like blocks, MobileNet-
-style downsampling. ``attn_type='linear'`` is MILA's linear attention (ELU+1, 2-D RoPE, LePE);
-``attn_type='sema'`` is SEMA's window softmax plus the mean of all values (LePE, no RoPE). Names
-follow the official code, so official checkpoints load after :func:`checkpoint_filter_mlla`. Design
-notes and measurements: docs/design/sema.md.
+Papers: SEMA (Tran et al.), arXiv 2506.08297; MLLA (Han et al., NeurIPS 2024), arXiv 2405.16605.
+MLLA's macro design (conv stem, four stages, MobileNet-style downsampling); ``attn_type='linear'``
+is MILA's linear attention, ``'sema'`` SEMA's window softmax plus the mean of all values.
+Official checkpoints load via :func:`checkpoint_filter_mlla`. Design: docs/design/sema.md.
 """
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 

@@ -1,13 +1,9 @@
 """VECA: Visual Elastic Core Attention, an isotropic ViT whose patches talk only through cores.
 
-Paper: Elastic Attention Cores for Scalable Vision Transformers (Song et al.), arXiv 2605.12491;
-official code https://github.com/alansong1322/VECA.
-
-``C`` learned core tokens (a prefix of an ordered bank, nested dropout in training) attend to
-everything and the patches attend to the cores only
-(:func:`mmeffattn.ops.core_periphery_attention`), with 2-D axial RoPE on learned core coordinates.
-Trunk, extensions and parameter names: docs/design/veca.md; official checkpoints load through
-:func:`checkpoint_filter_veca_official`.
+Paper: Elastic Attention Cores for Scalable Vision Transformers (Song et al.), arXiv 2605.12491.
+``C`` learned cores (a prefix of an ordered bank) attend to everything, patches to the cores only
+(:func:`mmeffattn.ops.core_periphery_attention`), with axial RoPE on learned core coordinates.
+Design: docs/design/veca.md.
 """
 import math
 import re

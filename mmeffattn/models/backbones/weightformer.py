@@ -1,12 +1,8 @@
 """WeightFormer: an isotropic backbone that models global context through predicted weights.
 
-Paper: Linear-Time Global Visual Modeling without Explicit Attention (He, Han, Huang), arXiv
-2605.01711; official code https://github.com/LeapLabTHU/WeightFormer.
-
-No token-to-token attention: every ``dynamic_every``-th block adds to its static weights a weight
-predicted from a summary of all tokens (:class:`DynamicDWConv`, :class:`DynamicLinear`), linear in
-the token count. Trunk and parameter names: docs/design/weightformer.md; official checkpoints load
-through :func:`checkpoint_filter_weightformer_official`.
+Paper: Linear-Time Global Visual Modeling without Explicit Attention (He et al.), arXiv 2605.01711.
+Every ``dynamic_every``-th block adds a weight predicted from all tokens to its static weights
+(:class:`DynamicDWConv`, :class:`DynamicLinear`). Design: docs/design/weightformer.md.
 """
 import re
 from typing import Dict, List, Optional, Sequence, Tuple, Union
@@ -39,13 +35,10 @@ def is_dynamic_block(i: int, every: int = 3) -> bool:
 
 
 class DynamicLinear(nn.Module):
-    """A linear layer whose weight is a static weight plus one predicted from the tokens
-    (``DynLinear``).
+    """A linear layer whose weight is static plus predicted from the tokens (``DynLinear``).
 
-    ``dW = (SiLU(P Wi) Bi)^T (SiLU(P Wo) Bo) * C_in^-0.5 / N`` from the 2x2-pooled tokens ``P``,
-    each output column normalized by ``||dW_j|| + 1``, then ``y = x (W + dW) + b``: the paper's
-    bilateral ``dW(X) = W1 s(W2 X^T) s(X W3) W4``, through :func:`mmeffattn.ops.dynamic_weight`.
-    Derivation and layout: docs/design/weightformer.md.
+    ``y = x (W + dW) + b``, ``dW`` the paper's bilateral low-rank prediction from the 2x2-pooled
+    tokens (:func:`mmeffattn.ops.dynamic_weight`; see docs/design/weightformer.md).
 
     Args:
         in_features, out_features: channels (divisible by ``reduction``).
@@ -102,13 +95,10 @@ class DynamicLinear(nn.Module):
 
 
 class DynamicDWConv(nn.Module):
-    """A depthwise convolution whose kernel is a static kernel plus one predicted per sample
-    (``DynCnn``).
+    """A depthwise convolution whose kernel is static plus predicted per sample (``DynCnn``).
 
-    ``kernel_gen`` (1x1 conv, GELU, 1x1 conv) maps the input pooled to ``K x K`` to one kernel per
-    sample and channel; each is divided by its Frobenius norm plus one and added to the static
-    kernel, then :func:`mmeffattn.ops.dynamic_dwconv` convolves each sample (zero padding, static
-    bias).
+    ``kernel_gen`` maps the input pooled to ``K x K`` to per-sample kernels, normalized and added to
+    the static one; :func:`mmeffattn.ops.dynamic_dwconv` convolves.
 
     Args:
         dim: channels.

@@ -1,13 +1,9 @@
-"""Windowed linear attention: SEMA's ``A_Phi`` as linear attention inside SEMA's windows.
-
-The linear arm of SEMA's ablation (arXiv 2506.08297): the windows of ``sema_attention`` (tiled
-from the top-left, the last ones partial; padded positions are neither keys nor outputs) and
-MLLA's kernel ``phi = ELU + 1`` in its mean form, no RoPE::
+"""Windowed linear attention: SEMA's ``A_Phi`` ablation, ``phi = ELU + 1`` inside SEMA's windows::
 
     out_i = phi(q_i) [mean_{j in w(i)} phi(k_j)^T v_j]
             / (phi(q_i) . mean_{j in w(i)} phi(k_j) + eps)
 
-``with_mean`` adds ``mean_j v_j`` over all tokens. Cost ``O(N D Dv)`` for any window size.
+Windows as in ``sema_attention``; ``with_mean`` adds ``mean_j v_j``. Cost ``O(N D Dv)``.
 """
 from typing import Sequence, Tuple
 
