@@ -148,7 +148,6 @@ class BaseBackbone(StrictPretrainedMixin, FreezeStagesMixin, BaseModule):
             raise ValueError(f'in_channels must be an integer >= 1, got {in_channels!r}')
         self.in_channels = in_channels
 
-    # ---------------------------------------------------------------- construction helpers
     @classmethod
     def _parse_arch(cls, arch: Union[str, dict]) -> dict:
         """A copy of the settings ``arch`` names or gives, checked by :meth:`_check_arch`."""
@@ -194,7 +193,6 @@ class BaseBackbone(StrictPretrainedMixin, FreezeStagesMixin, BaseModule):
         """The output norms of the frozen stages/blocks (for :meth:`frozen_modules`)."""
         return [self.out_norm(i) for i in range(self.frozen_stages) if i in self.out_indices]
 
-    # ---------------------------------------------------------------- forward helpers
     def check_input(self, x: torch.Tensor) -> None:
         """Raise one clear error for an input the backbone cannot take: not ``[B, C, H, W]``
         with ``C = in_channels``, an empty batch or image (batch 0 is rejected by every family,

@@ -541,7 +541,6 @@ class LaplacianFormer(BaseBackbone):
         self.apply(init_linear_and_norm)
         self._freeze_stages()
 
-    # ---------------------------------------------------------------- construction helpers
     @classmethod
     def _check_arch(cls, arch: dict) -> dict:
         scalars = sorted(k for k, v in arch.items() if not isinstance(v, (list, tuple)))
@@ -558,12 +557,10 @@ class LaplacianFormer(BaseBackbone):
                                  f'num_heads {arch["num_heads"]}')
         return arch
 
-    # ---------------------------------------------------------------- train mode, freezing
     def frozen_modules(self) -> List[nn.Module]:
         """The first patch embedding, and the first ``frozen_stages`` stages whole."""
         return [self.layers[0].patch_embed] + [self.layers[i] for i in range(self.frozen_stages)]
 
-    # ---------------------------------------------------------------- forward
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         """Args: x: ``[B, in_channels, H, W]``, any ``H, W >= 1``.
 
@@ -579,7 +576,6 @@ class LaplacianFormer(BaseBackbone):
                 outs.append(x)
         return tuple(outs)
 
-    # ---------------------------------------------------------------- weights
     prefix_probe = 'layers.0.patch_embed.proj.weight'
     checkpoint_signature = (r'(^|\.)layers\.\d+\.blocks\.\d+\.attn\.'
                             r'(whiten\.bias|kwhiten\.bias|kv\.weight)$')

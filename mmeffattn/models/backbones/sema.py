@@ -403,7 +403,6 @@ class SEMA(BaseBackbone):
         self.apply(init_linear_and_norm)
         self._freeze_stages()
 
-    # ---------------------------------------------------------------- construction helpers
     @classmethod
     def _check_arch(cls, arch: dict) -> dict:
         if isinstance(arch['embed_dims'], bool) or not isinstance(arch['embed_dims'], int):
@@ -414,13 +413,11 @@ class SEMA(BaseBackbone):
                              f"{arch['num_heads']} differ in length")
         return arch
 
-    # ---------------------------------------------------------------- train mode, freezing
     def frozen_modules(self) -> List[nn.Module]:
         """The stem and the first ``frozen_stages`` stages with their downsampling and norms."""
         return [self.patch_embed, self.pos_drop, *self.layers[:max(self.frozen_stages, 0)],
                 *self._frozen_out_norms()]
 
-    # ---------------------------------------------------------------- forward
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         """Args: x: ``[B, in_channels, H, W]``, any ``H, W >= 1``.
 
@@ -439,7 +436,6 @@ class SEMA(BaseBackbone):
                 outs.append(tokens_to_map(out, out_hw).contiguous())  # [B, C_i, H_i, W_i]
         return tuple(outs)
 
-    # ---------------------------------------------------------------- weights
     # strict Pretrained loading comes from StrictPretrainedMixin; these tailor it to the family
     optional_keys = r'norm\d+\.'  # output norms: an ImageNet checkpoint has none
     prefix_probe = 'patch_embed.conv1.conv.weight'

@@ -375,7 +375,6 @@ class VECA(BaseBackbone):
         self._init_official()
         self._freeze_stages()
 
-    # ---------------------------------------------------------------- construction helpers
     def _parse_budget_weights(self, weights: Optional[Sequence[float]]) -> Tuple[float, ...]:
         n = len(self.budgets)
         if weights is None:
@@ -407,7 +406,6 @@ class VECA(BaseBackbone):
         nn.init.trunc_normal_(self.patch_embed.proj.weight, std=.02)
         nn.init.zeros_(self.patch_embed.proj.bias)
 
-    # ---------------------------------------------------------------- active cores
     @property
     def num_cores(self) -> int:
         """Active cores in eval mode (and in training without nested dropout)."""
@@ -453,7 +451,6 @@ class VECA(BaseBackbone):
             return self.sample_num_cores()
         return self.num_cores
 
-    # ---------------------------------------------------------------- train mode, freezing
     def frozen_modules(self) -> List[nn.Module]:
         """Patch embedding and core bank; blocks ``0 .. frozen_stages-1`` and their norms."""
         frozen: List[nn.Module] = [self.patch_embed, self.core_tokens, self.core_coords,
@@ -464,7 +461,6 @@ class VECA(BaseBackbone):
             frozen.append(self.rope)
         return frozen
 
-    # ---------------------------------------------------------------- forward
     def forward_tokens(self, x: torch.Tensor, num_cores: Optional[int] = None
                        ) -> Tuple[List[torch.Tensor], HWShape, int]:
         """Run the trunk on ``x [B, in_channels, H, W]`` with ``num_cores`` (None: the active
@@ -526,7 +522,6 @@ class VECA(BaseBackbone):
             return int(name.split('.')[1]) + 1, num_layers
         return num_layers - 1, num_layers
 
-    # ---------------------------------------------------------------- weights
     # strict Pretrained loading comes from StrictPretrainedMixin; these tailor it to the family
     optional_keys = r'(norm\d+|pyramid)\.'  # an official checkpoint has only the final norm
     # documented exceptions: without out_proj_dims the distillation projection is not used, and

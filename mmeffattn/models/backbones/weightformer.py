@@ -287,7 +287,6 @@ class WeightFormer(BaseBackbone):
         self.apply(init_linear_and_norm)  # official init (the dynamic layers set their own)
         self._freeze_stages()
 
-    # ---------------------------------------------------------------- construction helpers
     def _default_out_indices(
             self, out_indices: Optional[Union[int, Sequence[int]]]) -> Union[int, Sequence[int]]:
         depth = self.depth
@@ -297,13 +296,11 @@ class WeightFormer(BaseBackbone):
             return (depth - 1, )
         return quarter_blocks(depth)
 
-    # ---------------------------------------------------------------- train mode, freezing
     def frozen_modules(self) -> List[nn.Module]:
         """The patch embedding and the first ``frozen_stages`` blocks with their output norms."""
         return [self.patch_embed, *self.blocks[:max(self.frozen_stages, 0)],
                 *self._frozen_out_norms()]
 
-    # ---------------------------------------------------------------- forward
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         """Args: x: ``[B, in_channels, H, W]``, any ``H, W >= 1``.
 
@@ -326,7 +323,6 @@ class WeightFormer(BaseBackbone):
             return self.pyramid(outs)
         return tuple(outs)
 
-    # ---------------------------------------------------------------- weights
     # strict Pretrained loading comes from StrictPretrainedMixin; these tailor it to the family
     optional_keys = r'(norm\d+|pyramid)\.'  # an ImageNet checkpoint has only the last norm
     prefix_probe = 'patch_embed.proj.weight'

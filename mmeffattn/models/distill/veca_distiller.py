@@ -195,7 +195,6 @@ class VECADistiller(BaseModel):
         self._register_state_dict_hook(VECADistiller._add_teacher_state)
         self._register_load_state_dict_pre_hook(self._take_teacher_state)
 
-    # --- the hidden teacher ------------------------------------------------------------------
     @property
     def teacher(self) -> nn.Module:
         return self._teacher[0]
@@ -222,7 +221,6 @@ class VECADistiller(BaseModel):
             self.teacher.load_state_dict({k[len(head):]: state_dict.pop(k) for k in keys},
                                          strict=True)
 
-    # --- set-up --------------------------------------------------------------------------------
     def init_weights(self) -> None:
         """Initialise the student (and copy the teacher's patch projection when asked);
         refuses to start training from a random teacher unless allowed."""
@@ -263,7 +261,6 @@ class VECADistiller(BaseModel):
         logger.info(f'VECADistiller: student {student_name} starts from the teacher\'s '
                     f'{teacher_name}')
 
-    # --- forward -------------------------------------------------------------------------------
     def extract_student(self, inputs: torch.Tensor) -> Tokens:
         """Student tokens at the teacher width: ``[B, Dt]``, ``[B, N, Dt]``."""
         outs = self.student(inputs)

@@ -211,7 +211,6 @@ def guess_family(keys: List[str], exclude: type) -> Optional[str]:
     return None
 
 
-# ------------------------------------------------------------------ the authors' checkpoints
 class OfficialLayout(NamedTuple):
     """How to recognise and convert one family's official checkpoints.
 
