@@ -168,10 +168,7 @@ class FlopCount:
 
 
 def count_flops(model: nn.Module, inputs: Tuple[Any, ...]) -> FlopCount:
-    """Count the MACs of ``model(*inputs)`` (one traced forward, without gradients).
-
-    The forward really runs (a meta-device trace is not possible: convolutions' shape checks
-    fail on traced sizes), so its cost is that of one inference at the given size.
+    """Count the MACs of ``model(*inputs)`` (one real forward, traced, without gradients).
 
     Args:
         model: any module; mmeffattn's ops inside it are counted analytically.

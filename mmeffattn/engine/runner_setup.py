@@ -102,16 +102,11 @@ def add_exact_resume_hook(cfg: Config) -> None:
 
 
 def configure_resume(cfg: Config, resume: Optional[str]) -> None:
-    """Turn ``--resume [PATH]`` into ``cfg.resume``/``cfg.load_from`` with the checks that make a
-    resume either exact or loudly refused.
+    """Turn ``--resume [PATH]`` into ``cfg.resume``/``cfg.load_from``: exact or loudly refused.
 
-    * ``'auto'``: the checkpoint named by ``WORK_DIR/last_checkpoint`` (else the newest
-      ``*.pth``). None at all: a WARNING says training starts from scratch. One that is named but
-      missing or unreadable: :class:`CheckpointError` (never a silent fresh start).
-    * a path: it must be a readable checkpoint.
-
-    When the config leaves ``randomness.seed`` None, the checkpoint's seed is used, so that the
-    data loader is rebuilt with the same sampler and worker seeds.
+    ``'auto'`` takes ``WORK_DIR/last_checkpoint`` (else the newest ``*.pth``; none: a WARNING and a
+    fresh start; named but unreadable: :class:`CheckpointError`); a path must be readable. A
+    ``None`` ``randomness.seed`` is taken from the checkpoint, so the data order repeats.
     """
     if resume is None:
         return

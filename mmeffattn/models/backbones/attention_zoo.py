@@ -178,12 +178,10 @@ class CorePeripheryMixer(nn.Module):
 
 
 class DynamicMixer(nn.Module):
-    """WeightFormer's dynamic mixing as a mixer: :class:`DynamicDWConv` (a kernel predicted per
-    sample) then :class:`DynamicLinear` (a weight predicted from the pooled tokens); ``num_heads``
-    is unused.
+    """WeightFormer's dynamic mixing: :class:`DynamicDWConv` then :class:`DynamicLinear`.
 
     Args:
-        dim: channels (divisible by ``reduction``).
+        dim: channels (divisible by ``reduction``); ``num_heads`` is unused.
         kernel_size, reduction: the dynamic kernel's odd side and the linear layer's rank reduction.
         backend: backend of the ops (None: automatic).
     """

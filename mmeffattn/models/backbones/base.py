@@ -54,10 +54,8 @@ def run_block(blk: nn.Module, x: torch.Tensor, *args, with_cp: bool = False) -> 
 def pretrained_to_init_cfg(name: str, pretrained: Optional[str],
                            init_cfg: Optional[Union[dict, List[dict]]]
                            ) -> Optional[Union[dict, List[dict]]]:
-    """The ``init_cfg`` the deprecated ``pretrained`` argument stands for, read as mmseg's and
-    mmdet's own backbones read it: a path or URL becomes ``dict(type='Pretrained',
-    checkpoint=pretrained)`` (with a ``DeprecationWarning``); ``None`` keeps ``init_cfg``. A stock
-    segmentor's ResNet ``pretrained`` then reaches the strict loader, which names the fix.
+    """The ``init_cfg`` the deprecated ``pretrained`` argument stands for (as mmseg/mmdet read it):
+    a path or URL becomes ``dict(type='Pretrained', checkpoint=pretrained)`` with a warning.
 
     Raises:
         TypeError: ``pretrained`` is neither None nor a string.

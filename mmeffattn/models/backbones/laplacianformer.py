@@ -173,19 +173,15 @@ class LaplacianAttention(nn.Module):
     Args:
         dim, num_heads: channels and heads (``dim % num_heads == 0``).
         sr_ratio: landmark cell side.
-        kernel: ``'laplacian'`` or ``'gaussian'`` (SOFT's).
-        lam: Laplacian bandwidth on the features the kernel sees.
-        ns_iters, ns_backward: Newton-Schulz iterations and backward
-            (``'implicit'``/``'unrolled'``).
+        kernel, lam: ``'laplacian'`` (bandwidth ``lam``) or ``'gaussian'`` (SOFT's).
+        ns_iters, ns_backward: Newton-Schulz iterations; backward ``'implicit'``/``'unrolled'``.
         eps: ridge added to ``K(L, L)``.
         whitening: ``'kernel'`` (the paper's), ``'query'`` (ablation) or None.
-        whitening_stats, landmark_grid: ``'per_landmark'`` (a fixed landmark grid) or
-            ``'per_head'``.
+        whitening_stats, landmark_grid: ``'per_landmark'`` (fixed landmark grid) or ``'per_head'``.
         feature_scale: None, a positive number or ``'sqrt_head_dim'``.
         pinv_solver, cg_iters, cg_tol: ``'newton_schulz'`` or ``'cg'`` and its stopping rule.
         max_landmarks: landmark cap (larger grids pool larger cells); None: no cap.
-        dwc_kernel: side of the depthwise value convolution.
-        qkv_bias: bias of the projections.
+        dwc_kernel, qkv_bias: side of the depthwise value convolution; bias of the projections.
         backend: backend of the ops (None: automatic).
     """
 

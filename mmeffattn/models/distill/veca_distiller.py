@@ -116,20 +116,17 @@ class VECADistiller(BaseModel):
     """Distils a frozen teacher's class and patch features into a VECA student.
 
     Args:
-        student: backbone config, ``out_type='raw'`` at the teacher width (e.g. ``dict(type=
-            'mmeffattn.VECA', arch='small', out_proj_dims=768)`` for a ViT-B teacher).
-        teacher: backbone config of the frozen teacher (e.g. mmpretrain's ``VisionTransformer``,
-            ``out_type='raw'``; outputs as :func:`split_teacher_tokens` reads them).
-        teacher_ckpt, teacher_ckpt_prefix: the teacher's checkpoint (loaded strictly at build time)
+        student: backbone config, ``out_type='raw'`` at the teacher width (``out_proj_dims``).
+        teacher: backbone config of the frozen teacher (``out_type='raw'``, e.g. mmpretrain's ViT).
+        teacher_ckpt, teacher_ckpt_prefix: the teacher's checkpoint (loaded strictly at build)
             and its key prefix there.
         allow_random_teacher: train without ``teacher_ckpt`` (tests, smoke runs).
         teacher_num_register_tokens: registers after the class token (DINOv3: 4).
         init_student_patch_embed: ``(teacher_module, student_module)`` names: copy the teacher's
-            patch projection into the student when shapes match (``init_patch_from_dinov3``).
+            patch projection into the student when shapes match.
         loss_weights: ``dict(global_cos=, patch_cos=, patch_mse=)``; norm_eps: the cosines' eps.
         save_teacher: also write the teacher into checkpoints (``teacher.*``).
-        data_preprocessor: default mmpretrain's ``SelfSupDataPreprocessor`` with the official
-            mean/std, BGR -> RGB.
+        data_preprocessor: default ``SelfSupDataPreprocessor`` (official mean/std, BGR->RGB).
         init_cfg: the distiller's (the student has its own).
     """
 

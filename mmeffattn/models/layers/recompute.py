@@ -1,11 +1,8 @@
 """Gradient-checkpoint recomputation, made visible to layers that keep running statistics.
 
-``torch.utils.checkpoint`` runs a block's forward twice in training: once without keeping
-activations, again in backward. Layers that update running estimates from batch statistics
-(LaplacianFormer's :class:`DiagonalWhitening` and
-:class:`~mmeffattn.models.layers.kernel_whitening.KernelWhitening`) would count the batch twice;
-during the second pass :func:`is_recomputing` is True, and they normalise with the batch statistics
-as in the first pass without updating their estimates again.
+``torch.utils.checkpoint`` runs a block's forward twice; during the second pass
+:func:`is_recomputing` is True, so whitening layers reuse the batch statistics without updating
+their running estimates again.
 """
 import contextlib
 import threading

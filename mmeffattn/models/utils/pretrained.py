@@ -218,10 +218,8 @@ class OfficialLayout(NamedTuple):
         name: how logs name the layout.
         source: where the official code (and the weights) live.
         families: class names (``__mro__``) of the backbones it loads into.
-        detect: ``state_dict -> bool`` (the layout is official), or the name of that function in
-            the module defining the family.
-        convert: name of the converter ``state_dict -> state_dict`` in the module defining the
-            family (the offline converters in tools/model_converters call the same function).
+        detect: ``state_dict -> bool``, or that function's name in the family's module.
+        convert: name of the converter ``state_dict -> state_dict`` in the family's module.
         backbone_prefix: prefix of the backbone keys in the converter's output ('' for none).
     """
     name: str
