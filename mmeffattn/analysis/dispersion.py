@@ -131,10 +131,8 @@ def implied_weights(kind: str, q: torch.Tensor, k: torch.Tensor, hw: Tuple[int, 
         q, k: ``[B, h, N, D]`` queries and keys of one layer, ``N = H * W`` in row-major order.
         hw: the token grid.
         rows: query indices (default: all).
-        options: the kinds' settings: ``window`` (``window``, ``sema``); ``num_cores`` (cores
-            pooled from the tokens for ``core_periphery`` when ``cores`` is None) and ``cores``
-            (``(q_cores, k_cores)`` ``[B, h, C, D]`` of a real core-periphery model);
-            ``landmark_cell``, ``lam``, ``ns_iters``, ``ns_eps`` (LaplacianFormer's settings).
+        options: ``window``; ``num_cores`` or ``cores`` (``(q_cores, k_cores)`` of a real model)
+            for ``core_periphery``; ``landmark_cell``, ``lam``, ``ns_iters``, ``ns_eps``.
     """
     if kind not in KIND_WEIGHTS:
         raise ValueError(f'unknown attention kind {kind!r}; choose from {KINDS}')

@@ -123,10 +123,8 @@ def load_checkpoint_file(path: str, map_location: Any = 'cpu', *, mmap: bool = F
     """``torch.load`` a local checkpoint safely (or read a ``.safetensors`` file), or raise a
     one-line :class:`CheckpointError` naming the file and ``hint`` (what to do).
 
-    ``mmap`` maps the file (cheap for ``meta`` only; falls back to a full read for the legacy
-    format); ``extra_safe_globals`` are more objects (or ``(obj, name)`` pairs) the safe loader
-    may build; ``folder_hint`` is another way out when ``path`` is a folder. ``weights_only``
-    stays ``True`` unless the caller trusts the file.
+    ``mmap`` maps the file; ``extra_safe_globals`` extends the allow-list; ``folder_hint`` is a
+    way out when ``path`` is a folder; ``weights_only=False`` only for trusted files.
 
     Raises:
         CheckpointNotFoundError: no file at ``path``.
@@ -297,10 +295,7 @@ def checkpoint_cache_path(url: str, cache_dir: Optional[str] = None) -> str:
 
 def download_checkpoint(url: str, cache_dir: Optional[str] = None,
                         timeout_s: float = 60) -> str:
-    """The local path of ``url``'s file, downloaded once into :func:`checkpoint_cache_path`.
-
-    The download is written atomically (:func:`atomic_write`), so an interrupted one never
-    leaves a partial file under the cached name. A cached file is used without any network.
+    """The local path of ``url``'s file, downloaded once (atomically) into the cache.
 
     Raises:
         CheckpointError: the URL cannot be downloaded (naming the reason and the way out).

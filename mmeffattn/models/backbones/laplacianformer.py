@@ -147,10 +147,8 @@ class DiagonalWhitening(nn.Module):
         mean, var = self.running_mean, self.running_var
         recomputing = self.training and is_recomputing()
         if recomputing or mean.dtype != flat.dtype:
-            # a checkpointed block runs twice per step: count its batch once in the running
-            # statistics (throw-away copies keep the recomputed graph identical to the first);
-            # a half-precision model (model.half()) keeps 16-bit running estimates, but the
-            # statistics are computed in float32: update float32 copies, then store them back
+            # throw-away copies: a recomputed (checkpointed) pass must not count its batch twice,
+            # and a half-precision model's estimates are updated in float32, then stored back
             mean, var = mean.to(flat.dtype, copy=True), var.to(flat.dtype, copy=True)
         z = F.batch_norm(flat, mean, var, None, self.bias.to(flat.dtype), self.training,
                          self.momentum, self.eps)

@@ -75,11 +75,9 @@ def patch_centres(hw: HWShape, device: torch.device) -> torch.Tensor:
 class RoPE2D(nn.Module):
     """2D axial rotary position tables for VECA (the official ``Rotary2D``).
 
-    ``Dh / 4`` periods ``base ** (2 j / (Dh / 2))``; the first half of the channels rotates with x,
-    the second with y. A fraction ``p_zero_freqs`` of the periods (``zero_from='low'``: the longest)
-    is infinite: those channels carry no position. ``shift``, ``jitter``, ``rescale``: the training-
-    time coordinate augmentations (uniform shift, log-uniform per-axis and common scales; None:
-    off).
+    ``Dh / 4`` periods ``base ** (2 j / (Dh / 2))``, x on the first half of the channels, y on the
+    second; a fraction ``p_zero_freqs`` of periods is infinite (no position). ``shift``,
+    ``jitter``, ``rescale``: training-time coordinate augmentations (None: off).
     """
 
     def __init__(self, head_dim: int, base: float = 100., shift: Optional[float] = .08,
@@ -121,10 +119,8 @@ class RoPE2D(nn.Module):
 
     def forward(self, coords: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """``coords [B, L, 2]`` (x, y) -> ``(cos, sin)``, each ``[B, L, head_dim]`` in fp32."""
-        # fp32 whatever the autocast dtype: the angles reach ~2 pi / 1 * coordinate and bf16
-        # would lose the position detail that RoPE encodes
-        # (2 pi c) / period in this order, as the official code: the angles feed back into the
-        # learned core coordinates, so even last-bit differences grow over the blocks
+        # fp32 and the official order of operations: bf16 would lose position detail, and the
+        # angles feed back into the core coordinates, so last-bit differences grow over blocks
         coords = coords.float()
         periods = self.periods.float().to(coords.device)  # [Dh/4]; inf -> angle 0
         ang = (2 * math.pi) * coords.unsqueeze(-1) / periods  # [B, L, 2, Dh/4]
