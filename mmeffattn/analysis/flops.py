@@ -27,9 +27,7 @@ __all__ = ['OP_COUNTERS', 'register_op_counter', 'op_macs', 'sdpa_macs', 'sdpa_f
            'torch_backend', 'model_kind']
 
 OpCounter = Callable[..., int]
-#: public op name (an attribute of :mod:`mmeffattn.ops`) -> analytic MACs from the op's arguments:
-#: every op's ``spec.macs`` (``mmeffattn/ops/<op>/spec.py``) and those of its other entry points
-#: (``spec.entry_points``), plus any registered here
+#: public op name -> analytic MACs from its arguments (each op's ``spec.macs`` and entry points)
 OP_COUNTERS: Dict[str, OpCounter] = {name: macs for spec in all_specs()
                                      for name, macs in ((spec.name, spec.macs),
                                                         *spec.entry_points.items())}
@@ -54,7 +52,6 @@ def op_macs(name: str, *args: Any, **kwargs: Any) -> int:
     return int(OP_COUNTERS[name](*args, **kwargs))
 
 
-# jit handles
 def sdpa_flop_jit(inputs: List[Any], outputs: List[Any]) -> int:
     """mmengine handle of ``aten::scaled_dot_product_attention`` (q ``[..., L, D]``,
     k ``[..., S, D]``, v ``[..., S, Dv]``); mmengine's analyzer skips the op otherwise."""
@@ -153,7 +150,6 @@ def torch_backend() -> Iterator[None]:
 
 
 
-# counting a model
 @dataclass
 class FlopCount:
     """Result of :func:`count_flops`. ``total`` and ``by_operator`` are MACs; ``ops`` holds

@@ -67,8 +67,7 @@ DEFAULT_METAINFO = shapes_metainfo(DEFAULT_CLASSES)
 
 # shapes: polygon outlines (image coordinates, x right, y down)
 def _regular(cx, cy, r, n, theta):
-    # vertices with the math module (libm), not numpy's SIMD loops, so the stored coordinates do
-    # not depend on the CPU's instruction set
+    # math (libm), not numpy's SIMD loops: coordinates must not depend on the instruction set
     a = [theta + 2 * math.pi * k / n for k in range(n)]
     return np.array([(cx + r * math.cos(t), cy + r * math.sin(t)) for t in a], np.float64)
 
@@ -128,7 +127,6 @@ def _rasterise(flat_polys, h, w):
     return mask_utils.decode(mask_utils.merge(rles)).astype(bool)
 
 
-# textures
 def _hsv_to_rgb(h, s, v):
     i = int(h * 6) % 6
     f = h * 6 - int(h * 6)
@@ -213,7 +211,6 @@ def _object_fill(rng, colour, ys, xs, box):
     return colour[None] * (shade + (1 - shade) * t[:, None].astype(np.float32))
 
 
-# one image
 def _draw_image(seed, split, index, p):
     """Draw one image. Returns (uint8 HxWx3 image, list of (cat index, polygons or None, mask))."""
     h, w = p['img_size']
@@ -255,7 +252,6 @@ def _draw_image(seed, split, index, p):
                 o['vis'] &= ~full
             placed.append(dict(cat=cat, polys=None if holes else flat_fill, full=full,
                                vis=full.copy(), area=area))
-            # paint it
             ys, xs = np.nonzero(full)
             bg_mean = img[ys, xs].mean(axis=0)
             colour = _object_colour(rng, bg_mean)
@@ -285,7 +281,6 @@ def _annotation(ann_id, img_id, cat_id, polys, mask):
                 bbox=bbox, iscrowd=0)
 
 
-# the dataset
 def _split_paths(out_dir, split):
     return (osp.join(out_dir, f'{split}2017'),
             osp.join(out_dir, 'annotations', f'instances_{split}2017.json'))
@@ -451,7 +446,6 @@ def generate_shapes_coco(out_dir, num_train=200, num_val=50, img_size=(256, 256)
     return _result(out_dir, meta, True, time.perf_counter() - t0)
 
 
-# a look at the data
 def make_contact_sheet(data_root, out_path, split='train', num_images=8, cols=4, alpha=0.45):
     """Save a grid of ``split`` images with their masks, boxes and class names drawn over them.
 

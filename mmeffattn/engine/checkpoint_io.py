@@ -43,7 +43,6 @@ class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
     """The checkpoint file does not exist."""
 
 
-# The scoped safe loader
 def _history_buffer_getattr(obj: Any, name: str) -> Any:
     """Stand-in for ``builtins.getattr`` while an mmengine checkpoint is unpickled: pickle stores
     ``HistoryBuffer``'s statistics methods as ``getattr(HistoryBuffer, 'min')``, and the real
@@ -104,7 +103,6 @@ class _YacsConfig:
 OFFICIAL_STAND_INS = ((_YacsConfig, 'yacs.config.CfgNode'), )
 
 
-# Loading with clear errors
 def load_error_reason(exc: BaseException, limit: int = 160) -> str:
     """The reason in a ``torch.load`` exception, one short line without torch's essay: the
     safe loader's failures put it on a line of their own after their advice (``Unsupported
@@ -153,8 +151,7 @@ def load_checkpoint_file(path: str, map_location: Any = 'cpu', *, mmap: bool = F
                                       weights_only=weights_only)
                 raise
     except pickle.UnpicklingError as e:
-        # (every refusal of the safe loader starts 'Weights only load failed'; only an unknown
-        # global means a real object, anything else (an unsupported opcode) is not a pickle)
+        # only an unknown global means a real object; anything else is not a pickle
         if 'Unsupported global' in str(e):
             raise CheckpointError(
                 f'checkpoint {path!r} holds objects that the safe loader refuses '
@@ -215,16 +212,14 @@ def _unsupported_global(exc: BaseException) -> str:
     return f'GLOBAL {m.group(1)}' if m else load_error_reason(exc)
 
 
-# Atomic saving
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
 
 
-#: the name ``tempfile.mkstemp(prefix=f'.{name}.', suffix='.tmp')`` gives a temporary file:
-#: CPython draws 8 characters from ``[a-z0-9_]``. Nothing else matches, so that cleaning up never
-#: removes a file the writer did not create.
+#: names ``tempfile.mkstemp(prefix=f'.{name}.', suffix='.tmp')`` gives (8 chars of ``[a-z0-9_]``):
+#: cleaning up never removes a file the writer did not create.
 _TEMP_NAME = r'\.({name})\.[a-z0-9_]{{8}}\.tmp'
 
 
@@ -276,7 +271,6 @@ def atomic_save(obj: Any, path: str) -> None:
     atomic_write(path, lambda f: torch.save(obj, f))
 
 
-# Weights by URL
 def checkpoint_cache_path(url: str, cache_dir: Optional[str] = None) -> str:
     """Where the download of ``url`` is cached: ``<hash of the whole URL>-<readable name>``.
 
@@ -356,7 +350,6 @@ def open_checkpoint(checkpoint: str, map_location: Any = 'cpu', *,
                                 extra_safe_globals=extra_safe_globals)
 
 
-# Resuming
 def find_resume_checkpoint(work_dir: str) -> Optional[str]:
     """The checkpoint ``--resume`` (no value) continues from: the one ``WORK_DIR/last_checkpoint``
     names, else the newest ``*.pth``; ``None`` when there is none. A named checkpoint that is
@@ -397,7 +390,6 @@ def _check_readable(path: str, why: str) -> None:
         raise CheckpointError(f'cannot resume ({why}): {e}') from None
 
 
-# mmengine's Runner
 def _is_local(filename: Any, file_client_args: Any, backend_args: Any) -> bool:
     if not isinstance(filename, (str, os.PathLike)) or file_client_args is not None:
         return False

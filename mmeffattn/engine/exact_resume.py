@@ -89,7 +89,6 @@ class ExactResumeHook(Hook):
         self._pending: Optional[Dict[str, Any]] = None
         self._val_state: Optional[Dict[str, Any]] = None
 
-    # -- saving ---------------------------------------------------------------------------------
     def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
         state = get_rng_state()
         meta = checkpoint.get('meta', {})
@@ -100,7 +99,6 @@ class ExactResumeHook(Hook):
                                  seed=runner.seed, world_size=int(runner.world_size))
         checkpoint[RNG_STATE_KEY] = state
 
-    # -- loading --------------------------------------------------------------------------------
     def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
         if not getattr(runner, '_resume', False):  # load_from: fine-tuning starts fresh streams
             return

@@ -113,8 +113,7 @@ def configure_resume(cfg: Config, resume: Optional[str]) -> None:
     if resume == 'auto':
         path = find_resume_checkpoint(cfg.work_dir)
         if path is None:
-            # printed, not logged: no Runner (and so no logger of this run) exists yet, and an
-            # MMLogger left current by an earlier run in the process would swallow the warning
+            # printed: no logger of this run exists yet, and a stale MMLogger would swallow it
             print_log(f'WARNING: --resume: there is no checkpoint to resume from in '
                       f'{cfg.work_dir!r} (no last_checkpoint record and no *.pth): training starts '
                       f'from scratch', logger=None)
@@ -211,9 +210,7 @@ def _draw_before_each_step(wrapped, model: torch.nn.Module) -> None:
     drawers = [m for m in model.modules() if hasattr(m, 'draw_for_next_forward')]
     if not drawers:
         return
-    # each value drawn is a constant of its own graph (VECA: which core chunks take part, so
-    # that the others get no gradient, as in eager): room for one graph per value, beyond
-    # dynamo's default of 8 recompiles
+    # each drawn value (VECA's active core chunks) is its own graph: allow more than dynamo's 8
     variants = sum(len(getattr(m, 'budgets', ())) for m in drawers)
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
                                                8 + variants)
