@@ -149,7 +149,6 @@ def torch_backend() -> Iterator[None]:
             os.environ['MMEFFATTN_OPS_BACKEND'] = saved
 
 
-
 @dataclass
 class FlopCount:
     """Result of :func:`count_flops`. ``total`` and ``by_operator`` are MACs; ``ops`` holds

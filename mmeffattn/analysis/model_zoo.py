@@ -1,10 +1,8 @@
 """The models the benchmarks compare: ours and the peers the installed OpenMMLab packages provide.
 
-Each entry builds a *backbone* with task-neutral outputs (the multi-scale maps a detector would
-take, or the last feature map of an isotropic model) from its package's registry, and, where a
-published ImageNet figure exists, the ImageNet *classifier* whose FLOPs at 224x224 the papers
-report. Models of a family that is not registered in this installation (LaplacianFormer and VECA
-while they are being written) are listed but report why they are not available.
+Each entry builds a *backbone* with task-neutral outputs and, where the papers publish one, the
+ImageNet *classifier* whose FLOPs at 224x224 they report. Unregistered families are listed with
+the reason they are not available.
 """
 import importlib
 import os.path as osp

@@ -122,10 +122,9 @@ class GlobalSoftmaxAttention(nn.Module):
 class CorePeripheryMixer(nn.Module):
     """VECA-style core-periphery attention as a per-block mixer, with its own ``C`` learned cores.
 
-    Two hops through :func:`mmeffattn.ops.core_periphery_attention`: the cores gather from ``[cores;
-    patches]`` (updated cores ``cores + out``), then every patch reads the updated cores. Both cost
-    ``O((C + N) C D)``, linear in ``N``. No RoPE: position comes from the block's convolutions and
-    the LePE on v.
+    Cores gather from ``[cores; patches]`` (:func:`mmeffattn.ops.core_periphery_attention`), then
+    patches read the updated cores: ``O((C + N) C D)``. No RoPE (the block's convolutions and
+    LePE give position).
 
     Args:
         dim, num_heads: channels and heads.

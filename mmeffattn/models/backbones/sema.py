@@ -35,11 +35,9 @@ def _check_bool(name: str, value: object) -> bool:
 
 
 class LinearAttention(nn.Module):
-    """MLLA/MILA linear attention with 2-D RoPE and LePE; the values are the input (``v = x``).
+    """MLLA/MILA linear attention (``phi = ELU + 1``) with 2-D RoPE and LePE; ``v = x``.
 
-    ``out_i = (phi(q_i) R_i) [sum_j (phi(k_j) R_j)^T v_j / N] / (phi(q_i) mean_j phi(k_j)^T + eps) +
-    LePE(v)_i``, ``phi = ELU + 1``, ``R`` the RoPE rotation (the normalizer uses the unrotated q and
-    k, as the official code).
+    The normalizer uses the unrotated q and k, as the official code.
 
     Args:
         dim, num_heads: channels and heads.
@@ -90,8 +88,7 @@ class LinearAttention(nn.Module):
 
 
 class SEMAttention(nn.Module):
-    """SEMA's token mixer: ``A_Phi(q, k) v + mean_j v_j + LePE(v)``, window attention (localization)
-    plus the mean of all values (averaging), no RoPE.
+    """SEMA's token mixer: ``A_Phi(q, k) v + mean_j v_j + LePE(v)``, window attention plus the mean.
 
     Args:
         dim, num_heads: channels and heads (head dim ``dim // num_heads``).

@@ -1,9 +1,7 @@
 """LaplacianFormer's injective feature map on the kernel-similarity vectors (arXiv 2604.20368).
 
-``z_i = Sigma^{-1/2} (s_i - mu) + beta`` with ``s_i = [k(q_i, l_m)]_m``, batch statistics of a
-diagonal ``Sigma`` (BatchNorm without a scale) and a learned ``beta``. ``num_landmarks=M`` keeps
-statistics per head and landmark slot (the paper's); None per head only, for any ``M``. Derivation
-and injectivity: docs/design/laplacian_whitening.md.
+``z_i = Sigma^{-1/2} (s_i - mu) + beta`` with a diagonal, batch-estimated ``Sigma``. Derivation:
+docs/design/laplacian_whitening.md.
 """
 from typing import Optional
 
@@ -19,14 +17,12 @@ __all__ = ['KernelWhitening']
 class KernelWhitening(nn.Module):
     """Diagonal whitening ``z = (s - mean) / sqrt(var + eps) + bias`` of ``s [B, heads, N, M]``.
 
-    Batch statistics in training (over batch and tokens, and slots when ``num_landmarks`` is None)
-    with BatchNorm's running estimates, those in eval; float32 for 16-bit inputs. Not a
-    ``_BatchNorm``, so ``convert_sync_batchnorm`` leaves it alone; ``norm_eval`` reaches it through
-    :attr:`running_statistics`.
+    BatchNorm-style batch/running statistics (float32 for 16-bit inputs); not a ``_BatchNorm``,
+    so ``convert_sync_batchnorm`` skips it; ``norm_eval`` uses :attr:`running_statistics`.
 
     Args:
         num_heads: heads (never shared).
-        num_landmarks: slots ``M`` for per-slot statistics, None for per-head.
+        num_landmarks: slots ``M`` for per-slot statistics (the paper's), None for per-head.
         momentum, eps: as BatchNorm's.
     """
 

@@ -101,12 +101,11 @@ def select_prefix(state_dict: StateDict, prefix: Optional[str], checkpoint: str,
 def read_checkpoint(checkpoint: str, prefix: Optional[str] = None, map_location: str = 'cpu',
                     what: str = 'checkpoint', prefix_option: str = 'init_cfg prefix',
                     bare_name: str = 'bare') -> StateDict:
-    """The state dict of a checkpoint (a path or a URL, :func:`open_checkpoint`), unwrapped,
-    restricted to the keys under ``prefix`` (stripped).
+    """The state dict of a checkpoint (path or URL), unwrapped, keys under ``prefix`` (stripped).
 
-    Raises ``RuntimeError`` when no key starts with ``prefix`` (naming the prefixes it has and
-    the option ``prefix_option`` to set), and ``CheckpointError`` (a ``RuntimeError``) for a file
-    that cannot be read or a URL that cannot be downloaded.
+    Raises:
+        RuntimeError: no key under ``prefix`` (naming the prefixes found and ``prefix_option``),
+            or :class:`CheckpointError` for an unreadable file or URL.
     """
     if not checkpoint:
         raise ValueError(f'no {what} file given')
