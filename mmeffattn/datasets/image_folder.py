@@ -37,14 +37,11 @@ class UnlabeledImageFolder(BaseDataset):
 
     Args:
         data_root: dataset root; ``data_prefix`` and ``ann_file`` are relative to it.
-        data_prefix: ``dict(img_path=SUBFOLDER)``, the folder holding the images (``''``: the
-            root itself).
-        ann_file: optional text file listing images (first whitespace-separated column of each
-            non-empty line, relative to the image folder) instead of scanning the folder.
+        data_prefix: ``dict(img_path=SUBFOLDER)`` (``''``: the root itself).
+        ann_file: optional list of images (first column, relative to the image folder).
         extensions: file extensions that count as images when scanning (case-insensitive).
         max_images: keep only the first ``max_images`` images of the sorted list (``None``: all).
-        **kwargs: the rest of ``BaseDataset``'s arguments (``pipeline``, ``indices``,
-            ``test_mode``, ``lazy_init``, ``serialize_data``, ...).
+        **kwargs: the rest of ``BaseDataset``'s arguments (``pipeline``, ``test_mode``, ...).
     """
 
     METAINFO = dict(classes=None)

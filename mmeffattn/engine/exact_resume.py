@@ -92,8 +92,7 @@ class ExactResumeHook(Hook):
     def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
         state = get_rng_state()
         meta = checkpoint.get('meta', {})
-        # Where the data continues: mmengine's meta (the completed epochs / iterations) - the
-        # iteration loop replays that many batches of the seeded sampler on resume.
+        # the loop replays this many batches of the seeded sampler on resume
         state['position'] = dict(epoch=int(meta.get('epoch', runner.epoch)),
                                  iter=int(meta.get('iter', runner.iter)),
                                  seed=runner.seed, world_size=int(runner.world_size))

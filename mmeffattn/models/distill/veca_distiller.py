@@ -210,8 +210,7 @@ class VECADistiller(BaseModel):
                 state_dict[f'{prefix}teacher.{k}'] = v
 
     def _take_teacher_state(self, state_dict: dict, prefix: str, *args) -> None:
-        # teacher.* keys (save_teacher=True checkpoints) go to the teacher, strictly, and never
-        # reach the student's loading, which would report them as unexpected
+        # teacher.* keys (save_teacher=True) load into the teacher, never into the student
         head = f'{prefix}teacher.'
         keys = [k for k in state_dict if k.startswith(head)]
         if keys:
@@ -228,8 +227,7 @@ class VECADistiller(BaseModel):
                 "weights in the teacher config's layout (see the config's comment), or "
                 'model.allow_random_teacher=True for a smoke test.')
         if self.teacher_ckpt is None:
-            # a random teacher differs per rank under diff_rank_seed: give every rank rank 0's
-            # (a no-op outside distributed training)
+            # under diff_rank_seed a random teacher differs per rank: use rank 0's everywhere
             for tensor in self.teacher.state_dict().values():
                 broadcast(tensor, src=0)
         super().init_weights()

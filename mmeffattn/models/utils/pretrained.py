@@ -82,8 +82,7 @@ def select_prefix(state_dict: StateDict, prefix: Optional[str], checkpoint: str,
                   bare_name: str = 'bare') -> StateDict:
     """The keys of ``state_dict`` under ``prefix`` (stripped); all of them for no prefix.
 
-    Raises ``RuntimeError`` when no key starts with ``prefix``, naming the prefixes it has and
-    the option (``prefix_option``) to set.
+    Raises ``RuntimeError`` naming the prefixes found and ``prefix_option`` when none match.
     """
     if not prefix:
         return state_dict
