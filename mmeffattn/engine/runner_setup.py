@@ -179,11 +179,9 @@ def _keep_eager(obj: object, name: str) -> None:
 
 
 def prepare_compile(runner) -> None:
-    """Make mmengine's ``compile`` option (``--cfg-options compile=True``) work for our models:
-    of the ``train_step`` (``test_step``) mmengine compiles, the data preprocessor (data-dependent
-    padding and CutMix boxes that inductor cannot compile) and the optimizer update (dynamo fails
-    in ``AdamW.step`` on mmengine's parameter groups) stay eager, so that the model, its losses
-    and its backward are what gets compiled (docs/user_guides/compile_export.md)."""
+    """Make mmengine's ``compile`` option work for our models: the data preprocessor and the
+    optimizer update stay eager, so the model, its losses and its backward get compiled
+    (docs/user_guides/compile_export.md)."""
     if not runner.cfg.get('compile'):
         return
     compile_step = runner._maybe_compile

@@ -40,11 +40,8 @@ def drop_path_rates(rate: float, n: int) -> List[float]:
 
 
 def run_block(blk: nn.Module, x: torch.Tensor, *args, with_cp: bool = False) -> torch.Tensor:
-    """``blk(x, *args)``, gradient-checkpointed when ``with_cp`` and gradients are needed (by
-    ``x`` or by the block's parameters): under ``no_grad`` or for a frozen block with a frozen
-    input, checkpointing would only cost time. The recomputation in backward runs under
-    :func:`~mmeffattn.models.layers.recompute.recomputing`, so that layers with running
-    statistics (LaplacianFormer's whitening, in any family's blocks) count the batch once."""
+    """``blk(x, *args)``, gradient-checkpointed when ``with_cp`` and gradients are needed; the
+    recomputation runs under :func:`~mmeffattn.models.layers.recompute.recomputing`."""
     if with_cp and torch.is_grad_enabled() and (
             x.requires_grad or any(p.requires_grad for p in blk.parameters())):
         return cp.checkpoint(blk, x, *args, use_reentrant=False, context_fn=checkpoint_contexts)

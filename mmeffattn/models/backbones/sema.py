@@ -278,10 +278,7 @@ class PatchMerging(nn.Module):
 
 class SEMAStage(nn.Module):
     """``depth`` :class:`SEMABlock` s, then an optional :class:`PatchMerging` (MLLA's
-    ``BasicLayer``).
-
-    ``drop_path`` is one rate per block or one for all; ``block_kwargs`` go to the blocks.
-    """
+    ``BasicLayer``); ``drop_path`` is one rate per block or one for all."""
 
     def __init__(self, dim: int, depth: int, num_heads: int,
                  drop_path: Union[float, Sequence[float]] = 0., downsample: bool = False,

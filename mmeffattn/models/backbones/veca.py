@@ -30,11 +30,8 @@ OFFICIAL_BUDGET_WEIGHTS = (1., 1., 2., 2., 3., 3., 4., 4.)
 
 
 def farthest_point_sampling(points: torch.Tensor, k: int) -> torch.Tensor:
-    """Indices of ``k`` of the ``[M, 2]`` ``points`` chosen greedily far apart.
-
-    Starts at the point nearest the origin, then repeatedly takes the point farthest from those
-    chosen (ties: the lowest index, as ``argmax``). ``k >= M`` returns every index.
-    """
+    """Indices of ``k`` of the ``[M, 2]`` ``points`` chosen greedily far apart, starting nearest
+    the origin (ties: the lowest index); ``k >= M`` returns every index."""
     M = points.shape[0]
     if k >= M:
         return torch.arange(M)
@@ -50,11 +47,8 @@ def farthest_point_sampling(points: torch.Tensor, k: int) -> torch.Tensor:
 @torch.no_grad()
 def fps_core_coords(num_cores: int, pool_size: int = 1000, coord_range: float = .95,
                     seed: Optional[int] = 0) -> torch.Tensor:
-    """Initial raw core coordinates ``[num_cores, 2]`` (``tanh`` of them is the position): a uniform
-    pool in ``[-r, r]^2`` thinned by farthest-point sampling, through ``atanh``, drawn from a
-    generator seeded with ``seed`` (the same bank on every build and rank; None: the global
-    generator).
-    """
+    """Initial raw core coordinates ``[num_cores, 2]``: a uniform pool in ``[-r, r]^2`` thinned by
+    farthest-point sampling, through ``atanh``; ``seed`` makes the bank identical on every rank."""
     gen = torch.Generator().manual_seed(seed) if seed is not None else None
     pool = torch.rand(pool_size, 2, generator=gen, dtype=torch.float32, device='cpu')
     pool = pool * (2 * coord_range) - coord_range  # [pool, 2] in [-r, r]

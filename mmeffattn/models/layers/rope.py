@@ -62,11 +62,8 @@ def rope_rotation(h: int, w: int, dim: int, base: float, device: torch.device) -
 
 
 def apply_rope_2d(x: torch.Tensor, hw: Tuple[int, int], base: float = 10000.) -> torch.Tensor:
-    """Rotate ``x`` ``[..., N, C]`` (``N = H * W`` tokens in row-major order, ``C % 4 == 0``) by the
-    2-D RoPE of the grid ``hw``; the official MLLA ``RoPE`` for any grid size.
-
-    The rotation runs in float32 as in the official code; the result has ``x``'s dtype.
-    """
+    """Rotate ``x [..., N, C]`` (row-major ``hw`` grid, ``C % 4 == 0``) by MLLA's 2-D RoPE, in
+    float32 as the official code; the result has ``x``'s dtype."""
     H, W = hw
     N, C = x.shape[-2:]
     if N != H * W:

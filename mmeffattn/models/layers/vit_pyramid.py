@@ -52,10 +52,8 @@ def _level(channels: int, scale: float, norm_cfg: dict, act_cfg: dict) -> nn.Mod
 
 
 class CeilMaxPool2d(nn.Module):
-    """``k x k`` max pooling with stride ``k`` that keeps a partial last row and column, as
-    ``nn.MaxPool2d(k, k, ceil_mode=True)``, written as a ``-inf`` pad to multiples of ``k``
-    followed by a plain pool: torch.export cannot keep a ceil-mode pool's sizes symbolic (it
-    guards on its output-size formula), so a dynamic-size export of the pyramid failed."""
+    """``nn.MaxPool2d(k, k, ceil_mode=True)`` as a ``-inf`` pad to multiples of ``k`` and a plain
+    pool, because torch.export cannot keep a ceil-mode pool's sizes symbolic."""
 
     def __init__(self, kernel_size: int) -> None:
         super().__init__()
