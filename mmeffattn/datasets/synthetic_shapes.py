@@ -447,10 +447,8 @@ def generate_shapes_coco(out_dir, num_train=200, num_val=50, img_size=(256, 256)
 
 
 def make_contact_sheet(data_root, out_path, split='train', num_images=8, cols=4, alpha=0.45):
-    """Save a grid of ``split`` images with their masks, boxes and class names drawn over them.
-
-    Left of each pair: the image; right: the same with the annotations overlaid.
-    """
+    """Save a grid of ``split`` images, each beside a copy with its masks, boxes and class names
+    drawn over it."""
     from PIL import Image, ImageDraw
     from pycocotools.coco import COCO
     img_dir, ann_path = _split_paths(data_root, split)

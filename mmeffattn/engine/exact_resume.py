@@ -20,10 +20,8 @@ RNG_STATE_KEY = 'rng_state'
 
 
 def get_rng_state() -> Dict[str, Any]:
-    """The process's Python, numpy and torch (CPU, and CUDA when initialised) random states.
-
-    Only tensors, numbers, strings and tuples: the safe loader reads it without any allow-list.
-    """
+    """The process's Python, numpy and torch (CPU, CUDA if initialised) random states, as plain
+    tensors, numbers, strings and tuples that the safe loader reads without an allow-list."""
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     state = dict(python=random.getstate(),
                  numpy=dict(kind=kind, keys=torch.from_numpy(keys.astype(np.int64)), pos=int(pos),

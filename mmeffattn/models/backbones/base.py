@@ -32,10 +32,8 @@ def quarter_blocks(depth: int) -> Tuple[int, ...]:
 
 
 def drop_path_rates(rate: float, n: int) -> List[float]:
-    """Stochastic depth rising linearly from 0 (first block) to ``rate`` (last of ``n``).
-
-    Computed on the CPU, so that a build under ``torch.device('meta')`` works too.
-    """
+    """Stochastic depth rising linearly from 0 to ``rate`` over ``n`` blocks (on the CPU, so a
+    ``meta``-device build works)."""
     return torch.linspace(0, rate, n, device='cpu').tolist()
 
 

@@ -224,10 +224,8 @@ class SEMABlock(nn.Module):
 
 
 class Stem(nn.Module):
-    """MLLA's stem (stride 4): 3x3 s2 -> C/2, two residual 3x3, 3x3 s2 -> 4C, 1x1 -> C.
-
-    The image is zero padded on the right/bottom to a multiple of 4 first (as the official code).
-    """
+    """MLLA's stem (stride 4): 3x3 s2 -> C/2, two residual 3x3, 3x3 s2 -> 4C, 1x1 -> C; the image
+    is zero padded right/bottom to a multiple of 4 first (as the official code)."""
 
     patch_size = 4
 
@@ -253,10 +251,8 @@ class Stem(nn.Module):
 
 
 class PatchMerging(nn.Module):
-    """MobileNet-style downsampling: 1x1 (``ratio * 2C``) -> 3x3 depthwise s2 -> 1x1 (2C, norm).
-
-    An odd side is zero padded to even first, so the output grid is ``ceil(H / 2) x ceil(W / 2)``.
-    """
+    """MobileNet-style downsampling: 1x1 (``ratio * 2C``) -> 3x3 depthwise s2 -> 1x1 (2C, norm);
+    odd sides are zero padded, so the output grid is ``ceil(H / 2) x ceil(W / 2)``."""
 
     def __init__(self, dim: int, ratio: float = 4.0, norm_cfg: dict = dict(type='BN'),
                  act_cfg: dict = dict(type='ReLU')) -> None:

@@ -400,10 +400,8 @@ def checkpoint_filter_weightformer_official(
 
 def checkpoint_filter_weightformer(
         state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
-    """Keys of a checkpoint for the :class:`WeightFormer` backbone (pure): an official checkpoint
-    goes through :func:`checkpoint_filter_weightformer_official` (head dropped); others are
-    unwrapped.
-    """
+    """Keys of a checkpoint for :class:`WeightFormer` (pure): official ones go through
+    :func:`checkpoint_filter_weightformer_official` (head dropped); others are unwrapped."""
     state_dict = unwrap_state_dict(state_dict)
     if is_official_state_dict(state_dict):
         return {k[len('backbone.'):]: v

@@ -28,10 +28,8 @@ class MESAMixin:
     ``ClsHead``-like ``head``)."""
 
     def set_mesa_teacher(self, teacher: Optional[nn.Module], weight: float = 0.) -> None:
-        """Turn the term on with the EMA model ``teacher`` and its ``weight``, or off (None).
-
-        The teacher is kept outside the module tree (not a child: no state-dict keys, no
-        parameters for the optimizer or DDP, not moved by ``train()``)."""
+        """Turn the term on with the EMA model ``teacher`` and its ``weight``, or off (None); the
+        teacher is kept outside the module tree (no keys, parameters or mode changes)."""
         self.__dict__['_mesa'] = (teacher, float(weight)) if teacher is not None else None
 
     def loss(self, inputs: torch.Tensor, data_samples: list) -> dict:

@@ -6,10 +6,8 @@ import torch.nn as nn
 
 def parse_out_indices(out_indices: Union[int, Sequence[int]], num: int,
                       what: str = 'stages') -> Tuple[int, ...]:
-    """Sorted, de-duplicated, non-negative output indices into ``num`` stages/blocks.
-
-    Negative indices count from the end; anything out of range raises ``ValueError``.
-    """
+    """Sorted, de-duplicated, non-negative output indices into ``num`` stages/blocks (negative
+    ones count from the end; out of range raises ``ValueError``)."""
     if isinstance(out_indices, int):
         out_indices = [out_indices]
     if len(out_indices) == 0:
