@@ -101,10 +101,8 @@ def _core_periphery_weights(q, k, hw, rows, num_cores: int = 16,
 def _laplacian_nystrom_weights(q, k, hw, rows, landmark_cell: int = 8, lam: float = 4.,
                                ns_iters: int = 20, ns_eps: float = 0.01,
                                **_: Any) -> torch.Tensor:
-    """``K(q, L) pinv(K(L, L)) K(L, k) / N`` with landmarks ``L`` pooled over cells of the
-    queries (as LaplacianFormer's first stage: 8x8 cells, width 4, 20 Newton-Schulz steps); the
-    Nystrom weights may be negative and need not sum to 1, so the distribution is
-    ``|w_ij| / sum_j |w_ij|``."""
+    """``K(q, L) pinv(K(L, L)) K(L, k) / N`` (landmarks as LaplacianFormer's first stage), as
+    ``|w_ij| / sum_j |w_ij|`` since Nystrom weights may be negative and need not sum to 1."""
     qs = q[:, :, rows.to(q.device)]  # [B, h, R, D]
     lm = pool_grid(q, hw, landmark_cell)
     k_ql = laplacian_kernel_naive(qs, lm, lam)  # [B, h, R, M]

@@ -47,10 +47,8 @@ class TrainLog:
 
     def series(self, key: str,
                kind: Optional[str] = None) -> Tuple[List[float], List[float], str]:
-        """``(x, y, x_label)`` of one logged quantity; x is the iteration for training
-        quantities, the epoch (or iteration) of each validation for metrics. ``kind``
-        (``'train'``/``'val'``) picks the lines; by default a key logged in both (``time``,
-        ``data_time``) is read from the training lines."""
+        """``(x, y, x_label)`` of one logged quantity (x: iteration, or validation epoch); ``kind``
+        picks ``'train'``/``'val'`` lines (default: training lines for keys logged in both)."""
         for name, lines in (('train', self.train), ('val', self.val)):
             if kind not in (None, name):
                 continue

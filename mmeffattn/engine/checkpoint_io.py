@@ -351,10 +351,9 @@ def open_checkpoint(checkpoint: str, map_location: Any = 'cpu', *,
 
 
 def find_resume_checkpoint(work_dir: str) -> Optional[str]:
-    """The checkpoint ``--resume`` (no value) continues from: the one ``WORK_DIR/last_checkpoint``
-    names, else the newest ``*.pth``; ``None`` when there is none. A named checkpoint that is
-    missing or unreadable raises :class:`CheckpointError` (never a silent fresh start). Partial
-    files of killed saves are removed, and listed."""
+    """The checkpoint ``--resume`` continues from: ``WORK_DIR/last_checkpoint``'s, else the newest
+    ``*.pth``, else ``None``; a named but unreadable one raises :class:`CheckpointError`. Partial
+    files of killed saves are removed."""
     leftovers = _stale_temp_files(work_dir, r'.+\.pth')
     if leftovers:
         _remove(leftovers)

@@ -208,10 +208,8 @@ def _build_laplacian(dim: int, num_heads: int, *, stage: int, qkv_bias: bool,
                      backend: Optional[str],
                      sr_ratios: Union[int, Sequence[int]] = (8, 4, 2, 1),
                      max_landmarks: Optional[int] = 128) -> nn.Module:
-    """LaplacianFormer's Nystrom attention with its own defaults (kernel, bandwidth, whitening,
-    Newton-Schulz iterations); landmark cells ``sr_ratios`` per stage as LaplacianFormer, the
-    landmark count capped by ``max_landmarks``. The last stage keeps the Laplacian kernel too
-    (LaplacianFormer's own model uses softmax there)."""
+    """LaplacianFormer's Nystrom attention with its own defaults and per-stage ``sr_ratios``
+    (landmarks capped by ``max_landmarks``); the last stage keeps the Laplacian kernel too."""
     return LaplacianAttention(dim, num_heads, sr_ratio=_per_stage('sr_ratios', sr_ratios, stage),
                               max_landmarks=max_landmarks, qkv_bias=qkv_bias, backend=backend)
 

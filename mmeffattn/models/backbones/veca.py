@@ -421,10 +421,8 @@ class VECA(BaseBackbone):
         return self.budgets[int(idx)]
 
     def draw_for_next_forward(self) -> None:
-        """Draw the next training forward's budget now, eagerly: a compiled forward cannot draw the
-        random int that sets its shapes. The compiled tools call this before every step; each budget
-        compiles a graph of its own.
-        """
+        """Draw the next training forward's budget now, eagerly: a compiled forward cannot draw
+        the random int that sets its shapes (each budget compiles its own graph)."""
         if self.training and self.nested_dropout:
             self._drawn_num_cores = self.sample_num_cores()
 
@@ -453,10 +451,8 @@ class VECA(BaseBackbone):
 
     def forward_tokens(self, x: torch.Tensor, num_cores: Optional[int] = None
                        ) -> Tuple[List[torch.Tensor], HWShape, int]:
-        """Run the trunk on ``x [B, in_channels, H, W]`` with ``num_cores`` (None: the active
-        budget); returns ``(outs, (Hp, Wp), C)``, one normed ``[B, C + Hp*Wp, D]`` sequence (cores
-        first) per ``out_indices`` block.
-        """
+        """Run the trunk; returns ``(outs, (Hp, Wp), C)``, one normed ``[B, C + Hp*Wp, D]``
+        sequence (cores first) per ``out_indices`` block (``num_cores`` None: the active budget)."""
         self.check_input(x)
         C = self.active_num_cores() if num_cores is None else num_cores
         if C not in self.budgets:
@@ -498,10 +494,8 @@ class VECA(BaseBackbone):
         return tuple(maps)
 
     def get_layer_depth(self, param_name: str, prefix: str = '') -> Tuple[int, int]:
-        """``(layer depth, number of layers)`` of a parameter, for mmpretrain's layer-wise lr
-        decay (``LearningRateDecayOptimWrapperConstructor``), as its ViT counts them: the patch
-        embedding and the core bank 0, block ``i`` ``i + 1`` (with the coordinate update that
-        feeds it), everything after the trunk (norms, pyramid, heads) ``depth + 1``."""
+        """``(layer depth, number of layers)`` of a parameter for mmpretrain's layer-wise lr decay,
+        counted as its ViT: patch embedding and bank 0, block ``i`` ``i + 1``, the rest last."""
         num_layers = self.depth + 2
         if not param_name.startswith(prefix):
             return num_layers - 1, num_layers

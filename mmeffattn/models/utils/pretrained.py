@@ -395,10 +395,8 @@ class StrictPretrainedMixin:
 
     def load_pretrained(self, checkpoint: str, prefix: Optional[str] = None,
                         map_location: str = 'cpu', strict: bool = True) -> None:
-        """Load a checkpoint (a path or a URL) strictly (see the class docstring). An official
-        checkpoint of the family (MLLA, WeightFormer, VECA; :data:`OFFICIAL_LAYOUTS`) is
-        recognised, converted by the family's converter and logged; ``prefix`` then does not
-        apply."""
+        """Load a checkpoint (path or URL) strictly; an official checkpoint of the family is
+        recognised and converted (``prefix`` then does not apply)."""
         if not checkpoint:
             raise ValueError("init_cfg=dict(type='Pretrained') needs a 'checkpoint'")
         logger = MMLogger.get_current_instance()
