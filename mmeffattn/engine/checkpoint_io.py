@@ -44,10 +44,8 @@ class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
 
 
 def _history_buffer_getattr(obj: Any, name: str) -> Any:
-    """Stand-in for ``builtins.getattr`` while an mmengine checkpoint is unpickled: pickle stores
-    ``HistoryBuffer``'s statistics methods as ``getattr(HistoryBuffer, 'min')``, and the real
-    ``getattr`` would let a crafted file walk from an allowed object to ``os.system``. Only those
-    methods are returned."""
+    """Stand-in for ``builtins.getattr`` while unpickling: returns only ``HistoryBuffer``'s
+    statistics methods, so a crafted file cannot walk from an allowed object to ``os.system``."""
     from mmengine.logging import HistoryBuffer
     allowed = {'min', 'max', 'mean', 'current', *HistoryBuffer._statistics_methods}
     if (obj is HistoryBuffer and isinstance(name, str) and name in allowed
@@ -159,12 +157,13 @@ def load_checkpoint_file(path: str, map_location: Any = 'cpu', *, mmap: bool = F
                 f'an mmengine Runner. Convert it with tools/model_converters, or, only if you '
                 f'trust the file, load it with torch.load(weights_only=False) and save its '
                 f'state_dict') from None
-        raise CheckpointError(f'checkpoint {path!r} is corrupt ({load_error_reason(e)}): {hint}') from None
+        raise CheckpointError(
+            f'checkpoint {path!r} is corrupt ({load_error_reason(e)}): {hint}') from None
     except MemoryError:
         raise
     except Exception as e:  # torch's readers fail in many ways on junk (IndexError, KeyError...)
-        raise CheckpointError(f'checkpoint {path!r} is truncated or corrupt ({load_error_reason(e)}): '
-                              f'{hint}') from None
+        raise CheckpointError(f'checkpoint {path!r} is truncated or corrupt '
+                              f'({load_error_reason(e)}): {hint}') from None
 
 
 def is_safetensors(path: str) -> bool:

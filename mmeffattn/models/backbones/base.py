@@ -187,10 +187,8 @@ class BaseBackbone(StrictPretrainedMixin, FreezeStagesMixin, BaseModule):
         return [self.out_norm(i) for i in range(self.frozen_stages) if i in self.out_indices]
 
     def check_input(self, x: torch.Tensor) -> None:
-        """Raise one clear error for an input the backbone cannot take: not ``[B, C, H, W]``
-        with ``C = in_channels``, an empty batch or image (batch 0 is rejected by every family,
-        with this message), a non-float tensor, or a dtype/device other than the weights'
-        (outside autocast)."""
+        """Raise one clear error for an input the backbone cannot take: not ``[B, in_channels, H,
+        W]``, empty, not float, or on another dtype/device than the weights (outside autocast)."""
         name = type(self).__name__
         shape = tuple(x.shape) if torch.is_tensor(x) else type(x).__name__
         if not torch.is_tensor(x) or x.dim() != 4 or x.shape[1] != self.in_channels:

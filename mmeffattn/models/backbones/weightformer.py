@@ -154,9 +154,7 @@ class DynamicMlp(Mlp):
 
 class WeightFormerBlock(nn.Module):
     """One WeightFormer block: static (``x += DWConv(x)``) or dynamic (``x = LN(x)``, ``x +=
-    DynamicDWConv(x)``, a :class:`DynamicLinear` first MLP layer), then ``x +=
-    drop_path(MLP(LN(x)))``.
-    """
+    DynamicDWConv(x)``, a :class:`DynamicLinear` first MLP layer), then the MLP residual."""
 
     def __init__(self, dim: int, mlp_ratio: float = 4., dynamic: bool = False, drop: float = 0.,
                  drop_path: float = 0., kernel_size: int = 3, reduction: int = 4,
