@@ -312,7 +312,8 @@ class StrictPretrainedMixin:
         prefix_probe: an own key used to detect the prefix of a whole-model checkpoint.
         checkpoint_signature: regex of a key only this family's checkpoints have.
         official_name: how error messages name a bare checkpoint of the family.
-    and may override :meth:`checkpoint_filter`, :meth:`describe` and :meth:`mismatch_cause`.
+
+    They may override :meth:`checkpoint_filter`, :meth:`describe` and :meth:`mismatch_cause`.
     """
 
     optional_keys: Optional[str] = None
