@@ -39,7 +39,6 @@ FLOPS_NOT_YET_COUNTED = {
     'configs/veca/veca-b_upernet_8xb2-160k_ade20k-512x512.py',
     'configs/veca/veca-b_upernet_8xb2-80k_pascal-context-59-480x480.py',
     'configs/veca/veca-s_upernet_8xb2-160k_ade20k-512x512.py',
-    'configs/zoo/mask-rcnn_zoo-dynamic-t_fpn_1x_coco.py',
     'configs/zoo/mask-rcnn_zoo-softmax-t_fpn_1x_coco.py',
 }
 METADATA_KEYS = ('FLOPs', 'Parameters', 'Training Data', 'Epochs', 'Batch Size')
