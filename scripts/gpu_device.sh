@@ -1,16 +1,15 @@
 #!/usr/bin/env bash
-# Run tools/gpu_check.py on a lent GPU machine, from this repository's root there.
+# Run tools/gpu_check.py on an offline GPU machine, from a copy of this repository there.
 #
-# Prepared here with `bash scripts/gpu_wheels.sh`; then one device call (docs/perf/gpu.md):
-#   carry ['.whl'], timeout_s 600, command 'bash scripts/gpu_device.sh'
-# It installs the carried wheels (the machine has no network) into a private folder, runs every
-# step of gpu_check under a time limit that leaves room to pack up, and packs the out-dir into
-# $OUT/gpu_check.tar.gz beside $OUT/gpu_check.json (the device tool brings back at most 8
-# files). Arguments go to gpu_check.py (e.g. --steps kernels benchmark, or --dry-run to try the
+# Prepare with `bash scripts/gpu_wheels.sh` on a machine with PyPI access and copy `.whl/` along
+# (docs/perf/gpu.md). It installs those wheels into a private folder, runs every step of
+# gpu_check under a time limit that leaves room to pack up, and packs the out-dir into
+# $OUT/gpu_check.tar.gz beside $OUT/gpu_check.json ($OUT defaults to work_dirs/). Arguments go
+# to gpu_check.py (e.g. --steps kernels benchmark, or --dry-run to try the
 # plumbing on a CPU). Exit status: gpu_check's (124 when it hit the limit).
 #
 # Environment: MMEFFATTN_GPU_PYTHON_BIN (python3), MMEFFATTN_GPU_WHEELS (.whl),
-# MMEFFATTN_GPU_LIMIT_S (575: seconds for gpu_check, under the device call's 600).
+# MMEFFATTN_GPU_LIMIT_S (575: seconds for gpu_check).
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
-# Download, here, the wheels that `scripts/gpu_device.sh` installs on a lent GPU machine.
+# Download the wheels that `scripts/gpu_device.sh` installs on an offline GPU machine.
 #
-# The lent machine (the `device` tool) has Python 3.12, PyTorch, Triton, numpy, OpenCV, matplotlib
-# and pytest, but none of the OpenMMLab stack, and it cannot reach PyPI. mmeffattn needs mmengine
+# Such a machine (e.g. a CUDA container image with Python 3.12, PyTorch, Triton, numpy, OpenCV,
+# matplotlib and pytest) has none of the OpenMMLab stack and may not reach PyPI. mmeffattn needs mmengine
 # and mmcv's Python part (mmcv.cnn; mmcv-lite is mmcv 2.1.0 without the compiled ops, which
 # tools/gpu_check.py does not use); tools/benchmark.py's peers (Swin, ConvNeXt, ResNet) come from
 # mmpretrain. All are pure Python, so they are fetched for that machine's Python and carried:
 #
 #   bash scripts/gpu_wheels.sh            # writes .whl/ (about 3 MB, ignored by git)
-#   device run: carry ['.whl'], command 'bash scripts/gpu_device.sh'
+#   then, on the GPU machine, with .whl/ copied along: bash scripts/gpu_device.sh
 #
-# Environment: MMEFFATTN_GPU_PYTHON (default 3.12), the Python version of the lent machine.
+# Environment: MMEFFATTN_GPU_PYTHON (default 3.12), the Python version of the GPU machine.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -18,7 +18,7 @@ DEST="$ROOT/.whl"
 PYVER="${MMEFFATTN_GPU_PYTHON:-3.12}"
 
 # Exact versions, so that what runs there is what requirements/ pins here. Each line is a package
-# and the dependencies the lent machine's image lacks (it has numpy, pyyaml, rich, matplotlib,
+# and the dependencies such an image lacks (it has numpy, pyyaml, rich, matplotlib,
 # opencv, pillow, packaging, click, markdown, einops).
 WHEELS=(
   mmengine==0.10.7 addict==2.4.0 yapf==0.43.0 platformdirs==4.14.9 termcolor==3.3.0

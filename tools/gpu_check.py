@@ -22,7 +22,7 @@ steps on this machine's CPU at smoke sizes (the kernels step checks the referenc
 kernels): it proves the plumbing, e.g. on a copy of the GPU machine's software stack, and
 measures nothing.
 
-On a lent GPU machine, whose image has PyTorch and Triton but not the OpenMMLab stack, run it
+On an offline GPU machine that has PyTorch and Triton but not the OpenMMLab stack, run it
 through ``scripts/gpu_device.sh`` with the wheels of ``scripts/gpu_wheels.sh``
 (``docs/perf/gpu.md``).
 """

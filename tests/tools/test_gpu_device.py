@@ -23,7 +23,7 @@ def _script_default(name: str, var: str) -> str:
 
 def test_device_script_dry_run_packs_every_step(tmp_path):
     """The device call's whole path on this CPU: no wheels to install, every step of gpu_check
-    at smoke sizes, the out-dir packed into $OUT as the device tool brings it back."""
+    at smoke sizes, the out-dir packed into $OUT."""
     out = tmp_path / 'out'
     out.mkdir()
     env = dict(os.environ, OUT=str(out), MMEFFATTN_GPU_PYTHON_BIN=sys.executable,

@@ -305,7 +305,7 @@ def markdown(report: dict, before: Optional[dict] = None) -> str:
                 'summed over the roles (max for registers); "kernels" counts the roles. Bytes '
                 'and times: the first GPU-check shape, bf16, forward + backward; "-" where the '
                 'op declares no roofline.', '',
-                f"Before: {before.get('source', 'earlier report')}; after: this tree.", '']
+                f"Before: {before.get('source', 'earlier report')}; after: the current code.", '']
         out += before_after_table(before, report) + ['']
     out += ['## Rooflines (per call)', '',
             '"fp32 inst": fp32 CUDA-core lane instructions; "TC FLOP": tensor-core FLOPs; '
