@@ -129,13 +129,17 @@ def _records(build, level=logging.INFO):
 
 def _classifier(**backbone):
     """mmpretrain's ImageClassifier with a mini SEMA backbone, as a stock config builds it."""
+    import mmpretrain.models  # noqa: F401  (registers ImageClassifier and its parts)
+    from mmengine.registry import DefaultScope
     from mmpretrain.registry import MODELS
-    return MODELS.build(dict(
-        type='ImageClassifier',
-        backbone=dict(type='mmeffattn.SEMA', arch=SEMA.mini_arch, out_indices=(3, ), **backbone),
-        neck=dict(type='GlobalAveragePooling'),
-        head=dict(type='LinearClsHead', num_classes=3,
-                  in_channels=SEMA.mini_arch['embed_dims'] * 8)))
+    with DefaultScope.overwrite_default_scope('mmpretrain'):  # whatever scope a test left
+        return MODELS.build(dict(
+            type='ImageClassifier',
+            backbone=dict(type='mmeffattn.SEMA', arch=SEMA.mini_arch, out_indices=(3, ),
+                          **backbone),
+            neck=dict(type='GlobalAveragePooling'),
+            head=dict(type='LinearClsHead', num_classes=3,
+                      in_channels=SEMA.mini_arch['embed_dims'] * 8)))
 
 
 def test_downstream_model_with_random_backbone_warns_where_weights_come_from(tmp_path):
