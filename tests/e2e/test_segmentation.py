@@ -1,5 +1,6 @@
 """UperNet end to end on ../shared/data/ade20k_sample: train, evaluate mIoU, learn (two
 updates on the 3 images already beat the same run at learning rate 0 on them)."""
+import glob
 import json
 import os.path as osp
 
@@ -67,21 +68,17 @@ def test_upernet_on_ade20k_sample(tmp_path, config, shared_data):
     x, y, x_label = log.series('mIoU')
     assert (x, x_label) == ([2], 'iteration') and 0. <= y[0] <= 100.
     assert log.series('loss')[0] == [1, 2]
+    # tools/test.py on the checkpoint reaches the mIoU the training run validated at iteration 2,
+    # and draws its predictions; it needs no training set (mmseg's visualization hook reads
+    # runner.iter, which built the training loop and its data loader until tools/test.py
+    # dropped them)
     out_json = str(tmp_path / 'metrics.json')
     run_tool(['tools/test.py', cfg, ckpt, '--work-dir', work, '--out-json', out_json,
-              '--show-dir', str(tmp_path / 'vis')])
-    metrics = json.load(open(out_json))['metrics']
-    assert 'mIoU' in metrics and 0.0 <= metrics['mIoU'] <= 100.0
-    import glob
-    assert glob.glob(str(tmp_path / 'vis' / '**' / '*.png'), recursive=True), 'nothing drawn'
-    # testing needs no training set: mmseg's visualization hook reads runner.iter, which built
-    # the training loop and its data loader until tools/test.py dropped them
-    out_json2 = str(tmp_path / 'metrics2.json')
-    run_tool(['tools/test.py', cfg, ckpt, '--work-dir', work, '--out-json', out_json2,
-              '--show-dir', str(tmp_path / 'vis2'), '--cfg-options',
+              '--show-dir', str(tmp_path / 'vis'), '--cfg-options',
               f'train_dataloader.dataset.data_root={tmp_path / "no_training_set"}'])
-    assert json.load(open(out_json2))['metrics'] == metrics
-    assert glob.glob(str(tmp_path / 'vis2' / '**' / '*.png'), recursive=True), 'nothing drawn'
+    metrics = json.load(open(out_json))['metrics']
+    assert metrics['mIoU'] == pytest.approx(y[0], abs=0.01)  # the log rounds to 2 decimals
+    assert glob.glob(str(tmp_path / 'vis' / '**' / '*.png'), recursive=True), 'nothing drawn'
 
     # it learns: the same run at learning rate 0 (same seed, weights, crops) reaches less
     work0 = str(tmp_path / 'work_lr0')

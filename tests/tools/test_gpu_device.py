@@ -21,6 +21,7 @@ def _script_default(name: str, var: str) -> str:
     return re.search(r'\$\{' + var + r':-([^}]*)\}', text).group(1)
 
 
+@pytest.mark.slow  # every step on the CPU, every model included: about a minute
 def test_device_script_dry_run_packs_every_step(tmp_path):
     """The device call's whole path on this CPU: no wheels to install, every step of gpu_check
     at smoke sizes, the out-dir packed into $OUT."""
