@@ -324,7 +324,9 @@ def build_report(quick: bool, archs: Sequence[int], ops: Optional[Sequence[str]]
     t0 = time.time()
     kernels = compile_cases(plan(quick, ops), archs, root)
     kernels.sort(key=lambda k: (k['op'], json.dumps(k['case'], sort_keys=True), k['arch']))
-    return dict(source=root, quick=quick, archs=list(archs), peaks=kernel_cases.PEAKS,
+    # where the kernels came from: a path only for another checkout (--root), never this one's
+    source = 'the current code' if osp.realpath(root) == osp.realpath(ROOT) else root
+    return dict(source=source, quick=quick, archs=list(archs), peaks=kernel_cases.PEAKS,
                 kernels=kernels,
                 rooflines=rooflines(ops), seconds=round(time.time() - t0, 1))
 
