@@ -381,7 +381,8 @@ def markdown(report: Dict[str, Any]) -> str:
     env, settings = report['environment'], report['settings']
     ref = settings['reference']
     where = env.get('gpu', env['processor'])
-    lines = [f'Device: {env["device"]} ({where}), {env["threads"]} threads, {env["dtype"]}, '
+    threads = f'{env["threads"]} thread' + ('s' if env['threads'] != 1 else '')
+    lines = [f'Device: {env["device"]} ({where}), {threads}, {env["dtype"]}, '
              f'batch {settings["batch"]}, torch {env["torch"]}; median of '
              f'{settings["repeats"]} runs after {settings["warmup"]} warm-up; models '
              f'interleaved; ops backend {settings.get("ops_backend", "auto")}. '

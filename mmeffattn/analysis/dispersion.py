@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from mmeffattn.ops import laplacian_kernel_naive, newton_schulz_pinv_naive
+from mmeffattn.ops import laplacian_kernel, newton_schulz_pinv_naive
 
 __all__ = ['KINDS', 'implied_weights', 'dispersion_stats', 'sample_queries', 'window_weights',
            'pool_grid']
@@ -105,9 +105,10 @@ def _laplacian_nystrom_weights(q, k, hw, rows, landmark_cell: int = 8, lam: floa
     ``|w_ij| / sum_j |w_ij|`` since Nystrom weights may be negative and need not sum to 1."""
     qs = q[:, :, rows.to(q.device)]  # [B, h, R, D]
     lm = pool_grid(q, hw, landmark_cell)
-    k_ql = laplacian_kernel_naive(qs, lm, lam)  # [B, h, R, M]
-    k_lk = laplacian_kernel_naive(lm, k, lam)  # [B, h, M, N]
-    pinv = newton_schulz_pinv_naive(laplacian_kernel_naive(lm, lm, lam), ns_iters, ns_eps)
+    # the public op: its CPU backend never materialises the [M, N, D] differences (OOM at 1024 px)
+    k_ql = laplacian_kernel(qs, lm, lam)  # [B, h, R, M]
+    k_lk = laplacian_kernel(lm, k, lam)  # [B, h, M, N]
+    pinv = newton_schulz_pinv_naive(laplacian_kernel(lm, lm, lam), ns_iters, ns_eps)
     w = (k_ql @ pinv @ k_lk).abs()
     return w / w.sum(-1, keepdim=True).clamp_min(1e-30)
 
@@ -146,6 +147,7 @@ def dispersion_stats(p: torch.Tensor) -> Dict[str, float]:
     normalized entropy ``H / log N``, max weight, effective keys ``exp(H)`` and its fraction
     of N."""
     p = p.double()
+    p = p / p.sum(-1, keepdim=True)  # a float32 softmax over 65k keys sums to 1 +- 1e-5
     N = p.shape[-1]
     ent = -(p * p.clamp_min(1e-300).log()).sum(-1)
     eff = ent.exp()

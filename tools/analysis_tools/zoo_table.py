@@ -141,10 +141,11 @@ def markdown(report: Dict[str, Any]) -> str:
     sizes = [tuple(s) for s in settings['sizes']]
     names = list(bench['models'])
     head = ' | '.join(f'{h}x{w} {col}' for h, w in sizes for col in ('GMACs', 'ms', 'MB'))
+    threads = f'{env["threads"]} thread' + ('s' if env['threads'] != 1 else '')
     lines = [
         'Attention zoo: SEMA-T (stem, 4 stages [2, 4, 8, 4], gated Mamba-like blocks, MLP) with '
         'only the token mixer changed. Random weights, batch 1, '
-        f'{env["device"]} ({env.get("gpu", env["processor"])}), {env["threads"]} threads, '
+        f'{env["device"]} ({env.get("gpu", env["processor"])}), {threads}, '
         f'{env["dtype"]}, ops backend {settings["ops_backend"]}; forward latency = median of '
         f'{settings["repeats"]} runs after {settings["warmup"]} warm-up (models interleaved); '
         f'peak memory: {env["memory_method"]}; GMACs per image (count_flops). A size whose '
