@@ -305,7 +305,11 @@ def markdown(report: dict, before: Optional[dict] = None) -> str:
                 'summed over the roles (max for registers); "kernels" counts the roles. Bytes '
                 'and times: the first GPU-check shape, bf16, forward + backward; "-" where the '
                 'op declares no roofline.', '',
-                f"Before: {before.get('source', 'earlier report')}; after: the current code.", '']
+                f"Before: {before.get('source', 'earlier report')}; after: the current code."
+                + ('' if before.get('rooflines') else
+                   ' The earlier report models no rooflines, so bytes and times are the current'
+                   " code's; the earlier designs' are on the page on earlier kernel designs."),
+                '']
         out += before_after_table(before, report) + ['']
     out += ['## Rooflines (per call)', '',
             '"fp32 inst": fp32 CUDA-core lane instructions; "TC FLOP": tensor-core FLOPs; '
