@@ -29,13 +29,6 @@ ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 #: configs that no metafile lists, on purpose: the demo trains on generated shapes
 NOT_IN_METAFILES = {'configs/demo/mask-rcnn_sema-t_fpn_shapes.py'}
-#: metafile entries whose FLOPs have not been counted yet (a detector or segmentor's count is a
-#: forward at 800x1280 or 512x2048: minutes each on a CPU). Fill them in with
-#: ``PYTHONPATH=. python tests/configs/test_metafiles.py CONFIG`` and remove them here; the
-#: test fails while this list names an entry that has FLOPs, so it can only shrink.
-FLOPS_NOT_YET_COUNTED = {
-    'configs/zoo/mask-rcnn_zoo-softmax-t_fpn_1x_coco.py',
-}
 METADATA_KEYS = ('FLOPs', 'Parameters', 'Training Data', 'Epochs', 'Batch Size')
 #: keys of a model dict that change neither the parameter count nor an eval forward's FLOPs
 _IRRELEVANT = {'drop_path_rate', 'init_cfg', 'pretrained', 'train_cfg', 'data_preprocessor',
@@ -153,11 +146,6 @@ def test_model_index_imports_exist():
         assert osp.isfile(osp.join(ROOT, path)), f'model-index.yml imports missing {path}'
 
 
-def test_not_yet_counted_names_listed_configs():
-    listed = {m['Config'] for _, m in entries()}
-    assert FLOPS_NOT_YET_COUNTED <= listed, sorted(FLOPS_NOT_YET_COUNTED - listed)
-
-
 def test_every_config_is_listed_once():
     listed = [m['Config'] for _, m in entries()]
     dupes = {c for c in listed if listed.count(c) > 1}
@@ -185,16 +173,10 @@ def test_metafile(path):
         assert osp.isfile(config), f'{where}: config {model["Config"]} does not exist'
         assert osp.splitext(osp.basename(config))[0] == model['Name'], where
         meta_data = model.get('Metadata', {})
-        required = [k for k in METADATA_KEYS
-                    if not (k == 'FLOPs' and model['Config'] in FLOPS_NOT_YET_COUNTED)]
-        missing = [k for k in required if k not in meta_data]
+        missing = [k for k in METADATA_KEYS if k not in meta_data]
         assert not missing, f'{where}: Metadata lacks {missing}'
-        assert isinstance(meta_data['Parameters'], int) and meta_data['Parameters'] > 0, where
-        if model['Config'] in FLOPS_NOT_YET_COUNTED:
-            assert 'FLOPs' not in meta_data, \
-                f'{where}: has FLOPs now: remove it from FLOPS_NOT_YET_COUNTED'
-        else:
-            assert isinstance(meta_data['FLOPs'], int) and meta_data['FLOPs'] > 0, where
+        for k in ('Parameters', 'FLOPs'):
+            assert isinstance(meta_data[k], int) and meta_data[k] > 0, f'{where}: {k}'
         results = model.get('Results')
         assert isinstance(results, list), f'{where}: no Results list'
         # Results are what the listed weights reach: none without Weights
@@ -232,8 +214,6 @@ def test_parameters_equal_the_tool(path, m):
 @pytest.mark.usefixtures('torch_ops', 'one_thread')
 @pytest.mark.parametrize('path,m', _entry_params(flops=True))
 def test_flops_equal_the_tool(path, m):
-    if 'FLOPs' not in m['Metadata']:
-        pytest.skip(f"FLOPs not yet counted: {m['Config']}")
     measured = _count_by_key(model_key(m['Config']), m['Config'])
     assert m['Metadata']['FLOPs'] == measured['flops'], (
         f"{path}: {m['Name']}: FLOPs {m['Metadata']['FLOPs']}, but get_flops.py counts "
