@@ -5,7 +5,8 @@ from the sdist, so MANIFEST.in is tested too). The wheel goes into a fresh virtu
 that reuses this environment's torch and OpenMMLab packages through a ``.pth`` line (nothing is
 downloaded; the editable mmeffattn installed here is not on that path, since a ``.pth`` line
 adds a folder without running the ``.pth`` files in it). From that install, ``mim train
-mmeffattn CONFIG`` runs two iterations on the ImageNet sample and a converter from
+mmeffattn CONFIG`` runs two iterations on the ImageNet sample (one of our configs by name, and a
+user's config with a ``mmeffattn::`` base) and a converter from
 ``mmeffattn/.mim/tools`` converts an official-layout checkpoint.
 """
 import os
@@ -141,29 +142,47 @@ def _clean_env(**extra) -> dict:
     return env
 
 
-def test_mim_train_from_the_wheel(installed, shared_data, tmp_path):
-    """`mim train mmeffattn <config name>` finds the config and tools/train.py in the installed
-    package and trains two iterations on the ImageNet sample."""
-    python, site = installed
+def _mim_train(installed, shared_data, tmp_path, config: str) -> str:
+    """`mim train mmeffattn CONFIG` for two iterations on the ImageNet sample; returns the log."""
+    python, _ = installed
     root = shared_data('imagenet_sample') + '/'
-    work = str(tmp_path / 'work')
     options = [
         f'train_dataloader.dataset.data_root={root}', 'train_dataloader.dataset.split=val',
         'train_dataloader.dataset.indices=4', 'train_dataloader.batch_size=2',
         'train_dataloader.num_workers=0', 'train_dataloader.persistent_workers=False',
         # one epoch; the cosine schedule that starts after warm-up epoch 20 starts at 0
-        'train_cfg.max_epochs=1', 'param_scheduler.1.begin=0', 'val_cfg=None', 'val_dataloader=None', 'val_evaluator=None',
+        'train_cfg.max_epochs=1', 'param_scheduler.1.begin=0', 'val_cfg=None',
+        'val_dataloader=None', 'val_evaluator=None',
         'test_cfg=None', 'test_dataloader=None', 'test_evaluator=None',
         'default_hooks.logger.interval=1', 'default_hooks.checkpoint=None']
-    proc = _run([python, '-m', 'mim', 'train', 'mmeffattn', 'weightformer-t_8xb256_in1k.py',
-                 '--work-dir', work, '--cfg-options', *options], cwd=str(tmp_path),
-                timeout=600, env=_clean_env())
+    proc = _run([python, '-m', 'mim', 'train', 'mmeffattn', config,
+                 '--work-dir', str(tmp_path / 'work'), '--cfg-options', *options],
+                cwd=str(tmp_path), timeout=600, env=_clean_env())
     log = proc.stdout + proc.stderr
+    assert 'Epoch(train) [1][2/2]' in log, log[-3000:]
+    assert 'loss:' in log
+    return log
+
+
+def test_mim_train_from_the_wheel(installed, shared_data, tmp_path):
+    """`mim train mmeffattn <config name>` finds the config and tools/train.py in the installed
+    package and trains two iterations on the ImageNet sample."""
+    _, site = installed
+    log = _mim_train(installed, shared_data, tmp_path, 'weightformer-t_8xb256_in1k.py')
     config = osp.join(site, 'mmeffattn', '.mim', 'configs', 'weightformer',
                       'weightformer-t_8xb256_in1k.py')
     assert f'will use {config} instead' in log, log[-3000:]
-    assert 'Epoch(train) [1][2/2]' in log, log[-3000:]
-    assert 'loss:' in log
+
+
+def test_mim_train_a_user_config_with_a_package_base(installed, shared_data, tmp_path):
+    """A user's own config that inherits ours by ``mmeffattn::`` trains through mim (mim runs our
+    tools/train.py, which resolves the base from the installed package)."""
+    user = tmp_path / 'my_weightformer.py'
+    user.write_text("_base_ = 'mmeffattn::weightformer/weightformer-t_8xb256_in1k.py'\n"
+                    "model = dict(backbone=dict(drop_path_rate=0.05))\n")
+    _mim_train(installed, shared_data, tmp_path, str(user))
+    dumped = (tmp_path / 'work' / 'my_weightformer.py').read_text()
+    assert 'drop_path_rate=0.05' in dumped and "type='mmeffattn.WeightFormer'" in dumped, dumped
 
 
 def test_converter_from_the_wheel(installed, tmp_path):
