@@ -66,14 +66,16 @@ class LinearAttention(nn.Module):
     def forward(self, x: torch.Tensor, hw: HWShape) -> torch.Tensor:
         B, N, C = x.shape
         nh, hd = self.num_heads, C // self.num_heads
-        qk = (self.elu(self.qk(x)) + 1.0).unflatten(-1, (2, C)).transpose(1, 2)  # [B, 2, N, C]
-        qk_rope = apply_rope_2d(qk, hw, self.rope_base)  # q and k rotated, [B, 2, N, C]
+        q, k = self.qk(x).unflatten(-1, (2, C)).unbind(-2)  # [B, N, C] each
+        # q and k apart: ELU writes each contiguous, so RoPE needs no copy (stacked: +25% time)
+        q, k = self.elu(q) + 1.0, self.elu(k) + 1.0
+        q_rope, k_rope = apply_rope_2d((q, k), hw, self.rope_base)  # one table for both
         x = self.v(x) if self.v is not None else x  # the values (MILA: the input itself)
 
         def heads(t: torch.Tensor) -> torch.Tensor:
-            return t.unflatten(-1, (nh, hd)).transpose(-3, -2)  # [..., nh, N, hd]
+            return t.reshape(B, N, nh, hd).transpose(1, 2)  # [B, nh, N, hd]
 
-        (q, k), (q_rope, k_rope), v = heads(qk).unbind(1), heads(qk_rope).unbind(1), heads(x)
+        q, k, q_rope, k_rope, v = heads(q), heads(k), heads(q_rope), heads(k_rope), heads(x)
         z = 1 / (q @ k.mean(dim=-2, keepdim=True).transpose(-2, -1) + 1e-6)  # [B, nh, N, 1]
         kv = (k_rope.transpose(-2, -1) * N ** -0.5) @ (v * N ** -0.5)  # [B, nh, hd, hd]
         out = (q_rope @ kv) * z  # [B, nh, N, hd]

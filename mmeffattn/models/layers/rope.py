@@ -5,7 +5,7 @@ C/4`` and by ``col * theta_{j - C/4}`` for the rest, ``theta_k = base ** (-k / (
 is made for the actual grid and cached; docs/design/sema.md explains the caching.
 """
 import functools
-from typing import Tuple
+from typing import Sequence, Tuple, Union
 
 import torch
 
@@ -61,15 +61,23 @@ def rope_rotation(h: int, w: int, dim: int, base: float, device: torch.device) -
     return _rope_angles_cached(int(h), int(w), int(dim), float(base), device)
 
 
-def apply_rope_2d(x: torch.Tensor, hw: Tuple[int, int], base: float = 10000.) -> torch.Tensor:
+def apply_rope_2d(x: Union[torch.Tensor, Sequence[torch.Tensor]], hw: Tuple[int, int],
+                  base: float = 10000.) -> Union[torch.Tensor, Tuple[torch.Tensor, ...]]:
     """Rotate ``x [..., N, C]`` (row-major ``hw`` grid, ``C % 4 == 0``) by MLLA's 2-D RoPE, in
-    float32 as the official code; the result has ``x``'s dtype."""
+    float32 as the official code; the result has ``x``'s dtype. A tuple of same-shape tensors
+    (q and k) is rotated with one table and returns a tuple."""
+    xs = tuple(x) if isinstance(x, (tuple, list)) else (x,)
     H, W = hw
-    N, C = x.shape[-2:]
+    N, C = xs[0].shape[-2:]
     if N != H * W:
         raise ValueError(f'RoPE got {N} tokens for a {H}x{W} grid')
     if C % 4 != 0:
         raise ValueError(f'2-D RoPE needs channels divisible by 4, got {C}')
-    rot = torch.view_as_complex(rope_rotation(H, W, C, base, x.device))  # [N, C/2]
-    pairs = torch.view_as_complex(x.float().unflatten(-1, (C // 2, 2)).contiguous())
-    return torch.view_as_real(pairs * rot).flatten(-2).to(x.dtype)  # [..., N, C]
+    rot = torch.view_as_complex(rope_rotation(H, W, C, base, xs[0].device))  # [N, C/2]
+
+    def rotate(t: torch.Tensor) -> torch.Tensor:
+        pairs = torch.view_as_complex(t.float().unflatten(-1, (C // 2, 2)).contiguous())
+        return torch.view_as_real(pairs * rot).flatten(-2).to(t.dtype)  # [..., N, C]
+
+    out = tuple(rotate(t) for t in xs)
+    return out if isinstance(x, (tuple, list)) else out[0]
