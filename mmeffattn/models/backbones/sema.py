@@ -67,7 +67,7 @@ class LinearAttention(nn.Module):
         B, N, C = x.shape
         nh, hd = self.num_heads, C // self.num_heads
         q, k = self.qk(x).unflatten(-1, (2, C)).unbind(-2)  # [B, N, C] each
-        # q and k apart: ELU writes each contiguous, so RoPE needs no copy (stacked: +25% time)
+        # q and k apart: ELU writes each contiguously, so RoPE needs no copy
         q, k = self.elu(q) + 1.0, self.elu(k) + 1.0
         q_rope, k_rope = apply_rope_2d((q, k), hw, self.rope_base)  # one table for both
         x = self.v(x) if self.v is not None else x  # the values (MILA: the input itself)
