@@ -57,7 +57,8 @@ def test_loss_functions_on_hand_computed_vectors():
 
 def _reference_losses(s_glob, s_patch, t_cls, t_patch):
     """The official loss terms written out element by element, in float64."""
-    s_glob, s_patch, t_cls, t_patch = (x.double() for x in (s_glob, s_patch, t_cls, t_patch))
+    s_glob, s_patch, t_cls, t_patch = (x.detach().double()
+                                       for x in (s_glob, s_patch, t_cls, t_patch))
     B, N, D = s_patch.shape
     g = sum(1 - float(s_glob[b] @ t_cls[b]) / (float(s_glob[b].norm()) * float(t_cls[b].norm()))
             for b in range(B)) / B
