@@ -31,6 +31,16 @@ def run_tool(args: List[str], timeout: int = 600, expect_ok: bool = True,
     return proc
 
 
+def stock_train_py(package: str) -> str:
+    """The installed ``package``'s own ``tools/train.py`` (shipped under ``.mim/tools``); skips
+    when the package or the file is missing."""
+    module = pytest.importorskip(package)
+    path = osp.join(osp.dirname(module.__file__), '.mim', 'tools', 'train.py')
+    if not osp.isfile(path):
+        pytest.skip(f'the installed {package} ships no {path}')
+    return path
+
+
 def write_config(path, base: str, body: str) -> str:
     """A user config that inherits one of ours by absolute path and overrides ``body``."""
     text = f'_base_ = {osp.join(ROOT, base)!r}\n' + body

@@ -11,7 +11,7 @@ import os.path as osp
 
 import pytest
 
-from e2e_helpers import NO_EVAL, ROOT, run_tool
+from e2e_helpers import NO_EVAL, ROOT, run_tool, stock_train_py
 
 pytestmark = pytest.mark.e2e
 
@@ -44,14 +44,6 @@ default_hooks = dict(logger=dict(interval=1))
 RETINANET = 'sema/retinanet_sema-t_fpn_1x_coco.py'
 
 
-def _stock_train_py(package: str) -> str:
-    module = pytest.importorskip(package)
-    path = osp.join(osp.dirname(module.__file__), '.mim', 'tools', 'train.py')
-    if not osp.isfile(path):
-        pytest.skip(f'the installed {package} ships no {path}')
-    return path
-
-
 def _user_config(folder, base: str, body: str) -> str:
     """``folder/user/my_cfg.py`` with ``_base_ = base`` and ``body``."""
     user = folder / 'user'
@@ -77,7 +69,7 @@ def test_mmdet_train_py_trains_from_a_relative_base(tmp_path, shared_data):
     cfg = _user_config(tmp_path, base, TINY_COCO.format(root=shared_data('coco_tiny') + '/'))
     work = str(tmp_path / 'work')
     env = dict(PYTHONPATH=os.pathsep.join([ROOT, os.environ.get('PYTHONPATH', '')]))
-    proc = run_tool([_stock_train_py('mmdet'), cfg, '--work-dir', work], env=env)
+    proc = run_tool([stock_train_py('mmdet'), cfg, '--work-dir', work], env=env)
     assert osp.isfile(osp.join(work, 'epoch_1.pth')), proc.stdout[-2000:]
     assert 'mmeffattn.SEMA' in open(osp.join(work, 'my_cfg.py')).read()
 
@@ -92,7 +84,7 @@ def test_stock_train_py_cannot_resolve_an_mmeffattn_base(tmp_path, package, conf
                        "custom_imports = dict(imports=['mmeffattn', "
                        "'mmeffattn.engine.patch_mmengine'], allow_failed_imports=False)\n")
     env = dict(PYTHONPATH=os.pathsep.join([ROOT, os.environ.get('PYTHONPATH', '')]))
-    proc = run_tool([_stock_train_py(package), cfg, '--work-dir', str(tmp_path / 'work')],
+    proc = run_tool([stock_train_py(package), cfg, '--work-dir', str(tmp_path / 'work')],
                     env=env, expect_ok=False)
     assert proc.returncode != 0
     assert 'does not support to load mmeffattn config' in proc.stderr, proc.stderr[-3000:]

@@ -12,7 +12,7 @@ import os.path as osp
 
 import pytest
 
-from e2e_helpers import NO_EVAL, ROOT, run_tool
+from e2e_helpers import NO_EVAL, ROOT, run_tool, stock_train_py
 
 STOCK = 'mmseg::upernet/upernet_r50_4xb4-160k_ade20k-512x512.py'
 
@@ -50,14 +50,6 @@ default_hooks = dict(logger=dict(interval=1), checkpoint=dict(interval=2))
 ''' + NO_EVAL
 
 
-def _mmseg_train_py() -> str:
-    import mmseg
-    path = osp.join(osp.dirname(mmseg.__file__), '.mim', 'tools', 'train.py')
-    if not osp.isfile(path):
-        pytest.skip(f'the installed mmseg ships no {path}')
-    return path
-
-
 def test_stock_swap_builds_and_names_the_fix(tmp_path):
     """Built as-is, the swapped stock config gets past the backbone's ``__init__`` (mmseg's
     ``pretrained`` is accepted) and ``init_weights`` refuses the ResNet weights, without a
@@ -89,7 +81,7 @@ def test_stock_swap_trains_with_mmseg_train_py(tmp_path, shared_data):
     cfg.write_text(SWAP + SMALL_ADE.format(root=root))
     work = str(tmp_path / 'work')
     env = dict(PYTHONPATH=os.pathsep.join([ROOT, os.environ.get('PYTHONPATH', '')]))
-    proc = run_tool([_mmseg_train_py(), str(cfg), '--work-dir', work,
+    proc = run_tool([stock_train_py('mmseg'), str(cfg), '--work-dir', work,
                      '--cfg-options', 'model.pretrained=None'], env=env)
     assert osp.isfile(osp.join(work, 'iter_2.pth')), proc.stdout[-2000:]
     assert 'Iter(train) [2/2]' in proc.stdout + proc.stderr

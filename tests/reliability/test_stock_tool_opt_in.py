@@ -9,8 +9,7 @@ import os.path as osp
 import subprocess
 import sys
 
-import pytest
-
+from e2e_helpers import stock_train_py
 from reliability_toys import tool_env, toy_config
 
 OPT_IN = ("custom_imports = dict(imports=['reliability_toys', 'mmeffattn', "
@@ -19,16 +18,9 @@ PLAIN = ("custom_imports = dict(imports=['reliability_toys', 'mmeffattn'], "
          "allow_failed_imports=False)\n")
 
 
-def _mmdet_train_py() -> str:
-    import mmdet
-    path = osp.join(osp.dirname(mmdet.__file__), '.mim', 'tools', 'train.py')
-    if not osp.isfile(path):
-        pytest.skip(f'the installed mmdet ships no {path}')
-    return path
-
-
 def _train(cfg: str, work: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, _mmdet_train_py(), cfg, '--work-dir', work, *args],
+    return subprocess.run([sys.executable, stock_train_py('mmdet'), cfg, '--work-dir', work,
+                           *args],
                           cwd=str(work), env=tool_env(), capture_output=True, text=True,
                           timeout=600)
 
