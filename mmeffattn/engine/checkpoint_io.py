@@ -28,7 +28,8 @@ import torch
 __all__ = ['CheckpointError', 'CheckpointNotFoundError', 'mmengine_safe_globals',
            'mmengine_safe_loading', 'load_checkpoint_file', 'atomic_save', 'atomic_write',
            'find_resume_checkpoint', 'install_checkpoint_io', 'open_checkpoint',
-           'download_checkpoint', 'checkpoint_cache_path', 'OFFICIAL_STAND_INS']
+           'download_checkpoint', 'checkpoint_cache_path', 'OFFICIAL_STAND_INS',
+           'warn_if_mmengine_cannot_load']
 
 #: What to do with a checkpoint that cannot be read: said once, used by every message.
 _CORRUPT_HINT = ('point to an intact checkpoint instead (e.g. an earlier epoch_*.pth / iter_*.pth '
@@ -435,3 +436,47 @@ def install_checkpoint_io() -> None:
         load_from_http._mmeffattn_scoped = True
         mm_ckpt.CheckpointLoader.register_scheme(prefixes=['http://', 'https://'],
                                                  loader=load_from_http, force=True)
+
+
+#: the line a stock config adds so that mmengine's Runner can read its own checkpoints
+PATCH_IMPORT_LINE = ("custom_imports = dict(imports=['mmeffattn', "
+                     "'mmeffattn.engine.patch_mmengine'], allow_failed_imports=False)")
+_LOADER_PROBED = False
+
+
+def warn_if_mmengine_cannot_load() -> bool:
+    """Warn once per process when mmengine's own loader cannot read the checkpoints mmengine
+    writes (mmengine 0.10.7 under torch >= 2.6's weights-only default stops on its
+    ``HistoryBuffer``), naming the one config line that fixes it; returns whether it warned.
+
+    Backbones call it when built, so that a stock ``test.py``, ``--resume`` or ``load_from`` run
+    has the fix in its log before the loader fails. The probe saves and loads a tiny
+    mmengine-style record through mmengine's loader.
+    """
+    global _LOADER_PROBED
+    if _LOADER_PROBED:
+        return False
+    _LOADER_PROBED = True
+    try:
+        from mmengine.logging import HistoryBuffer, print_log
+        from mmengine.runner import checkpoint as mm_ckpt
+    except ImportError:
+        return False
+    loader = mm_ckpt.CheckpointLoader._schemes.get('')
+    if loader is None or getattr(loader, '_mmeffattn_scoped', False):
+        return False
+    buffer = HistoryBuffer()
+    buffer.update(1.0)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = osp.join(tmp, 'probe.pth')
+        torch.save({'meta': {'message_hub': {'log_scalars': {'loss': buffer}}}}, path)
+        try:
+            loader(path, 'cpu')
+            return False
+        except pickle.UnpicklingError as exc:
+            reason = _unsupported_global(exc)
+    import mmengine
+    print_log(f"mmengine {mmengine.__version__} cannot load the checkpoints it writes under torch "
+              f'{torch.__version__} ({reason}): test.py, --resume and load_from will fail. Add '
+              f'the patch to the config: {PATCH_IMPORT_LINE}', logger='current', level=30)
+    return True

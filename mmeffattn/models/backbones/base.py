@@ -15,6 +15,7 @@ import torch.nn as nn
 import torch.utils.checkpoint as cp
 from mmengine.model import BaseModule
 
+from ...engine.checkpoint_io import warn_if_mmengine_cannot_load
 from ...registry import MODELS
 from ..layers.recompute import checkpoint_contexts
 from ..utils import FreezeStagesMixin, StrictPretrainedMixin, parse_out_indices, resolve_arch
@@ -136,6 +137,7 @@ class BaseBackbone(StrictPretrainedMixin, FreezeStagesMixin, BaseModule):
     def __init__(self, arch: Union[str, dict], in_channels: int = 3,
                  init_cfg: Optional[Union[dict, List[dict]]] = None) -> None:
         super().__init__(init_cfg=init_cfg)
+        warn_if_mmengine_cannot_load()  # a stock run's log names the fix before loading fails
         self.arch_settings = self._parse_arch(arch)
         if isinstance(in_channels, bool) or not isinstance(in_channels, int) or in_channels < 1:
             raise ValueError(f'in_channels must be an integer >= 1, got {in_channels!r}')
