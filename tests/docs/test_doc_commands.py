@@ -3,8 +3,8 @@ each flag parses with the tool's own parser, and every config and repository fil
 exists. The pages: README.md, docs/**/*.md, configs/*/README.md (fenced bash/shell blocks and
 inline ``python tools/...`` spans; see doc_commands.py).
 
-Upper-case words are placeholders (CONFIG, CKPT, URL, SRC, DST, ...): CONFIG and CFG stand for
-a real config, the others for any string. ``[...]`` marks an optional argument and is dropped."""
+Upper-case words are placeholders (CONFIG, CKPT, URL, SRC, DST, H, W, ...): CONFIG and CFG stand
+for a real config, a single letter for a size, the others for any string. ``[...]`` marks an optional argument and is dropped."""
 import argparse
 import contextlib
 import importlib
@@ -32,6 +32,8 @@ class _Parsed(Exception):
 def _placeholder(word: str) -> str:
     if word in ('CONFIG', 'CFG'):
         return ANY_CONFIG
+    if re.fullmatch(r'[A-Z]', word):  # a size: --shape H W
+        return '224'
     if re.fullmatch(r'[A-Z][A-Z0-9_]*', word):
         return 'placeholder'
     return word
