@@ -237,6 +237,26 @@ def test_metafile(path):
             assert re.match(r'https?://\S+$', model['Weights']), f'{where}: Weights not a URL'
 
 
+@pytest.mark.parametrize('path', metafiles())
+def test_family_page_shows_the_metafile_counts(path):
+    """The collection's README lists every model of the metafile with its input size and the
+    metafile's Parameters and FLOPs (in M and G, two decimals)."""
+    with open(osp.join(ROOT, path)) as f:
+        meta = yaml.safe_load(f)
+    (collection, ) = meta['Collections']
+    page = open(osp.join(ROOT, collection['README']), encoding='utf-8').read()
+    rows = {m.group(1): m.groups()[1:] for m in re.finditer(
+        r'^\| [^|]+ \| \[([^\]]+)\]\([^)]+\) \| (\d+)x(\d+) \| [^|]+ \| ([\d.]+) \| ([\d.]+) \|',
+        page, flags=re.M)}
+    for m in meta['Models']:
+        where = f"{collection['README']}: {m['Name']}"
+        assert m['Name'] in rows, f'{where}: no row for this config'
+        h, w, params, flops = rows[m['Name']]
+        assert (int(h), int(w)) == input_shape(m['Config']), f'{where}: input'
+        assert params == f"{m['Metadata']['Parameters'] / 1e6:.2f}", f'{where}: params'
+        assert flops == f"{m['Metadata']['FLOPs'] / 1e9:.2f}", f'{where}: FLOPs'
+
+
 def test_official_weights_are_cited():
     """Every Weights URL has a comment above it naming the README it comes from."""
     for path in metafiles():
