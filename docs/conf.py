@@ -89,5 +89,35 @@ def _title_generated_pages(app, docname, source):
         source[0] = f'# {title}\n\n{origin}{text}'
 
 
+# The model zoo page gathers the family pages (configs/<family>/README.md), the pages OpenMMLab
+# users know from the repository, into the site: each family's page is appended under its own
+# heading, its headings one level down, its links to configs made plain text (the site has no
+# copy of configs/) and its links to the docs made relative to docs/.
+ZOO_FAMILIES = ('sema', 'mila', 'weightformer', 'veca', 'laplacianformer', 'zoo')
+
+
+def family_page(family: str) -> str:
+    """configs/<family>/README.md as a section of the model zoo page."""
+    import re
+    text = open(osp.join(ROOT, 'configs', family, 'README.md'), encoding='utf-8').read()
+    text = re.sub(r'^(#+) ', lambda m: '#' + m.group(1) + ' ', text, flags=re.M)
+    text = re.sub(r'\]\(\.\./\.\./docs/([^)]+)\)', r'](\1)', text)
+
+    def link(m):
+        label, target = m.group(1), m.group(2)
+        if not target.startswith(('../', './')) and '/' in target:
+            return m.group(0)  # a docs page (made relative to docs/ above)
+        return label if label.startswith('`') else f'`{label}`'
+
+    return re.sub(r'\[([^\]]+)\]\((?!https?://|#)([^)]+\.(?:py|yml|md))\)', link, text)
+
+
+def _model_zoo_page(app, docname, source):
+    if docname == 'model_zoo':
+        pages = [family_page(f) for f in ZOO_FAMILIES]
+        source[0] = source[0].rstrip() + '\n\n' + '\n\n'.join(pages) + '\n'
+
+
 def setup(app):
     app.connect('source-read', _title_generated_pages)
+    app.connect('source-read', _model_zoo_page)

@@ -15,7 +15,7 @@
 #                          CUDA build (default: ~/.cache/mmeffattn/wheels)
 #   MMEFFATTN_MMCV_WHEEL_DIRS  extra colon-separated folders with prebuilt mmcv wheels, each kept
 #                          only if its ops run on this machine's device (a CUDA tensor where torch
-#                          sees a GPU); default: ../shared/wheels beside the project, when present
+#                          sees a GPU); default: none
 #   MMEFFATTN_SETUP_DRY_RUN=1  print how mmcv would be obtained, then stop (installs nothing)
 #   CUDA_HOME, TORCH_CUDA_ARCH_LIST, MAX_JOBS  as for any torch extension build
 set -euo pipefail
@@ -159,7 +159,7 @@ build_mmcv() {
 if ! mmcv_ok; then
   installed=0
   candidates=("$WHEEL_CACHE"/mmcv-"$MMCV_VERSION"-*.whl)
-  extra_dirs="${MMEFFATTN_MMCV_WHEEL_DIRS:-$ROOT/../shared/wheels}"
+  extra_dirs="${MMEFFATTN_MMCV_WHEEL_DIRS:-}"
   IFS=: read -r -a dirs <<<"$extra_dirs"
   for d in "${dirs[@]}"; do candidates+=("$d"/mmcv-"$MMCV_VERSION"-*.whl); done
   for whl in "${candidates[@]}"; do

@@ -1,12 +1,12 @@
 #!/usr/bin/env python
-"""The main job: train Mask R-CNN + SEMA-T on generated shapes, evaluate it, draw predictions.
+"""The demo: train Mask R-CNN + SEMA-T on generated shapes, evaluate it, draw predictions.
 
 Runs the same tools a user runs (tools/train.py, tools/test.py) on a COCO-format dataset that
 the project generates deterministically (no download), so it doubles as an end-to-end check:
 
-    python tools/demo.py                        # ~15 minutes on 2 CPU cores
+    python tools/demo.py                        # about 20 minutes on 2 CPU cores
     python tools/demo.py --epochs 1 --num-train 16 --num-val 8 --work-dir work_dirs/demo_smoke
-                                                # a quick smoke run, kept apart from the main job
+                                                # a quick smoke run, kept apart from the demo
 
 Re-running the same command resumes an interrupted training from its last checkpoint. What a run
 was started with (dataset, config, epochs, seed) is recorded in WORK_DIR/demo_run.json; a work dir
@@ -271,7 +271,7 @@ def main(argv=None) -> dict:
                                 osp.join(work_dir, 'predictions'), args.num_draw, options)
 
     print('\n' + '=' * 72)
-    print(f'Main job finished in {(time.time() - t0) / 60:.1f} min')
+    print(f'Demo finished in {(time.time() - t0) / 60:.1f} min')
     print(f'  bbox mAP: {metrics.get("coco/bbox_mAP", float("nan")):.3f}   '
           f'(AP50 {metrics.get("coco/bbox_mAP_50", float("nan")):.3f})')
     print(f'  segm mAP: {metrics.get("coco/segm_mAP", float("nan")):.3f}   '

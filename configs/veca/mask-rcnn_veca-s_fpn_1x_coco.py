@@ -12,7 +12,7 @@ _base_ = 'mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py'
 custom_imports = dict(imports=['mmeffattn'], allow_failed_imports=False)
 
 # VECA weights: an official checkpoint converted by tools/model_converters/veca_official.py
-# (prefix='backbone.'), or one of configs/veca/veca-s_distill_dinov3-b_in1k.py
+# (prefix='backbone.'), or one of configs/veca/veca-s_distill_vit-b16-approx-dinov3_in1k.py
 # (prefix='student.') or veca-s_8xb128_in1k.py (prefix='backbone.'). None: from scratch.
 pretrained = None
 embed_dims = 384

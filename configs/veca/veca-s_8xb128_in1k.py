@@ -14,7 +14,7 @@ _base_ = 'mmpretrain::mae/benchmarks/vit-base-p16_8xb128-coslr-100e_in1k.py'
 custom_imports = dict(imports=['mmeffattn'], allow_failed_imports=False)
 
 # VECA weights: an official checkpoint converted by tools/model_converters/veca_official.py
-# (prefix='backbone.'), or a checkpoint of configs/veca/veca-s_distill_dinov3-b_in1k.py
+# (prefix='backbone.'), or a checkpoint of configs/veca/veca-s_distill_vit-b16-approx-dinov3_in1k.py
 # (prefix='student.'). None: from scratch.
 pretrained = None
 embed_dims = 384

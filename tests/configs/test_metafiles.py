@@ -4,7 +4,9 @@
 - Each entry carries Metadata (FLOPs, Parameters, Training Data, Epochs, Batch Size); Results hold
   only what the listed official weights are reported to reach; Weights are direct URLs, cited.
 - Parameters and FLOPs equal what ``tools/analysis_tools/get_flops.py`` measures for the config
-  (the whole model at the paper's input size). Models are keyed by their ``model`` dict without
+  (the whole model at the config's own input size, :func:`input_shape`: a classifier at its test
+  crop, a distillation config at its training crop, a COCO detector at 800x1280, an UperNet at
+  512x2048 for a whole-image test or at its sliding window). Models are keyed by their ``model`` dict without
   the keys that change neither count (drop path, init and training settings), and each distinct
   model is counted once. Parameters are checked for every config in the default suite; FLOPs for
   two small ImageNet classifiers there (a forward at 224x224), and for every config with
@@ -98,10 +100,34 @@ def measure_params(key_config: str) -> int:
 
 
 @lru_cache(maxsize=None)
-def measure(key_config: str) -> dict:
-    """``dict(kind, params, flops, shape)`` of the whole model at the paper's input size, by
-    get_flops.py's own ``count``."""
-    r = _tool().count(osp.join(ROOT, key_config))
+def input_shape(config: str) -> tuple:
+    """``(H, W)`` the config's model sees: a classifier's test crop (or resize), a distiller's
+    training crop, a segmentor's sliding window (whole-image test: mmseg's 512x2048), a
+    detector's 800x1280 (mmdet's convention for a 1333x800 test scale)."""
+    from mmengine.config import Config
+
+    import mmeffattn.engine.patch_mmengine  # noqa: F401  (mmdet::/mmseg:: bases)
+    cfg = Config.fromfile(osp.join(ROOT, config))
+    kind = cfg.model.type.split('.')[-1]
+    if kind in ('MaskRCNN', 'RetinaNet'):
+        return (800, 1280)
+    if kind == 'EncoderDecoder':
+        test_cfg = cfg.model.get('test_cfg') or {}
+        return tuple(test_cfg['crop_size']) if test_cfg.get('mode') == 'slide' else (512, 2048)
+    loader = cfg.get('test_dataloader') or cfg.get('val_dataloader') or cfg.train_dataloader
+    for step in reversed(loader['dataset']['pipeline']):
+        size = step.get('crop_size') if 'Crop' in step['type'] else step.get('scale')
+        if size is not None and step['type'] in ('CenterCrop', 'RandomCrop', 'Resize'):
+            return (size, size) if isinstance(size, int) else tuple(size)[::-1]
+    raise ValueError(f'{config}: no crop or resize in its pipeline to take the input size from')
+
+
+@lru_cache(maxsize=None)
+def measure(key_config: str, shape: tuple = None) -> dict:
+    """``dict(kind, params, flops, shape)`` of the whole model at ``shape`` (default: the
+    config's own, :func:`input_shape`), by get_flops.py's own ``count``."""
+    shape = shape or input_shape(key_config)
+    r = _tool().count(osp.join(ROOT, key_config), shape)
     whole = r.get('model', r)
     return dict(kind=r['kind'], params=whole['params'], flops=whole['flops'],
                 shape=list(r['shape']))
@@ -117,17 +143,19 @@ def _params_by_key(key: str, config: str) -> int:
 
 
 def _count_by_key(key: str, config: str) -> dict:
+    key = (key, input_shape(config))
     if key not in _COUNTS:
         _COUNTS[key] = measure(config)
     return _COUNTS[key]
 
 
-#: FLOPs counted in the default suite: the two cheapest ImageNet classifiers at 224x224 (a few
-#: seconds each; MILA-T's count is checked against MLLA's figure in tests/tools/test_get_flops.py);
-#: every other config's FLOPs with --run-slow
+#: FLOPs counted in the default suite: the two cheapest ImageNet classifiers at 224x224 and one at
+#: 448x448 (a few seconds each; MILA-T's count is checked against MLLA's figure in
+#: tests/tools/test_get_flops.py); every other config's FLOPs with --run-slow
 FLOPS_IN_DEFAULT_SUITE = {
     'configs/weightformer/weightformer-t_8xb256_in1k.py',
-    'configs/laplacianformer/laplacianformer-t_8xb128_in1k.py'}
+    'configs/laplacianformer/laplacianformer-t_8xb128_in1k.py',
+    'configs/weightformer/weightformer-b_8xb256_in1k-448px.py'}  # at its own 448x448
 
 
 def _entry_params(flops: bool):
@@ -137,6 +165,20 @@ def _entry_params(flops: bool):
         params.append(pytest.param(path, m, id=m['Name'],
                                    marks=[pytest.mark.slow] if slow else []))
     return params
+
+
+@pytest.mark.parametrize('config,shape', [
+    ('configs/sema/sema-t_8xb128_in1k.py', (224, 224)),
+    ('configs/sema/sema-t_in1k-test-672px.py', (672, 672)),
+    ('configs/sema/sema-t_8xb16-30e_in1k-1024px.py', (1024, 1024)),
+    ('configs/weightformer/weightformer-b_8xb256_in1k-448px.py', (448, 448)),
+    ('configs/veca/veca-s_distill_vit-b16-approx-dinov3_in1k.py', (256, 256)),
+    ('configs/veca/veca-s_upernet_8xb2-80k_pascal-context-59-480x480.py', (480, 480)),
+    ('configs/sema/sema-t_upernet_8xb2-160k_ade20k-512x512.py', (512, 2048)),
+    ('configs/mila/retinanet_mila-t_fpn_1x_coco.py', (800, 1280))])
+def test_input_shape_is_the_configs_own(config, shape):
+    """The metafiles count each config at the size its model sees, not one size per kind."""
+    assert input_shape(config) == shape
 
 
 def test_model_index_imports_exist():
@@ -162,8 +204,14 @@ def test_metafile(path):
     with open(osp.join(ROOT, path)) as f:
         meta = yaml.safe_load(f)
     collections = {c['Name'] for c in meta['Collections']}
+    from mmeffattn import __version__
     for c in meta['Collections']:
-        assert re.match(r'https?://\S+$', c['Paper']['URL']), f'{path}: {c["Name"]} paper URL'
+        where = f'{path}: {c["Name"]}'
+        if 'Paper' in c:  # the attention zoo is this project's own: no paper
+            assert re.match(r'https?://\S+$', c['Paper']['URL']), f'{where}: paper URL'
+        assert osp.isfile(osp.join(ROOT, c['README'])), f'{where}: README {c["README"]}'
+        assert osp.isfile(osp.join(ROOT, c['Code']['URL'])), f'{where}: Code {c["Code"]["URL"]}'
+        assert c['Code']['Version'] == f'v{__version__}', f'{where}: Code Version'
     names = [m['Name'] for m in meta['Models']]
     assert len(names) == len(set(names)), f'{path}: duplicate model names'
     for model in meta['Models']:
@@ -187,6 +235,26 @@ def test_metafile(path):
                                         for v in r['Metrics'].values()), f'{where}: {r}'
         if 'Weights' in model:
             assert re.match(r'https?://\S+$', model['Weights']), f'{where}: Weights not a URL'
+
+
+@pytest.mark.parametrize('path', metafiles())
+def test_family_page_shows_the_metafile_counts(path):
+    """The collection's README lists every model of the metafile with its input size and the
+    metafile's Parameters and FLOPs (in M and G, two decimals)."""
+    with open(osp.join(ROOT, path)) as f:
+        meta = yaml.safe_load(f)
+    (collection, ) = meta['Collections']
+    page = open(osp.join(ROOT, collection['README']), encoding='utf-8').read()
+    rows = {m.group(1): m.groups()[1:] for m in re.finditer(
+        r'^\| [^|]+ \| \[([^\]]+)\]\([^)]+\) \| (\d+)x(\d+) \| [^|]+ \| ([\d.]+) \| ([\d.]+) \|',
+        page, flags=re.M)}
+    for m in meta['Models']:
+        where = f"{collection['README']}: {m['Name']}"
+        assert m['Name'] in rows, f'{where}: no row for this config'
+        h, w, params, flops = rows[m['Name']]
+        assert (int(h), int(w)) == input_shape(m['Config']), f'{where}: input'
+        assert params == f"{m['Metadata']['Parameters'] / 1e6:.2f}", f'{where}: params'
+        assert flops == f"{m['Metadata']['FLOPs'] / 1e9:.2f}", f'{where}: FLOPs'
 
 
 def test_official_weights_are_cited():

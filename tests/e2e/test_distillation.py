@@ -33,7 +33,8 @@ SMALL_CROPS = ['--cfg-options', 'train_dataloader.dataset.pipeline.1.scale=72',
 
 def test_distill_trains_and_resumes(tmp_path, shared_data):
     root = shared_data('imagenet_sample') + '/'
-    cfg = write_config(tmp_path / 'cfg.py', 'configs/veca/veca-s_distill_dinov3-b_in1k.py',
+    cfg = write_config(tmp_path / 'cfg.py',
+                       'configs/veca/veca-s_distill_vit-b16-approx-dinov3_in1k.py',
                        TINY_DISTILL.format(root=root))
     work = str(tmp_path / 'work')
     proc = run_tool(['tools/train.py', cfg, '--work-dir', work, *SMALL_CROPS])

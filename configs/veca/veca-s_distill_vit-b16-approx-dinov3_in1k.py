@@ -1,4 +1,7 @@
-# VECA-S pretraining by feature distillation from a frozen DINOv3 ViT-B/16 on unlabeled images.
+# VECA-S pretraining by feature distillation from a frozen ViT-B/16 teacher on unlabeled images.
+# The teacher only approximates the paper's DINOv3 ViT-B/16 (hence "approx-dinov3" in the name):
+# mmpretrain's VisionTransformer has no RoPE and no register tokens, so DINOv3's weights do not
+# load into it as they are and its features differ from DINOv3's (details at `teacher` below).
 # The official recipe (github.com/alansong1322/VECA: veca/config.py PretrainConfig,
 # veca/train_pretrain.py, veca/data.py): 256 px crops, batch 6 GPUs x 128, 135 epochs with 25
 # warm-up epochs (linear from lr_min to lr), then cosine to lr_min = 5e-5, lr 4e-4, weight decay
