@@ -1,4 +1,4 @@
-# The main job (tools/demo.py): Mask R-CNN + SEMA-T, the recipe of configs/mask_rcnn_sema_t_3x.py
+# The demo (tools/demo.py): Mask R-CNN + SEMA-T, the recipe of configs/mask_rcnn_sema_t_3x.py
 # with a short schedule that fits a CPU, trained from scratch on the synthetic shapes dataset that
 # `python -m mmeffattn.datasets.synthetic_shapes data/shapes` generates (no download).
 _base_ = '../mask_rcnn_sema_t_3x.py'

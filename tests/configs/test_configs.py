@@ -17,7 +17,7 @@ def _id(path: str) -> str:
 
 
 def test_main_config_is_the_3x_recipe_plus_the_opt_in():
-    """The main job's config is sema/mask-rcnn_sema-t_fpn_ms-crop-3x_coco.py with only the
+    """The headline config is sema/mask-rcnn_sema-t_fpn_ms-crop-3x_coco.py with only the
     imports changed (its header says so): same model, data and schedule."""
     main = Config.fromfile(osp.join(ROOT, 'configs', 'mask_rcnn_sema_t_3x.py')).to_dict()
     recipe = Config.fromfile(

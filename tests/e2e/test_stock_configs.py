@@ -126,7 +126,7 @@ def write_mask_rcnn(path, family: str, root: str, patch: bool = True, extra: str
     snippet = readme_snippet('mmdet::mask_rcnn/')
     assert PATCH in snippet, f"the README's snippet no longer carries {PATCH}"
     if not patch:  # what a user who leaves the patch out runs
-        snippet = snippet.replace(f", '{PATCH}'", '')
+        snippet = re.sub(rf",\s*'{re.escape(PATCH)}'", '', snippet)
         assert PATCH not in snippet
     backbone = mini_backbone(family)
     channels = out_channels(backbone)
