@@ -1,10 +1,7 @@
-"""Reading and writing checkpoints safely (see docs/advanced/reliability.md).
-
-:func:`mmengine_safe_loading` scopes the allow-list mmengine checkpoints need under
-``weights_only=True``; :func:`atomic_save` never leaves a truncated file;
-:func:`load_checkpoint_file` turns a bad file into one :class:`CheckpointError` line naming the
-fix; :func:`open_checkpoint` also takes URLs (cached by the whole URL);
-:func:`install_checkpoint_io` routes mmengine's Runner through these.
+"""Reading and writing checkpoints safely (docs/advanced/reliability.md): a scoped allow-list
+for ``weights_only=True``, atomic saves, one-line :class:`CheckpointError` messages naming the
+file and the fix, URLs cached by the whole URL, and the opt-in routing of mmengine's Runner
+through these (:func:`install_checkpoint_io`).
 """
 import collections
 import contextlib
@@ -60,9 +57,8 @@ def _history_buffer_getattr(obj: Any, name: str) -> Any:
 def mmengine_safe_globals() -> List[Any]:
     """The minimum allow-list for ``torch.load(weights_only=True)`` of mmengine checkpoints.
 
-    Entries are objects, or ``(object, 'pickled.name')`` pairs for stand-ins and for the names
-    numpy 1.x wrote (``numpy.core``) that numpy 2 keeps under ``numpy._core``.
-    """
+    Entries are objects, or ``(object, 'pickled.name')`` pairs (stand-ins, and numpy 1.x's
+    ``numpy.core`` names that numpy 2 keeps under ``numpy._core``)."""
     import numpy as np
     from mmengine.logging import HistoryBuffer
     core = getattr(np, '_core', None) or np.core
@@ -118,15 +114,10 @@ def load_checkpoint_file(path: str, map_location: Any = 'cpu', *, mmap: bool = F
                          extra_safe_globals: Iterable[Any] = (), hint: str = _CORRUPT_HINT,
                          weights_only: bool = True, folder_hint: str = '') -> Any:
     """``torch.load`` a local checkpoint safely (or read a ``.safetensors`` file), or raise a
-    one-line :class:`CheckpointError` naming the file and ``hint`` (what to do).
-
-    ``mmap`` maps the file; ``extra_safe_globals`` extends the allow-list; ``folder_hint`` is a
-    way out when ``path`` is a folder; ``weights_only=False`` only for trusted files.
-
-    Raises:
-        CheckpointNotFoundError: no file at ``path``.
-        CheckpointError: a folder, or an empty, truncated, corrupt or refused file.
-    """
+    one-line :class:`CheckpointError` (:class:`CheckpointNotFoundError`) naming the file and
+    ``hint``. ``mmap`` maps the file; ``extra_safe_globals`` extends the allow-list;
+    ``folder_hint`` is a way out when ``path`` is a folder; ``weights_only=False`` only for
+    trusted files."""
     path = osp.expanduser(str(path))
     if osp.isdir(path):
         raise CheckpointError(f'checkpoint {path!r} is a directory, not a checkpoint file: pass a '
@@ -155,9 +146,9 @@ def load_checkpoint_file(path: str, map_location: Any = 'cpu', *, mmap: bool = F
             raise CheckpointError(
                 f'checkpoint {path!r} holds objects that the safe loader refuses '
                 f'({_unsupported_global(e)}): it was not written by torch.save of tensors or by '
-                f'an mmengine Runner. Convert it with tools/model_converters, or, only if you '
-                f'trust the file, load it with torch.load(weights_only=False) and save its '
-                f'state_dict') from None
+                f'an mmengine Runner. Only if you trust the file: convert it with '
+                f'tools/model_converters --unsafe-load, or load it with '
+                f'torch.load(weights_only=False) and save its state_dict') from None
         raise CheckpointError(
             f'checkpoint {path!r} is corrupt ({load_error_reason(e)}): {hint}') from None
     except MemoryError:
@@ -272,13 +263,10 @@ def atomic_save(obj: Any, path: str) -> None:
 
 
 def checkpoint_cache_path(url: str, cache_dir: Optional[str] = None) -> str:
-    """Where the download of ``url`` is cached: ``<hash of the whole URL>-<readable name>``.
-
-    The hash keeps files of the same name apart (every Hugging Face file is ``model.safetensors``)
-    and covers the query string; the readable part is the last non-empty segment of the URL's
-    path (``.../f/<id>/?dl=1`` gives ``<id>``). The folder is ``cache_dir``, by default
-    ``<torch hub dir>/checkpoints/mmeffattn`` (``$TORCH_HOME`` moves it).
-    """
+    """Where the download of ``url`` is cached: ``<hash of the whole URL, query
+    included>-<last non-empty path segment>`` (every Hugging Face file is ``model.safetensors``;
+    ``.../f/<id>/?dl=1`` gives ``<id>``), in ``cache_dir`` or ``<torch hub
+    dir>/checkpoints/mmeffattn`` (``$TORCH_HOME`` moves it)."""
     import torch.hub
     folder = cache_dir or osp.join(torch.hub.get_dir(), 'checkpoints', 'mmeffattn')
     parts = urllib.parse.urlsplit(url)
@@ -289,11 +277,8 @@ def checkpoint_cache_path(url: str, cache_dir: Optional[str] = None) -> str:
 
 def download_checkpoint(url: str, cache_dir: Optional[str] = None,
                         timeout_s: float = 60) -> str:
-    """The local path of ``url``'s file, downloaded once (atomically) into the cache.
-
-    Raises:
-        CheckpointError: the URL cannot be downloaded (naming the reason and the way out).
-    """
+    """The local path of ``url``'s file, downloaded once (atomically) into the cache; a
+    :class:`CheckpointError` names why a download failed and the way out."""
     path = checkpoint_cache_path(url, cache_dir)
     if osp.isfile(path) and osp.getsize(path) > 0:
         return path
@@ -398,13 +383,9 @@ def _is_local(filename: Any, file_client_args: Any, backend_args: Any) -> bool:
 
 
 def install_checkpoint_io() -> None:
-    """Make mmengine's Runner save atomically and load through the scoped safe loader.
-
-    Not done by ``import mmeffattn`` (see :mod:`mmeffattn.engine.patch_mmengine`). Idempotent
-    patches of mmengine 0.10.7: ``save_checkpoint`` in ``mmengine.runner.runner`` writes local
-    files through :func:`atomic_save`; ``CheckpointLoader``'s local-path loader reads through
-    :func:`load_checkpoint_file` and its ``http(s)://`` loader through :func:`download_checkpoint`.
-    """
+    """Make mmengine's Runner save atomically (its ``save_checkpoint``, local files) and load
+    through :func:`open_checkpoint` (``CheckpointLoader``'s local and ``http(s)://`` loaders).
+    Idempotent; the opt-in :mod:`mmeffattn.engine.patch_mmengine`, not ``import mmeffattn``."""
     from mmengine.runner import checkpoint as mm_ckpt
     from mmengine.runner import runner as mm_runner
 
@@ -447,12 +428,9 @@ _LOADER_PROBED = False
 def warn_if_mmengine_cannot_load() -> bool:
     """Warn once per process when mmengine's own loader cannot read the checkpoints mmengine
     writes (mmengine 0.10.7 under torch >= 2.6's weights-only default stops on its
-    ``HistoryBuffer``), naming the one config line that fixes it; returns whether it warned.
-
+    ``HistoryBuffer``), naming the config line that fixes it; returns whether it warned.
     Backbones call it when built, so that a stock ``test.py``, ``--resume`` or ``load_from`` run
-    has the fix in its log before the loader fails. The probe saves and loads a tiny
-    mmengine-style record through mmengine's loader.
-    """
+    has the fix in its log before the loader fails (a tiny record is saved and loaded)."""
     global _LOADER_PROBED
     if _LOADER_PROBED:
         return False

@@ -5,10 +5,9 @@ training switches (``out_indices``, ``frozen_stages``, ``norm_eval``, ``with_cp`
 ``mmeffattn.registry.MODELS`` with a :attr:`BaseBackbone.mini_arch` joins the contract tests
 (tests/models/test_backbone_contract.py).
 """
-import functools
-import inspect
 import warnings
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+from abc import ABCMeta
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -57,7 +56,6 @@ def pretrained_to_init_cfg(name: str, pretrained: Optional[str],
         TypeError: ``pretrained`` is neither None nor a string.
         ValueError: both ``pretrained`` and ``init_cfg`` are given.
     """
-
     if pretrained is None:
         return init_cfg
     if not isinstance(pretrained, str):
@@ -75,30 +73,19 @@ def pretrained_to_init_cfg(name: str, pretrained: Optional[str],
     return dict(type='Pretrained', checkpoint=pretrained)
 
 
-def _accept_pretrained(init: Callable) -> Callable:
-    """Wrap a family's ``__init__`` so that it also takes the deprecated ``pretrained`` (turned
-    into ``init_cfg`` once, by the outermost wrapper of a subclass chain such as MILA(SEMA))."""
+class _TakesPretrained(ABCMeta):
+    """Every backbone takes the deprecated ``pretrained=`` that mmseg's segmentors pass, as
+    :func:`pretrained_to_init_cfg` reads it, without each family naming it in its signature."""
 
-    params = inspect.signature(init).parameters
-    init_cfg_pos = list(params).index('init_cfg') if 'init_cfg' in params else None
-
-    @functools.wraps(init)
-    def __init__(self, *args, pretrained: Optional[str] = None, **kwargs):
+    def __call__(cls, *args, pretrained: Optional[str] = None, **kwargs):
         if pretrained is not None:
-            name = type(self).__name__
-            if init_cfg_pos is not None and len(args) >= init_cfg_pos:  # init_cfg positional
-                args = list(args)
-                args[init_cfg_pos - 1] = pretrained_to_init_cfg(name, pretrained,
-                                                                args[init_cfg_pos - 1])
-            else:
-                kwargs['init_cfg'] = pretrained_to_init_cfg(name, pretrained,
-                                                            kwargs.get('init_cfg'))
-        init(self, *args, **kwargs)
-
-    return __init__
+            kwargs['init_cfg'] = pretrained_to_init_cfg(cls.__name__, pretrained,
+                                                        kwargs.get('init_cfg'))
+        return super().__call__(*args, **kwargs)
 
 
-class BaseBackbone(StrictPretrainedMixin, FreezeStagesMixin, BaseModule):
+class BaseBackbone(StrictPretrainedMixin, FreezeStagesMixin, BaseModule,
+                   metaclass=_TakesPretrained):
     """Base of the backbone families: the arguments and checks they all share.
 
     Subclasses set :attr:`arch_zoo`, :attr:`arch_keys` (:attr:`arch_defaults`), call
@@ -110,7 +97,8 @@ class BaseBackbone(StrictPretrainedMixin, FreezeStagesMixin, BaseModule):
         arch: a key of :attr:`arch_zoo` (case-insensitive) or a dict with :attr:`arch_keys`.
         in_channels: image channels.
         init_cfg: mmengine init config (``type='Pretrained'`` loads strictly).
-        pretrained: deprecated alias of ``init_cfg=dict(type='Pretrained', checkpoint=...)``.
+        pretrained: deprecated alias of ``init_cfg=dict(type='Pretrained', checkpoint=...)``
+            (a keyword of every backbone's constructor, see :class:`_TakesPretrained`).
     """
 
     #: the variants, ``name -> settings``
@@ -125,14 +113,6 @@ class BaseBackbone(StrictPretrainedMixin, FreezeStagesMixin, BaseModule):
     mini_kwargs: Dict[str, object] = {}
     #: per-output LayerNorm epsilon
     out_norm_eps: float = 1e-5
-
-    def __init_subclass__(cls, **kwargs) -> None:
-        # every family takes the deprecated ``pretrained`` (see pretrained_to_init_cfg) without
-        # naming it in its own signature
-        super().__init_subclass__(**kwargs)
-        init = cls.__dict__.get('__init__')
-        if init is not None and 'pretrained' not in inspect.signature(init).parameters:
-            cls.__init__ = _accept_pretrained(init)
 
     def __init__(self, arch: Union[str, dict], in_channels: int = 3,
                  init_cfg: Optional[Union[dict, List[dict]]] = None) -> None:
