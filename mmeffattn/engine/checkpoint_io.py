@@ -14,6 +14,7 @@ import os
 import os.path as osp
 import pickle
 import re
+import shutil
 import tempfile
 import urllib.error
 import urllib.parse
@@ -21,12 +22,6 @@ import urllib.request
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
 
 import torch
-
-__all__ = ['CheckpointError', 'CheckpointNotFoundError', 'mmengine_safe_globals',
-           'mmengine_safe_loading', 'load_checkpoint_file', 'atomic_save', 'atomic_write',
-           'find_resume_checkpoint', 'install_checkpoint_io', 'open_checkpoint',
-           'download_checkpoint', 'checkpoint_cache_path', 'OFFICIAL_STAND_INS',
-           'warn_if_mmengine_cannot_load']
 
 #: What to do with a checkpoint that cannot be read: said once, used by every message.
 _CORRUPT_HINT = ('point to an intact checkpoint instead (e.g. an earlier epoch_*.pth / iter_*.pth '
@@ -62,12 +57,11 @@ def mmengine_safe_globals() -> List[Any]:
     import numpy as np
     from mmengine.logging import HistoryBuffer
     core = getattr(np, '_core', None) or np.core
-    found: List[Any] = [HistoryBuffer, np.ndarray, np.dtype, core.multiarray._reconstruct,
-                        core.multiarray.scalar,
+    fns = (core.multiarray._reconstruct, core.multiarray.scalar)
+    found: List[Any] = [HistoryBuffer, np.ndarray, np.dtype, *fns,
                         (_history_buffer_getattr, 'builtins.getattr')]
-    for mod in ('numpy.core.multiarray', 'numpy._core.multiarray'):
-        for fn in (core.multiarray._reconstruct, core.multiarray.scalar):
-            found.append((fn, f'{mod}.{fn.__name__}'))
+    found += [(fn, f'{mod}.multiarray.{fn.__name__}') for fn in fns
+              for mod in ('numpy.core', 'numpy._core')]
     dtypes = getattr(np, 'dtypes', None)
     if dtypes is not None:  # some numpy versions pickle dtypes as np.dtypes.<Name>DType classes
         found += [getattr(dtypes, n) for n in dir(dtypes) if n.endswith('DType')]
@@ -77,18 +71,13 @@ def mmengine_safe_globals() -> List[Any]:
 @contextlib.contextmanager
 def mmengine_safe_loading(extra: Iterable[Any] = ()) -> Iterator[None]:
     """Allow-list mmengine's checkpoint contents (plus ``extra``) for the ``with`` block only."""
-    ctx = getattr(torch.serialization, 'safe_globals', None)
-    if ctx is None:  # torch < 2.5 has no scoped allow-list (and < 2.6 does not load safely)
-        yield
-        return
-    with ctx([*mmengine_safe_globals(), *extra]):
+    with torch.serialization.safe_globals([*mmengine_safe_globals(), *extra]):
         yield
 
 
 class _YacsConfig:
-    """Stands in for the yacs ``CfgNode`` (a dict subclass) that the official MLLA and
-    WeightFormer training scripts store under ``config``, so that such a checkpoint loads with
-    ``weights_only=True`` and without yacs: each node is read as a plain ``OrderedDict``."""
+    """Stands in for the yacs ``CfgNode`` that official MLLA and WeightFormer training checkpoints
+    hold: such a file loads safely without yacs, each node as a plain ``OrderedDict``."""
 
     def __new__(cls, *args, **kwargs):
         return collections.OrderedDict()
@@ -99,9 +88,8 @@ OFFICIAL_STAND_INS = ((_YacsConfig, 'yacs.config.CfgNode'), )
 
 
 def load_error_reason(exc: BaseException, limit: int = 160) -> str:
-    """The reason in a ``torch.load`` exception, one short line without torch's essay: the
-    safe loader's failures put it on a line of their own after their advice (``Unsupported
-    operand 110``, ``Unsupported global: ...``); otherwise the first line."""
+    """The reason in a ``torch.load`` exception, one short line: the safe loader's own line
+    (``Unsupported operand 110``, ``Unsupported global: ...``), else the first."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     if not lines:
         return type(exc).__name__
@@ -120,9 +108,11 @@ def load_checkpoint_file(path: str, map_location: Any = 'cpu', *, mmap: bool = F
     trusted files."""
     path = osp.expanduser(str(path))
     if osp.isdir(path):
+        newest = _newest_pth(path)
         raise CheckpointError(f'checkpoint {path!r} is a directory, not a checkpoint file: pass a '
-                              f'.pth file{_newest_in(path)}'
-                              f'{", or " + folder_hint if folder_hint else ""}')
+                              f'.pth file' + (f' (e.g. its newest, {newest!r})' if newest else
+                                              ' (it holds none)') +
+                              (f', or {folder_hint}' if folder_hint else ''))
     if not osp.isfile(path):
         raise CheckpointNotFoundError(f'checkpoint {path!r} does not exist')
     if osp.getsize(path) == 0:
@@ -187,26 +177,13 @@ def _load_safetensors(path: str, map_location: Any, hint: str) -> Dict[str, torc
 
 def _newest_pth(folder: str) -> Optional[str]:
     """The most recently written ``*.pth`` in ``folder``, or None."""
-    found = glob.glob(osp.join(glob.escape(folder), '*.pth'))
-    return max(found, key=osp.getmtime) if found else None
-
-
-def _newest_in(folder: str) -> str:
-    """`` (e.g. its newest, '<folder>/epoch_3.pth')``, or `` (it holds none)``."""
-    newest = _newest_pth(folder)
-    return f' (e.g. its newest, {newest!r})' if newest else ' (it holds none)'
+    return max(glob.glob(osp.join(glob.escape(folder), '*.pth')), key=osp.getmtime, default=None)
 
 
 def _unsupported_global(exc: BaseException) -> str:
     """The refused global named in torch's weights-only message, or its first line."""
     m = re.search(r'(?:Unsupported global|GLOBAL) ?:? ?(?:GLOBAL )?([\w.]+)', str(exc))
     return f'GLOBAL {m.group(1)}' if m else load_error_reason(exc)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 #: names ``tempfile.mkstemp(prefix=f'.{name}.', suffix='.tmp')`` gives (8 chars of ``[a-z0-9_]``):
@@ -237,8 +214,10 @@ def atomic_write(path: str, write: Callable[[io.BufferedWriter], None]) -> None:
     folder = osp.dirname(path)
     _remove(_stale_temp_files(folder, re.escape(osp.basename(path))))
     fd, tmp = tempfile.mkstemp(prefix=f'.{osp.basename(path)}.', suffix='.tmp', dir=folder)
+    umask = os.umask(0)
+    os.umask(umask)
     try:
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; match a plain open()
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; match a plain open()
         with os.fdopen(fd, 'wb') as f:
             write(f)
             f.flush()
@@ -292,16 +271,10 @@ def download_checkpoint(url: str, cache_dir: Optional[str] = None,
             expected = int(response.headers.get('Content-Length') or -1)
 
             def copy(f: io.BufferedWriter) -> None:
-                got = 0
-                while True:
-                    block = response.read(1 << 20)
-                    if not block:
-                        break
-                    f.write(block)
-                    got += len(block)
-                if expected >= 0 and got != expected:  # (http.client does not raise here)
-                    raise CheckpointError(f'the download of {url!r} broke off after {got} of '
-                                          f'{expected} bytes: try again, or {local}')
+                shutil.copyfileobj(response, f, 1 << 20)
+                if expected >= 0 and f.tell() != expected:  # (http.client does not raise here)
+                    raise CheckpointError(f'the download of {url!r} broke off after {f.tell()} '
+                                          f'of {expected} bytes: try again, or {local}')
 
             atomic_write(path, copy)
     except urllib.error.HTTPError as e:
@@ -374,14 +347,6 @@ def _check_readable(path: str, why: str) -> None:
         raise CheckpointError(f'cannot resume ({why}): {e}') from None
 
 
-def _is_local(filename: Any, file_client_args: Any, backend_args: Any) -> bool:
-    if not isinstance(filename, (str, os.PathLike)) or file_client_args is not None:
-        return False
-    if backend_args and backend_args.get('backend', 'local') != 'local':
-        return False
-    return '://' not in str(filename)
-
-
 def install_checkpoint_io() -> None:
     """Make mmengine's Runner save atomically (its ``save_checkpoint``, local files) and load
     through :func:`open_checkpoint` (``CheckpointLoader``'s local and ``http(s)://`` loaders).
@@ -392,7 +357,9 @@ def install_checkpoint_io() -> None:
     current = mm_runner.save_checkpoint
     if not getattr(current, '_mmeffattn_atomic', False):
         def save_checkpoint(checkpoint, filename, file_client_args=None, backend_args=None):
-            if not _is_local(filename, file_client_args, backend_args):
+            if not isinstance(filename, (str, os.PathLike)) or file_client_args is not None or \
+                    (backend_args or {}).get('backend', 'local') != 'local' or \
+                    '://' in str(filename):  # not a local file
                 return current(checkpoint, filename, file_client_args=file_client_args,
                                backend_args=backend_args)
             os.makedirs(osp.dirname(osp.abspath(filename)), exist_ok=True)
@@ -403,20 +370,12 @@ def install_checkpoint_io() -> None:
         mm_runner.save_checkpoint = save_checkpoint
 
     if not getattr(mm_ckpt.CheckpointLoader._schemes.get(''), '_mmeffattn_scoped', False):
-        def load_from_local(filename, map_location):
-            return load_checkpoint_file(filename, map_location=map_location)
-
-        load_from_local._mmeffattn_scoped = True
-        mm_ckpt.CheckpointLoader.register_scheme(prefixes='', loader=load_from_local, force=True)
-
-    if not getattr(mm_ckpt.CheckpointLoader._schemes.get('https://'), '_mmeffattn_scoped',
-                   False):
-        def load_from_http(filename, map_location=None, model_dir=None, progress=True):
+        def load(filename, map_location=None, model_dir=None, progress=True):
             return open_checkpoint(filename, map_location=map_location, cache_dir=model_dir)
 
-        load_from_http._mmeffattn_scoped = True
-        mm_ckpt.CheckpointLoader.register_scheme(prefixes=['http://', 'https://'],
-                                                 loader=load_from_http, force=True)
+        load._mmeffattn_scoped = True
+        mm_ckpt.CheckpointLoader.register_scheme(prefixes=['', 'http://', 'https://'],
+                                                 loader=load, force=True)
 
 
 #: the line a stock config adds so that mmengine's Runner can read its own checkpoints
@@ -435,11 +394,8 @@ def warn_if_mmengine_cannot_load() -> bool:
     if _LOADER_PROBED:
         return False
     _LOADER_PROBED = True
-    try:
-        from mmengine.logging import HistoryBuffer, print_log
-        from mmengine.runner import checkpoint as mm_ckpt
-    except ImportError:
-        return False
+    from mmengine.logging import HistoryBuffer, print_log
+    from mmengine.runner import checkpoint as mm_ckpt
     loader = mm_ckpt.CheckpointLoader._schemes.get('')
     if loader is None or getattr(loader, '_mmeffattn_scoped', False):
         return False

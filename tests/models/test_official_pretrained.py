@@ -13,7 +13,6 @@ import torch
 from mmengine.logging import MMLogger
 
 import mmeffattn.models  # noqa: F401  (registers the families)
-from mmeffattn.models.backbones.base import pretrained_to_init_cfg
 from mmeffattn.models.backbones.sema import MILA, SEMA
 from mmeffattn.models.backbones.weightformer import WeightFormer
 from mmeffattn.models.converters import official_layout
@@ -82,8 +81,8 @@ def test_pretrained_argument_becomes_init_cfg():
     with pytest.raises(ValueError, match='both pretrained'):
         WeightFormer(arch=WeightFormer.mini_arch, pretrained='a.pth',
                      init_cfg=dict(type='Pretrained', checkpoint=None))
-    with pytest.raises(TypeError, match='pretrained must be'):
-        pretrained_to_init_cfg('X', 3, None)
+    with pytest.raises(TypeError, match='MILA: pretrained must be'):
+        MILA(arch=MILA.mini_arch, pretrained=3)
     # every registered family takes it, through its own __init__ (nothing else changes)
     from mmeffattn.models.backbones.base import backbone_families
     for name, cls in backbone_families().items():

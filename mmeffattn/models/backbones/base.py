@@ -20,7 +20,7 @@ from ..layers.recompute import checkpoint_contexts
 from ..utils import FreezeStagesMixin, StrictPretrainedMixin, parse_out_indices, resolve_arch
 
 __all__ = ['BaseBackbone', 'HWShape', 'drop_path_rates', 'quarter_blocks', 'run_block',
-           'backbone_families', 'pretrained_to_init_cfg']
+           'backbone_families']
 
 HWShape = Tuple[int, int]
 
@@ -46,41 +46,27 @@ def run_block(blk: nn.Module, x: torch.Tensor, *args, with_cp: bool = False) -> 
     return blk(x, *args)
 
 
-def pretrained_to_init_cfg(name: str, pretrained: Optional[str],
-                           init_cfg: Optional[Union[dict, List[dict]]]
-                           ) -> Optional[Union[dict, List[dict]]]:
-    """The ``init_cfg`` the deprecated ``pretrained`` argument stands for (as mmseg/mmdet read it):
-    a path or URL becomes ``dict(type='Pretrained', checkpoint=pretrained)`` with a warning.
-
-    Raises:
-        TypeError: ``pretrained`` is neither None nor a string.
-        ValueError: both ``pretrained`` and ``init_cfg`` are given.
-    """
-    if pretrained is None:
-        return init_cfg
-    if not isinstance(pretrained, str):
-        raise TypeError(f'{name}: pretrained must be a checkpoint path/URL or None, got '
-                        f'{type(pretrained).__name__}')
-    if init_cfg is not None:
-        raise ValueError(
-            f'{name} got both pretrained={pretrained!r} and init_cfg={init_cfg!r}; give one. '
-            f"pretrained is deprecated: use init_cfg=dict(type='Pretrained', checkpoint=...). "
-            f"If pretrained comes from a stock mmseg/mmdet config's model.pretrained (weights of "
-            f'another architecture), set model.pretrained=None '
-            f'(--cfg-options model.pretrained=None).')
-    warnings.warn(f"{name}: pretrained is deprecated; use init_cfg=dict(type='Pretrained', "
-                  f'checkpoint={pretrained!r})', DeprecationWarning, stacklevel=3)
-    return dict(type='Pretrained', checkpoint=pretrained)
-
-
 class _TakesPretrained(ABCMeta):
-    """Every backbone takes the deprecated ``pretrained=`` that mmseg's segmentors pass, as
-    :func:`pretrained_to_init_cfg` reads it, without each family naming it in its signature."""
+    """Every backbone takes ``pretrained=PATH_OR_URL``, which mmseg's segmentors pass to their
+    backbone, as the deprecated alias of ``init_cfg=dict(type='Pretrained', checkpoint=...)``,
+    without each family naming it in its signature."""
 
     def __call__(cls, *args, pretrained: Optional[str] = None, **kwargs):
+        name = cls.__name__
+        if pretrained is not None and not isinstance(pretrained, str):
+            raise TypeError(f'{name}: pretrained must be a checkpoint path/URL or None, got '
+                            f'{type(pretrained).__name__}')
+        if pretrained is not None and kwargs.get('init_cfg') is not None:
+            raise ValueError(
+                f"{name} got both pretrained={pretrained!r} and init_cfg={kwargs['init_cfg']!r}; "
+                f"give one. pretrained is deprecated: use init_cfg=dict(type='Pretrained', "
+                f"checkpoint=...). If pretrained comes from a stock mmseg/mmdet config's "
+                f'model.pretrained (weights of another architecture), set model.pretrained=None '
+                f'(--cfg-options model.pretrained=None).')
         if pretrained is not None:
-            kwargs['init_cfg'] = pretrained_to_init_cfg(cls.__name__, pretrained,
-                                                        kwargs.get('init_cfg'))
+            warnings.warn(f"{name}: pretrained is deprecated; use init_cfg=dict(type='Pretrained', "
+                          f'checkpoint={pretrained!r})', DeprecationWarning, stacklevel=2)
+            kwargs['init_cfg'] = dict(type='Pretrained', checkpoint=pretrained)
         return super().__call__(*args, **kwargs)
 
 

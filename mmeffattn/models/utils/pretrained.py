@@ -1,12 +1,9 @@
-"""Strict, helpful loading of a checkpoint into a backbone (its ``Pretrained`` ``init_cfg``).
+"""Strict loading of a checkpoint into a backbone (its ``Pretrained`` ``init_cfg``).
 
-mmengine's ``PretrainedInit`` loads with ``strict=False``, only logs what did not match and takes
-no key filter, so a wrong prefix, arch or family would silently train from partly random weights.
-Here the checkpoint (path or URL) goes through the family's ``checkpoint_filter``, which also
-converts the authors' published layouts, and a missing, unexpected or mis-shaped key raises an
-error naming the keys, the likely cause and the fix. The other ``init_cfg`` entries stay
-mmengine's (``BaseModule.init_weights``). Whole-model loading (tools/test.py, ``load_from``) is
-:func:`mmeffattn.models.converters.model_checkpoint`.
+mmengine's ``PretrainedInit`` loads with ``strict=False`` and takes no key filter, so a wrong
+prefix, arch or family would train from partly random weights with a log line. Here the family's
+``checkpoint_filter`` maps the keys (converting the authors' layouts), and any key that does not
+match raises an error naming the keys, the likely cause and the fix.
 """
 import re
 from typing import Callable, Dict, List, Optional, Tuple
@@ -55,20 +52,6 @@ def guess_prefix(probe: Optional[str], ckpt_keys: List[str]) -> Optional[str]:
     return next((k[:-len(probe)] for k in ckpt_keys if k.endswith('.' + probe)), None)
 
 
-def check_not_foreign_zoo(checkpoint: str, what: str = 'checkpoint') -> None:
-    """Raise for an OpenMMLab/torchvision model-zoo name (weights of another architecture than
-    an mmeffattn backbone; not downloaded)."""
-    if isinstance(checkpoint, str) and re.match(r'(open-?mmlab|torchvision|mmcls|mmpretrain)://',
-                                                checkpoint):
-        raise RuntimeError(
-            f'{what} {checkpoint!r} names weights of another architecture (an OpenMMLab / '
-            f'torchvision model-zoo checkpoint), which cannot load into an mmeffattn backbone '
-            f'(and is not downloaded). It usually comes from the model-level pretrained of a '
-            f'stock mmseg/mmdet config: set model.pretrained=None (--cfg-options '
-            f"model.pretrained=None) and give the backbone init_cfg=dict(type='Pretrained', "
-            f'checkpoint=PATH) of its own weights, or None to train from scratch.')
-
-
 def keys_under(state_dict: StateDict, prefix: str) -> StateDict:
     """The entries of ``state_dict`` under ``prefix`` (``'backbone'`` or ``'backbone.'``),
     the prefix stripped."""
@@ -83,12 +66,8 @@ def prefixes_of(state_dict: dict) -> List[str]:
 
 def read_checkpoint(checkpoint: str, prefix: Optional[str] = None, map_location: str = 'cpu',
                     what: str = 'checkpoint', prefix_option: str = 'init_cfg prefix') -> StateDict:
-    """The state dict of a checkpoint (path or URL), unwrapped, keys under ``prefix`` (stripped).
-
-    Raises:
-        RuntimeError: no key under ``prefix`` (naming the prefixes found and ``prefix_option``),
-            or :class:`~mmeffattn.engine.CheckpointError` for an unreadable file or URL.
-    """
+    """The state dict of a checkpoint (path or URL), unwrapped, keys under ``prefix`` (stripped);
+    a ``RuntimeError`` names the prefixes found (and ``prefix_option``) when none match."""
     if not checkpoint:
         raise ValueError(f'no {what} file given')
     # (official training checkpoints carry their yacs config: read as a plain dict)
@@ -108,24 +87,13 @@ def load_state_dict_strict(module: nn.Module, state_dict: StateDict, source: str
                            check_shapes: bool = True,
                            hint: Optional[Callable[[List[str], List[str], List[str]], str]] = None,
                            dry_run: bool = False) -> None:
-    """Load ``state_dict`` into ``module``; raise on any key or shape that does not match.
-
-    Nothing is copied before the checks pass, so a failed load leaves ``module`` unchanged.
-
-    Args:
-        module, state_dict: the model and the (filtered) checkpoint tensors.
-        source, describe: how errors name the checkpoint and the model (its class name).
-        optional_keys: regex of own keys a checkpoint may lack; they keep their init (INFO).
-        ignorable_keys: regex of checkpoint keys the model may deliberately lack (WARNING).
-        strict: ``False`` loads what fits and logs how many tensors were ignored.
-        check_shapes: ``False`` leaves shapes to ``module.load_state_dict`` (for load hooks that
-            resize tensors); its size-mismatch error is re-raised naming ``source``.
-        hint: ``(missing, unexpected, mismatched) -> str``, the likely cause and fix.
-        dry_run: only check (e.g. against a model on the meta device).
-
-    Raises:
-        RuntimeError: missing, unexpected or mismatched keys (with ``strict=True``).
-    """
+    """Load ``state_dict`` into ``module``, or raise a ``RuntimeError`` naming the keys missing,
+    unexpected or mis-shaped (``source``, ``describe``: how it names the file and the model;
+    ``hint(missing, unexpected, mismatched)``: the likely cause and fix). Nothing is copied
+    before the checks pass. ``optional_keys``/``ignorable_keys``: regexes of own keys the file
+    may lack (kept, INFO) and of its keys the model may lack (WARNING); ``strict=False`` loads
+    what fits with a WARNING; ``check_shapes=False`` leaves shapes to the module's load hooks;
+    ``dry_run`` only checks (e.g. a model on the meta device)."""
     logger, cls = MMLogger.get_current_instance(), type(module).__name__
     own = module.state_dict()
     missing = [k for k in own if k not in state_dict]
@@ -197,26 +165,21 @@ WEIGHTS_DOC = 'docs/user_guides/checkpoints.md'
 
 
 class StrictPretrainedMixin:
-    """``init_weights`` for an mmengine ``BaseModule`` backbone with a strict ``Pretrained`` load.
-
-    ``init_cfg=dict(type='Pretrained', checkpoint=PATH_OR_URL, prefix=None, strict=True)`` reads
-    the checkpoint, keeps the keys under ``prefix`` (all of them when none is: an official
-    checkpoint is bare), maps them with :meth:`checkpoint_filter` and loads them with
-    :func:`load_state_dict_strict`. Without a checkpoint the random init is kept with a WARNING
+    """``init_weights`` of a backbone: ``init_cfg=dict(type='Pretrained', checkpoint=PATH_OR_URL,
+    prefix=None, strict=True)`` keeps the keys under ``prefix`` (all of them when none is: an
+    official checkpoint is bare), maps them with :meth:`checkpoint_filter` and loads them with
+    :func:`load_state_dict_strict`; without a checkpoint the random init stays, with a WARNING
     (INFO with ``allow_random=True``, which a backbone frozen whole requires).
 
-    Subclasses set ``optional_keys``, ``ignorable_keys`` (:func:`load_state_dict_strict`),
-    ``prefix_probe`` (an own key, to find the prefix of a whole-model checkpoint),
-    ``checkpoint_signature`` (regex of a key only this family's checkpoints have) and
-    ``official_name``; they may override :meth:`checkpoint_filter`, :meth:`describe` and
-    :meth:`mismatch_cause`.
+    Families set ``optional_keys``, ``ignorable_keys``, ``prefix_probe`` (an own key: finds the
+    prefix of a whole-model checkpoint), ``checkpoint_signature`` (a key regex only theirs
+    match), and may override the methods below.
     """
 
     optional_keys: Optional[str] = None
     ignorable_keys: Optional[str] = None
     prefix_probe: Optional[str] = None
     checkpoint_signature: Optional[str] = None
-    official_name: str = 'backbone/classification'
 
     def checkpoint_filter(self, state_dict: StateDict) -> StateDict:
         return strip_module_prefix(unwrap_state_dict(state_dict))
@@ -281,7 +244,13 @@ class StrictPretrainedMixin:
                         map_location: str = 'cpu', strict: bool = True) -> None:
         """Load a checkpoint (path or URL) strictly. A checkpoint with no key under ``prefix``
         is read whole: an official one is bare, and the family's filter converts it."""
-        check_not_foreign_zoo(checkpoint, 'Pretrained checkpoint')
+        if re.match(r'(open-?mmlab|torchvision|mmcls|mmpretrain)://', str(checkpoint)):
+            raise RuntimeError(  # (not downloaded)
+                f'Pretrained checkpoint {checkpoint!r} names weights of another architecture (an '
+                f'OpenMMLab / torchvision model-zoo checkpoint), usually the model-level '
+                f'pretrained of a stock mmseg/mmdet config: set model.pretrained=None '
+                f"(--cfg-options model.pretrained=None) and give the backbone init_cfg=dict(type="
+                f"'Pretrained', checkpoint=PATH) of its own weights, or None (from scratch).")
         raw = read_checkpoint(checkpoint, None, map_location)
         sub = keys_under(raw, prefix) if prefix else raw
         source, whole = f'Checkpoint {checkpoint!r}', not sub
