@@ -164,13 +164,11 @@ def _load_safetensors(path: str, map_location: Any, hint: str) -> Dict[str, torc
     try:
         from safetensors.torch import load_file
     except ImportError:
-        raise CheckpointError(
-            f'checkpoint {path!r} is a .safetensors file, which needs the safetensors package: '
-            f'pip install safetensors') from None
-    device = map_location if isinstance(map_location, str) else 'cpu'
-    try:
-        return load_file(path, device=device)
-    except Exception as e:  # safetensors raises its own error types on a bad header/size
+        raise CheckpointError(f'checkpoint {path!r} is a .safetensors file, which needs the '
+                              f'safetensors package: pip install safetensors') from None
+    try:  # (safetensors raises its own error types on a bad header or size)
+        return load_file(path, device=map_location if isinstance(map_location, str) else 'cpu')
+    except Exception as e:
         raise CheckpointError(f'checkpoint {path!r} is a truncated or corrupt safetensors file '
                               f'({load_error_reason(e)}): {hint}') from None
 

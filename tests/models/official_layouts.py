@@ -6,6 +6,7 @@ import http.server
 import re
 import threading
 
+import pytest
 import torch
 
 from mmeffattn.models.backbones.sema import MILA
@@ -142,6 +143,16 @@ class LocalServer:
     def close(self):
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+@pytest.fixture
+def server(tmp_path, monkeypatch):
+    """A :class:`LocalServer`, downloads cached under a temporary TORCH_HOME (import it into a
+    test module to use it)."""
+    monkeypatch.setenv('TORCH_HOME', str(tmp_path / 'torch_home'))
+    srv = LocalServer()
+    yield srv
+    srv.close()
 
 
 def seeded(cls, keep=None, **kwargs):

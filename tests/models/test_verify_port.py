@@ -30,7 +30,8 @@ import torch
 from PIL import Image
 
 from conftest import SHARED_DATA
-from official_layouts import LocalServer, classifier_to_official
+from official_layouts import server  # noqa: F401  (a fixture)
+from official_layouts import classifier_to_official
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 
@@ -71,14 +72,6 @@ def fresh_logger():
     test's output (an earlier test's Runner logged to a stream that pytest has closed)."""
     from mmengine.logging import MMLogger
     MMLogger.get_instance(f'verify_port_{len(MMLogger._instance_dict)}')
-
-
-@pytest.fixture
-def server(tmp_path, monkeypatch):
-    monkeypatch.setenv('TORCH_HOME', str(tmp_path / 'torch_home'))
-    srv = LocalServer()
-    yield srv
-    srv.close()
 
 
 def user_config(tmp_path, layout: str, data_root: str, indices=None) -> str:

@@ -15,18 +15,10 @@ import torch
 from mmeffattn.engine import CheckpointError, checkpoint_cache_path
 from mmeffattn.models.backbones.sema import MILA
 from mmeffattn.models.backbones.weightformer import WeightFormer
-from official_layouts import (CASES, LocalServer, seeded, to_official_mlla,
-                              to_official_weightformer)
+from official_layouts import server  # noqa: F401  (a fixture)
+from official_layouts import CASES, seeded, to_official_mlla, to_official_weightformer
 
 pytestmark = pytest.mark.usefixtures('one_thread', 'torch_ops')
-
-
-@pytest.fixture
-def server(tmp_path, monkeypatch):
-    monkeypatch.setenv('TORCH_HOME', str(tmp_path / 'torch_home'))
-    srv = LocalServer()
-    yield srv
-    srv.close()
 
 
 def _torch_bytes(obj, tmp_path) -> bytes:

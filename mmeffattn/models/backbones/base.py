@@ -52,22 +52,22 @@ class _TakesPretrained(ABCMeta):
     without each family naming it in its signature."""
 
     def __call__(cls, *args, pretrained: Optional[str] = None, **kwargs):
-        name = cls.__name__
-        if pretrained is not None and not isinstance(pretrained, str):
-            raise TypeError(f'{name}: pretrained must be a checkpoint path/URL or None, got '
-                            f'{type(pretrained).__name__}')
-        if pretrained is not None and kwargs.get('init_cfg') is not None:
+        if pretrained is None:
+            return super().__call__(*args, **kwargs)
+        if not isinstance(pretrained, str):
+            raise TypeError(f'{cls.__name__}: pretrained must be a checkpoint path/URL or None, '
+                            f'got {type(pretrained).__name__}')
+        if kwargs.get('init_cfg') is not None:
             raise ValueError(
-                f"{name} got both pretrained={pretrained!r} and init_cfg={kwargs['init_cfg']!r}; "
-                f"give one. pretrained is deprecated: use init_cfg=dict(type='Pretrained', "
-                f"checkpoint=...). If pretrained comes from a stock mmseg/mmdet config's "
-                f'model.pretrained (weights of another architecture), set model.pretrained=None '
+                f"{cls.__name__} got both pretrained={pretrained!r} and init_cfg="
+                f"{kwargs['init_cfg']!r}; give one. pretrained is deprecated: use init_cfg=dict("
+                f"type='Pretrained', checkpoint=...). If it comes from a stock mmseg/mmdet config's"
+                f' model.pretrained (weights of another architecture), set model.pretrained=None '
                 f'(--cfg-options model.pretrained=None).')
-        if pretrained is not None:
-            warnings.warn(f"{name}: pretrained is deprecated; use init_cfg=dict(type='Pretrained', "
-                          f'checkpoint={pretrained!r})', DeprecationWarning, stacklevel=2)
-            kwargs['init_cfg'] = dict(type='Pretrained', checkpoint=pretrained)
-        return super().__call__(*args, **kwargs)
+        warnings.warn(f"{cls.__name__}: pretrained is deprecated; use init_cfg=dict(type="
+                      f"'Pretrained', checkpoint={pretrained!r})", DeprecationWarning, stacklevel=2)
+        return super().__call__(*args, **kwargs, init_cfg=dict(type='Pretrained',
+                                                               checkpoint=pretrained))
 
 
 class BaseBackbone(StrictPretrainedMixin, FreezeStagesMixin, BaseModule,

@@ -216,20 +216,18 @@ class StrictPretrainedMixin:
                     not cfg.get('allow_random', False):
                 # a linear probe without its checkpoint would fit a head on random features
                 raise RuntimeError(
-                    f'{self.__class__.__name__}: every parameter is frozen (frozen_stages='
-                    f'{getattr(self, "frozen_stages", "?")}) and the Pretrained init_cfg has '
-                    f'checkpoint=None, so training would fit the rest of the model to random '
-                    f'features. Set model.backbone.init_cfg.checkpoint=PATH (the configs\' '
-                    f'`pretrained`), or model.backbone.init_cfg.allow_random=True for a smoke '
-                    f'test.')
+                    f'{type(self).__name__}: every parameter is frozen (frozen_stages='
+                    f'{self.frozen_stages}) and the Pretrained init_cfg has checkpoint='
+                    f'None, so training would fit the rest of the model to random features. Set '
+                    f"model.backbone.init_cfg.checkpoint=PATH (the configs' `pretrained`), or "
+                    f'model.backbone.init_cfg.allow_random=True for a smoke test.')
             MMLogger.get_current_instance().log(
                 20 if cfg.get('allow_random') else 30,
-                f'{self.__class__.__name__}: no pretrained weights, the backbone starts from '
-                f'random initialization (a later load_from/--resume of a whole-model checkpoint '
-                f"replaces them). To start from weights, set model.backbone.init_cfg=dict(type="
-                f"'Pretrained', checkpoint=URL_OR_PATH): official checkpoints load by URL, see "
-                f'{WEIGHTS_DOC}; add allow_random=True to that dict to silence this for a run '
-                f'from scratch.')
+                f'{type(self).__name__}: no pretrained weights, the backbone starts from random '
+                f'initialization (a later load_from/--resume of a whole-model checkpoint replaces '
+                f"them). To start from weights, set model.backbone.init_cfg=dict(type='Pretrained'"
+                f', checkpoint=URL_OR_PATH): official checkpoints load by URL, see {WEIGHTS_DOC}; '
+                f'add allow_random=True to that dict to silence this for a run from scratch.')
             return
         unknown = sorted(set(cfg) - {'type', 'checkpoint', 'prefix', 'map_location', 'strict',
                                      'allow_random'})
