@@ -170,9 +170,9 @@ def maybe_compile_test(runner, cfg) -> None:
     """``compile=True`` (or a dict of ``torch.compile`` options, ``--cfg-options compile=True``)
     compiles the model's ``test_step``, as mmengine's Runner compiles ``train_step`` for
     training (its ``test()`` ignores the option); the data preprocessor stays eager
-    (:func:`~mmeffattn.engine.runner_setup.prepare_compile`). With inductor the graphs are
-    frozen: the test loop runs without gradients, so the weights are folded in as constants
-    and pre-packed, which an unfrozen CPU inference graph never beats eager without."""
+    (:func:`~mmeffattn.engine.runner_setup.prepare_compile`). Inductor's graphs are frozen
+    (``freezing``): the test loop runs without gradients, so the weights become constants that
+    inductor folds (a convolution's BatchNorm) and pre-packs for the CPU's kernels."""
     option = cfg.get('compile')
     if not option:
         return

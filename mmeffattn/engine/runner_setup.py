@@ -232,8 +232,11 @@ def load_whole_checkpoints(runner, loaded: Optional[dict] = None) -> None:
 
     from ..models.converters import model_checkpoint
 
+    pending = [loaded]  # (not kept once loaded)
+
     def load_checkpoint(filename, map_location='cpu', strict=False, revise_keys=None):
-        checkpoint = model_checkpoint(runner.model, filename, map_location, loaded=loaded)
+        checkpoint = model_checkpoint(runner.model, filename, map_location,
+                                      loaded=pending.pop() if pending else None)
         runner.call_hook('after_load_checkpoint', checkpoint=checkpoint)  # (EMA hooks)
         load_state_dict(runner.model, checkpoint['state_dict'], strict=True)  # (checked)
         runner._has_loaded = True

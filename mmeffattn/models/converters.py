@@ -138,23 +138,19 @@ def model_checkpoint(model: nn.Module, checkpoint: str, map_location: str = 'cpu
     shapes.
 
     Raises:
-        CheckpointError: one line naming the first keys missing, unexpected or mis-shaped, or
-            the official layout that does not fit the model's backbone.
+        CheckpointError: one line naming the first keys missing, unexpected or mis-shaped.
     """
     while is_model_wrapper(model) or isinstance(model, BaseTTAModel):
         model = model.module
     name = repr(checkpoint)
     checkpoint = loaded if loaded is not None else open_checkpoint(
         checkpoint, map_location, extra_safe_globals=OFFICIAL_STAND_INS)
-    layout = official_layout(checkpoint) if isinstance(checkpoint, dict) else None
     backbone = getattr(model, 'backbone', None)
+    layout = next((n for n, official in OFFICIAL_LAYOUTS.items()  # the backbone's family's
+                   if isinstance(backbone, official.family) and isinstance(checkpoint, dict)
+                   and official.detect(checkpoint)), None)
     if layout:
         official = OFFICIAL_LAYOUTS[layout]
-        if not isinstance(backbone, official.family):
-            raise CheckpointError(
-                f'checkpoint {name} is an official {layout} checkpoint ({official.source}), but '
-                f'the model\'s backbone is {type(backbone).__name__}: test it with a config of '
-                f'mmeffattn.{official.family.__name__}')
         name = f'{name} (official {layout}, converted)'
         checkpoint = dict(state_dict=official.convert(checkpoint, backbone),
                           meta=dict(converted_from=official.source))

@@ -73,6 +73,7 @@ def read_checkpoint(checkpoint: str, prefix: Optional[str] = None, map_location:
     # (official training checkpoints carry their yacs config: read as a plain dict)
     state_dict = unwrap_state_dict(open_checkpoint(checkpoint, map_location,
                                                    extra_safe_globals=OFFICIAL_STAND_INS))
+    prefix = prefix and (prefix if prefix.endswith('.') else prefix + '.')
     sub = keys_under(state_dict, prefix) if prefix else state_dict
     if prefix and not sub:
         raise RuntimeError(f'no key of {what} {checkpoint!r} starts with prefix {prefix!r}; its '
