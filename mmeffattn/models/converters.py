@@ -17,7 +17,8 @@ import torch.nn as nn
 from mmengine.model import BaseTTAModel, is_model_wrapper
 
 from ..engine.checkpoint_io import (OFFICIAL_STAND_INS, CheckpointError, atomic_save,
-                                    load_checkpoint_file, open_checkpoint)
+                                    install_checkpoint_io, load_checkpoint_file,
+                                    open_checkpoint)
 from ..registry import MODELS
 from .backbones import sema, veca, weightformer
 from .utils.pretrained import (keys_under, load_state_dict_strict, prefixes_of,
@@ -227,6 +228,7 @@ def converter_main(layout: str, argv: Optional[Sequence[str]] = None) -> dict:
                         help='read SRC with torch.load(weights_only=False): only for files you '
                              'trust, when the safe loader refuses one')
     args = parser.parse_args(argv)
+    install_checkpoint_io()  # as every tool of ours (no warning about mmengine's own loader)
     meta = convert_official(layout, args.src, args.dst, args.unsafe_load)
     print(f'{args.src} -> {args.dst}: arch {meta["arch"]}; its backbone.* keys load into '
           f'{meta["backbone"]}')
