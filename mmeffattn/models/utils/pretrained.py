@@ -11,6 +11,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 import torch.nn as nn
 from mmengine.logging import MMLogger
+from mmengine.runner.checkpoint import load_state_dict as mmengine_load_state_dict
 
 from ...engine.checkpoint_io import OFFICIAL_STAND_INS, open_checkpoint
 from ...registry import MODELS
@@ -84,17 +85,16 @@ def read_checkpoint(checkpoint: str, prefix: Optional[str] = None, map_location:
 
 def load_state_dict_strict(module: nn.Module, state_dict: StateDict, source: str, *,
                            describe: Optional[str] = None, optional_keys: Optional[str] = None,
-                           ignorable_keys: Optional[str] = None, strict: bool = True,
-                           check_shapes: bool = True,
+                           ignorable_keys: Optional[str] = None, check_shapes: bool = True,
                            hint: Optional[Callable[[List[str], List[str], List[str]], str]] = None,
                            dry_run: bool = False) -> None:
     """Load ``state_dict`` into ``module``, or raise a ``RuntimeError`` naming the keys missing,
     unexpected or mis-shaped (``source``, ``describe``: how it names the file and the model;
     ``hint(missing, unexpected, mismatched)``: the likely cause and fix). Nothing is copied
     before the checks pass. ``optional_keys``/``ignorable_keys``: regexes of own keys the file
-    may lack (kept, INFO) and of its keys the model may lack (WARNING); ``strict=False`` loads
-    what fits with a WARNING; ``check_shapes=False`` leaves shapes to the module's load hooks;
-    ``dry_run`` only checks (e.g. a model on the meta device)."""
+    may lack (kept, INFO) and of its keys the model may lack (WARNING); ``check_shapes=False``
+    leaves shapes to the module's load hooks; ``dry_run`` only checks (e.g. a model on the meta
+    device)."""
     logger, cls = MMLogger.get_current_instance(), type(module).__name__
     own = module.state_dict()
     missing = [k for k in own if k not in state_dict]
@@ -105,7 +105,7 @@ def load_state_dict_strict(module: nn.Module, state_dict: StateDict, source: str
     unexpected = [k for k in unexpected if k not in ignored]
     mismatched = [k for k, v in own.items() if check_shapes and k in state_dict
                   and state_dict[k].shape != v.shape]
-    if strict and (missing or unexpected or mismatched):
+    if missing or unexpected or mismatched:
         shapes = [f'{k}: checkpoint {tuple(state_dict[k].shape)} vs model {tuple(own[k].shape)}'
                   for k in mismatched]
         cause = hint(missing, unexpected, mismatched) if hint else ''
@@ -119,24 +119,16 @@ def load_state_dict_strict(module: nn.Module, state_dict: StateDict, source: str
     if ignored:
         logger.warning(f'{cls}: ignoring {len(ignored)} checkpoint tensors the model does not '
                        f'use (documented): {clip_keys(ignored)}')
-    if not strict and (missing or unexpected or mismatched):
-        logger.warning(
-            f'{cls}: strict=False: ignored {len(unexpected) + len(mismatched)} of the '
-            f'{len(state_dict)} tensors of {source} ({len(unexpected)} unexpected '
-            f'{clip_keys(unexpected, 5)}, {len(mismatched)} shape mismatches '
-            f'{clip_keys(mismatched, 5)}); {len(missing)} model tensors keep their init '
-            f'{clip_keys(missing, 5)}')
     if optional:
         logger.info(f'{cls}: parts not in the checkpoint keep their init: {clip_keys(optional)}')
-    skip = set(ignored) | set(unexpected) | set(mismatched)
     try:
-        result = module.load_state_dict({k: v for k, v in state_dict.items() if k not in skip},
+        result = module.load_state_dict({k: v for k, v in state_dict.items() if k not in ignored},
                                         strict=False)
     except RuntimeError as e:  # shape mismatches left to the module (check_shapes=False)
         raise RuntimeError(f'{source} does not fit {describe or cls}: {e}') from e
     # load hooks may rename keys: what they report must have been accounted for above
     left = [k for k in result.missing_keys if k not in missing and k not in optional]
-    if strict and (left or result.unexpected_keys):
+    if left or result.unexpected_keys:
         raise RuntimeError(f'{source} does not match {describe or cls} after its load hooks: '
                            f'missing {clip_keys(left)}, unexpected '
                            f'{clip_keys(result.unexpected_keys)}')
@@ -258,9 +250,12 @@ class StrictPretrainedMixin:
                        f'{prefixes_of(raw)}, so it was read whole)')
             sub, prefix = raw, None
         state_dict = self.checkpoint_filter(sub)
+        if not strict:  # what mmengine's PretrainedInit does: load what fits, log the rest
+            mmengine_load_state_dict(self, state_dict, strict=False, logger='current')
+            return
         load_state_dict_strict(
             self, state_dict, source, describe=self.describe(), optional_keys=self.optional_keys,
-            ignorable_keys=self.ignorable_keys, strict=strict,
+            ignorable_keys=self.ignorable_keys,
             hint=lambda m, u, s: self._mismatch_hint(m, u, s, prefix, state_dict))
         converted = set(state_dict) != set(strip_module_prefix(sub))
         MMLogger.get_current_instance().info(
