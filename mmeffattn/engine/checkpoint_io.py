@@ -389,15 +389,12 @@ def warn_if_mmengine_cannot_load() -> bool:
     Backbones call it when built, so that a stock ``test.py``, ``--resume`` or ``load_from`` run
     has the fix in its log before the loader fails (a tiny record is saved and loaded)."""
     global _LOADER_PROBED
-    if _LOADER_PROBED:
-        return False
-    _LOADER_PROBED = True
     from mmengine.logging import HistoryBuffer, print_log
     from mmengine.runner import checkpoint as mm_ckpt
     loader = mm_ckpt.CheckpointLoader._schemes.get('')
-    if loader is None or getattr(loader, '_mmeffattn_scoped', False):
+    if _LOADER_PROBED or loader is None or getattr(loader, '_mmeffattn_scoped', False):
         return False
-    buffer = HistoryBuffer()
+    _LOADER_PROBED, buffer = True, HistoryBuffer()
     buffer.update(1.0)
     with tempfile.TemporaryDirectory() as tmp:
         path = osp.join(tmp, 'probe.pth')
