@@ -175,7 +175,9 @@ def test_train_load_from_is_strict(tmp_path, capsys):
     state = ReliabilityToyModel().state_dict()
     path = tmp_path / 'partial.pth'
     torch.save({'state_dict': {k: v for k, v in state.items() if k != 'fc2.bias'}}, str(path))
-    cfg = toy_config(tmp_path / 'cfg.py', max_steps=1, extra=f'load_from = {str(path)!r}\n')
+    # (a config name of its own: a Runner named as an earlier test's reuses its closed logger)
+    cfg = toy_config(tmp_path / 'load_from_cfg.py', max_steps=1,
+                     extra=f'load_from = {str(path)!r}\n')
     err = _one_line_error(capsys, 'train', [cfg, '--work-dir', str(tmp_path / 'w')])
     assert "1 missing keys ['fc2.bias']" in err and 'partial.pth' in err, err
     torch.save({'state_dict': {k: v + 1 for k, v in state.items()}, 'meta': {}}, str(path))
