@@ -3,11 +3,13 @@ mapping of each family's converter (the official code is never imported): the fi
 tests/models/test_official_pretrained.py, test_weights_by_url.py and test_verify_port.py load;
 and a local HTTP server that serves them at URLs shaped like the authors' own."""
 import http.server
+import logging
 import re
 import threading
 
 import pytest
 import torch
+from mmengine.logging import MMLogger
 
 from mmeffattn.models.backbones.sema import MILA
 from mmeffattn.models.backbones.veca import VECA
@@ -153,6 +155,20 @@ def server(tmp_path, monkeypatch):
     srv = LocalServer()
     yield srv
     srv.close()
+
+
+def init_weights_logged(model, level: int = logging.INFO) -> list:
+    """``model.init_weights()``; returns the ``(levelno, message)`` it logged at ``level`` or
+    above."""
+    logger, records = MMLogger.get_current_instance(), []
+    handler = logging.Handler(level)
+    handler.emit = lambda r: records.append((r.levelno, r.getMessage()))
+    logger.addHandler(handler)
+    try:
+        model.init_weights()
+    finally:
+        logger.removeHandler(handler)
+    return records
 
 
 def seeded(cls, keep=None, **kwargs):

@@ -10,13 +10,12 @@ import warnings
 
 import pytest
 import torch
-from mmengine.logging import MMLogger
 
 import mmeffattn.models  # noqa: F401  (registers the families)
 from mmeffattn.models.backbones.sema import MILA, SEMA
 from mmeffattn.models.backbones.weightformer import WeightFormer
 from mmeffattn.models.converters import official_layout
-from official_layouts import CASES, seeded, to_official_weightformer
+from official_layouts import CASES, init_weights_logged, seeded, to_official_weightformer
 
 pytestmark = pytest.mark.usefixtures('one_thread', 'torch_ops')
 
@@ -33,16 +32,9 @@ def test_official_checkpoint_loads_through_pretrained(tmp_path, layout):
     # our configs set prefix='backbone.'; an official (bare) checkpoint loads all the same
     kwargs = {k: v for k, v in kwargs.items() if k != 'keep'}
     dst = cls(**kwargs, init_cfg=dict(type='Pretrained', checkpoint=path, prefix='backbone.'))
-    logger, records = MMLogger.get_current_instance(), []
-    handler = logging.Handler(logging.INFO)
-    handler.emit = lambda r: records.append(r.getMessage())
-    logger.addHandler(handler)
-    try:
-        dst.init_weights()
-    finally:
-        logger.removeHandler(handler)
-    assert any(f'(whole), its keys converted by {cls.__name__}.checkpoint_filter' in r
-               for r in records), records
+    records = init_weights_logged(dst)
+    assert any(f'(whole), its keys converted by {cls.__name__}.checkpoint_filter' in m
+               for _, m in records), records
     dst.eval()
     x = torch.randn(*shape, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -122,15 +114,7 @@ def test_foreign_weights_say_another_architecture(tmp_path):
 # ------------------------------------------------------------------ where weights come from
 def _records(build, level=logging.INFO):
     """``(levelno, message)`` of what ``build().init_weights()`` logs."""
-    logger, records = MMLogger.get_current_instance(), []
-    handler = logging.Handler(level)
-    handler.emit = lambda r: records.append((r.levelno, r.getMessage()))
-    logger.addHandler(handler)
-    try:
-        build().init_weights()
-    finally:
-        logger.removeHandler(handler)
-    return records
+    return init_weights_logged(build(), level)
 
 
 def _classifier(**backbone):
