@@ -1,9 +1,17 @@
 #!/usr/bin/env python
 """Evaluate a checkpoint on a config's test set and write the metrics to a JSON file.
 
-    python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--out-json PATH] [--show-dir DIR]
-                         [--tta]
+    python tools/test.py CONFIG CHECKPOINT_OR_URL [--work-dir DIR] [--out-json PATH]
+                         [--out PREDICTIONS.pkl] [--show-dir DIR] [--tta]
     bash tools/dist_test.sh CONFIG CHECKPOINT NUM_PROCS [args]
+
+CHECKPOINT is what an ``init_cfg`` takes: a path or URL (downloaded once, cached), a checkpoint
+of ours or mmengine's, or the authors' published checkpoint (official MLLA, WeightFormer
+``.pth``/``.safetensors``), converted with its classification head into the config's model. It
+must fill the model exactly: a missing, unexpected or mis-shaped key stops the run with one line
+naming the keys, so no part of the model is ever evaluated at its random init. The config's own
+``init_cfg`` entries do not apply at test time (the Runner does not initialise weights), so
+``--cfg-options`` that set one are refused.
 
 ``--tta`` evaluates with the config's own test-time augmentation, as the downstream tools do:
 the model is wrapped in ``tta_model`` and ``tta_pipeline`` replaces the test pipeline. The ADE20K
@@ -16,23 +24,28 @@ import os
 import os.path as osp
 from typing import Optional
 
+from mmengine.config import DictAction
+
 import mmeffattn  # noqa: F401
-from mmeffattn.engine import check_dataset_paths
-from mmeffattn.engine import load_checkpoint_file
-from mmeffattn.engine.runner_setup import (DictAction, check_compile_option,
-                                           load_config, prepare_compile, prepare_runtime,
-                                           run_cli, set_work_dir, setup_launcher)
+from mmeffattn.engine import check_dataset_paths, open_checkpoint
+from mmeffattn.engine.checkpoint_io import OFFICIAL_STAND_INS, CheckpointError
+from mmeffattn.engine.runner_setup import (check_compile_option, load_config,
+                                           load_whole_checkpoints, prepare_compile,
+                                           prepare_runtime, run_cli, set_work_dir,
+                                           setup_launcher)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('config', help='test config file path')
-    parser.add_argument('checkpoint', help='checkpoint file')
+    parser.add_argument('checkpoint', help='checkpoint file or URL (official layouts too)')
     parser.add_argument('--work-dir', help='where logs (and by default the metrics JSON) go')
     parser.add_argument('--out-json',
                         help='metrics JSON path (default: WORK_DIR/test_metrics.json); an '
                              'existing folder, or a path ending in /, gets test_metrics.json '
                              'inside it')
+    parser.add_argument('--out', help='dump the predictions to this .pkl file (mmengine '
+                                      'DumpResults)')
     parser.add_argument('--show-dir', help='draw predictions on the test images into this folder')
     parser.add_argument('--tta', action='store_true',
                         help="test-time augmentation from the config's tta_model/tta_pipeline")
@@ -157,14 +170,39 @@ def maybe_compile_test(runner, cfg) -> None:
     """``compile=True`` (or a dict of ``torch.compile`` options, ``--cfg-options compile=True``)
     compiles the model's ``test_step``, as mmengine's Runner compiles ``train_step`` for
     training (its ``test()`` ignores the option); the data preprocessor stays eager
-    (:func:`~mmeffattn.engine.runner_setup.prepare_compile`)."""
-    if cfg.get('compile'):
-        prepare_compile(runner)
-        runner._maybe_compile('test_step')
+    (:func:`~mmeffattn.engine.runner_setup.prepare_compile`). Inductor's graphs are frozen
+    (``freezing``): the test loop runs without gradients, so the weights become constants that
+    inductor folds (a convolution's BatchNorm) and pre-packs for the CPU's kernels."""
+    option = cfg.get('compile')
+    if not option:
+        return
+    prepare_compile(runner)
+    runner._maybe_compile('test_step')
+    if not isinstance(option, dict) or option.get('backend', 'inductor') == 'inductor':
+        import torch
+        compiled = runner.model.test_step
+
+        def test_step(*args, **kwargs):
+            with torch._inductor.config.patch(freezing=True):  # read when a graph compiles
+                return compiled(*args, **kwargs)
+
+        runner.model.test_step = test_step
+
+
+def check_no_init_cfg(cfg_options: Optional[dict]) -> None:
+    """Refuse ``--cfg-options`` that set weights through an ``init_cfg`` or ``pretrained``: at
+    test time nothing initialises weights, CHECKPOINT alone is loaded."""
+    keys = [k for k in cfg_options or {} if 'init_cfg' in k or k.split('.')[-1] == 'pretrained']
+    if keys:
+        raise CheckpointError(
+            f'--cfg-options {", ".join(keys)}: tools/test.py evaluates the weights of its '
+            f'CHECKPOINT argument alone (the Runner does not initialise weights at test time): '
+            f'pass that file or URL as CHECKPOINT (official layouts are converted)')
 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    check_no_init_cfg(args.cfg_options)
     prepare_runtime()  # the scoped safe loader and mmeffattn:: configs (opt-in)
     cfg = load_config(args.config, args.cfg_options)
     check_compile_option(cfg)
@@ -172,9 +210,15 @@ def main(argv=None) -> dict:
     out = metrics_path(args.out_json, cfg.work_dir)
     if args.tta:  # before anything is loaded, so that a config without TTA fails at once
         apply_tta(cfg, args.config)
-    # A missing, truncated or refused file ends here with one line, before anything is built.
-    load_checkpoint_file(args.checkpoint, mmap=True)
+    # A missing, truncated or refused file (or a failed download) ends here with one line,
+    # before anything is built.
+    loaded = open_checkpoint(args.checkpoint, extra_safe_globals=OFFICIAL_STAND_INS)
     cfg.load_from = args.checkpoint
+    if args.out:
+        dump = dict(type='DumpResults', out_file_path=args.out)
+        evaluator = cfg.test_evaluator
+        cfg.test_evaluator = [*evaluator, dump] if isinstance(evaluator, (list, tuple)) else \
+            [evaluator, dump]
     if args.show_dir:
         enable_visualization(cfg, args.show_dir)
     check_dataset_paths(cfg, ['test'])
@@ -195,6 +239,7 @@ def main(argv=None) -> dict:
     cfg = Config(cfg.to_dict(), filename=None)
     runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
     keep_test_config_dump(runner, args.config)
+    load_whole_checkpoints(runner, loaded)  # strict, official layouts converted
     maybe_compile_test(runner, cfg)
     metrics = runner.test()
     if not metrics:

@@ -3,15 +3,20 @@
 
     python tools/train.py configs/mask_rcnn_sema_t_3x.py [--work-dir DIR] [--amp] [--resume]
     bash tools/dist_train.sh CONFIG NUM_PROCS [args]   # distributed (GPU: nccl, CPU: gloo)
+
+``load_from`` takes what tools/test.py's CHECKPOINT takes (a path or URL, official layouts
+converted with their head) and loads it strictly.
 """
 import argparse
 import os
 
+from mmengine.config import DictAction
+
 import mmeffattn  # noqa: F401  (registers the models)
 from mmeffattn.engine import check_dataset_paths
-from mmeffattn.engine.runner_setup import (DictAction, add_exact_resume_hook,
-                                           check_compile_option, configure_resume, enable_amp,
-                                           load_config, prepare_compile,
+from mmeffattn.engine.runner_setup import (add_exact_resume_hook, check_compile_option,
+                                           configure_resume, enable_amp, load_config,
+                                           load_whole_checkpoints, prepare_compile,
                                            prepare_runtime, run_cli, set_work_dir,
                                            setup_launcher)
 
@@ -66,6 +71,8 @@ def main(argv=None) -> None:
     from mmengine.registry import RUNNERS
     from mmengine.runner import Runner
     runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
+    if cfg.get('load_from') and not cfg.get('resume'):
+        load_whole_checkpoints(runner)  # strict, a URL or an official layout as test.py's
     prepare_compile(runner)  # compile=True: what mmengine compiles, and what stays eager
     runner.train()
 

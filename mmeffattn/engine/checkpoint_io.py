@@ -1,10 +1,7 @@
-"""Reading and writing checkpoints safely (see docs/advanced/reliability.md).
-
-:func:`mmengine_safe_loading` scopes the allow-list mmengine checkpoints need under
-``weights_only=True``; :func:`atomic_save` never leaves a truncated file;
-:func:`load_checkpoint_file` turns a bad file into one :class:`CheckpointError` line naming the
-fix; :func:`open_checkpoint` also takes URLs (cached by the whole URL);
-:func:`install_checkpoint_io` routes mmengine's Runner through these.
+"""Reading and writing checkpoints safely (docs/advanced/reliability.md): a scoped allow-list
+for ``weights_only=True``, atomic saves, one-line :class:`CheckpointError` messages naming the
+file and the fix, URLs cached by the whole URL, and the opt-in routing of mmengine's Runner
+through these (:func:`install_checkpoint_io`).
 """
 import collections
 import contextlib
@@ -17,6 +14,7 @@ import os
 import os.path as osp
 import pickle
 import re
+import shutil
 import tempfile
 import urllib.error
 import urllib.parse
@@ -24,12 +22,6 @@ import urllib.request
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
 
 import torch
-
-__all__ = ['CheckpointError', 'CheckpointNotFoundError', 'mmengine_safe_globals',
-           'mmengine_safe_loading', 'load_checkpoint_file', 'atomic_save', 'atomic_write',
-           'find_resume_checkpoint', 'install_checkpoint_io', 'open_checkpoint',
-           'download_checkpoint', 'checkpoint_cache_path', 'OFFICIAL_STAND_INS',
-           'warn_if_mmengine_cannot_load']
 
 #: What to do with a checkpoint that cannot be read: said once, used by every message.
 _CORRUPT_HINT = ('point to an intact checkpoint instead (e.g. an earlier epoch_*.pth / iter_*.pth '
@@ -60,18 +52,16 @@ def _history_buffer_getattr(obj: Any, name: str) -> Any:
 def mmengine_safe_globals() -> List[Any]:
     """The minimum allow-list for ``torch.load(weights_only=True)`` of mmengine checkpoints.
 
-    Entries are objects, or ``(object, 'pickled.name')`` pairs for stand-ins and for the names
-    numpy 1.x wrote (``numpy.core``) that numpy 2 keeps under ``numpy._core``.
-    """
+    Entries are objects, or ``(object, 'pickled.name')`` pairs (stand-ins, and numpy 1.x's
+    ``numpy.core`` names that numpy 2 keeps under ``numpy._core``)."""
     import numpy as np
     from mmengine.logging import HistoryBuffer
     core = getattr(np, '_core', None) or np.core
-    found: List[Any] = [HistoryBuffer, np.ndarray, np.dtype, core.multiarray._reconstruct,
-                        core.multiarray.scalar,
+    fns = (core.multiarray._reconstruct, core.multiarray.scalar)
+    found: List[Any] = [HistoryBuffer, np.ndarray, np.dtype, *fns,
                         (_history_buffer_getattr, 'builtins.getattr')]
-    for mod in ('numpy.core.multiarray', 'numpy._core.multiarray'):
-        for fn in (core.multiarray._reconstruct, core.multiarray.scalar):
-            found.append((fn, f'{mod}.{fn.__name__}'))
+    found += [(fn, f'{mod}.multiarray.{fn.__name__}') for fn in fns
+              for mod in ('numpy.core', 'numpy._core')]
     dtypes = getattr(np, 'dtypes', None)
     if dtypes is not None:  # some numpy versions pickle dtypes as np.dtypes.<Name>DType classes
         found += [getattr(dtypes, n) for n in dir(dtypes) if n.endswith('DType')]
@@ -81,18 +71,13 @@ def mmengine_safe_globals() -> List[Any]:
 @contextlib.contextmanager
 def mmengine_safe_loading(extra: Iterable[Any] = ()) -> Iterator[None]:
     """Allow-list mmengine's checkpoint contents (plus ``extra``) for the ``with`` block only."""
-    ctx = getattr(torch.serialization, 'safe_globals', None)
-    if ctx is None:  # torch < 2.5 has no scoped allow-list (and < 2.6 does not load safely)
-        yield
-        return
-    with ctx([*mmengine_safe_globals(), *extra]):
+    with torch.serialization.safe_globals([*mmengine_safe_globals(), *extra]):
         yield
 
 
 class _YacsConfig:
-    """Stands in for the yacs ``CfgNode`` (a dict subclass) that the official MLLA and
-    WeightFormer training scripts store under ``config``, so that such a checkpoint loads with
-    ``weights_only=True`` and without yacs: each node is read as a plain ``OrderedDict``."""
+    """Stands in for the yacs ``CfgNode`` that official MLLA and WeightFormer training checkpoints
+    hold: such a file loads safely without yacs, each node as a plain ``OrderedDict``."""
 
     def __new__(cls, *args, **kwargs):
         return collections.OrderedDict()
@@ -103,9 +88,8 @@ OFFICIAL_STAND_INS = ((_YacsConfig, 'yacs.config.CfgNode'), )
 
 
 def load_error_reason(exc: BaseException, limit: int = 160) -> str:
-    """The reason in a ``torch.load`` exception, one short line without torch's essay: the
-    safe loader's failures put it on a line of their own after their advice (``Unsupported
-    operand 110``, ``Unsupported global: ...``); otherwise the first line."""
+    """The reason in a ``torch.load`` exception, one short line: the safe loader's own line
+    (``Unsupported operand 110``, ``Unsupported global: ...``), else the first."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     if not lines:
         return type(exc).__name__
@@ -118,20 +102,17 @@ def load_checkpoint_file(path: str, map_location: Any = 'cpu', *, mmap: bool = F
                          extra_safe_globals: Iterable[Any] = (), hint: str = _CORRUPT_HINT,
                          weights_only: bool = True, folder_hint: str = '') -> Any:
     """``torch.load`` a local checkpoint safely (or read a ``.safetensors`` file), or raise a
-    one-line :class:`CheckpointError` naming the file and ``hint`` (what to do).
-
-    ``mmap`` maps the file; ``extra_safe_globals`` extends the allow-list; ``folder_hint`` is a
-    way out when ``path`` is a folder; ``weights_only=False`` only for trusted files.
-
-    Raises:
-        CheckpointNotFoundError: no file at ``path``.
-        CheckpointError: a folder, or an empty, truncated, corrupt or refused file.
-    """
+    one-line :class:`CheckpointError` (:class:`CheckpointNotFoundError`) naming the file and
+    ``hint``. ``mmap`` maps the file; ``extra_safe_globals`` extends the allow-list;
+    ``folder_hint`` is a way out when ``path`` is a folder; ``weights_only=False`` only for
+    trusted files."""
     path = osp.expanduser(str(path))
     if osp.isdir(path):
+        newest = _newest_pth(path)
         raise CheckpointError(f'checkpoint {path!r} is a directory, not a checkpoint file: pass a '
-                              f'.pth file{_newest_in(path)}'
-                              f'{", or " + folder_hint if folder_hint else ""}')
+                              f'.pth file' + (f' (e.g. its newest, {newest!r})' if newest else
+                                              ' (it holds none)') +
+                              (f', or {folder_hint}' if folder_hint else ''))
     if not osp.isfile(path):
         raise CheckpointNotFoundError(f'checkpoint {path!r} does not exist')
     if osp.getsize(path) == 0:
@@ -155,9 +136,9 @@ def load_checkpoint_file(path: str, map_location: Any = 'cpu', *, mmap: bool = F
             raise CheckpointError(
                 f'checkpoint {path!r} holds objects that the safe loader refuses '
                 f'({_unsupported_global(e)}): it was not written by torch.save of tensors or by '
-                f'an mmengine Runner. Convert it with tools/model_converters, or, only if you '
-                f'trust the file, load it with torch.load(weights_only=False) and save its '
-                f'state_dict') from None
+                f'an mmengine Runner. Only if you trust the file: convert it with '
+                f'tools/model_converters --unsafe-load, or load it with '
+                f'torch.load(weights_only=False) and save its state_dict') from None
         raise CheckpointError(
             f'checkpoint {path!r} is corrupt ({load_error_reason(e)}): {hint}') from None
     except MemoryError:
@@ -183,39 +164,24 @@ def _load_safetensors(path: str, map_location: Any, hint: str) -> Dict[str, torc
     try:
         from safetensors.torch import load_file
     except ImportError:
-        raise CheckpointError(
-            f'checkpoint {path!r} is a .safetensors file, which needs the safetensors package: '
-            f'pip install safetensors') from None
-    device = map_location if isinstance(map_location, str) else 'cpu'
-    try:
-        return load_file(path, device=device)
-    except Exception as e:  # safetensors raises its own error types on a bad header/size
+        raise CheckpointError(f'checkpoint {path!r} is a .safetensors file, which needs the '
+                              f'safetensors package: pip install safetensors') from None
+    try:  # (safetensors raises its own error types on a bad header or size)
+        return load_file(path, device=map_location if isinstance(map_location, str) else 'cpu')
+    except Exception as e:
         raise CheckpointError(f'checkpoint {path!r} is a truncated or corrupt safetensors file '
                               f'({load_error_reason(e)}): {hint}') from None
 
 
 def _newest_pth(folder: str) -> Optional[str]:
     """The most recently written ``*.pth`` in ``folder``, or None."""
-    found = glob.glob(osp.join(glob.escape(folder), '*.pth'))
-    return max(found, key=osp.getmtime) if found else None
-
-
-def _newest_in(folder: str) -> str:
-    """`` (e.g. its newest, '<folder>/epoch_3.pth')``, or `` (it holds none)``."""
-    newest = _newest_pth(folder)
-    return f' (e.g. its newest, {newest!r})' if newest else ' (it holds none)'
+    return max(glob.glob(osp.join(glob.escape(folder), '*.pth')), key=osp.getmtime, default=None)
 
 
 def _unsupported_global(exc: BaseException) -> str:
     """The refused global named in torch's weights-only message, or its first line."""
     m = re.search(r'(?:Unsupported global|GLOBAL) ?:? ?(?:GLOBAL )?([\w.]+)', str(exc))
     return f'GLOBAL {m.group(1)}' if m else load_error_reason(exc)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 #: names ``tempfile.mkstemp(prefix=f'.{name}.', suffix='.tmp')`` gives (8 chars of ``[a-z0-9_]``):
@@ -246,8 +212,10 @@ def atomic_write(path: str, write: Callable[[io.BufferedWriter], None]) -> None:
     folder = osp.dirname(path)
     _remove(_stale_temp_files(folder, re.escape(osp.basename(path))))
     fd, tmp = tempfile.mkstemp(prefix=f'.{osp.basename(path)}.', suffix='.tmp', dir=folder)
+    umask = os.umask(0)
+    os.umask(umask)
     try:
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; match a plain open()
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; match a plain open()
         with os.fdopen(fd, 'wb') as f:
             write(f)
             f.flush()
@@ -272,13 +240,10 @@ def atomic_save(obj: Any, path: str) -> None:
 
 
 def checkpoint_cache_path(url: str, cache_dir: Optional[str] = None) -> str:
-    """Where the download of ``url`` is cached: ``<hash of the whole URL>-<readable name>``.
-
-    The hash keeps files of the same name apart (every Hugging Face file is ``model.safetensors``)
-    and covers the query string; the readable part is the last non-empty segment of the URL's
-    path (``.../f/<id>/?dl=1`` gives ``<id>``). The folder is ``cache_dir``, by default
-    ``<torch hub dir>/checkpoints/mmeffattn`` (``$TORCH_HOME`` moves it).
-    """
+    """Where the download of ``url`` is cached: ``<hash of the whole URL, query
+    included>-<last non-empty path segment>`` (every Hugging Face file is ``model.safetensors``;
+    ``.../f/<id>/?dl=1`` gives ``<id>``), in ``cache_dir`` or ``<torch hub
+    dir>/checkpoints/mmeffattn`` (``$TORCH_HOME`` moves it)."""
     import torch.hub
     folder = cache_dir or osp.join(torch.hub.get_dir(), 'checkpoints', 'mmeffattn')
     parts = urllib.parse.urlsplit(url)
@@ -289,11 +254,8 @@ def checkpoint_cache_path(url: str, cache_dir: Optional[str] = None) -> str:
 
 def download_checkpoint(url: str, cache_dir: Optional[str] = None,
                         timeout_s: float = 60) -> str:
-    """The local path of ``url``'s file, downloaded once (atomically) into the cache.
-
-    Raises:
-        CheckpointError: the URL cannot be downloaded (naming the reason and the way out).
-    """
+    """The local path of ``url``'s file, downloaded once (atomically) into the cache; a
+    :class:`CheckpointError` names why a download failed and the way out."""
     path = checkpoint_cache_path(url, cache_dir)
     if osp.isfile(path) and osp.getsize(path) > 0:
         return path
@@ -307,16 +269,10 @@ def download_checkpoint(url: str, cache_dir: Optional[str] = None,
             expected = int(response.headers.get('Content-Length') or -1)
 
             def copy(f: io.BufferedWriter) -> None:
-                got = 0
-                while True:
-                    block = response.read(1 << 20)
-                    if not block:
-                        break
-                    f.write(block)
-                    got += len(block)
-                if expected >= 0 and got != expected:  # (http.client does not raise here)
-                    raise CheckpointError(f'the download of {url!r} broke off after {got} of '
-                                          f'{expected} bytes: try again, or {local}')
+                shutil.copyfileobj(response, f, 1 << 20)
+                if expected >= 0 and f.tell() != expected:  # (http.client does not raise here)
+                    raise CheckpointError(f'the download of {url!r} broke off after {f.tell()} '
+                                          f'of {expected} bytes: try again, or {local}')
 
             atomic_write(path, copy)
     except urllib.error.HTTPError as e:
@@ -389,29 +345,19 @@ def _check_readable(path: str, why: str) -> None:
         raise CheckpointError(f'cannot resume ({why}): {e}') from None
 
 
-def _is_local(filename: Any, file_client_args: Any, backend_args: Any) -> bool:
-    if not isinstance(filename, (str, os.PathLike)) or file_client_args is not None:
-        return False
-    if backend_args and backend_args.get('backend', 'local') != 'local':
-        return False
-    return '://' not in str(filename)
-
-
 def install_checkpoint_io() -> None:
-    """Make mmengine's Runner save atomically and load through the scoped safe loader.
-
-    Not done by ``import mmeffattn`` (see :mod:`mmeffattn.engine.patch_mmengine`). Idempotent
-    patches of mmengine 0.10.7: ``save_checkpoint`` in ``mmengine.runner.runner`` writes local
-    files through :func:`atomic_save`; ``CheckpointLoader``'s local-path loader reads through
-    :func:`load_checkpoint_file` and its ``http(s)://`` loader through :func:`download_checkpoint`.
-    """
+    """Make mmengine's Runner save atomically (its ``save_checkpoint``, local files) and load
+    through :func:`open_checkpoint` (``CheckpointLoader``'s local and ``http(s)://`` loaders).
+    Idempotent; the opt-in :mod:`mmeffattn.engine.patch_mmengine`, not ``import mmeffattn``."""
     from mmengine.runner import checkpoint as mm_ckpt
     from mmengine.runner import runner as mm_runner
 
     current = mm_runner.save_checkpoint
     if not getattr(current, '_mmeffattn_atomic', False):
         def save_checkpoint(checkpoint, filename, file_client_args=None, backend_args=None):
-            if not _is_local(filename, file_client_args, backend_args):
+            if not isinstance(filename, (str, os.PathLike)) or file_client_args is not None or \
+                    (backend_args or {}).get('backend', 'local') != 'local' or \
+                    '://' in str(filename):  # not a local file
                 return current(checkpoint, filename, file_client_args=file_client_args,
                                backend_args=backend_args)
             os.makedirs(osp.dirname(osp.abspath(filename)), exist_ok=True)
@@ -422,20 +368,12 @@ def install_checkpoint_io() -> None:
         mm_runner.save_checkpoint = save_checkpoint
 
     if not getattr(mm_ckpt.CheckpointLoader._schemes.get(''), '_mmeffattn_scoped', False):
-        def load_from_local(filename, map_location):
-            return load_checkpoint_file(filename, map_location=map_location)
-
-        load_from_local._mmeffattn_scoped = True
-        mm_ckpt.CheckpointLoader.register_scheme(prefixes='', loader=load_from_local, force=True)
-
-    if not getattr(mm_ckpt.CheckpointLoader._schemes.get('https://'), '_mmeffattn_scoped',
-                   False):
-        def load_from_http(filename, map_location=None, model_dir=None, progress=True):
+        def load(filename, map_location=None, model_dir=None, progress=True):
             return open_checkpoint(filename, map_location=map_location, cache_dir=model_dir)
 
-        load_from_http._mmeffattn_scoped = True
-        mm_ckpt.CheckpointLoader.register_scheme(prefixes=['http://', 'https://'],
-                                                 loader=load_from_http, force=True)
+        load._mmeffattn_scoped = True
+        mm_ckpt.CheckpointLoader.register_scheme(prefixes=['', 'http://', 'https://'],
+                                                 loader=load, force=True)
 
 
 #: the line a stock config adds so that mmengine's Runner can read its own checkpoints
@@ -447,25 +385,16 @@ _LOADER_PROBED = False
 def warn_if_mmengine_cannot_load() -> bool:
     """Warn once per process when mmengine's own loader cannot read the checkpoints mmengine
     writes (mmengine 0.10.7 under torch >= 2.6's weights-only default stops on its
-    ``HistoryBuffer``), naming the one config line that fixes it; returns whether it warned.
-
+    ``HistoryBuffer``), naming the config line that fixes it; returns whether it warned.
     Backbones call it when built, so that a stock ``test.py``, ``--resume`` or ``load_from`` run
-    has the fix in its log before the loader fails. The probe saves and loads a tiny
-    mmengine-style record through mmengine's loader.
-    """
+    has the fix in its log before the loader fails (a tiny record is saved and loaded)."""
     global _LOADER_PROBED
-    if _LOADER_PROBED:
-        return False
-    _LOADER_PROBED = True
-    try:
-        from mmengine.logging import HistoryBuffer, print_log
-        from mmengine.runner import checkpoint as mm_ckpt
-    except ImportError:
-        return False
+    from mmengine.logging import HistoryBuffer, print_log
+    from mmengine.runner import checkpoint as mm_ckpt
     loader = mm_ckpt.CheckpointLoader._schemes.get('')
-    if loader is None or getattr(loader, '_mmeffattn_scoped', False):
+    if _LOADER_PROBED or loader is None or getattr(loader, '_mmeffattn_scoped', False):
         return False
-    buffer = HistoryBuffer()
+    _LOADER_PROBED, buffer = True, HistoryBuffer()
     buffer.update(1.0)
     with tempfile.TemporaryDirectory() as tmp:
         path = osp.join(tmp, 'probe.pth')

@@ -7,7 +7,7 @@ from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
-from mmengine.config import Config, DictAction  # noqa: F401  (re-exported for the tools)
+from mmengine.config import Config
 from mmengine.logging import print_log
 
 from .checkpoint_io import (CheckpointError, find_resume_checkpoint, install_checkpoint_io,
@@ -220,6 +220,30 @@ def _draw_before_each_step(wrapped, model: torch.nn.Module) -> None:
         return compiled(*args, **kwargs)
 
     wrapped.train_step = train_step
+
+
+def load_whole_checkpoints(runner, loaded: Optional[dict] = None) -> None:
+    """Make the Runner's ``load_from`` (not ``--resume``) strict and able to read what an
+    ``init_cfg`` reads: a path or URL, and the official layouts converted with their head
+    (:func:`mmeffattn.models.converters.model_checkpoint`; ``loaded``: the file, already read).
+    mmengine's own load is non-strict: a checkpoint that left part of the model at its random
+    init would be evaluated silently."""
+    from mmengine.runner.checkpoint import load_state_dict
+
+    from ..models.converters import model_checkpoint
+
+    pending = [loaded]  # (not kept once loaded)
+
+    def load_checkpoint(filename, map_location='cpu', strict=False, revise_keys=None):
+        checkpoint = model_checkpoint(runner.model, filename, map_location,
+                                      loaded=pending.pop() if pending else None)
+        runner.call_hook('after_load_checkpoint', checkpoint=checkpoint)  # (EMA hooks)
+        load_state_dict(runner.model, checkpoint['state_dict'], strict=True)  # (checked)
+        runner._has_loaded = True
+        runner.logger.info(f'Load checkpoint from {filename}')
+        return checkpoint
+
+    runner.load_checkpoint = load_checkpoint
 
 
 def close_distributed() -> None:

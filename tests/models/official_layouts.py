@@ -1,9 +1,15 @@
 """Official checkpoint layouts written from seeded models of ours, by inverting the documented key
 mapping of each family's converter (the official code is never imported): the files that
-tests/models/test_official_pretrained.py and test_weights_by_url.py load."""
+tests/models/test_official_pretrained.py, test_weights_by_url.py and test_verify_port.py load;
+and a local HTTP server that serves them at URLs shaped like the authors' own."""
+import http.server
+import logging
 import re
+import threading
 
+import pytest
 import torch
+from mmengine.logging import MMLogger
 
 from mmeffattn.models.backbones.sema import MILA
 from mmeffattn.models.backbones.veca import VECA
@@ -11,19 +17,28 @@ from mmeffattn.models.backbones.weightformer import WeightFormer, is_dynamic_blo
 
 
 # ------------------------------------------------------------------ official layouts, inverted
-def to_official_mlla(sd: dict) -> dict:
-    """Ours -> an official MLLA classification checkpoint: the same names, plus the classifier,
-    the classification norm and a fixed-size RoPE table (all three dropped on load); no
+def to_official_mlla(sd: dict, head: dict = None) -> dict:
+    """Ours -> an official MLLA classification checkpoint: the same names, plus the classifier
+    (``head``, the ``head.fc.*`` of a classifier, or random), the classification norm (our
+    ``norm3`` where the model has it) and a fixed-size RoPE table (dropped on load); no
     per-output norms."""
     out = {k: v for k, v in sd.items() if not re.match(r'norm\d+\.', k)}
     c = sd['layers.3.blocks.0.norm1.weight'].numel()
-    out.update({'norm.weight': torch.ones(c), 'norm.bias': torch.zeros(c),
-                'head.weight': torch.randn(10, c), 'head.bias': torch.zeros(10),
+    out.update({'norm.weight': sd.get('norm3.weight', torch.ones(c)),
+                'norm.bias': sd.get('norm3.bias', torch.zeros(c)),
                 'layers.0.blocks.0.attn.rope.rotations': torch.randn(7, 7, 8)})
+    out.update(_official_head(head, c))
     return {'model': out}
 
 
-def to_official_weightformer(sd: dict, depth: int) -> dict:
+def _official_head(head: dict, c: int) -> dict:
+    """``head.weight``/``head.bias`` from a classifier's ``head.fc.*``, or random (10 classes)."""
+    if head is None:
+        return {'head.weight': torch.randn(10, c), 'head.bias': torch.zeros(10)}
+    return {'head.' + k.split('.')[-1]: v for k, v in head.items()}
+
+
+def to_official_weightformer(sd: dict, depth: int, head: dict = None) -> dict:
     """Ours -> official ``model/wfm.py`` names (the converter's table, read right to left)."""
     out = {}
     for k, v in sd.items():
@@ -51,8 +66,7 @@ def to_official_weightformer(sd: dict, depth: int) -> dict:
             out[f'blocks.{i}.{rest}'] = v
         else:
             raise AssertionError(f'unexpected key {k}')
-    c = sd['patch_embed.proj.bias'].numel()
-    out.update({'head.weight': torch.randn(10, c), 'head.bias': torch.zeros(10)})
+    out.update(_official_head(head, sd['patch_embed.proj.bias'].numel()))
     return {'model': out}
 
 
@@ -85,6 +99,76 @@ def to_official_veca(sd: dict, depth: int) -> dict:
             raise AssertionError(f'unexpected key {k}')
     out['pos_alpha'] = torch.stack([alpha[i] for i in range(1, depth)])
     return {'student': out, 'optimizer': {}, 'config': {'model_family': 'custom'}}
+
+
+def classifier_to_official(layout: str, sd: dict, depth: int) -> dict:
+    """An mmpretrain classifier's state dict (``backbone.*``, ``head.fc.*``) in the official
+    ``layout`` (VECA's has no classifier: its head is left out)."""
+    backbone = {k[len('backbone.'):]: v for k, v in sd.items() if k.startswith('backbone.')}
+    head = {k: v for k, v in sd.items() if k.startswith('head.fc.')}
+    if layout == 'MLLA':
+        return to_official_mlla(backbone, head)
+    if layout == 'WeightFormer':
+        return to_official_weightformer(backbone, depth, head)
+    return to_official_veca(backbone, depth)
+
+
+class LocalServer:
+    """``http.server`` on 127.0.0.1 in a thread; ``files`` maps a path (with its query) to
+    bytes; ``requests`` lists what was asked for; paths in ``cut`` send half their bytes and
+    close the connection (a download broken off)."""
+
+    def __init__(self):
+        self.files, self.requests, self.cut = {}, [], set()
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                outer.requests.append(self.path)
+                body = outer.files.get(self.path)
+                if body is None:
+                    self.send_error(404, 'Not Found')
+                    return
+                self.send_response(200)
+                self.send_header('Content-Length', str(len(body)))
+                self.end_headers()
+                self.wfile.write(body[:len(body) // 2] if self.path in outer.cut else body)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(('127.0.0.1', 0), Handler)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+        self.base = f'http://127.0.0.1:{self.httpd.server_address[1]}'
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def server(tmp_path, monkeypatch):
+    """A :class:`LocalServer`, downloads cached under a temporary TORCH_HOME (import it into a
+    test module to use it)."""
+    monkeypatch.setenv('TORCH_HOME', str(tmp_path / 'torch_home'))
+    srv = LocalServer()
+    yield srv
+    srv.close()
+
+
+def init_weights_logged(model, level: int = logging.INFO) -> list:
+    """``model.init_weights()``; returns the ``(levelno, message)`` it logged at ``level`` or
+    above."""
+    logger, records = MMLogger.get_current_instance(), []
+    handler = logging.Handler(level)
+    handler.emit = lambda r: records.append((r.levelno, r.getMessage()))
+    logger.addHandler(handler)
+    try:
+        model.init_weights()
+    finally:
+        logger.removeHandler(handler)
+    return records
 
 
 def seeded(cls, keep=None, **kwargs):

@@ -10,14 +10,12 @@ import warnings
 
 import pytest
 import torch
-from mmengine.logging import MMLogger
 
 import mmeffattn.models  # noqa: F401  (registers the families)
-from mmeffattn.models.backbones.base import pretrained_to_init_cfg
 from mmeffattn.models.backbones.sema import MILA, SEMA
 from mmeffattn.models.backbones.weightformer import WeightFormer
-from mmeffattn.models.utils.pretrained import official_layout_of
-from official_layouts import CASES, seeded, to_official_weightformer
+from mmeffattn.models.converters import official_layout
+from official_layouts import CASES, init_weights_logged, seeded, to_official_weightformer
 
 pytestmark = pytest.mark.usefixtures('one_thread', 'torch_ops')
 
@@ -29,21 +27,14 @@ def test_official_checkpoint_loads_through_pretrained(tmp_path, layout):
     path = str(tmp_path / f'official_{layout}.pth')
     official = to_official(src)
     torch.save(official, path)
-    assert official_layout_of(cls, official).name == layout
+    assert official_layout(official) == layout
 
     # our configs set prefix='backbone.'; an official (bare) checkpoint loads all the same
     kwargs = {k: v for k, v in kwargs.items() if k != 'keep'}
     dst = cls(**kwargs, init_cfg=dict(type='Pretrained', checkpoint=path, prefix='backbone.'))
-    logger, records = MMLogger.get_current_instance(), []
-    handler = logging.Handler(logging.INFO)
-    handler.emit = lambda r: records.append(r.getMessage())
-    logger.addHandler(handler)
-    try:
-        dst.init_weights()
-    finally:
-        logger.removeHandler(handler)
-    assert any(f'official {layout} checkpoint' in r and 'converted it on load' in r
-               for r in records), records
+    records = init_weights_logged(dst)
+    assert any(f'(whole), its keys converted by {cls.__name__}.checkpoint_filter' in m
+               for _, m in records), records
     dst.eval()
     x = torch.randn(*shape, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -53,16 +44,23 @@ def test_official_checkpoint_loads_through_pretrained(tmp_path, layout):
 
 
 def test_our_checkpoints_are_not_taken_for_official(tmp_path):
-    """A checkpoint of ours (and a whole-model one) is never converted."""
+    """A checkpoint of ours (and a whole-model one) is never converted: each family's filter
+    leaves its keys as they are, and no official layout is recognised in it."""
     for cls, kwargs, _, _ in CASES.values():
-        sd = seeded(cls, **kwargs).state_dict()  # (keep is _seeded's)
-        assert official_layout_of(cls, sd) is None
-        assert official_layout_of(cls, {'state_dict': {'backbone.' + k: v
-                                                       for k, v in sd.items()}}) is None
-    # another family's official layout is not this family's
+        model = seeded(cls, **kwargs)
+        sd = model.state_dict()
+        assert official_layout(sd) is None
+        assert official_layout({'state_dict': {'backbone.' + k: v for k, v in sd.items()}}) \
+            is None
+        assert set(model.checkpoint_filter(sd)) == set(sd)
+    # another family's official layout is not loaded as this family's: its keys are named
     wf = to_official_weightformer(seeded(WeightFormer, **CASES['WeightFormer'][1]).state_dict(),
                                   WeightFormer.mini_arch['depth'])
-    assert official_layout_of(SEMA, wf) is None
+    path = str(tmp_path / 'wf.pth')
+    torch.save(wf, path)
+    m = SEMA(arch=SEMA.mini_arch, init_cfg=dict(type='Pretrained', checkpoint=path))
+    with pytest.raises(RuntimeError, match=r'does not match SEMA.*unexpected keys'):
+        m.init_weights()
 
 
 # ------------------------------------------------------------------ deprecated pretrained=
@@ -75,8 +73,8 @@ def test_pretrained_argument_becomes_init_cfg():
     with pytest.raises(ValueError, match='both pretrained'):
         WeightFormer(arch=WeightFormer.mini_arch, pretrained='a.pth',
                      init_cfg=dict(type='Pretrained', checkpoint=None))
-    with pytest.raises(TypeError, match='pretrained must be'):
-        pretrained_to_init_cfg('X', 3, None)
+    with pytest.raises(TypeError, match='MILA: pretrained must be'):
+        MILA(arch=MILA.mini_arch, pretrained=3)
     # every registered family takes it, through its own __init__ (nothing else changes)
     from mmeffattn.models.backbones.base import backbone_families
     for name, cls in backbone_families().items():
@@ -116,15 +114,7 @@ def test_foreign_weights_say_another_architecture(tmp_path):
 # ------------------------------------------------------------------ where weights come from
 def _records(build, level=logging.INFO):
     """``(levelno, message)`` of what ``build().init_weights()`` logs."""
-    logger, records = MMLogger.get_current_instance(), []
-    handler = logging.Handler(level)
-    handler.emit = lambda r: records.append((r.levelno, r.getMessage()))
-    logger.addHandler(handler)
-    try:
-        build().init_weights()
-    finally:
-        logger.removeHandler(handler)
-    return records
+    return init_weights_logged(build(), level)
 
 
 def _classifier(**backbone):

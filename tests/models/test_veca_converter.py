@@ -1,4 +1,5 @@
-"""Tests of the official VECA checkpoint converter (tools/model_converters/veca_official.py and
+"""Tests of the official VECA checkpoint converter (tools/model_converters/veca_official.py over
+:func:`mmeffattn.models.converters.convert_official`, and
 :func:`mmeffattn.models.backbones.veca.checkpoint_filter_veca_official`).
 
 The official model (alansong1322/VECA, veca/model.py) is never imported or copied here. The
@@ -341,7 +342,7 @@ def test_cli_custom_family_needs_heads(tmp_path):
     model = VECA(**{k: v for k, v in meta['backbone'].items() if k != 'type'})
     model.load_state_dict({k[len('backbone.'):]: v
                            for k, v in torch.load(dst)['state_dict'].items()}, strict=True)
-    with pytest.raises(FileNotFoundError, match='no checkpoint'):
+    with pytest.raises(FileNotFoundError, match='absent.pt.* does not exist'):
         converter_cli.main([str(tmp_path / 'absent.pt'), str(dst)])
 
 
@@ -364,5 +365,5 @@ def test_cli_converts_a_smaller_core_bank(tmp_path):
 def test_cli_names_a_file_that_is_no_checkpoint(tmp_path):
     src = tmp_path / 'notes.pt'
     src.write_text('not a checkpoint')
-    with pytest.raises(RuntimeError, match=r"notes.pt' is not a readable checkpoint.*torch.save"):
+    with pytest.raises(RuntimeError, match=r"notes.pt' is corrupt.*saved with torch.save"):
         converter_cli.main([str(src), str(tmp_path / 'y.pth')])

@@ -5,10 +5,8 @@ at URLs shaped like the authors' own: MLLA's TsinghuaCloud ``/f/<id>/?dl=1`` (a 
 no file name in the path) and WeightFormer's Hugging Face ``/<org>/<repo>/resolve/main/
 model.safetensors`` (every file has the same name). Downloads go to a temporary TORCH_HOME.
 """
-import http.server
 import os
 import sys
-import threading
 import types
 
 import pytest
@@ -17,51 +15,10 @@ import torch
 from mmeffattn.engine import CheckpointError, checkpoint_cache_path
 from mmeffattn.models.backbones.sema import MILA
 from mmeffattn.models.backbones.weightformer import WeightFormer
+from official_layouts import server  # noqa: F401  (a fixture)
 from official_layouts import CASES, seeded, to_official_mlla, to_official_weightformer
 
 pytestmark = pytest.mark.usefixtures('one_thread', 'torch_ops')
-
-
-class _Server:
-    """``http.server`` on 127.0.0.1 in a thread; ``files`` maps a path (with its query) to
-    bytes; ``requests`` lists what was asked for; paths in ``cut`` send half their bytes and
-    close the connection (a download broken off)."""
-
-    def __init__(self):
-        self.files, self.requests, self.cut = {}, [], set()
-        outer = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):
-                outer.requests.append(self.path)
-                body = outer.files.get(self.path)
-                if body is None:
-                    self.send_error(404, 'Not Found')
-                    return
-                self.send_response(200)
-                self.send_header('Content-Length', str(len(body)))
-                self.end_headers()
-                self.wfile.write(body[:len(body) // 2] if self.path in outer.cut else body)
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = http.server.ThreadingHTTPServer(('127.0.0.1', 0), Handler)
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-        self.base = f'http://127.0.0.1:{self.httpd.server_address[1]}'
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
-@pytest.fixture
-def server(tmp_path, monkeypatch):
-    monkeypatch.setenv('TORCH_HOME', str(tmp_path / 'torch_home'))
-    srv = _Server()
-    yield srv
-    srv.close()
 
 
 def _torch_bytes(obj, tmp_path) -> bytes:

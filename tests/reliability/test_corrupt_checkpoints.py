@@ -165,3 +165,21 @@ def test_folder_errors_of_the_loaders(tmp_path):
     (work / 'last_checkpoint').write_text(str(empty))  # a record naming a folder
     with pytest.raises(CheckpointError, match='cannot resume .*is a directory'):
         find_resume_checkpoint(str(work))
+
+
+def test_train_load_from_is_strict(tmp_path, capsys):
+    """tools/train.py's ``load_from`` goes through tools/test.py's loader: a checkpoint that
+    leaves a parameter at its random init stops the run in one line (mmengine's own load_from
+    only logs it); a complete one loads."""
+    from reliability_toys import ReliabilityToyModel
+    state = ReliabilityToyModel().state_dict()
+    path = tmp_path / 'partial.pth'
+    torch.save({'state_dict': {k: v for k, v in state.items() if k != 'fc2.bias'}}, str(path))
+    # (a config name of its own: a Runner named as an earlier test's reuses its closed logger)
+    cfg = toy_config(tmp_path / 'load_from_cfg.py', max_steps=1,
+                     extra=f'load_from = {str(path)!r}\n')
+    err = _one_line_error(capsys, 'train', [cfg, '--work-dir', str(tmp_path / 'w')])
+    assert "1 missing keys ['fc2.bias']" in err and 'partial.pth' in err, err
+    torch.save({'state_dict': {k: v + 1 for k, v in state.items()}, 'meta': {}}, str(path))
+    load_tool('train').main([cfg, '--work-dir', str(tmp_path / 'w2')])
+    assert 'Load checkpoint from' in capsys.readouterr().out

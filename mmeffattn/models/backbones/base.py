@@ -5,10 +5,9 @@ training switches (``out_indices``, ``frozen_stages``, ``norm_eval``, ``with_cp`
 ``mmeffattn.registry.MODELS`` with a :attr:`BaseBackbone.mini_arch` joins the contract tests
 (tests/models/test_backbone_contract.py).
 """
-import functools
-import inspect
 import warnings
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+from abc import ABCMeta
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -21,7 +20,7 @@ from ..layers.recompute import checkpoint_contexts
 from ..utils import FreezeStagesMixin, StrictPretrainedMixin, parse_out_indices, resolve_arch
 
 __all__ = ['BaseBackbone', 'HWShape', 'drop_path_rates', 'quarter_blocks', 'run_block',
-           'backbone_families', 'pretrained_to_init_cfg']
+           'backbone_families']
 
 HWShape = Tuple[int, int]
 
@@ -47,58 +46,32 @@ def run_block(blk: nn.Module, x: torch.Tensor, *args, with_cp: bool = False) -> 
     return blk(x, *args)
 
 
-def pretrained_to_init_cfg(name: str, pretrained: Optional[str],
-                           init_cfg: Optional[Union[dict, List[dict]]]
-                           ) -> Optional[Union[dict, List[dict]]]:
-    """The ``init_cfg`` the deprecated ``pretrained`` argument stands for (as mmseg/mmdet read it):
-    a path or URL becomes ``dict(type='Pretrained', checkpoint=pretrained)`` with a warning.
+class _TakesPretrained(ABCMeta):
+    """Every backbone takes ``pretrained=PATH_OR_URL``, which mmseg's segmentors pass to their
+    backbone, as the deprecated alias of ``init_cfg=dict(type='Pretrained', checkpoint=...)``,
+    without each family naming it in its signature."""
 
-    Raises:
-        TypeError: ``pretrained`` is neither None nor a string.
-        ValueError: both ``pretrained`` and ``init_cfg`` are given.
-    """
-
-    if pretrained is None:
-        return init_cfg
-    if not isinstance(pretrained, str):
-        raise TypeError(f'{name}: pretrained must be a checkpoint path/URL or None, got '
-                        f'{type(pretrained).__name__}')
-    if init_cfg is not None:
-        raise ValueError(
-            f'{name} got both pretrained={pretrained!r} and init_cfg={init_cfg!r}; give one. '
-            f"pretrained is deprecated: use init_cfg=dict(type='Pretrained', checkpoint=...). "
-            f"If pretrained comes from a stock mmseg/mmdet config's model.pretrained (weights of "
-            f'another architecture), set model.pretrained=None '
-            f'(--cfg-options model.pretrained=None).')
-    warnings.warn(f"{name}: pretrained is deprecated; use init_cfg=dict(type='Pretrained', "
-                  f'checkpoint={pretrained!r})', DeprecationWarning, stacklevel=3)
-    return dict(type='Pretrained', checkpoint=pretrained)
+    def __call__(cls, *args, pretrained: Optional[str] = None, **kwargs):
+        if pretrained is None:
+            return super().__call__(*args, **kwargs)
+        if not isinstance(pretrained, str):
+            raise TypeError(f'{cls.__name__}: pretrained must be a checkpoint path/URL or None, '
+                            f'got {type(pretrained).__name__}')
+        if kwargs.get('init_cfg') is not None:
+            raise ValueError(
+                f"{cls.__name__} got both pretrained={pretrained!r} and init_cfg="
+                f"{kwargs['init_cfg']!r}; give one. pretrained is deprecated: use init_cfg=dict("
+                f"type='Pretrained', checkpoint=...). If it comes from a stock mmseg/mmdet config's"
+                f' model.pretrained (weights of another architecture), set model.pretrained=None '
+                f'(--cfg-options model.pretrained=None).')
+        warnings.warn(f"{cls.__name__}: pretrained is deprecated; use init_cfg=dict(type="
+                      f"'Pretrained', checkpoint={pretrained!r})", DeprecationWarning, stacklevel=2)
+        return super().__call__(*args, **kwargs, init_cfg=dict(type='Pretrained',
+                                                               checkpoint=pretrained))
 
 
-def _accept_pretrained(init: Callable) -> Callable:
-    """Wrap a family's ``__init__`` so that it also takes the deprecated ``pretrained`` (turned
-    into ``init_cfg`` once, by the outermost wrapper of a subclass chain such as MILA(SEMA))."""
-
-    params = inspect.signature(init).parameters
-    init_cfg_pos = list(params).index('init_cfg') if 'init_cfg' in params else None
-
-    @functools.wraps(init)
-    def __init__(self, *args, pretrained: Optional[str] = None, **kwargs):
-        if pretrained is not None:
-            name = type(self).__name__
-            if init_cfg_pos is not None and len(args) >= init_cfg_pos:  # init_cfg positional
-                args = list(args)
-                args[init_cfg_pos - 1] = pretrained_to_init_cfg(name, pretrained,
-                                                                args[init_cfg_pos - 1])
-            else:
-                kwargs['init_cfg'] = pretrained_to_init_cfg(name, pretrained,
-                                                            kwargs.get('init_cfg'))
-        init(self, *args, **kwargs)
-
-    return __init__
-
-
-class BaseBackbone(StrictPretrainedMixin, FreezeStagesMixin, BaseModule):
+class BaseBackbone(StrictPretrainedMixin, FreezeStagesMixin, BaseModule,
+                   metaclass=_TakesPretrained):
     """Base of the backbone families: the arguments and checks they all share.
 
     Subclasses set :attr:`arch_zoo`, :attr:`arch_keys` (:attr:`arch_defaults`), call
@@ -110,7 +83,8 @@ class BaseBackbone(StrictPretrainedMixin, FreezeStagesMixin, BaseModule):
         arch: a key of :attr:`arch_zoo` (case-insensitive) or a dict with :attr:`arch_keys`.
         in_channels: image channels.
         init_cfg: mmengine init config (``type='Pretrained'`` loads strictly).
-        pretrained: deprecated alias of ``init_cfg=dict(type='Pretrained', checkpoint=...)``.
+        pretrained: deprecated alias of ``init_cfg=dict(type='Pretrained', checkpoint=...)``
+            (a keyword of every backbone's constructor, see :class:`_TakesPretrained`).
     """
 
     #: the variants, ``name -> settings``
@@ -125,14 +99,6 @@ class BaseBackbone(StrictPretrainedMixin, FreezeStagesMixin, BaseModule):
     mini_kwargs: Dict[str, object] = {}
     #: per-output LayerNorm epsilon
     out_norm_eps: float = 1e-5
-
-    def __init_subclass__(cls, **kwargs) -> None:
-        # every family takes the deprecated ``pretrained`` (see pretrained_to_init_cfg) without
-        # naming it in its own signature
-        super().__init_subclass__(**kwargs)
-        init = cls.__dict__.get('__init__')
-        if init is not None and 'pretrained' not in inspect.signature(init).parameters:
-            cls.__init__ = _accept_pretrained(init)
 
     def __init__(self, arch: Union[str, dict], in_channels: int = 3,
                  init_cfg: Optional[Union[dict, List[dict]]] = None) -> None:
