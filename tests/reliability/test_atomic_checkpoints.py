@@ -79,8 +79,8 @@ def _umask():
 
 
 def test_converter_save_is_atomic(tmp_path):
-    """tools/model_converters/converter_cli.save_converted: a failing save keeps the old file."""
-    from tools.model_converters.converter_cli import save_converted
+    """mmeffattn.models.converters.save_converted: a failing save keeps the old file."""
+    from mmeffattn.models.converters import save_converted
     dst = str(tmp_path / 'converted.pth')
     save_converted({'w': torch.ones(2)}, {'src': 'a'}, dst)
     with pytest.raises(RuntimeError, match='cannot pickle'):

@@ -117,8 +117,15 @@ test_pipeline = [dict(type='LoadImageFromFile'), dict(type='Resize', scale=(64, 
 test_dataloader = dict(batch_size=2, num_workers=0, persistent_workers=False,
     dataset=dict(data_root={root!r}, split='val', indices=5, pipeline=test_pipeline))
 ''')
-    ckpt = str(tmp_path / 'untrained.pth')  # what is drawn does not depend on the weights
-    torch.save({'state_dict': {}}, ckpt)
+    # what is drawn does not depend on the weights: an untrained classifier, saved whole (the
+    # tool refuses a checkpoint that leaves parameters unloaded)
+    from mmengine.config import Config
+    from mmengine.registry import init_default_scope
+    from mmpretrain.registry import MODELS
+    init_default_scope('mmpretrain')
+    ckpt = str(tmp_path / 'untrained.pth')
+    model = MODELS.build(Config.fromfile(str(cfg)).model)
+    torch.save({'state_dict': model.state_dict()}, ckpt)
     vis = tmp_path / 'vis'
     proc = subprocess.run([sys.executable, osp.join(ROOT, 'tools', 'test.py'), str(cfg), ckpt,
                            '--work-dir', str(tmp_path / 'work'), '--show-dir', str(vis)],
