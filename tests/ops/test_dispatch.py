@@ -48,9 +48,11 @@ def _core_periphery(rope: bool = True) -> Callable[[], Call]:
     return make
 
 
-def _kernel_matrix() -> Call:
-    pts = _randn(1, 2, 7, 16)
-    return (torch.exp(-torch.cdist(pts, pts, p=1) / 32.), 12, 0.01), {}
+def _kernel_matrix(backward: str = 'unrolled') -> Callable[[], Call]:
+    def make():
+        pts = _randn(1, 2, 7, 16)
+        return (torch.exp(-torch.cdist(pts, pts, p=1) / 32.), 12, 0.01), dict(backward=backward)
+    return make
 
 
 @dataclass
@@ -104,8 +106,9 @@ OPS = [
        [lambda: ((_randn(1, 8, 5, 6), _randn(1, 8, 3, 3, seed=1), _randn(8, seed=2),
                   _randn(8, 1, 3, 3, seed=3)), dict(normalize=True))],
        reason_args=lambda args, kwargs: args[:4], uses_dot=False),
-    Op('newton_schulz_pinv', 'newton_schulz', 'newton_schulz_triton_reasons', [_kernel_matrix],
-       reason_args=lambda args, kwargs: args[:1], uses_dot=False),
+    Op('newton_schulz_pinv', 'newton_schulz', 'newton_schulz_triton_reasons',
+       [_kernel_matrix(), _kernel_matrix('implicit')], reason_args=lambda args, kwargs: args[:1],
+       uses_dot=False, ids=['unrolled', 'implicit']),
 ]
 BY_NAME = {op.name: op for op in OPS}
 ALL = [pytest.param(op, id=op.name) for op in OPS]
