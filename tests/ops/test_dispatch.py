@@ -39,12 +39,13 @@ def _sema_qk(**kw) -> Callable[[], Call]:
     return lambda: ((_randn(1, 30, 2, 2, 16), _randn(1, 2, 30, 16, seed=1), (5, 6), 4), kw)
 
 
-def _core_periphery(rope: bool = True) -> Callable[[], Call]:
+def _core_periphery(rope: bool = True, B: int = 1, C: int = 3, N: int = 20,
+                    D: int = 16) -> Callable[[], Call]:
     # 3 cores + 20 patches: the core rows see 23 keys (fused attention), the patches 3
     def make():
-        q, k, v = (_randn(1, 2, 23, 16, seed=i) for i in range(3))
-        tables = (_randn(1, 23, 16, seed=3).cos(), _randn(1, 23, 16, seed=3).sin())
-        return (q, k, v, 3), dict(rope=tables if rope else None)
+        q, k, v = (_randn(B, 2, C + N, D, seed=i) for i in range(3))
+        tables = (_randn(B, C + N, D, seed=3).cos(), _randn(B, C + N, D, seed=3).sin())
+        return (q, k, v, C), dict(rope=tables if rope else None)
     return make
 
 
@@ -95,7 +96,8 @@ OPS = [
        reason_args=lambda args, kwargs: (*unbind_qk(args[0]), args[1]),
        ids=['bhnd', 'bnhd-return_mean']),
     Op('core_periphery_attention', 'core_periphery', 'core_periphery_triton_reasons',
-       [_core_periphery(), _core_periphery(rope=False)], ids=['rope', 'no_rope']),
+       [_core_periphery(), _core_periphery(rope=False), _core_periphery(B=2, C=5, N=19, D=24)],
+       ids=['rope', 'no_rope', 'B2-C5-N19-D24-batch_rope']),
     Op('laplacian_kernel', 'laplacian', 'laplacian_triton_reasons',
        [lambda: ((_randn(1, 2, 7, 5), _randn(1, 2, 3, 5, seed=1), 2.0), {})],
        reason_args=lambda args, kwargs: args[:2], uses_dot=False),
@@ -305,6 +307,27 @@ def test_torch_matches_reference(op: Op, i: int, dtype: str, grad: bool, clean_e
         torch.autograd.backward(ref, [g.double() for g in gs])
         for j, (t, t64) in enumerate(zip(leaves, leaves64)):
             assert_close(t.grad, t64.grad, dt, f'grad of input {j}')
+
+
+@needs_triton
+@pytest.mark.parametrize('op, i', EVERY_CALL)
+def test_triton_matches_torch(op: Op, i: int, clean_env) -> None:
+    """The Triton kernels against the torch backend (each is checked against the reference in
+    its op's tests), fp32, forward and every input's gradient for one upstream gradient."""
+    args, kwargs = op.cast(op.calls[i](), torch.float32, DEVICE)
+    outs, grads = [], []
+    for backend in ('triton', 'torch'):
+        a, kw = tree_map(lambda x: x.detach().clone().requires_grad_()
+                         if isinstance(x, torch.Tensor) else x, (args, kwargs))
+        out = _leaves(op.fn(*a, **kw, backend=backend))
+        torch.autograd.backward(out, [_randn(*o.shape, seed=9 + j).to(DEVICE)
+                                      for j, o in enumerate(out)])
+        outs.append(out)
+        grads.append([t.grad for t in _leaves((a, kw))])
+    for j, (o, e) in enumerate(zip(*outs)):
+        assert_close(o, e, torch.float32, f'out{j}')
+    for j, (g, e) in enumerate(zip(*grads)):
+        assert_close(g, e, torch.float32, f'grad of input {j}')
 
 
 # ------------------------------------------------------------------------------------------
