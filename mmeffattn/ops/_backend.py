@@ -38,7 +38,7 @@ TRITON_INTERPRET: bool = _interpreter_on()
 
 ENV_VAR = 'MMEFFATTN_OPS_BACKEND'
 BACKENDS = ('triton', 'torch', 'reference')
-#: the storage dtypes every op's Triton kernels take (an op's ``SUPPORTED_DTYPES``)
+#: the storage dtypes every op's Triton kernels take
 KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 logger = logging.getLogger('mmeffattn.ops')
