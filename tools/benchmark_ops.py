@@ -24,8 +24,16 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._pytree import tree_flatten
+
 from mmeffattn import ops
 from mmeffattn.analysis.flops import op_macs, sdpa_macs
+from mmeffattn.ops._spec import (CORE_PERIPHERY, DYNAMIC_WEIGHT, LAPLACIAN, NEWTON_SCHULZ,
+                                 SPECS, get_spec)
+
+#: LaplacianFormer's first stage: landmarks pooled in cells of 8 x 8 tokens, at most 128
+LANDMARK_CELL, MAX_LANDMARKS = 8, 128
 
 PRESETS: Dict[str, Dict[str, Any]] = {
     'smoke': dict(tokens=[196, 784], batch=1, heads=2, head_dim=32, warmup=1, repeats=2,
@@ -100,39 +108,39 @@ def baseline(kind: str, n: int, args: argparse.Namespace, device: torch.device,
     return run, macs, 4 * q.numel() * q.element_size(), dict(N=N, grid=[side, side], tokens=N)
 
 
-#: the backbones' op settings the benchmarks use (recorded in the report): SEMA's window,
-#: VECA's largest core budget, WeightFormer's token pooling and dynamic kernel side,
-#: LaplacianFormer's first stage (landmark cell, landmark cap, Newton-Schulz steps)
-OP_SETTINGS = dict(window=7, num_cores=64, weightformer_pool=2, weightformer_kernel=3,
-                   landmark_cell=8, max_landmarks=128, ns_iters=20)
-LAPLACIAN_LAMBDA, NS_EPS = 4., 0.01
-
-
 def square_grid(n: int) -> Tuple[int, int]:
     """The square token grid closest to ``n`` tokens."""
     side = max(1, round(math.sqrt(n)))
     return side, side
 
 
+def _run(spec_name: str, info: Dict[str, Any], **sizes: Any):
+    """The op's ``spec.example(**sizes)``: ``(run(backend), MACs, bytes of the inputs and the
+    output, info)`` (the output's shape from a call on fake tensors)."""
+    ex = get_spec(spec_name).example(**sizes)
+
+    def run(b, *inputs):
+        return ex.fn(b, *(inputs or ex.inputs))
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        out = run('torch', *map(mode.from_tensor, ex.inputs))
+    nbytes = sum(t.numel() * t.element_size() for t in ex.inputs + tree_flatten(out)[0])
+    return run, ex.macs, nbytes, info
+
+
 def sema(n: int, s: Any, device: torch.device, dtype: torch.dtype):
     """``[B, heads, N, D]`` q, k, v on a square grid, SEMA's windows."""
-    hw, w = square_grid(n), OP_SETTINGS['window']
-    q, k, v = (torch.randn(s.batch, s.heads, hw[0] * hw[1], s.head_dim, device=device,
-                           dtype=dtype) for _ in range(3))
-    return (lambda b: ops.sema_attention(q, k, v, hw, w, backend=b),
-            op_macs('sema_attention', q, k, v, hw, w), 4 * q.numel() * q.element_size(),
-            dict(N=hw[0] * hw[1], grid=list(hw), tokens=hw[0] * hw[1]))
+    (H, W), N = square_grid(n), square_grid(n)[0] ** 2
+    return _run('sema_attention', dict(N=N, grid=[H, W], tokens=N), device=device, dtype=dtype,
+                B=s.batch, heads=s.heads, H=H, W=W, D=s.head_dim, layout='contiguous')
 
 
 def core_periphery(n: int, s: Any, device: torch.device, dtype: torch.dtype):
     """``[B, heads, C + N, D]`` q, k, v with VECA's largest core budget before the N patches."""
-    hw, C = square_grid(n), OP_SETTINGS['num_cores']
+    hw, C = square_grid(n), CORE_PERIPHERY.settings['num_cores']
     N = hw[0] * hw[1]
-    q, k, v = (torch.randn(s.batch, s.heads, N + C, s.head_dim, device=device, dtype=dtype)
-               for _ in range(3))
-    return (lambda b: ops.core_periphery_attention(q, k, v, C, backend=b),
-            op_macs('core_periphery_attention', q, k, v, C), 4 * q.numel() * q.element_size(),
-            dict(N=N, grid=list(hw), tokens=N + C, num_cores=C))
+    return _run('core_periphery_attention', dict(N=N, grid=list(hw), tokens=N + C, num_cores=C),
+                device=device, dtype=dtype, B=s.batch, heads=s.heads, C=C, N=N, D=s.head_dim,
+                rope=None)
 
 
 def laplacian_nystrom(n: int, s: Any, device: torch.device, dtype: torch.dtype):
@@ -145,20 +153,21 @@ def laplacian_nystrom(n: int, s: Any, device: torch.device, dtype: torch.dtype):
     N = hw[0] * hw[1]
     B, h, D = s.batch, s.heads, s.head_dim
     q, v = (torch.randn(B, h, N, D, device=device, dtype=dtype) for _ in range(2))
-    cell = landmark_cell(hw, OP_SETTINGS['landmark_cell'], OP_SETTINGS['max_landmarks'])
+    cell = landmark_cell(hw, LANDMARK_CELL, MAX_LANDMARKS)
     M = math.ceil(hw[0] / cell) * math.ceil(hw[1] / cell)
-    iters = OP_SETTINGS['ns_iters']
+    lam = LAPLACIAN.settings['lam']
+    iters, eps = NEWTON_SCHULZ.settings['iters'], NEWTON_SCHULZ.settings['eps']
 
     def run(b):
         lm = pool_landmarks(q, hw, cell)  # [B, h, M, D]
-        k_ql = ops.laplacian_kernel(q, lm, LAPLACIAN_LAMBDA, backend=b)  # [B, h, N, M]
-        k_ll = ops.laplacian_kernel(lm, lm, LAPLACIAN_LAMBDA, backend=b)  # [B, h, M, M]
-        pinv = ops.newton_schulz_pinv(k_ll, iters, NS_EPS, backend=b)
+        k_ql = ops.laplacian_kernel(q, lm, lam, backend=b)  # [B, h, N, M]
+        k_ll = ops.laplacian_kernel(lm, lm, lam, backend=b)  # [B, h, M, M]
+        pinv = ops.newton_schulz_pinv(k_ll, iters, eps, backend=b)
         return k_ql @ (pinv @ (k_ql.transpose(-2, -1) @ v)) / N
 
     lm = torch.empty(B, h, M, D)
     total = (op_macs('laplacian_kernel', q, lm) + op_macs('laplacian_kernel', lm, lm)
-             + op_macs('newton_schulz_pinv', torch.empty(B, h, M, M), iters, NS_EPS)
+             + op_macs('newton_schulz_pinv', torch.empty(B, h, M, M), iters, eps)
              + B * h * (2 * N * M * D + M * M * D))  # K^T v, pinv @ (.), K @ (.)
     return run, total, 3 * q.numel() * q.element_size(), dict(N=N, grid=list(hw), tokens=N,
                                                                landmarks=M)
@@ -167,33 +176,26 @@ def laplacian_nystrom(n: int, s: Any, device: torch.device, dtype: torch.dtype):
 def dynamic_linear(n: int, s: Any, device: torch.device, dtype: torch.dtype):
     """WeightFormer's DynamicLinear: ``x (W + dW(x))`` on ``heads * D`` channels (it mixes all
     channels at once), dW from 2x2-pooled tokens."""
-    hw, pool = square_grid(n), OP_SETTINGS['weightformer_pool']
+    hw, pool = square_grid(n), DYNAMIC_WEIGHT.settings['pool']
     N, C = hw[0] * hw[1], s.heads * s.head_dim
     M = math.ceil(hw[0] / pool) ** 2
     x = torch.randn(s.batch, N, C, device=device, dtype=dtype)
-    u, vv = (torch.randn(s.batch, M, C, device=device, dtype=dtype) for _ in range(2))
-    w = torch.randn(C, C, device=device, dtype=dtype) * C ** -0.5
+    weight, macs, nbytes, _ = _run('dynamic_weight', {}, device=device, dtype=dtype, B=s.batch,
+                                   M=M, C_in=C, C_out=C, n_tokens=N)
 
     def run(b):
-        return x @ ops.dynamic_weight(u, vv, N, weight=w, backend=b).transpose(1, 2)
+        return x @ weight(b).transpose(1, 2)
 
-    return (run, op_macs('dynamic_weight', u, vv, N) + s.batch * N * C * C,
-            (2 * x.numel() + 2 * u.numel() + w.numel()) * x.element_size(),
+    return (run, macs + s.batch * N * C * C, nbytes + 2 * x.numel() * x.element_size(),
             dict(N=N, grid=list(hw), tokens=N, channels=C, pooled=M))
 
 
 def dynamic_dwconv(n: int, s: Any, device: torch.device, dtype: torch.dtype):
     """WeightFormer's DynamicDWConv: a 3x3 kernel per sample and channel on ``heads * D``
     channels, normalized and added to a static kernel."""
-    hw, K = square_grid(n), OP_SETTINGS['weightformer_kernel']
-    C = s.heads * s.head_dim
-    x = torch.randn(s.batch, C, *hw, device=device, dtype=dtype)
-    kern = torch.randn(s.batch, C, K, K, device=device, dtype=dtype)
-    bias = torch.zeros(C, device=device, dtype=dtype)
-    static = torch.randn(C, 1, K, K, device=device, dtype=dtype)
-    return (lambda b: ops.dynamic_dwconv(x, kern, bias, static, normalize=True, backend=b),
-            op_macs('dynamic_dwconv', x, kern), 2 * x.numel() * x.element_size(),
-            dict(N=hw[0] * hw[1], grid=list(hw), tokens=hw[0] * hw[1], channels=C))
+    (H, W), C = square_grid(n), s.heads * s.head_dim
+    return _run('dynamic_dwconv', dict(N=H * W, grid=[H, W], tokens=H * W, channels=C),
+                device=device, dtype=dtype, B=s.batch, C=C, H=H, W=W)
 
 
 #: our ops' kinds: ``make(n, settings, device, dtype) -> (run(backend), MACs, bytes, info)``
@@ -286,7 +288,8 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
             memory=fit_exponent([r['N'] for r in rows], [r['peak_mem_mb'] for r in rows]))
     settings = {k: getattr(args, k) for k in ('preset', 'batch', 'heads', 'head_dim', 'warmup',
                                               'repeats', 'budget_s', 'max_call_s')}
-    settings.update(OP_SETTINGS)
+    settings.update(landmark_cell=LANDMARK_CELL, max_landmarks=MAX_LANDMARKS,
+                    ops={spec.name: spec.settings for spec in SPECS})
     env = bm.environment(device, dtype)
     if device.type != 'cuda':  # no resident tensors here: the op's own allocations only
         env['memory_method'] = ('peak of the tensors the call creates (its inputs excluded), '

@@ -2,10 +2,11 @@
 
 Backends: ``'triton'`` (the kernels), ``'torch'`` (fast PyTorch) and ``'reference'`` (the
 formula, the test oracle). ``backend='torch'``/``'reference'`` always runs that one;
-``'triton'`` runs the kernels or raises ``RuntimeError`` listing every reason; None reads
-``$MMEFFATTN_OPS_BACKEND`` (a backend or ``auto``), else picks Triton when nothing stands
-against it, otherwise ``'torch'`` (a CUDA fallback logs its reasons once). CPU tensors run
-Triton only under its interpreter (``TRITON_INTERPRET=1`` before ``import triton``).
+``'triton'`` runs the kernels or raises ``RuntimeError`` listing every reason; None takes the
+innermost :func:`use_backend`, else ``$MMEFFATTN_OPS_BACKEND`` (a backend or ``auto``), else
+picks Triton when nothing stands against it, otherwise ``'torch'`` (a CUDA fallback logs its
+reasons once). CPU tensors run Triton only under its interpreter (``TRITON_INTERPRET=1`` before
+``import triton``).
 """
 import contextlib
 import logging
@@ -107,18 +108,39 @@ def triton_reasons(kernels: str, import_error: str, tensors: Sequence[torch.Tens
     return reasons
 
 
-def requested_backend(backend: Optional[str]) -> Optional[str]:
-    """The explicit backend: the argument if given, else ``$MMEFFATTN_OPS_BACKEND``; None = auto."""
-    source = 'backend'
-    if backend is None:
-        backend = os.environ.get(ENV_VAR) or None
-        source = f'${ENV_VAR}'
-    if backend is None or backend == 'auto':
+#: :func:`use_backend`'s choices, innermost last
+_chosen: List[str] = []
+
+
+def _checked(backend: str, source: str) -> Optional[str]:
+    if backend == 'auto':
         return None
     if backend not in BACKENDS:
         raise ValueError(f'{source}={backend!r} is not a backend; use one of '
                          f'{", ".join(repr(b) for b in BACKENDS)}, \'auto\' or None')
     return backend
+
+
+@contextlib.contextmanager
+def use_backend(name: Optional[str]) -> Iterator[None]:
+    """Within the block (in this process), every op call that names no backend runs ``name``:
+    ``'triton'``, ``'torch'``, ``'reference'``, or ``'auto'``/None for the automatic choice. It
+    wins over ``$MMEFFATTN_OPS_BACKEND``; an op's ``backend=`` argument wins over it."""
+    _chosen.append(_checked(name or 'auto', 'use_backend') or 'auto')
+    try:
+        yield
+    finally:
+        _chosen.pop()
+
+
+def requested_backend(backend: Optional[str]) -> Optional[str]:
+    """The explicit backend: the argument if given, else the innermost :func:`use_backend`,
+    else ``$MMEFFATTN_OPS_BACKEND``; None = automatic."""
+    if backend is not None:
+        return _checked(backend, 'backend')
+    if _chosen:
+        return _checked(_chosen[-1], 'use_backend')
+    return _checked(os.environ.get(ENV_VAR) or 'auto', f'${ENV_VAR}')
 
 
 def select_backend(op_name: str, backend: Optional[str],

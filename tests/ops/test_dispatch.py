@@ -151,6 +151,29 @@ def test_env_var(op: Op, monkeypatch) -> None:
         op.call()
 
 
+@pytest.mark.parametrize('op', ALL)
+def test_use_backend(op: Op, monkeypatch) -> None:
+    """``ops.use_backend`` picks the backend of the calls that name none inside the block,
+    over ``$MMEFFATTN_OPS_BACKEND``; the innermost block wins, an explicit argument wins over
+    it, and the choice ends with the block (also on an error); an unknown name is an error."""
+    monkeypatch.setenv(_backend.ENV_VAR, 'reference')
+    spies = spy_on(monkeypatch, op.module, op.name)
+    with ops.use_backend('torch'):
+        op.call()
+        with ops.use_backend('reference'):
+            op.call()
+        op.call(backend='reference')
+        op.call()
+    op.call()
+    assert spies == ['torch', 'reference', 'reference', 'torch', 'reference']
+    with pytest.raises(KeyError), ops.use_backend('torch'):
+        raise KeyError
+    assert not _backend._chosen
+    with pytest.raises(ValueError, match=r"use_backend='cuda' is not a backend"):
+        with ops.use_backend('cuda'):
+            pass
+
+
 @needs_triton
 @pytest.mark.parametrize('op', ALL)
 def test_auto_picks_triton_when_possible(op: Op, monkeypatch, clean_env) -> None:

@@ -234,9 +234,9 @@ _PTX_SCRIPT = """
 import sys, torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+from mmeffattn.analysis.kernels import specialise
 from mmeffattn.ops._launch import record_launches
 from mmeffattn.ops.newton_schulz import function
-from aot_worker import specialise
 a = torch.empty(1, 2, int(sys.argv[1]), int(sys.argv[1]))
 with record_launches() as launches:
     out, ws = function.newton_schulz_fwd(a, 2, 0.01, True)
@@ -264,9 +264,7 @@ def test_compiled_kernels_use_tensor_cores(M: int, arch: int) -> None:
     import sys
     from op_checks import ROOT
     env = {k: v for k, v in os.environ.items() if k != 'TRITON_INTERPRET'}
-    # ROOT for mmeffattn, tests/ops for aot_worker
-    env['PYTHONPATH'] = os.pathsep.join([ROOT, os.path.join(ROOT, 'tests', 'ops')] +
-                                        [p for p in [env.get('PYTHONPATH')] if p])
+    env['PYTHONPATH'] = os.pathsep.join([ROOT] + [p for p in [env.get('PYTHONPATH')] if p])
     res = subprocess.run([sys.executable, '-c', _PTX_SCRIPT, str(M), str(arch)], cwd=ROOT,
                          env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
