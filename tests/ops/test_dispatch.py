@@ -12,6 +12,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 import mmeffattn.ops as ops
 from mmeffattn.ops import _backend
+from mmeffattn.ops._spec import SPECS
 from mmeffattn.ops.sema.naive import unbind_qk
 from dispatch_spy import spy_on
 from op_checks import (DEVICE, DTYPES, HAS_CUDA, TRITON_RUNNABLE, assert_close,
@@ -351,6 +352,26 @@ def test_triton_matches_torch(op: Op, i: int, clean_env) -> None:
         assert_close(o, e, torch.float32, f'out{j}')
     for j, (g, e) in enumerate(zip(*grads)):
         assert_close(g, e, torch.float32, f'grad of input {j}')
+
+
+@pytest.mark.parametrize('spec', SPECS, ids=lambda s: s.name)
+def test_spec_example(spec, clean_env) -> None:
+    """Each op's example at its default sizes (the call the GPU check and the benchmarks make)
+    calls the op once, with the MACs the op's counter gives that call, and its torch backend
+    agrees with the reference in fp64 on the same values."""
+    from mmeffattn.analysis.flops import op_macs
+    torch.manual_seed(0)
+    ex = spec.example()
+    macs = []
+
+    def hook(name, run, args, kwargs):
+        macs.append(op_macs(name, *args, **kwargs))
+        return run(*args, **kwargs)
+
+    with ops.dispatch_hook(hook):
+        out = ex.fn('torch', *ex.inputs)
+    assert macs == [ex.macs]
+    assert_close(out, ex.fn('reference', *(x.double() for x in ex.inputs)), torch.float32, 'out')
 
 
 # ------------------------------------------------------------------------------------------
