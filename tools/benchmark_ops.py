@@ -83,35 +83,48 @@ def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
     return (q @ kv) / (z + 1e-6)
 
 
+#: our ops' kinds, each at about n tokens on a square grid: SEMA's windows on [B, heads, N, D];
+#: VECA's largest core budget before the N patches; WeightFormer's token mixers (a linear layer
+#: x (W + dW(x)) with dW from 2x2-pooled tokens, a 3x3 per-sample depthwise convolution, on
+#: heads * D channels); LaplacianFormer's attention (:func:`laplacian_nystrom`)
+KINDS = BASELINES + ('core_periphery', 'dynamic_dwconv', 'dynamic_linear', 'laplacian_nystrom',
+                     'sema')
+
+
 def make_kind(kind: str, n: int, args: argparse.Namespace, device: torch.device,
               dtype: torch.dtype) -> Tuple[Callable[[Optional[str]], Any], int, int, Dict]:
-    """Inputs for ``kind`` at about ``n`` tokens: ``(run(backend), MACs, bytes, shape info)``."""
-    if kind in BASELINES:
-        return baseline(kind, n, args, device, dtype)
-    if kind not in OP_KINDS:
-        raise ValueError(f'unknown kind {kind!r}; choose from {KINDS}')
-    return OP_KINDS[kind](n, args, device, dtype)
-
-
-def baseline(kind: str, n: int, args: argparse.Namespace, device: torch.device,
-             dtype: torch.dtype) -> Tuple[Callable[[Optional[str]], Any], int, int, Dict]:
-    """The torch baselines (``softmax``: SDPA; ``linear``: :func:`linear_attention`) on
-    ``[B, heads, N, D]`` q, k, v."""
-    side = square_grid(n)[0]
-    N = side * side
-    B, h, D = args.batch, args.heads, args.head_dim
-    q, k, v = (torch.randn(B, h, N, D, device=device, dtype=dtype) for _ in range(3))
-    runs = dict(softmax=(lambda b: F.scaled_dot_product_attention(q, k, v),
-                         sdpa_macs(B * h, N, N, D, D)),
-                linear=(lambda b: linear_attention(q, k, v), B * h * N * D * (2 * D + 1)))
-    run, macs = runs[kind]
-    return run, macs, 4 * q.numel() * q.element_size(), dict(N=N, grid=[side, side], tokens=N)
-
-
-def square_grid(n: int) -> Tuple[int, int]:
-    """The square token grid closest to ``n`` tokens."""
+    """Inputs for ``kind`` at about ``n`` tokens: ``(run(backend), MACs, bytes, shape info)``;
+    our ops from their ``spec.example``."""
     side = max(1, round(math.sqrt(n)))
-    return side, side
+    N, B, h, D = side * side, args.batch, args.heads, args.head_dim
+    info, sizes = dict(N=N, grid=[side, side], tokens=N), dict(device=device, dtype=dtype, B=B)
+    if kind in BASELINES:  # plain PyTorch on [B, heads, N, D] q, k, v
+        q, k, v = (torch.randn(B, h, N, D, device=device, dtype=dtype) for _ in range(3))
+        run, macs = dict(softmax=(lambda b: F.scaled_dot_product_attention(q, k, v),
+                                  sdpa_macs(B * h, N, N, D, D)),
+                         linear=(lambda b: linear_attention(q, k, v),
+                                 B * h * N * D * (2 * D + 1)))[kind]
+        return run, macs, 4 * q.numel() * q.element_size(), info
+    if kind == 'sema':
+        return _run('sema_attention', info, **sizes, heads=h, H=side, W=side, D=D,
+                    layout='contiguous')
+    if kind == 'core_periphery':
+        C = CORE_PERIPHERY.settings['num_cores']
+        return _run('core_periphery_attention', dict(info, tokens=N + C, num_cores=C), **sizes,
+                    heads=h, C=C, N=N, D=D, rope=None)
+    if kind == 'dynamic_dwconv':
+        return _run('dynamic_dwconv', dict(info, channels=h * D), **sizes, C=h * D, H=side,
+                    W=side)
+    if kind == 'dynamic_linear':
+        C, M = h * D, math.ceil(side / DYNAMIC_WEIGHT.settings['pool']) ** 2
+        x = torch.randn(B, N, C, device=device, dtype=dtype)
+        weight, macs, nbytes, _ = _run('dynamic_weight', {}, **sizes, M=M, C_in=C, C_out=C,
+                                       n_tokens=N)
+        return (lambda b: x @ weight(b).transpose(1, 2), macs + B * N * C * C,
+                nbytes + 2 * x.numel() * x.element_size(), dict(info, channels=C, pooled=M))
+    if kind == 'laplacian_nystrom':
+        return laplacian_nystrom(side, args, device, dtype)
+    raise ValueError(f'unknown kind {kind!r}; choose from {KINDS}')
 
 
 def _run(spec_name: str, info: Dict[str, Any], **sizes: Any):
@@ -127,30 +140,13 @@ def _run(spec_name: str, info: Dict[str, Any], **sizes: Any):
     return run, ex.macs, nbytes, info
 
 
-def sema(n: int, s: Any, device: torch.device, dtype: torch.dtype):
-    """``[B, heads, N, D]`` q, k, v on a square grid, SEMA's windows."""
-    (H, W), N = square_grid(n), square_grid(n)[0] ** 2
-    return _run('sema_attention', dict(N=N, grid=[H, W], tokens=N), device=device, dtype=dtype,
-                B=s.batch, heads=s.heads, H=H, W=W, D=s.head_dim, layout='contiguous')
-
-
-def core_periphery(n: int, s: Any, device: torch.device, dtype: torch.dtype):
-    """``[B, heads, C + N, D]`` q, k, v with VECA's largest core budget before the N patches."""
-    hw, C = square_grid(n), CORE_PERIPHERY.settings['num_cores']
-    N = hw[0] * hw[1]
-    return _run('core_periphery_attention', dict(N=N, grid=list(hw), tokens=N + C, num_cores=C),
-                device=device, dtype=dtype, B=s.batch, heads=s.heads, C=C, N=N, D=s.head_dim,
-                rope=None)
-
-
-def laplacian_nystrom(n: int, s: Any, device: torch.device, dtype: torch.dtype):
+def laplacian_nystrom(side: int, s: Any, device: torch.device, dtype: torch.dtype):
     """LaplacianFormer's attention on ``[B, heads, N, D]`` q, v (its keys are its queries):
     ``K(q, L) pinv(K(L, L)) K(L, q) v / N`` with landmarks ``L`` pooled as the backbone pools
     them, right to left (nothing ``N x N``): this op's kernel matrices and the inverse of
     ``newton_schulz_pinv``."""
     from mmeffattn.models.backbones.laplacianformer import landmark_cell, pool_landmarks
-    hw = square_grid(n)
-    N = hw[0] * hw[1]
+    hw, N = (side, side), side * side
     B, h, D = s.batch, s.heads, s.head_dim
     q, v = (torch.randn(B, h, N, D, device=device, dtype=dtype) for _ in range(2))
     cell = landmark_cell(hw, LANDMARK_CELL, MAX_LANDMARKS)
@@ -171,39 +167,6 @@ def laplacian_nystrom(n: int, s: Any, device: torch.device, dtype: torch.dtype):
              + B * h * (2 * N * M * D + M * M * D))  # K^T v, pinv @ (.), K @ (.)
     return run, total, 3 * q.numel() * q.element_size(), dict(N=N, grid=list(hw), tokens=N,
                                                                landmarks=M)
-
-
-def dynamic_linear(n: int, s: Any, device: torch.device, dtype: torch.dtype):
-    """WeightFormer's DynamicLinear: ``x (W + dW(x))`` on ``heads * D`` channels (it mixes all
-    channels at once), dW from 2x2-pooled tokens."""
-    hw, pool = square_grid(n), DYNAMIC_WEIGHT.settings['pool']
-    N, C = hw[0] * hw[1], s.heads * s.head_dim
-    M = math.ceil(hw[0] / pool) ** 2
-    x = torch.randn(s.batch, N, C, device=device, dtype=dtype)
-    weight, macs, nbytes, _ = _run('dynamic_weight', {}, device=device, dtype=dtype, B=s.batch,
-                                   M=M, C_in=C, C_out=C, n_tokens=N)
-
-    def run(b):
-        return x @ weight(b).transpose(1, 2)
-
-    return (run, macs + s.batch * N * C * C, nbytes + 2 * x.numel() * x.element_size(),
-            dict(N=N, grid=list(hw), tokens=N, channels=C, pooled=M))
-
-
-def dynamic_dwconv(n: int, s: Any, device: torch.device, dtype: torch.dtype):
-    """WeightFormer's DynamicDWConv: a 3x3 kernel per sample and channel on ``heads * D``
-    channels, normalized and added to a static kernel."""
-    (H, W), C = square_grid(n), s.heads * s.head_dim
-    return _run('dynamic_dwconv', dict(N=H * W, grid=[H, W], tokens=H * W, channels=C),
-                device=device, dtype=dtype, B=s.batch, C=C, H=H, W=W)
-
-
-#: our ops' kinds: ``make(n, settings, device, dtype) -> (run(backend), MACs, bytes, info)``
-#: at about ``n`` tokens; ``settings`` has ``batch``, ``heads``, ``head_dim``
-OP_KINDS: Dict[str, Callable] = dict(
-    core_periphery=core_periphery, dynamic_dwconv=dynamic_dwconv, dynamic_linear=dynamic_linear,
-    laplacian_nystrom=laplacian_nystrom, sema=sema)
-KINDS = BASELINES + tuple(OP_KINDS)
 
 
 # --------------------------------------------------------------------------------------------

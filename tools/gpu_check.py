@@ -38,8 +38,12 @@ import time
 import traceback
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+import torch
+
 from mmeffattn.analysis import kernels
-from mmeffattn.ops._spec import DEFAULT_TOLERANCES, SPECS
+from mmeffattn.analysis.benchmarking import environment, time_once
+from mmeffattn.ops import _backend
+from mmeffattn.ops._spec import DEFAULT_TOLERANCES, SPECS, check_close
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 
@@ -70,14 +74,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def cuda_problem() -> str:
     """Why this machine cannot run the GPU checks ('' when it can)."""
-    try:
-        import torch
-    except Exception as e:  # pragma: no cover
-        return f'torch is not importable ({e})'
     if not torch.cuda.is_available():
         return (f'no CUDA device is visible to torch {torch.__version__} (CUDA build: '
                 f'{torch.version.cuda or "none"}); run this on a machine with an NVIDIA GPU')
-    from mmeffattn.ops import _backend
     if not _backend.HAS_TRITON:
         return 'triton is not importable, so the kernels cannot be checked'
     if _backend.TRITON_INTERPRET:
@@ -96,15 +95,8 @@ KERNEL_CASES: List[Tuple[str, Callable[[Any, Any], Any]]] = [
     for spec in SPECS for sizes in spec.gpu_sizes]
 
 
-def _tolerances(name: str) -> Dict[Any, Any]:
-    """The tolerance table of the op whose GPU check ``name`` is (its first word; the default
-    table for a case of no op)."""
-    return next((s.tolerances for s in SPECS if s.name == name.split()[0]), DEFAULT_TOLERANCES)
-
-
 def gpu_name(device) -> str:
     """The ``kernels.PEAKS`` entry closest to ``device`` (H200 or else H100)."""
-    import torch
     name = torch.cuda.get_device_name(device) if device.type == 'cuda' else ''
     return 'H200' if 'H200' in name else 'H100'
 
@@ -112,8 +104,6 @@ def gpu_name(device) -> str:
 def time_call(fn: Callable, inputs: List[Any], backend: str, reps: int = 20) -> float:
     """Median seconds of one forward + backward of ``fn(backend, *inputs)`` (``time_once``:
     CUDA events on a GPU, wall clock otherwise), after 3 warm-up calls."""
-    import torch
-    from mmeffattn.analysis.benchmarking import time_once
     xs = [x.detach().requires_grad_() for x in inputs]
     grad = torch.ones_like(fn(backend, *xs))
 
@@ -135,8 +125,6 @@ def check_kernels(out_dir: str, device: str = 'cuda', backend: str = 'triton',
     keeps the cases whose name contains it, ``first_per_op`` the first (smallest) case of each
     op. ``timing`` (default: on a CUDA device) times each case that has a roofline and records
     it next to the prediction."""
-    import torch
-    from mmeffattn.ops._spec import check_close
     device = torch.device(device)
     timing = device.type == 'cuda' if timing is None else timing
     os.makedirs(out_dir, exist_ok=True)
@@ -160,7 +148,7 @@ def check_kernels(out_dir: str, device: str = 'cuda', backend: str = 'triton',
                 refs = [x.detach().double().requires_grad_() for x in inputs]
                 ref = fn('reference', *refs)
                 ref.backward(grad.double())
-                tol = _tolerances(name)
+                tol = next((s.tolerances for s in SPECS if s.name == op), DEFAULT_TOLERANCES)
                 check_close(out, ref, dtype, 'output', tol)
                 for i, (x, r) in enumerate(zip(xs, refs)):
                     if r.grad is not None:
@@ -303,8 +291,6 @@ def main(argv=None) -> int:
              **{name: (lambda name=name: run_step(name, commands[name], args.out_dir,
                                                    limits[name]))
                 for name in commands}}
-    from mmeffattn.analysis.benchmarking import environment
-    import torch
     # written after every step, so a run cut short still leaves what it finished
     summary: Dict[str, Any] = dict(
         dry_run=args.dry_run, steps=args.steps,

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, NamedTuple, Optional
 
+from mmeffattn.ops._launch import record_launches
 from mmeffattn.ops._spec import DTYPES, SPECS, get_spec
 from mmeffattn.ops.dynamic_dwconv.spec import SETTINGS as DWCONV_SETTINGS
 from mmeffattn.ops.sema.spec import SETTINGS as SEMA_SETTINGS, window_sides
@@ -77,8 +78,9 @@ def case_name(op: str, sizes: Dict[str, Any]) -> str:
 def record(case: Dict[str, Any]) -> list:
     """The launches of one forward + backward of ``case['op']`` at the case's sizes, recorded
     on empty CPU tensors (nothing runs)."""
-    kwargs = {k: v for k, v in case.items() if k != 'op'}
-    return get_spec(case['op']).record(**kwargs)
+    with record_launches() as launches:
+        get_spec(case['op']).record(**{k: v for k, v in case.items() if k != 'op'})
+    return launches
 
 
 def specialise(launch, arch: int):

@@ -112,22 +112,14 @@ def triton_reasons(kernels: str, import_error: str, tensors: Sequence[torch.Tens
 _chosen: List[str] = []
 
 
-def _checked(backend: str, source: str) -> Optional[str]:
-    if backend == 'auto':
-        return None
-    if backend not in BACKENDS:
-        raise ValueError(f'{source}={backend!r} is not a backend; use one of '
-                         f'{", ".join(repr(b) for b in BACKENDS)}, \'auto\' or None')
-    return backend
-
-
 @contextlib.contextmanager
 def use_backend(name: Optional[str]) -> Iterator[None]:
     """Within the block (in this process), every op call that names no backend runs ``name``:
     ``'triton'``, ``'torch'``, ``'reference'``, or ``'auto'``/None for the automatic choice. It
     wins over ``$MMEFFATTN_OPS_BACKEND``; an op's ``backend=`` argument wins over it."""
-    _chosen.append(_checked(name or 'auto', 'use_backend') or 'auto')
+    _chosen.append(name or 'auto')
     try:
+        requested_backend(None)  # an unknown name fails here
         yield
     finally:
         _chosen.pop()
@@ -136,11 +128,17 @@ def use_backend(name: Optional[str]) -> Iterator[None]:
 def requested_backend(backend: Optional[str]) -> Optional[str]:
     """The explicit backend: the argument if given, else the innermost :func:`use_backend`,
     else ``$MMEFFATTN_OPS_BACKEND``; None = automatic."""
-    if backend is not None:
-        return _checked(backend, 'backend')
-    if _chosen:
-        return _checked(_chosen[-1], 'use_backend')
-    return _checked(os.environ.get(ENV_VAR) or 'auto', f'${ENV_VAR}')
+    source = 'backend'
+    if backend is None and _chosen:
+        backend, source = _chosen[-1], 'use_backend'
+    elif backend is None:
+        backend, source = os.environ.get(ENV_VAR) or None, f'${ENV_VAR}'
+    if backend is None or backend == 'auto':
+        return None
+    if backend not in BACKENDS:
+        raise ValueError(f'{source}={backend!r} is not a backend; use one of '
+                         f'{", ".join(repr(b) for b in BACKENDS)}, \'auto\' or None')
+    return backend
 
 
 def select_backend(op_name: str, backend: Optional[str],

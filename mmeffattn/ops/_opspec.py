@@ -64,9 +64,9 @@ class OpSpec:
             calls below.
         example: ``example(device, dtype, **sizes) -> Example``: the op called on random
             inputs of those sizes, as its backbone calls it.
-        record: ``record(*case) -> launches``: the kernel launches of one forward and backward
-            at a case's sizes, recorded on empty CPU tensors (nothing runs; what the
-            ahead-of-time compile tests and the kernel report compile).
+        record: ``record(*case)`` issues the kernel launches of one forward and backward at a
+            case's sizes on empty CPU tensors, inside ``_launch.record_launches`` (nothing
+            runs: what the ahead-of-time compile tests and the kernel report compile).
         gpu_sizes: the sizes of the GPU check (the backbone's first stage at 224 px, batch 8,
             and at 512 px or more, batch 2) and of the kernel report's rooflines: keywords of
             ``example`` and ``record``.
@@ -79,7 +79,7 @@ class OpSpec:
     entry_points: Dict[str, Callable[..., int]] = field(default_factory=dict)
     settings: Dict[str, Any] = field(default_factory=dict)
     example: Optional[Callable[..., Example]] = None
-    record: Optional[Callable[..., list]] = None
+    record: Optional[Callable[..., None]] = None
     gpu_sizes: Tuple[Dict[str, Any], ...] = ()
 
 

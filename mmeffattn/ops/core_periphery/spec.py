@@ -45,11 +45,10 @@ def example(device: Any = 'cpu', dtype: Any = torch.float32, B: int = 1, heads: 
 def record(D: int = 64, C: int = SETTINGS['num_cores'], dtype: str = 'fp32',
            rope: Optional[str] = 'batch', splits: Optional[int] = None, N: int = 196,
            rope_grad: bool = True, B: int = 2, heads: int = 2,
-           fused: Optional[bool] = None) -> list:
+           fused: Optional[bool] = None) -> None:
     """Views of ``[B, C + N, heads, D]`` projections, as the VECA backbone passes them; the
     backward both fused (the default) and deterministic, unless ``fused`` says which;
     ``splits``: force the split count of the core rows' long loops."""
-    from .._launch import record_launches
     from . import function
     dtype = as_dtype(dtype)
     L = C + N
@@ -59,12 +58,10 @@ def record(D: int = 64, C: int = SETTINGS['num_cores'], dtype: str = 'fp32',
         cos, sin = (torch.empty(B if rope == 'batch' else 1, L, D, dtype=dtype)
                     for _ in range(2))
     scale = D ** -0.5
-    with record_launches() as launches:
-        o, lse = function.core_periphery_fwd(q, k, v, cos, sin, C, scale, splits=splits)
-        for f in ((True, False) if fused is None else (fused,)):
-            function.core_periphery_bwd(torch.empty_like(o), q, k, v, cos, sin, o, lse, C,
-                                        scale, splits=splits, rope_grad=rope_grad, fused=f)
-    return launches
+    o, lse = function.core_periphery_fwd(q, k, v, cos, sin, C, scale, splits=splits)
+    for f in ((True, False) if fused is None else (fused,)):
+        function.core_periphery_bwd(torch.empty_like(o), q, k, v, cos, sin, o, lse, C,
+                                    scale, splits=splits, rope_grad=rope_grad, fused=f)
 
 
 _GPU = dict(D=64, rope='shared', rope_grad=False, fused=True)  # VECA-S, its default backward

@@ -40,20 +40,17 @@ def example(device: Any = 'cpu', dtype: Any = torch.float32, B: int = 2, C: int 
 
 def record(C: int = 40, H: int = 13, W: int = 17, K: int = SETTINGS['kernel_size'],
            dtype: str = 'fp32', layout: str = 'tokens', normalize: bool = True,
-           weight: bool = True, bias: bool = True, B: int = 2) -> list:
+           weight: bool = True, bias: bool = True, B: int = 2) -> None:
     """The static kernel and bias (if any) fp32, as a bf16 model's parameters under autocast."""
-    from .._launch import record_launches
     from . import function
     dtype = as_dtype(dtype)
     x = _x(B, C, H, W, layout, lambda *s: torch.empty(*s, dtype=dtype))
     kernel = torch.empty(B, C, K, K, dtype=dtype)
     weight = torch.empty(C, 1, K, K) if weight else None
     bias = torch.empty(C) if bias else None
-    with record_launches() as launches:
-        out = function.dynamic_dwconv_fwd(x, kernel, bias, weight, normalize)
-        function.dynamic_dwconv_bwd(torch.empty_like(out), x, kernel, weight, normalize,
-                                    bias is not None)
-    return launches
+    out = function.dynamic_dwconv_fwd(x, kernel, bias, weight, normalize)
+    function.dynamic_dwconv_bwd(torch.empty_like(out), x, kernel, weight, normalize,
+                                bias is not None)
 
 
 SPEC = OpSpec(name='dynamic_dwconv', macs=macs, can_run=dynamic_dwconv_triton_reasons,

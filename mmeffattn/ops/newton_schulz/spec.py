@@ -29,18 +29,15 @@ def example(device: Any = 'cpu', dtype: Any = torch.float32, B: int = 1, heads: 
     return Example(fn, [a], macs(a, iters))
 
 
-def record(M: int = 13, iters: int = 3, dtype: str = 'fp32', B: int = 1, heads: int = 2) -> list:
+def record(M: int = 13, iters: int = 3, dtype: str = 'fp32', B: int = 1, heads: int = 2) -> None:
     """The forward keeping its iterates, the inference forward (nothing stored), the
     backward."""
-    from .._launch import record_launches
     from . import function
     assert M <= MAX_TRITON_M, 'larger matrices run the torch backend, no kernel'
     a = torch.empty(B, heads, M, M, dtype=as_dtype(dtype))
-    with record_launches() as launches:
-        out, ws = function.newton_schulz_fwd(a, iters, 0.01, True)
-        function.newton_schulz_fwd(a, iters, 0.01, False)
-        function.newton_schulz_bwd(torch.empty_like(out), a, ws, iters, 0.01)
-    return launches
+    out, ws = function.newton_schulz_fwd(a, iters, 0.01, True)
+    function.newton_schulz_fwd(a, iters, 0.01, False)
+    function.newton_schulz_bwd(torch.empty_like(out), a, ws, iters, 0.01)
 
 
 SPEC = OpSpec(name='newton_schulz_pinv', macs=macs, can_run=newton_schulz_triton_reasons,

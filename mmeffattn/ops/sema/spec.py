@@ -60,12 +60,11 @@ def example(device: Any = 'cpu', dtype: Any = torch.float32, B: int = 1, heads: 
 
 def record(D: int = 32, window: int = SETTINGS['window'], H: int = 14, W: int = 14,
            dtype: str = 'fp32', with_mean: bool = True, layout: str = 'backbone',
-           return_mean: bool = False, B: int = 1, heads: int = 2) -> list:
+           return_mean: bool = False, B: int = 1, heads: int = 2) -> None:
     """``'backbone'`` layout: q, k views of a fused qk projection and dq, dk stored into one
     packed gradient (``sema_attention_qk``), v a transposed ``[B, N, heads, D]``, the output
     stored tokens-major; ``return_mean``: the mean returned, as the backbone calls it, and its
     gradient read by the backward. ``'contiguous'``: ``[B, heads, N, D]`` q, k, v."""
-    from .._launch import record_launches
     from . import function
     dtype = as_dtype(dtype)
     out_layout, dqk = 'bhnd', None
@@ -79,14 +78,12 @@ def record(D: int = 32, window: int = SETTINGS['window'], H: int = 14, W: int = 
         q, k, v = (torch.empty(B, heads, H * W, D, dtype=dtype) for _ in range(3))
     geom = function.window_geometry((H, W), window)
     scale = D ** -0.5
-    with record_launches() as launches:
-        o, lse, mean = function.sema_fwd(q, k, v, geom, scale, with_mean,
-                                         out_layout=out_layout, return_mean=return_mean)
-        function.sema_bwd(torch.empty_like(o), q, k, v, o, lse, mean, geom, scale, with_mean,
-                          out_layout=out_layout, dqk=dqk,
-                          grad_mean=torch.empty_like(mean) if return_mean else None,
-                          return_mean=return_mean)
-    return launches
+    o, lse, mean = function.sema_fwd(q, k, v, geom, scale, with_mean,
+                                     out_layout=out_layout, return_mean=return_mean)
+    function.sema_bwd(torch.empty_like(o), q, k, v, o, lse, mean, geom, scale, with_mean,
+                      out_layout=out_layout, dqk=dqk,
+                      grad_mean=torch.empty_like(mean) if return_mean else None,
+                      return_mean=return_mean)
 
 
 SPEC = OpSpec(name='sema_attention', macs=macs, can_run=sema_triton_reasons,
