@@ -323,8 +323,10 @@ def markdown(report: dict, before: Optional[dict] = None) -> str:
 def build_report(quick: bool, archs: Sequence[int], ops: Optional[Sequence[str]] = None,
                  root: str = ROOT) -> dict:
     t0 = time.time()
-    compiled = compile_cases(plan(quick, ops), archs, root)
-    compiled.sort(key=lambda k: (k['op'], json.dumps(k['case'], sort_keys=True), k['arch']))
+    cases = plan(quick, ops)
+    order = {json.dumps(c, sort_keys=True): i for i, c in enumerate(cases)}  # the checks' order
+    compiled = compile_cases(cases, archs, root)
+    compiled.sort(key=lambda k: (k['op'], order[json.dumps(k['case'], sort_keys=True)], k['arch']))
     # where the kernels came from: a path only for another checkout (--root), never this one's
     source = 'the current code' if osp.realpath(root) == osp.realpath(ROOT) else root
     return dict(source=source, quick=quick, archs=list(archs), peaks=kernels.PEAKS,

@@ -96,7 +96,8 @@ def core_periphery_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
             (:mod:`mmeffattn.ops._backend`).
 
     Returns:
-        ``[B, heads, C + N, D]`` in q's dtype; autocast is not followed (cast inputs first).
+        ``[B, heads, C + N, D]`` in q's dtype, computed in it (the softmax sums in fp32);
+        autocast is not followed (cast inputs first).
 
     Raises:
         ValueError: malformed inputs (the message says what to change).

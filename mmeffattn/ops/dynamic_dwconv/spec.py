@@ -55,4 +55,5 @@ def record(C: int = 40, H: int = 13, W: int = 17, K: int = SETTINGS['kernel_size
 
 SPEC = OpSpec(name='dynamic_dwconv', macs=macs, can_run=dynamic_dwconv_triton_reasons,
               settings=SETTINGS, example=example, record=record,
-              gpu_sizes=(dict(B=8, C=768, H=14, W=14), dict(B=2, C=384, H=64, W=64)))
+              gpu_sizes=(dict(B=8, C=768, H=14, W=14, layout='nchw'),
+                         dict(B=2, C=384, H=64, W=64, layout='nchw')))

@@ -60,7 +60,9 @@ def laplacian_kernel(x: torch.Tensor, y: torch.Tensor, lam: float, *,
             (:mod:`mmeffattn.ops._backend`).
 
     Returns:
-        ``[B, heads, N, M]`` in the inputs' dtype (computed in fp32).
+        ``[B, heads, N, M]`` in the inputs' dtype; the distances are summed in fp32 (the
+        kernels in registers; the torch backend casts 16-bit inputs for ``torch.cdist``, which
+        has no bf16 CPU kernel).
 
     Raises:
         ValueError: malformed inputs (the message says what to change).
