@@ -87,9 +87,8 @@ def cuda_problem() -> str:
 # --------------------------------------------------------------------------------------------
 # step 1: kernels vs references at realistic sizes
 # --------------------------------------------------------------------------------------------
-#: ``(name, make(device, dtype) -> Example)``: each op at its ``spec.gpu_sizes``, the sizes
-#: of the backbones' first stage at 224 (batch 8) and 512 or more (batch 2), called as the
-#: backbone calls it (``spec.example``)
+#: ``(name, make(device, dtype) -> Example)``: each op's ``spec.example`` at its
+#: ``spec.gpu_sizes`` (the backbones' first stage at 224, batch 8, and 512 or more, batch 2)
 KERNEL_CASES: List[Tuple[str, Callable[[Any, Any], Any]]] = [
     (kernels.case_name(spec.name, sizes), functools.partial(spec.example, **sizes))
     for spec in SPECS for sizes in spec.gpu_sizes]

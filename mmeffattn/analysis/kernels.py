@@ -7,8 +7,7 @@ compiled kernels without running them.
   without a GPU: what ``tests/ops/test_aot.py`` and ``tools/analysis_tools/kernel_report.py`` run.
 * :data:`ROOFLINES`: per GPU check (each op's ``spec.gpu_sizes``, run by ``tools/gpu_check.py``),
   the bytes and work of one call (kernels and glue) and its predicted time at peak rates
-  (:func:`predicted_seconds`). ``docs/perf/kernels_history.md`` records the rooflines of
-  earlier kernel designs.
+  (:func:`predicted_seconds`); ``docs/perf/kernels_history.md`` has earlier designs'.
 """
 import inspect
 import re
@@ -213,10 +212,9 @@ def core_periphery_costs(B: int, heads: int, C: int, N: int, D: int, rope_grad: 
                                                        core_periphery_tiles, padded_head_dim)
 
     def costs(dtype: str) -> Dict[str, Cost]:
-        h = heads
         torch_dtype = DTYPES[dtype]
         e = torch_dtype.itemsize
-        L, bh = C + N, B * h
+        L, bh = C + N, B * heads
         bd = padded_head_dim(D)
         t = core_periphery_tiles(bd, bd == D, C, torch_dtype, True)
         bt = core_periphery_bwd_tiles(bd, bd == D, torch_dtype, True)
@@ -279,9 +277,8 @@ def laplacian_costs(B: int, heads: int, N: int, M: int, D: int, **_: Any):
     from mmeffattn.ops.laplacian.function import BWD_MAX_D, bwd_row_split
 
     def costs(dtype: str) -> Dict[str, Cost]:
-        h = heads
         e = DTYPES[dtype].itemsize
-        bh, nm = B * h, N * M
+        bh, nm = B * heads, N * M
         fwd = Cost(bh * e * (N * D + M * D + nm), fp32=bh * nm * (2 * D + 2))
         n_d = -(-D // min(BWD_MAX_D, D))
         n_split = -(-N // bwd_row_split(N, n_d * bh))
@@ -316,9 +313,8 @@ def newton_schulz_costs(B: int, heads: int, M: int, iters: int, **_: Any):
     from mmeffattn.ops.newton_schulz.function import padded_size
 
     def costs(dtype: str) -> Dict[str, Cost]:
-        h = heads
         e = DTYPES[dtype].itemsize
-        bh, mp = B * h, padded_size(M)
+        bh, mp = B * heads, padded_size(M)
         mat, small = 4 * bh * mp * mp, bh * M * M  # one fp32 padded matrix; elements unpadded
         tc_scale = 1.0 if dtype == 'fp32' else PEAKS['H100']['tc16'] / PEAKS['H100']['tf32']
 
