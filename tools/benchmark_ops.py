@@ -24,8 +24,16 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._pytree import tree_flatten
+
 from mmeffattn import ops
 from mmeffattn.analysis.flops import op_macs, sdpa_macs
+from mmeffattn.ops._spec import (CORE_PERIPHERY, DYNAMIC_WEIGHT, LAPLACIAN, NEWTON_SCHULZ,
+                                 SPECS, get_spec)
+
+#: LaplacianFormer's first stage: landmarks pooled in cells of 8 x 8 tokens, at most 128
+LANDMARK_CELL, MAX_LANDMARKS = 8, 128
 
 PRESETS: Dict[str, Dict[str, Any]] = {
     'smoke': dict(tokens=[196, 784], batch=1, heads=2, head_dim=32, warmup=1, repeats=2,
@@ -75,133 +83,90 @@ def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
     return (q @ kv) / (z + 1e-6)
 
 
+#: our ops' kinds, each at about n tokens on a square grid: SEMA's windows on [B, heads, N, D];
+#: VECA's largest core budget before the N patches; WeightFormer's token mixers (a linear layer
+#: x (W + dW(x)) with dW from 2x2-pooled tokens, a 3x3 per-sample depthwise convolution, on
+#: heads * D channels); LaplacianFormer's attention (:func:`laplacian_nystrom`)
+KINDS = BASELINES + ('core_periphery', 'dynamic_dwconv', 'dynamic_linear', 'laplacian_nystrom',
+                     'sema')
+
+
 def make_kind(kind: str, n: int, args: argparse.Namespace, device: torch.device,
               dtype: torch.dtype) -> Tuple[Callable[[Optional[str]], Any], int, int, Dict]:
-    """Inputs for ``kind`` at about ``n`` tokens: ``(run(backend), MACs, bytes, shape info)``."""
-    if kind in BASELINES:
-        return baseline(kind, n, args, device, dtype)
-    if kind not in OP_KINDS:
-        raise ValueError(f'unknown kind {kind!r}; choose from {KINDS}')
-    return OP_KINDS[kind](n, args, device, dtype)
-
-
-def baseline(kind: str, n: int, args: argparse.Namespace, device: torch.device,
-             dtype: torch.dtype) -> Tuple[Callable[[Optional[str]], Any], int, int, Dict]:
-    """The torch baselines (``softmax``: SDPA; ``linear``: :func:`linear_attention`) on
-    ``[B, heads, N, D]`` q, k, v."""
-    side = square_grid(n)[0]
-    N = side * side
-    B, h, D = args.batch, args.heads, args.head_dim
-    q, k, v = (torch.randn(B, h, N, D, device=device, dtype=dtype) for _ in range(3))
-    runs = dict(softmax=(lambda b: F.scaled_dot_product_attention(q, k, v),
-                         sdpa_macs(B * h, N, N, D, D)),
-                linear=(lambda b: linear_attention(q, k, v), B * h * N * D * (2 * D + 1)))
-    run, macs = runs[kind]
-    return run, macs, 4 * q.numel() * q.element_size(), dict(N=N, grid=[side, side], tokens=N)
-
-
-#: the backbones' op settings the benchmarks use (recorded in the report): SEMA's window,
-#: VECA's largest core budget, WeightFormer's token pooling and dynamic kernel side,
-#: LaplacianFormer's first stage (landmark cell, landmark cap, Newton-Schulz steps)
-OP_SETTINGS = dict(window=7, num_cores=64, weightformer_pool=2, weightformer_kernel=3,
-                   landmark_cell=8, max_landmarks=128, ns_iters=20)
-LAPLACIAN_LAMBDA, NS_EPS = 4., 0.01
-
-
-def square_grid(n: int) -> Tuple[int, int]:
-    """The square token grid closest to ``n`` tokens."""
+    """Inputs for ``kind`` at about ``n`` tokens: ``(run(backend), MACs, bytes, shape info)``;
+    our ops from their ``spec.example``."""
     side = max(1, round(math.sqrt(n)))
-    return side, side
+    N, B, h, D = side * side, args.batch, args.heads, args.head_dim
+    info, sizes = dict(N=N, grid=[side, side], tokens=N), dict(device=device, dtype=dtype, B=B)
+    if kind in BASELINES:  # plain PyTorch on [B, heads, N, D] q, k, v
+        q, k, v = (torch.randn(B, h, N, D, device=device, dtype=dtype) for _ in range(3))
+        run, macs = dict(softmax=(lambda b: F.scaled_dot_product_attention(q, k, v),
+                                  sdpa_macs(B * h, N, N, D, D)),
+                         linear=(lambda b: linear_attention(q, k, v),
+                                 B * h * N * D * (2 * D + 1)))[kind]
+        return run, macs, 4 * q.numel() * q.element_size(), info
+    if kind == 'sema':
+        return _run('sema_attention', info, **sizes, heads=h, H=side, W=side, D=D,
+                    layout='contiguous')
+    if kind == 'core_periphery':
+        C = CORE_PERIPHERY.settings['num_cores']
+        return _run('core_periphery_attention', dict(info, tokens=N + C, num_cores=C), **sizes,
+                    heads=h, C=C, N=N, D=D, rope=None)
+    if kind == 'dynamic_dwconv':
+        return _run('dynamic_dwconv', dict(info, channels=h * D), **sizes, C=h * D, H=side,
+                    W=side)
+    if kind == 'dynamic_linear':
+        C, M = h * D, math.ceil(side / DYNAMIC_WEIGHT.settings['pool']) ** 2
+        x = torch.randn(B, N, C, device=device, dtype=dtype)
+        weight, macs, nbytes, _ = _run('dynamic_weight', {}, **sizes, M=M, C_in=C, C_out=C,
+                                       n_tokens=N)
+        return (lambda b: x @ weight(b).transpose(1, 2), macs + B * N * C * C,
+                nbytes + 2 * x.numel() * x.element_size(), dict(info, channels=C, pooled=M))
+    if kind == 'laplacian_nystrom':
+        return laplacian_nystrom(side, args, device, dtype)
+    raise ValueError(f'unknown kind {kind!r}; choose from {KINDS}')
 
 
-def sema(n: int, s: Any, device: torch.device, dtype: torch.dtype):
-    """``[B, heads, N, D]`` q, k, v on a square grid, SEMA's windows."""
-    hw, w = square_grid(n), OP_SETTINGS['window']
-    q, k, v = (torch.randn(s.batch, s.heads, hw[0] * hw[1], s.head_dim, device=device,
-                           dtype=dtype) for _ in range(3))
-    return (lambda b: ops.sema_attention(q, k, v, hw, w, backend=b),
-            op_macs('sema_attention', q, k, v, hw, w), 4 * q.numel() * q.element_size(),
-            dict(N=hw[0] * hw[1], grid=list(hw), tokens=hw[0] * hw[1]))
+def _run(spec_name: str, info: Dict[str, Any], **sizes: Any):
+    """The op's ``spec.example(**sizes)``: ``(run(backend), MACs, bytes of the inputs and the
+    output, info)`` (the output's shape from a call on fake tensors)."""
+    ex = get_spec(spec_name).example(**sizes)
+
+    def run(b, *inputs):
+        return ex.fn(b, *(inputs or ex.inputs))
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        out = run('torch', *map(mode.from_tensor, ex.inputs))
+    nbytes = sum(t.numel() * t.element_size() for t in ex.inputs + tree_flatten(out)[0])
+    return run, ex.macs, nbytes, info
 
 
-def core_periphery(n: int, s: Any, device: torch.device, dtype: torch.dtype):
-    """``[B, heads, C + N, D]`` q, k, v with VECA's largest core budget before the N patches."""
-    hw, C = square_grid(n), OP_SETTINGS['num_cores']
-    N = hw[0] * hw[1]
-    q, k, v = (torch.randn(s.batch, s.heads, N + C, s.head_dim, device=device, dtype=dtype)
-               for _ in range(3))
-    return (lambda b: ops.core_periphery_attention(q, k, v, C, backend=b),
-            op_macs('core_periphery_attention', q, k, v, C), 4 * q.numel() * q.element_size(),
-            dict(N=N, grid=list(hw), tokens=N + C, num_cores=C))
-
-
-def laplacian_nystrom(n: int, s: Any, device: torch.device, dtype: torch.dtype):
+def laplacian_nystrom(side: int, s: Any, device: torch.device, dtype: torch.dtype):
     """LaplacianFormer's attention on ``[B, heads, N, D]`` q, v (its keys are its queries):
     ``K(q, L) pinv(K(L, L)) K(L, q) v / N`` with landmarks ``L`` pooled as the backbone pools
     them, right to left (nothing ``N x N``): this op's kernel matrices and the inverse of
     ``newton_schulz_pinv``."""
     from mmeffattn.models.backbones.laplacianformer import landmark_cell, pool_landmarks
-    hw = square_grid(n)
-    N = hw[0] * hw[1]
+    hw, N = (side, side), side * side
     B, h, D = s.batch, s.heads, s.head_dim
     q, v = (torch.randn(B, h, N, D, device=device, dtype=dtype) for _ in range(2))
-    cell = landmark_cell(hw, OP_SETTINGS['landmark_cell'], OP_SETTINGS['max_landmarks'])
+    cell = landmark_cell(hw, LANDMARK_CELL, MAX_LANDMARKS)
     M = math.ceil(hw[0] / cell) * math.ceil(hw[1] / cell)
-    iters = OP_SETTINGS['ns_iters']
+    lam = LAPLACIAN.settings['lam']
+    iters, eps = NEWTON_SCHULZ.settings['iters'], NEWTON_SCHULZ.settings['eps']
 
     def run(b):
         lm = pool_landmarks(q, hw, cell)  # [B, h, M, D]
-        k_ql = ops.laplacian_kernel(q, lm, LAPLACIAN_LAMBDA, backend=b)  # [B, h, N, M]
-        k_ll = ops.laplacian_kernel(lm, lm, LAPLACIAN_LAMBDA, backend=b)  # [B, h, M, M]
-        pinv = ops.newton_schulz_pinv(k_ll, iters, NS_EPS, backend=b)
+        k_ql = ops.laplacian_kernel(q, lm, lam, backend=b)  # [B, h, N, M]
+        k_ll = ops.laplacian_kernel(lm, lm, lam, backend=b)  # [B, h, M, M]
+        pinv = ops.newton_schulz_pinv(k_ll, iters, eps, backend=b)
         return k_ql @ (pinv @ (k_ql.transpose(-2, -1) @ v)) / N
 
     lm = torch.empty(B, h, M, D)
     total = (op_macs('laplacian_kernel', q, lm) + op_macs('laplacian_kernel', lm, lm)
-             + op_macs('newton_schulz_pinv', torch.empty(B, h, M, M), iters, NS_EPS)
+             + op_macs('newton_schulz_pinv', torch.empty(B, h, M, M), iters, eps)
              + B * h * (2 * N * M * D + M * M * D))  # K^T v, pinv @ (.), K @ (.)
     return run, total, 3 * q.numel() * q.element_size(), dict(N=N, grid=list(hw), tokens=N,
                                                                landmarks=M)
-
-
-def dynamic_linear(n: int, s: Any, device: torch.device, dtype: torch.dtype):
-    """WeightFormer's DynamicLinear: ``x (W + dW(x))`` on ``heads * D`` channels (it mixes all
-    channels at once), dW from 2x2-pooled tokens."""
-    hw, pool = square_grid(n), OP_SETTINGS['weightformer_pool']
-    N, C = hw[0] * hw[1], s.heads * s.head_dim
-    M = math.ceil(hw[0] / pool) ** 2
-    x = torch.randn(s.batch, N, C, device=device, dtype=dtype)
-    u, vv = (torch.randn(s.batch, M, C, device=device, dtype=dtype) for _ in range(2))
-    w = torch.randn(C, C, device=device, dtype=dtype) * C ** -0.5
-
-    def run(b):
-        return x @ ops.dynamic_weight(u, vv, N, weight=w, backend=b).transpose(1, 2)
-
-    return (run, op_macs('dynamic_weight', u, vv, N) + s.batch * N * C * C,
-            (2 * x.numel() + 2 * u.numel() + w.numel()) * x.element_size(),
-            dict(N=N, grid=list(hw), tokens=N, channels=C, pooled=M))
-
-
-def dynamic_dwconv(n: int, s: Any, device: torch.device, dtype: torch.dtype):
-    """WeightFormer's DynamicDWConv: a 3x3 kernel per sample and channel on ``heads * D``
-    channels, normalized and added to a static kernel."""
-    hw, K = square_grid(n), OP_SETTINGS['weightformer_kernel']
-    C = s.heads * s.head_dim
-    x = torch.randn(s.batch, C, *hw, device=device, dtype=dtype)
-    kern = torch.randn(s.batch, C, K, K, device=device, dtype=dtype)
-    bias = torch.zeros(C, device=device, dtype=dtype)
-    static = torch.randn(C, 1, K, K, device=device, dtype=dtype)
-    return (lambda b: ops.dynamic_dwconv(x, kern, bias, static, normalize=True, backend=b),
-            op_macs('dynamic_dwconv', x, kern), 2 * x.numel() * x.element_size(),
-            dict(N=hw[0] * hw[1], grid=list(hw), tokens=hw[0] * hw[1], channels=C))
-
-
-#: our ops' kinds: ``make(n, settings, device, dtype) -> (run(backend), MACs, bytes, info)``
-#: at about ``n`` tokens; ``settings`` has ``batch``, ``heads``, ``head_dim``
-OP_KINDS: Dict[str, Callable] = dict(
-    core_periphery=core_periphery, dynamic_dwconv=dynamic_dwconv, dynamic_linear=dynamic_linear,
-    laplacian_nystrom=laplacian_nystrom, sema=sema)
-KINDS = BASELINES + tuple(OP_KINDS)
 
 
 # --------------------------------------------------------------------------------------------
@@ -286,7 +251,8 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
             memory=fit_exponent([r['N'] for r in rows], [r['peak_mem_mb'] for r in rows]))
     settings = {k: getattr(args, k) for k in ('preset', 'batch', 'heads', 'head_dim', 'warmup',
                                               'repeats', 'budget_s', 'max_call_s')}
-    settings.update(OP_SETTINGS)
+    settings.update(landmark_cell=LANDMARK_CELL, max_landmarks=MAX_LANDMARKS,
+                    ops={spec.name: spec.settings for spec in SPECS})
     env = bm.environment(device, dtype)
     if device.type != 'cuda':  # no resident tensors here: the op's own allocations only
         env['memory_method'] = ('peak of the tensors the call creates (its inputs excluded), '

@@ -6,7 +6,7 @@
 1. ``kernels``: every Triton kernel against its PyTorch reference (evaluated in fp64) at the
    sizes the backbones really use (:data:`KERNEL_CASES`), forward and backward, in fp32 and
    bf16, with the op's tolerance table (``mmeffattn/ops/<op>/spec.py``). Where the check has a
-   roofline (``analysis_tools/kernel_cases.py``), the forward + backward call is also timed and
+   roofline (:mod:`mmeffattn.analysis.kernels`), the forward + backward call is also timed and
    printed next to the predicted time (``docs/perf/kernels.md``).
 2. ``op_tests``: the op test suite (``tests/ops``), whose CUDA-only cases (bf16 ``tl.dot``,
    compiled kernels) are skipped on a machine without a GPU.
@@ -27,6 +27,7 @@ through ``scripts/gpu_device.sh`` with the wheels of ``scripts/gpu_wheels.sh``
 (``docs/perf/gpu.md``).
 """
 import argparse
+import functools
 import importlib.util
 import json
 import os
@@ -37,10 +38,12 @@ import time
 import traceback
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-try:  # imported as tools.gpu_check
-    from .analysis_tools import kernel_cases
-except ImportError:  # run as a script: tools/ is on the path
-    from analysis_tools import kernel_cases
+import torch
+
+from mmeffattn.analysis import kernels
+from mmeffattn.analysis.benchmarking import environment, time_once
+from mmeffattn.ops import _backend
+from mmeffattn.ops._spec import DEFAULT_TOLERANCES, SPECS, check_close
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 
@@ -71,14 +74,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def cuda_problem() -> str:
     """Why this machine cannot run the GPU checks ('' when it can)."""
-    try:
-        import torch
-    except Exception as e:  # pragma: no cover
-        return f'torch is not importable ({e})'
     if not torch.cuda.is_available():
         return (f'no CUDA device is visible to torch {torch.__version__} (CUDA build: '
                 f'{torch.version.cuda or "none"}); run this on a machine with an NVIDIA GPU')
-    from mmeffattn.ops import _backend
     if not _backend.HAS_TRITON:
         return 'triton is not importable, so the kernels cannot be checked'
     if _backend.TRITON_INTERPRET:
@@ -89,113 +87,15 @@ def cuda_problem() -> str:
 # --------------------------------------------------------------------------------------------
 # step 1: kernels vs references at realistic sizes
 # --------------------------------------------------------------------------------------------
-def _randn(*shape: int, device: Any, dtype: Any, scale: float = 1.0):
-    """Standard normal (times ``scale``) drawn in fp32 and cast, so every dtype sees the same
-    values for one seed."""
-    import torch
-    return (torch.randn(*shape, device=device, dtype=torch.float32) * scale).to(dtype)
-
-
-def _sema(B: int, h: int, side: int, D: int):
-    """The call as the SEMA backbone makes it (what the roofline models): q, k packed, a view
-    of a fused qk projection ``[B, N, 2 * h * D]`` (``sema_attention_qk``), v of a value
-    projection ``[B, N, h * D]``, the output tokens-major, the mean returned. The check adds
-    the mean to every token itself, so that both outputs and their gradients are checked."""
-    from mmeffattn.ops import sema_attention_qk
-    N = side * side
-
-    def call(b, qk, v_tok):
-        v = v_tok.reshape(B, N, h, D).transpose(1, 2)
-        out, mean = sema_attention_qk(qk.reshape(B, N, 2, h, D), v, (side, side),
-                                      kernel_cases.SEMA_WINDOW, out_layout='bnhd',
-                                      return_mean=True, backend=b)
-        return out.reshape(B, N, h * D) + mean.reshape(B, 1, h * D)
-
-    def make(device, dtype):
-        return call, [_randn(B, N, 2 * h * D, device=device, dtype=dtype),
-                      _randn(B, N, h * D, device=device, dtype=dtype)]
-    return f'sema B{B}-H{h}-{side}x{side}-D{D}', make
-
-
-def _core_periphery(B: int, h: int, C: int, N: int, D: int):
-    def make(device, dtype):
-        import torch
-        from mmeffattn.ops import core_periphery_attention
-        x = [_randn(B, h, C + N, D, device=device, dtype=dtype) for _ in range(3)]
-        ang = torch.rand(1, C + N, D // 2, device=device).repeat_interleave(2, -1) * 6.28
-        rope = (ang.cos(), ang.sin())
-        return (lambda b, q, k, v: core_periphery_attention(q, k, v, C, rope=rope, backend=b),
-                x)
-    return f'core_periphery B{B}-H{h}-C{C}-N{N}-D{D}', make
-
-
-def _laplacian(B: int, h: int, N: int, M: int, D: int):
-    def make(device, dtype):
-        from mmeffattn.ops import laplacian_kernel
-        x = [_randn(B, h, N, D, device=device, dtype=dtype, scale=0.3),
-             _randn(B, h, M, D, device=device, dtype=dtype, scale=0.3)]
-        return lambda b, x, y: laplacian_kernel(x, y, 4.0, backend=b), x
-    return f'laplacian_kernel B{B}-H{h}-N{N}-M{M}-D{D}', make
-
-
-def _newton_schulz(B: int, h: int, M: int, D: int):
-    def make(device, dtype):
-        import torch
-        from mmeffattn.ops import laplacian_kernel_naive, newton_schulz_pinv
-        z = _randn(B, h, M, D, device=device, dtype=torch.float32, scale=0.3)
-        a = laplacian_kernel_naive(z, z, 4.0).to(dtype)  # a real landmark kernel matrix
-        return lambda b, a: newton_schulz_pinv(a, 20, 0.01, backend=b), [a]
-    return f'newton_schulz_pinv B{B}-H{h}-M{M}', make
-
-
-def _dynamic_dwconv(B: int, C: int, side: int):
-    K = kernel_cases.DWCONV_KERNEL
-
-    def make(device, dtype):
-        from mmeffattn.ops import dynamic_dwconv
-        x = [_randn(B, C, side, side, device=device, dtype=dtype),
-             _randn(B, C, K, K, device=device, dtype=dtype),
-             _randn(C, device=device, dtype=dtype),
-             _randn(C, 1, K, K, device=device, dtype=dtype)]
-        return (lambda b, x, k, bias, w: dynamic_dwconv(x, k, bias, w, normalize=True,
-                                                        backend=b), x)
-    return f'dynamic_dwconv B{B}-C{C}-{side}x{side}', make
-
-
-def _dynamic_weight(B: int, M: int, c_in: int, c_out: int):
-    def make(device, dtype):
-        from mmeffattn.ops import dynamic_weight
-        x = [_randn(B, M, c_in, device=device, dtype=dtype),
-             _randn(B, M, c_out, device=device, dtype=dtype),
-             _randn(c_out, c_in, device=device, dtype=dtype, scale=0.02)]
-        return (lambda b, u, v, w: dynamic_weight(u, v, 196, weight=w, backend=b), x)
-    return f'dynamic_weight B{B}-M{M}-{c_in}x{c_out}', make
-
-
-#: ``(name, make(device, dtype) -> (fn(backend, *inputs), inputs))``: each op at the sizes of
-#: the backbones' first stage at 224 (batch 8) and 512 or more (batch 2)
-KERNEL_CASES: List[Tuple[str, Callable[[Any, Any], Tuple[Callable, List[Any]]]]] = [
-    _core_periphery(8, 6, 64, 196, 64), _core_periphery(2, 6, 64, 1024, 64),  # VECA-S
-    _dynamic_dwconv(8, 768, 14), _dynamic_dwconv(2, 384, 64),
-    _dynamic_weight(8, 49, 192, 768),  # WeightFormer-T's dynamic layers
-    # LaplacianFormer-T stage 1 (landmarks in 8x8 cells)
-    _laplacian(8, 1, 3136, 49, 64), _laplacian(2, 1, 16384, 256, 64),
-    _newton_schulz(8, 1, 49, 64), _newton_schulz(2, 1, 256, 64),
-    _sema(8, 2, 56, 32), _sema(2, 2, 128, 32),  # SEMA-T stage 1
-]
-
-
-def _tolerances(name: str) -> Dict[Any, Any]:
-    """The tolerance table of the op whose GPU check ``name`` is (the case's first word starts
-    the op's name; the default table for a case of no op)."""
-    from mmeffattn.ops._spec import DEFAULT_TOLERANCES, SPECS
-    return next((s.tolerances for s in SPECS if s.name.startswith(name.split()[0])),
-                DEFAULT_TOLERANCES)
+#: ``(name, make(device, dtype) -> Example)``: each op's ``spec.example`` at its
+#: ``spec.gpu_sizes`` (the backbones' first stage at 224, batch 8, and 512 or more, batch 2)
+KERNEL_CASES: List[Tuple[str, Callable[[Any, Any], Any]]] = [
+    (kernels.case_name(spec.name, sizes), functools.partial(spec.example, **sizes))
+    for spec in SPECS for sizes in spec.gpu_sizes]
 
 
 def gpu_name(device) -> str:
-    """The ``kernel_cases.PEAKS`` entry closest to ``device`` (H200 or else H100)."""
-    import torch
+    """The ``kernels.PEAKS`` entry closest to ``device`` (H200 or else H100)."""
     name = torch.cuda.get_device_name(device) if device.type == 'cuda' else ''
     return 'H200' if 'H200' in name else 'H100'
 
@@ -203,8 +103,6 @@ def gpu_name(device) -> str:
 def time_call(fn: Callable, inputs: List[Any], backend: str, reps: int = 20) -> float:
     """Median seconds of one forward + backward of ``fn(backend, *inputs)`` (``time_once``:
     CUDA events on a GPU, wall clock otherwise), after 3 warm-up calls."""
-    import torch
-    from mmeffattn.analysis.benchmarking import time_once
     xs = [x.detach().requires_grad_() for x in inputs]
     grad = torch.ones_like(fn(backend, *xs))
 
@@ -226,8 +124,6 @@ def check_kernels(out_dir: str, device: str = 'cuda', backend: str = 'triton',
     keeps the cases whose name contains it, ``first_per_op`` the first (smallest) case of each
     op. ``timing`` (default: on a CUDA device) times each case that has a roofline and records
     it next to the prediction."""
-    import torch
-    from mmeffattn.ops._spec import check_close
     device = torch.device(device)
     timing = device.type == 'cuda' if timing is None else timing
     os.makedirs(out_dir, exist_ok=True)
@@ -243,7 +139,7 @@ def check_kernels(out_dir: str, device: str = 'cuda', backend: str = 'triton',
             t0 = time.time()
             try:
                 torch.manual_seed(0)
-                fn, inputs = make(device, dtype)
+                fn, inputs = make(device, dtype)[:2]
                 xs = [x.detach().clone().requires_grad_() for x in inputs]
                 out = fn(backend, *xs)
                 grad = torch.randn_like(out, dtype=torch.float32).to(out.dtype)
@@ -251,22 +147,22 @@ def check_kernels(out_dir: str, device: str = 'cuda', backend: str = 'triton',
                 refs = [x.detach().double().requires_grad_() for x in inputs]
                 ref = fn('reference', *refs)
                 ref.backward(grad.double())
-                tol = _tolerances(name)
+                tol = next((s.tolerances for s in SPECS if s.name == op), DEFAULT_TOLERANCES)
                 check_close(out, ref, dtype, 'output', tol)
                 for i, (x, r) in enumerate(zip(xs, refs)):
                     if r.grad is not None:
                         assert x.grad is not None, f'input {i}: no gradient from the kernels'
                         check_close(x.grad, r.grad, dtype, f'grad of input {i}', tol)
                 row['status'] = 'ok'
-                roof = kernel_cases.ROOFLINES.get(name)
+                roof = kernels.ROOFLINES.get(name)
                 if roof is not None and timing:  # measured next to predicted (fwd + bwd)
                     dname = {'float32': 'fp32', 'bfloat16': 'bf16'}.get(row['dtype'])
                     if dname is not None:
-                        total = kernel_cases.total_cost(roof.costs(dname))
+                        total = kernels.total_cost(roof.costs(dname))
                         gpu = gpu_name(device)
                         row['measured_us'] = round(time_call(fn, inputs, backend) * 1e6, 1)
                         row['predicted_us'] = round(
-                            kernel_cases.predicted_seconds(total, gpu, dname) * 1e6, 1)
+                            kernels.predicted_seconds(total, gpu, dname) * 1e6, 1)
                         row['predicted_for'] = gpu
                         row['roofline_fraction'] = round(row['predicted_us']
                                                          / max(row['measured_us'], 1e-3), 3)
@@ -394,8 +290,6 @@ def main(argv=None) -> int:
              **{name: (lambda name=name: run_step(name, commands[name], args.out_dir,
                                                    limits[name]))
                 for name in commands}}
-    from mmeffattn.analysis.benchmarking import environment
-    import torch
     # written after every step, so a run cut short still leaves what it finished
     summary: Dict[str, Any] = dict(
         dry_run=args.dry_run, steps=args.steps,

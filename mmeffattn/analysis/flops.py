@@ -10,16 +10,15 @@ papers and mmengine; element-wise work (softmax, exp, the mean) is not counted.
 import contextlib
 import functools
 import math
-import os
 from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Deque, Dict, Iterator, List, Tuple
+from typing import Any, Callable, Deque, Dict, List, Tuple
 
 import torch
 import torch.nn as nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from mmeffattn.ops import dispatch_hook
+from mmeffattn.ops import dispatch_hook, use_backend
 from mmeffattn.ops._spec import all_specs, sdpa_macs
 
 __all__ = ['OP_COUNTERS', 'register_op_counter', 'op_macs', 'sdpa_macs', 'sdpa_flop_jit',
@@ -133,20 +132,11 @@ def _counting_hook(recorder: _OpRecorder) -> Callable:
     return hook
 
 
-@contextlib.contextmanager
-def torch_backend() -> Iterator[None]:
-    """Within the block, every mmeffattn op runs its PyTorch backend (``'torch'``:
-    ``$MMEFFATTN_OPS_BACKEND`` set, then restored): a trace cannot see into a kernel, and on a
-    CPU the Triton interpreter is a test tool, not something to measure."""
-    saved = os.environ.get('MMEFFATTN_OPS_BACKEND')
-    os.environ['MMEFFATTN_OPS_BACKEND'] = 'torch'
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop('MMEFFATTN_OPS_BACKEND', None)
-        else:
-            os.environ['MMEFFATTN_OPS_BACKEND'] = saved
+def torch_backend() -> contextlib.AbstractContextManager:
+    """``mmeffattn.ops.use_backend('torch')``: every op runs its PyTorch backend (a trace cannot
+    see into a kernel, and on a CPU the Triton interpreter is a test tool, not something to
+    measure)."""
+    return use_backend('torch')
 
 
 @dataclass

@@ -2,10 +2,11 @@
 
 Backends: ``'triton'`` (the kernels), ``'torch'`` (fast PyTorch) and ``'reference'`` (the
 formula, the test oracle). ``backend='torch'``/``'reference'`` always runs that one;
-``'triton'`` runs the kernels or raises ``RuntimeError`` listing every reason; None reads
-``$MMEFFATTN_OPS_BACKEND`` (a backend or ``auto``), else picks Triton when nothing stands
-against it, otherwise ``'torch'`` (a CUDA fallback logs its reasons once). CPU tensors run
-Triton only under its interpreter (``TRITON_INTERPRET=1`` before ``import triton``).
+``'triton'`` runs the kernels or raises ``RuntimeError`` listing every reason; None takes the
+innermost :func:`use_backend`, else ``$MMEFFATTN_OPS_BACKEND`` (a backend or ``auto``), else
+picks Triton when nothing stands against it, otherwise ``'torch'`` (a CUDA fallback logs its
+reasons once). CPU tensors run Triton only under its interpreter (``TRITON_INTERPRET=1`` before
+``import triton``).
 """
 import contextlib
 import logging
@@ -38,7 +39,7 @@ TRITON_INTERPRET: bool = _interpreter_on()
 
 ENV_VAR = 'MMEFFATTN_OPS_BACKEND'
 BACKENDS = ('triton', 'torch', 'reference')
-#: the storage dtypes every op's Triton kernels take (an op's ``SUPPORTED_DTYPES``)
+#: the storage dtypes every op's Triton kernels take
 KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 logger = logging.getLogger('mmeffattn.ops')
@@ -107,12 +108,31 @@ def triton_reasons(kernels: str, import_error: str, tensors: Sequence[torch.Tens
     return reasons
 
 
+#: :func:`use_backend`'s choices, innermost last
+_chosen: List[str] = []
+
+
+@contextlib.contextmanager
+def use_backend(name: Optional[str]) -> Iterator[None]:
+    """Within the block (in this process), every op call that names no backend runs ``name``:
+    ``'triton'``, ``'torch'``, ``'reference'``, or ``'auto'``/None for the automatic choice. It
+    wins over ``$MMEFFATTN_OPS_BACKEND``; an op's ``backend=`` argument wins over it."""
+    _chosen.append(name or 'auto')
+    try:
+        requested_backend(None)  # an unknown name fails here
+        yield
+    finally:
+        _chosen.pop()
+
+
 def requested_backend(backend: Optional[str]) -> Optional[str]:
-    """The explicit backend: the argument if given, else ``$MMEFFATTN_OPS_BACKEND``; None = auto."""
+    """The explicit backend: the argument if given, else the innermost :func:`use_backend`,
+    else ``$MMEFFATTN_OPS_BACKEND``; None = automatic."""
     source = 'backend'
-    if backend is None:
-        backend = os.environ.get(ENV_VAR) or None
-        source = f'${ENV_VAR}'
+    if backend is None and _chosen:
+        backend, source = _chosen[-1], 'use_backend'
+    elif backend is None:
+        backend, source = os.environ.get(ENV_VAR) or None, f'${ENV_VAR}'
     if backend is None or backend == 'auto':
         return None
     if backend not in BACKENDS:

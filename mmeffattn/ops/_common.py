@@ -55,7 +55,8 @@ def window_attention(q_w: torch.Tensor, k_w: torch.Tensor, v_w: torch.Tensor,
     logits = (q_w * scale) @ k_w.transpose(-1, -2)  # [BH, nW, L, L]
     if mask is not None:
         logits = logits.masked_fill(~mask, float('-inf'))
-    return torch.softmax(logits, dim=-1, dtype=compute_dtype(q_w.dtype)).to(v_w.dtype) @ v_w
+    # (a bf16 softmax sums in fp32 and rounds once, without an fp32 copy of the logits)
+    return torch.softmax(logits, dim=-1).to(v_w.dtype) @ v_w
 
 
 def is_eager(*tensors: Optional[torch.Tensor]) -> bool:

@@ -1,12 +1,35 @@
 """The facts an op declares about itself (:class:`OpSpec`, one per ``<op>/spec.py``, listed
-in :mod:`._spec`) and the tolerance check they use. Test and tool cases live with those."""
+in :mod:`._spec`): its MACs, where its kernels run, its tolerances, the backbones' settings and
+the calls and kernel launches at given sizes that the GPU check, the benchmarks, the kernel
+report and the tests run."""
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, NamedTuple, Optional
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple, Union
 
 import torch
 
 #: dtype names used by test ids and reports
 DTYPES = {'fp32': torch.float32, 'fp16': torch.float16, 'bf16': torch.bfloat16}
+
+
+def as_dtype(dtype: Union[str, torch.dtype]) -> torch.dtype:
+    """A torch dtype from itself or its :data:`DTYPES` name."""
+    return DTYPES[dtype] if isinstance(dtype, str) else dtype
+
+
+def randn(*shape: int, device: Any = 'cpu', dtype: Union[str, torch.dtype] = torch.float32,
+          scale: float = 1.0) -> torch.Tensor:
+    """Standard normal times ``scale``, drawn in fp32 and cast: one seed, one set of values in
+    every dtype."""
+    return (torch.randn(*shape, device=device) * scale).to(as_dtype(dtype))
+
+
+class Example(NamedTuple):
+    """One call of an op: ``fn(backend, *inputs)`` calls the public op on ``inputs`` (the
+    tensors it differentiates, in the layouts the backbone passes them) with its other
+    arguments fixed; ``macs``: the call's analytic MACs."""
+    fn: Callable[..., Any]
+    inputs: List[torch.Tensor]
+    macs: int
 
 
 class Tolerance(NamedTuple):
@@ -37,6 +60,16 @@ class OpSpec:
         tolerances: per-dtype :class:`Tolerance` of the kernels against the fp64 reference.
         entry_points: the op's other public functions (e.g. ``sema_attention_qk``, inputs
             packed differently) -> their analytic MACs from their own arguments.
+        settings: the backbones' settings of the op (e.g. SEMA's window), the default of the
+            calls below.
+        example: ``example(device, dtype, **sizes) -> Example``: the op called on random
+            inputs of those sizes, as its backbone calls it.
+        record: ``record(*case)`` issues the kernel launches of one forward and backward at a
+            case's sizes on empty CPU tensors, inside ``_launch.record_launches`` (nothing
+            runs: what the ahead-of-time compile tests and the kernel report compile).
+        gpu_sizes: the sizes of the GPU check (the backbone's first stage at 224 px, batch 8,
+            and at 512 px or more, batch 2) and of the kernel report's rooflines: keywords of
+            ``example`` and ``record``.
     """
     name: str
     macs: Callable[..., int]
@@ -44,6 +77,10 @@ class OpSpec:
     tolerances: Dict[torch.dtype, Tolerance] = field(
         default_factory=lambda: dict(DEFAULT_TOLERANCES))
     entry_points: Dict[str, Callable[..., int]] = field(default_factory=dict)
+    settings: Dict[str, Any] = field(default_factory=dict)
+    example: Optional[Callable[..., Example]] = None
+    record: Optional[Callable[..., None]] = None
+    gpu_sizes: Tuple[Dict[str, Any], ...] = ()
 
 
 def sdpa_macs(batch: int, n_q: int, n_k: int, d_qk: int, d_v: int) -> int:

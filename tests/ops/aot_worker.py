@@ -1,8 +1,8 @@
 """Compile any op's kernels ahead of time for NVIDIA targets, without a GPU (run as a script).
 
 Usage: ``python tests/ops/aot_worker.py CASES_JSON [ARCH ...]`` with Triton's interpreter OFF.
-CASES_JSON is a list of cases, each with ``"op"`` (a public op name) and the keys
-``tools/analysis_tools/kernel_cases.record`` reads. For each case the op's real launchers
+CASES_JSON is a list of cases (:func:`mmeffattn.analysis.kernels.case`: ``"op"``, a public
+op name, and the arguments of its ``spec.record``). For each case the op's real launchers
 run forward and backward on small CPU tensors inside ``_launch.record_launches()``, which
 records every launch (kernel, grid, arguments, constexprs, num_warps, num_stages) instead of
 running it; each distinct launch is then compiled for each architecture with the same
@@ -16,7 +16,7 @@ import os
 import sys
 from concurrent.futures import ProcessPoolExecutor
 
-from tools.analysis_tools.kernel_cases import compile_launch, record, specialise
+from mmeffattn.analysis.kernels import compile_launch, record, specialise
 
 
 _JOBS: list = []  # (launch, arch, meta), set before the worker processes fork

@@ -1,7 +1,7 @@
 """Ahead-of-time compilation of every op's kernels for sm_80 and sm_90, without a GPU.
 
-Each op's matrix below is exactly the launches its launchers issue for those cases
-(``tools/analysis_tools/kernel_cases.py`` records them). A compile must use no stack frame (no
+Each op's matrix below is exactly the launches its launchers issue for those cases (each op's
+``spec.record`` records them). A compile must use no stack frame (no
 register spills, no local memory) and fit the target's shared memory. The subsets run by
 default; ``--run-slow`` compiles the full matrices. One op-specific register budget is checked
 from the same compiles.
@@ -11,12 +11,17 @@ from typing import Any, Dict, List, NamedTuple
 
 import pytest
 
+from mmeffattn.analysis.kernels import case, record
 from op_checks import aot_compile, check_aot
-from tools.analysis_tools.kernel_cases import (core_periphery_case, dynamic_dwconv_case,
-                                               dynamic_weight_case, laplacian_case,
-                                               newton_schulz_case, record, sema_case)
 
 pytest.importorskip('triton')
+
+sema_case = functools.partial(case, 'sema_attention')
+core_periphery_case = functools.partial(case, 'core_periphery_attention')
+laplacian_case = functools.partial(case, 'laplacian_kernel')
+newton_schulz_case = functools.partial(case, 'newton_schulz_pinv')
+dynamic_dwconv_case = functools.partial(case, 'dynamic_dwconv')
+dynamic_weight_case = functools.partial(case, 'dynamic_weight')
 
 
 class Matrix(NamedTuple):
@@ -93,12 +98,14 @@ LAPLACIAN = Matrix(
     kernels=frozenset({'laplacian_fwd_kernel', 'laplacian_bwd_kernel'}))
 
 # The kernels only see fp32 padded buffers: the padded size MP (16, 32: whole-matrix kernels;
-# 64, 128: multi-program kernels), whether the forward keeps its iterates, and Triton's
-# specialisation of M and iters (== 1, divisible by 16) and of the workspace strides. The
-# subset: MP 16 (whole-matrix both ways), 64 and 128 (multi-program).
+# 64, 128, 256: multi-program kernels, 8 warps at 256), whether the forward keeps its iterates,
+# and Triton's specialisation of M and iters (== 1, divisible by 16) and of the workspace
+# strides. The subset: MP 16 (whole-matrix both ways), 64, 128 and 256 (multi-program).
 NEWTON_SCHULZ = Matrix(
-    subset=[newton_schulz_case(13), newton_schulz_case(40), newton_schulz_case(100)],
-    full=[newton_schulz_case(M, iters) for M in (1, 13, 16, 17, 32, 33, 49, 64, 100, 128)
+    subset=[newton_schulz_case(13), newton_schulz_case(40), newton_schulz_case(100),
+            newton_schulz_case(200)],
+    full=[newton_schulz_case(M, iters) for M in (1, 13, 16, 17, 32, 33, 49, 64, 100, 128, 200,
+                                                 256)
           for iters in (1, 3)],
     kernels=frozenset({'newton_schulz_fwd_kernel', 'newton_schulz_bwd_kernel',
                        'newton_schulz_init_kernel', 'newton_schulz_step_kernel',

@@ -153,12 +153,13 @@ def test_triton_cases_cover_every_launch() -> None:
     """The cases above issue every launch role of the fused and of the deterministic backward,
     with and without rope, in fp32 and fp16, and reach the split (partials + reduction) path of
     each long loop and several core blocks."""
+    from mmeffattn.ops._launch import record_launches
     from mmeffattn.ops.core_periphery import function
     seen = set()
     for case in TRITON_CASES:
         q, k, v, rope = make_inputs(case, 'cpu')
         cos, sin = rope if rope else (None, None)
-        with function.record_launches() as launches:
+        with record_launches() as launches:
             o, lse = function.core_periphery_fwd(q, k, v, cos, sin, case.C, 1., splits=case.splits)
             for fused in (True, False):
                 function.core_periphery_bwd(o, q, k, v, cos, sin, o, lse, case.C, 1.,

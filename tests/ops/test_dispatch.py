@@ -12,6 +12,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 import mmeffattn.ops as ops
 from mmeffattn.ops import _backend
+from mmeffattn.ops._spec import SPECS
 from mmeffattn.ops.sema.naive import unbind_qk
 from dispatch_spy import spy_on
 from op_checks import (DEVICE, DTYPES, HAS_CUDA, TRITON_RUNNABLE, assert_close,
@@ -39,18 +40,21 @@ def _sema_qk(**kw) -> Callable[[], Call]:
     return lambda: ((_randn(1, 30, 2, 2, 16), _randn(1, 2, 30, 16, seed=1), (5, 6), 4), kw)
 
 
-def _core_periphery(rope: bool = True) -> Callable[[], Call]:
+def _core_periphery(rope: bool = True, B: int = 1, C: int = 3, N: int = 20,
+                    D: int = 16) -> Callable[[], Call]:
     # 3 cores + 20 patches: the core rows see 23 keys (fused attention), the patches 3
     def make():
-        q, k, v = (_randn(1, 2, 23, 16, seed=i) for i in range(3))
-        tables = (_randn(1, 23, 16, seed=3).cos(), _randn(1, 23, 16, seed=3).sin())
-        return (q, k, v, 3), dict(rope=tables if rope else None)
+        q, k, v = (_randn(B, 2, C + N, D, seed=i) for i in range(3))
+        tables = (_randn(B, C + N, D, seed=3).cos(), _randn(B, C + N, D, seed=3).sin())
+        return (q, k, v, C), dict(rope=tables if rope else None)
     return make
 
 
-def _kernel_matrix() -> Call:
-    pts = _randn(1, 2, 7, 16)
-    return (torch.exp(-torch.cdist(pts, pts, p=1) / 32.), 12, 0.01), {}
+def _kernel_matrix(backward: str = 'unrolled') -> Callable[[], Call]:
+    def make():
+        pts = _randn(1, 2, 7, 16)
+        return (torch.exp(-torch.cdist(pts, pts, p=1) / 32.), 12, 0.01), dict(backward=backward)
+    return make
 
 
 @dataclass
@@ -93,7 +97,8 @@ OPS = [
        reason_args=lambda args, kwargs: (*unbind_qk(args[0]), args[1]),
        ids=['bhnd', 'bnhd-return_mean']),
     Op('core_periphery_attention', 'core_periphery', 'core_periphery_triton_reasons',
-       [_core_periphery(), _core_periphery(rope=False)], ids=['rope', 'no_rope']),
+       [_core_periphery(), _core_periphery(rope=False), _core_periphery(B=2, C=5, N=19, D=24)],
+       ids=['rope', 'no_rope', 'B2-C5-N19-D24-batch_rope']),
     Op('laplacian_kernel', 'laplacian', 'laplacian_triton_reasons',
        [lambda: ((_randn(1, 2, 7, 5), _randn(1, 2, 3, 5, seed=1), 2.0), {})],
        reason_args=lambda args, kwargs: args[:2], uses_dot=False),
@@ -104,8 +109,9 @@ OPS = [
        [lambda: ((_randn(1, 8, 5, 6), _randn(1, 8, 3, 3, seed=1), _randn(8, seed=2),
                   _randn(8, 1, 3, 3, seed=3)), dict(normalize=True))],
        reason_args=lambda args, kwargs: args[:4], uses_dot=False),
-    Op('newton_schulz_pinv', 'newton_schulz', 'newton_schulz_triton_reasons', [_kernel_matrix],
-       reason_args=lambda args, kwargs: args[:1], uses_dot=False),
+    Op('newton_schulz_pinv', 'newton_schulz', 'newton_schulz_triton_reasons',
+       [_kernel_matrix(), _kernel_matrix('implicit')], reason_args=lambda args, kwargs: args[:1],
+       uses_dot=False, ids=['unrolled', 'implicit']),
 ]
 BY_NAME = {op.name: op for op in OPS}
 ALL = [pytest.param(op, id=op.name) for op in OPS]
@@ -144,6 +150,29 @@ def test_env_var(op: Op, monkeypatch) -> None:
     monkeypatch.setenv(_backend.ENV_VAR, 'cuda')
     with pytest.raises(ValueError, match=r"MMEFFATTN_OPS_BACKEND='cuda' is not a backend"):
         op.call()
+
+
+@pytest.mark.parametrize('op', ALL)
+def test_use_backend(op: Op, monkeypatch) -> None:
+    """``ops.use_backend`` picks the backend of the calls that name none inside the block,
+    over ``$MMEFFATTN_OPS_BACKEND``; the innermost block wins, an explicit argument wins over
+    it, and the choice ends with the block (also on an error); an unknown name is an error."""
+    monkeypatch.setenv(_backend.ENV_VAR, 'reference')
+    spies = spy_on(monkeypatch, op.module, op.name)
+    with ops.use_backend('torch'):
+        op.call()
+        with ops.use_backend('reference'):
+            op.call()
+        op.call(backend='reference')
+        op.call()
+    op.call()
+    assert spies == ['torch', 'reference', 'reference', 'torch', 'reference']
+    with pytest.raises(KeyError), ops.use_backend('torch'):
+        raise KeyError
+    assert not _backend._chosen
+    with pytest.raises(ValueError, match=r"use_backend='cuda' is not a backend"):
+        with ops.use_backend('cuda'):
+            pass
 
 
 @needs_triton
@@ -302,6 +331,47 @@ def test_torch_matches_reference(op: Op, i: int, dtype: str, grad: bool, clean_e
         torch.autograd.backward(ref, [g.double() for g in gs])
         for j, (t, t64) in enumerate(zip(leaves, leaves64)):
             assert_close(t.grad, t64.grad, dt, f'grad of input {j}')
+
+
+@needs_triton
+@pytest.mark.parametrize('op, i', EVERY_CALL)
+def test_triton_matches_torch(op: Op, i: int, clean_env) -> None:
+    """The Triton kernels against the torch backend (each is checked against the reference in
+    its op's tests), fp32, forward and every input's gradient for one upstream gradient."""
+    args, kwargs = op.cast(op.calls[i](), torch.float32, DEVICE)
+    outs, grads = [], []
+    for backend in ('triton', 'torch'):
+        a, kw = tree_map(lambda x: x.detach().clone().requires_grad_()
+                         if isinstance(x, torch.Tensor) else x, (args, kwargs))
+        out = _leaves(op.fn(*a, **kw, backend=backend))
+        torch.autograd.backward(out, [_randn(*o.shape, seed=9 + j).to(DEVICE)
+                                      for j, o in enumerate(out)])
+        outs.append(out)
+        grads.append([t.grad for t in _leaves((a, kw))])
+    for j, (o, e) in enumerate(zip(*outs)):
+        assert_close(o, e, torch.float32, f'out{j}')
+    for j, (g, e) in enumerate(zip(*grads)):
+        assert_close(g, e, torch.float32, f'grad of input {j}')
+
+
+@pytest.mark.parametrize('spec', SPECS, ids=lambda s: s.name)
+def test_spec_example(spec, clean_env) -> None:
+    """Each op's example at its default sizes (the call the GPU check and the benchmarks make)
+    calls the op once, with the MACs the op's counter gives that call, and its torch backend
+    agrees with the reference in fp64 on the same values."""
+    from mmeffattn.analysis.flops import op_macs
+    torch.manual_seed(0)
+    ex = spec.example()
+    macs = []
+
+    def hook(name, run, args, kwargs):
+        macs.append(op_macs(name, *args, **kwargs))
+        return run(*args, **kwargs)
+
+    with ops.dispatch_hook(hook):
+        out = ex.fn('torch', *ex.inputs)
+    assert macs == [ex.macs]
+    assert_close(out, ex.fn('reference', *(x.double() for x in ex.inputs)), torch.float32, 'out')
 
 
 # ------------------------------------------------------------------------------------------

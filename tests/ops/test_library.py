@@ -60,7 +60,7 @@ def _cases():
         'newton_schulz_pinv': (
             'newton_schulz', [_spd(1, 2, 5)],
             lambda a: ops.newton_schulz_pinv(a, 6, 0.01, check=False, backend='triton'),
-            lambda a: (a, 6, 0.01, True)),
+            lambda a: (a, 6, 0.01, True, False)),
         'dynamic_weight': (
             'dynamic_weight', [_rand(2, 5, 6), _rand(2, 5, 7, seed=1), _rand(7, 6, seed=2)],
             lambda u, v, w: ops.dynamic_weight(u, v, 20.0, weight=w, backend='triton'),

@@ -1,7 +1,8 @@
-"""Newton-Schulz inverse: Triton kernels (interpreted on CPU, compiled on CUDA) vs the PyTorch
-reference (whole-matrix and tiled kernels, the batched-matmul path past the on-chip limit),
+"""Newton-Schulz inverse: Triton kernels (interpreted on CPU, compiled on CUDA) and the torch
+backend vs the plain reference (whole-matrix and tiled kernels up to M = 256; the unrolled and the
+implicit backward, both through the custom operator), the range of the first iterate's scale,
 reference semantics and exact gradients, convergence and its report, dispatch and input
-validation. Ahead-of-time compilation: test_laplacian_aot.py."""
+validation. Ahead-of-time compilation: test_aot.py."""
 import math
 from typing import NamedTuple, Optional
 
@@ -10,6 +11,7 @@ import torch
 
 from mmeffattn.ops import (laplacian_kernel_naive, newton_schulz_pinv,
                            newton_schulz_pinv_naive, newton_schulz_residual)
+from mmeffattn.ops.newton_schulz import BACKWARDS
 from op_checks import DEVICE, DTYPES, assert_close, needs_triton
 
 pytestmark = pytest.mark.usefixtures('one_thread')
@@ -36,7 +38,7 @@ class Case(NamedTuple):
     M: int
     iters: int
     dtype: str
-    path: Optional[str] = None  # force 'tiled' kernels (fwd and bwd) or the 'matmul' path
+    path: Optional[str] = None  # 'tiled': force the multi-program kernels (fwd and bwd)
 
     @property
     def id(self) -> str:
@@ -47,27 +49,28 @@ class Case(NamedTuple):
 @pytest.fixture
 def force_path(monkeypatch):
     """``force_path(case)`` makes the launchers take the case's path on small matrices."""
-    from mmeffattn.ops.newton_schulz import function, library
+    from mmeffattn.ops.newton_schulz import function
 
     def apply(case: Case) -> None:
         if case.path == 'tiled':
             monkeypatch.setattr(function, 'MAX_REGISTER_MP', {'fwd': 0, 'bwd': 0})
-        elif case.path == 'matmul':
-            monkeypatch.setattr(function, 'MAX_ONCHIP_M', 0)
-            monkeypatch.setattr(library, 'MAX_ONCHIP_M', 0)  # (library imports the name)
     return apply
 
 
-def check_against_reference(case: Case, backend: str, device: str = DEVICE) -> None:
-    """Forward and gradient (same upstream gradient) vs the reference in float64."""
+def check_against_reference(case: Case, backend: str, device: str = DEVICE,
+                            backward: str = 'unrolled') -> None:
+    """Forward and gradient (same upstream gradient) vs the reference in float64; the Triton
+    backend's gradient comes from the custom operator."""
     dtype = DTYPES[case.dtype]
     a = kernel_matrix(case.B, case.H, case.M).to(device, dtype).requires_grad_()
-    out = newton_schulz_pinv(a, case.iters, EPS, backend=backend)
+    out = newton_schulz_pinv(a, case.iters, EPS, backward=backward, check=False, backend=backend)
     assert out.dtype == dtype and out.shape == a.shape
+    if backend == 'triton':
+        assert 'newton_schulz_pinv' in out.grad_fn.name(), out.grad_fn.name()
     g = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(device, dtype)
     out.backward(g)
     a64 = a.detach().double().requires_grad_()
-    ref = newton_schulz_pinv_naive(a64, case.iters, EPS)
+    ref = newton_schulz_pinv_naive(a64, case.iters, EPS, implicit=backward == 'implicit')
     ref.backward(g.double())
     assert_close(out, ref, dtype, 'out')
     assert_close(a.grad, a64.grad, dtype, 'da')
@@ -76,10 +79,10 @@ def check_against_reference(case: Case, backend: str, device: str = DEVICE) -> N
 # ------------------------------------------------------------------------------------------
 # Triton vs reference
 # ------------------------------------------------------------------------------------------
-# M = 1 and 13 (padded to 16), 40 (padded to 64: whole-matrix forward, tiled backward), 100
-# (padded to 128: tiled both ways, a partial last tile), small sizes forced through the tiled
-# kernels, the batched-matmul path (forced, and past the on-chip limit), 0 iterations
-# (V_0 = alpha P only), every dtype the kernels take.
+# M = 1 and 13 (padded to 16), 40 (padded to 64: whole-matrix forward, tiled backward), 64 and
+# 128 (tiled both ways, unpadded), 200 (padded to 256, the largest: a partial last tile), small
+# sizes forced through the tiled kernels, 0 iterations (V_0 = alpha P only), every dtype the
+# kernels take. (An interpreted program at MP = 256 takes about half a second: few steps.)
 TRITON_CASES = [
     Case(1, 2, 13, 6, 'fp32'),
     Case(1, 2, 13, 6, 'fp16'),
@@ -89,10 +92,9 @@ TRITON_CASES = [
     Case(1, 1, 40, 5, 'fp32'),
     Case(1, 2, 37, 4, 'fp32', 'tiled'),
     Case(1, 1, 13, 3, 'fp16', 'tiled'),
-    Case(1, 1, 100, 3, 'fp32'),
-    Case(1, 2, 13, 5, 'fp32', 'matmul'),
-    Case(1, 2, 13, 5, 'fp16', 'matmul'),
-    Case(1, 1, 130, 4, 'fp32'),
+    Case(1, 1, 64, 3, 'fp32'),
+    Case(1, 1, 128, 1, 'fp32'),
+    Case(1, 1, 200, 1, 'fp32'),
 ]
 
 
@@ -101,23 +103,6 @@ TRITON_CASES = [
 def test_triton_matches_reference(case: Case, force_path) -> None:
     force_path(case)
     check_against_reference(case, backend='triton')
-
-
-def test_matmul_path_backward_is_exact_fp64(monkeypatch) -> None:
-    """The hand-written backward (the recursion the kernels implement) in float64, through
-    the batched-matmul path: equal to autograd through the reference to rounding."""
-    from mmeffattn.ops.newton_schulz import function
-    a = kernel_matrix(2, 2, 9, lam=8.0)
-    for iters in (0, 1, 7):
-        out, kept = function.newton_schulz_fwd_torch(a, iters, EPS, True)
-        g = torch.randn(a.shape, generator=torch.Generator().manual_seed(iters),
-                        dtype=torch.float64)
-        da = function.newton_schulz_bwd_torch(g, a, kept, iters, EPS)
-        a64 = a.clone().requires_grad_()
-        ref = newton_schulz_pinv_naive(a64, iters, EPS)
-        ref.backward(g)
-        assert_close(out, ref, torch.float64, f'out (iters={iters})')
-        assert_close(da, a64.grad, torch.float64, f'da (iters={iters})')
 
 
 @needs_triton
@@ -166,15 +151,74 @@ def test_triton_multi_program_inference(iters: int) -> None:
     assert_close(out, newton_schulz_pinv_naive(a.double(), iters, EPS), torch.float32, 'out')
 
 
-@pytest.mark.parametrize('M, per_matrix', [(13, 1), (32, 1), (33, 4), (49, 4), (100, 8)])
+#: largest row sums s of the first iterate's scale 1.8 / s^2, each side of both ends of the range
+#: where s^2 stays in fp32 (about 1e-18 .. 1e18)
+EXTREME_ROW_SUMS = [5e-19, 2e-18, 5e17, 2e18]
+
+
+@pytest.mark.parametrize('backend', [pytest.param('triton', marks=needs_triton), 'torch'])
+@pytest.mark.parametrize('path', [None, 'tiled'])
+@pytest.mark.parametrize('s', EXTREME_ROW_SUMS, ids=lambda s: f's{s:g}')
+def test_extreme_scales(s: float, path, backend: str, force_path) -> None:
+    """fp32 matrices whose largest row sum is near 1e-18 or 1e18: forward and unrolled gradient
+    equal the plain formula's evaluated in fp64 (where 1.8 / s^2 is in range). Both backends
+    apply alpha as ``(1 / s) (1.8 / s)``, forward and backward: the backward's
+    ``d alpha / ds = -2 alpha / s`` left fp32 as written (inf at 2e-18, 0 at 5e17). The
+    upstream gradient scales with s, so that the input's gradient (about 1 / s) is in range."""
+    if path and backend != 'triton':
+        pytest.skip('the tiled kernels are a Triton path')
+    force_path(Case(1, 1, 1, 1, 'fp32', path))
+    k = kernel_matrix(1, 2, 6, lam=8.0)
+    a = (k * (s / k.sum(-1).amax())).float().requires_grad_()
+    out = newton_schulz_pinv(a, 3, 0.0, check=False, backend=backend)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    out.backward((g * s).float())
+    a64 = a.detach().double().requires_grad_()
+    ref = newton_schulz_pinv_naive(a64, 3, 0.0)
+    ref.backward(g * s)
+    assert_close(out, ref, torch.float32, 'out')
+    assert_close(a.grad, a64.grad, torch.float32, 'da')
+
+
+@needs_triton
+def test_larger_matrices_run_the_torch_backend(monkeypatch) -> None:
+    """Past M = 256 the kernels are not used: the automatic choice runs the torch backend, an
+    explicit Triton request names the reason."""
+    from mmeffattn.ops.newton_schulz import op
+    monkeypatch.delenv('MMEFFATTN_OPS_BACKEND', raising=False)
+    a = torch.eye(257)[None, None].to(DEVICE)
+    assert any('matrix side 257 > 256' in r for r in op.newton_schulz_triton_reasons(a))
+    assert not any('matrix side' in r for r in op.newton_schulz_triton_reasons(a[..., 1:, 1:]))
+    with pytest.raises(RuntimeError, match='matrix side 257 > 256'):
+        newton_schulz_pinv(a, 1, EPS, backend='triton')
+    calls = []
+    monkeypatch.setattr(op, 'newton_schulz_pinv_torch',
+                        lambda *args: calls.append('torch') or args[0].clone())
+    newton_schulz_pinv(a, 1, EPS, check=False)
+    assert calls == ['torch']
+
+
+@needs_triton
+def test_operator_opcheck_implicit() -> None:
+    """``torch.library.opcheck`` of the operator with ``implicit=True`` (the unrolled one is in
+    test_library.py): schema, fake implementation, the autograd registration's backward."""
+    from mmeffattn.ops.newton_schulz import library  # noqa: F401 (registers the operator)
+    a = kernel_matrix(1, 2, 5).float().to(DEVICE)
+    for x in (a, a.clone().requires_grad_()):
+        torch.library.opcheck(torch.ops.mmeffattn.newton_schulz_pinv, (x, 3, EPS, True, True))
+
+
+@pytest.mark.parametrize('M, per_matrix', [(13, 1), (32, 1), (33, 4), (49, 4), (100, 8),
+                                           (200, 16)])
 def test_programs_per_matrix(M: int, per_matrix: int) -> None:
     """Past M = 32 every launch spreads each matrix over several programs (row blocks), so more
     than B * heads SMs work; forward 1 + iters launches, backward 2 iters + 1."""
     pytest.importorskip('triton')
+    from mmeffattn.ops._launch import record_launches
     from mmeffattn.ops.newton_schulz import function
     B, H, iters = 2, 3, 4
     a = torch.empty(B, H, M, M)
-    with function.record_launches() as launches:
+    with record_launches() as launches:
         out, ws = function.newton_schulz_fwd(a, iters, EPS, True)
         n_fwd = len(launches)
         function.newton_schulz_bwd(torch.empty_like(out), a, ws, iters, EPS)
@@ -190,10 +234,11 @@ _PTX_SCRIPT = """
 import sys, torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from mmeffattn.ops.newton_schulz import function, kernels
-from aot_worker import specialise
+from mmeffattn.analysis.kernels import specialise
+from mmeffattn.ops._launch import record_launches
+from mmeffattn.ops.newton_schulz import function
 a = torch.empty(1, 2, int(sys.argv[1]), int(sys.argv[1]))
-with function.record_launches() as launches:
+with record_launches() as launches:
     out, ws = function.newton_schulz_fwd(a, 2, 0.01, True)
     function.newton_schulz_bwd(torch.empty_like(out), a, ws, 2, 0.01)
 seen = set()
@@ -219,9 +264,7 @@ def test_compiled_kernels_use_tensor_cores(M: int, arch: int) -> None:
     import sys
     from op_checks import ROOT
     env = {k: v for k, v in os.environ.items() if k != 'TRITON_INTERPRET'}
-    # ROOT for mmeffattn, tests/ops for aot_worker
-    env['PYTHONPATH'] = os.pathsep.join([ROOT, os.path.join(ROOT, 'tests', 'ops')] +
-                                        [p for p in [env.get('PYTHONPATH')] if p])
+    env['PYTHONPATH'] = os.pathsep.join([ROOT] + [p for p in [env.get('PYTHONPATH')] if p])
     res = subprocess.run([sys.executable, '-c', _PTX_SCRIPT, str(M), str(arch)], cwd=ROOT,
                          env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -264,17 +307,26 @@ def test_reference_gradcheck_fp64(iters: int) -> None:
 @pytest.mark.parametrize('backend, M, dtype', [
     pytest.param('triton', 13, 'fp32', marks=needs_triton),
     pytest.param('triton', 40, 'fp16', marks=needs_triton),
+    pytest.param('triton', 200, 'fp32', marks=needs_triton),
+    ('torch', 13, 'fp32'), ('torch', 13, 'bf16'),
     ('reference', 13, 'fp32'), ('reference', 13, 'bf16')], ids=lambda x: str(x))
 def test_implicit_backward_is_the_official_one(backend: str, M: int, dtype: str) -> None:
     """backward='implicit': the same forward as 'unrolled', and dL/da = -V^T G V^T from the
-    result V, as the official CUDA operator's backward; only V is kept for it."""
+    result V, as the official CUDA operator's backward (Triton: the custom operator's); only V
+    is kept for it (one ``[B, heads, M, M]`` storage, saved once or twice)."""
     dt = DTYPES[dtype]
-    a = kernel_matrix(1, 2, M).to(DEVICE, dt).requires_grad_()
+    H, iters = (1, 1) if M > 128 else (2, 4)  # (an interpreted MP = 256 program is slow)
+    a = kernel_matrix(1, H, M).to(DEVICE, dt).requires_grad_()
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
-        out = newton_schulz_pinv(a, 4, EPS, backward='implicit', backend=backend)
-    assert [t.shape for t in saved] == [a.shape]
-    assert torch.equal(out, newton_schulz_pinv(a.detach(), 4, EPS, backend=backend))
+        out = newton_schulz_pinv(a, iters, EPS, backward='implicit', check=False,
+                                 backend=backend)
+    assert len({t.data_ptr() for t in saved}) == 1 and saved[0].shape[-2:] == a.shape[-2:]
+    assert saved[0].numel() == a.numel()
+    if backend == 'triton':
+        assert 'newton_schulz_pinv' in out.grad_fn.name(), out.grad_fn.name()
+    assert torch.equal(out, newton_schulz_pinv(a.detach(), iters, EPS, check=False,
+                                               backend=backend))
     g = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE, dt)
     out.backward(g)
     vt = out.detach().double().transpose(-1, -2)
@@ -440,28 +492,30 @@ def test_fake_and_meta_inputs(backend: str) -> None:
         assert (out.shape, out.dtype, out.device.type) == (a.shape, a.dtype, 'meta')
 
 
-@pytest.mark.parametrize('backend, M', [pytest.param('triton', 130, marks=needs_triton),
-                                          ('reference', 13)])
+@pytest.mark.parametrize('backend, M', [pytest.param('triton', 13, marks=needs_triton),
+                                          ('torch', 13), ('torch', 300), ('reference', 13)])
 def test_autocast_is_not_followed(backend: str, M: int) -> None:
-    """Under autocast the fp32 iteration stays fp32 on both backends (a custom operator's
-    implementation, and the reference, run under the caller's autocast, which ran the matmuls
-    in bf16): the Triton backend's batched matmuls past the on-chip limit, and the reference."""
+    """Under autocast the fp32 iteration stays fp32 on every backend (the PyTorch ones run
+    under the caller's autocast, which would run the matmuls in bf16), past the kernels' size
+    too (the torch backend); the implicit backward's products as well."""
     a = kernel_matrix(1, 1, M).float().to(DEVICE)
 
-    def forward():
-        x = a.clone().requires_grad_()
-        return x, newton_schulz_pinv(x, 4, EPS, check=False, backend=backend)
+    for backward in BACKWARDS:
+        def forward():
+            x = a.clone().requires_grad_()
+            return x, newton_schulz_pinv(x, 4, EPS, backward=backward, check=False,
+                                         backend=backend)
 
-    def grads(x, out):
-        out.backward(torch.ones_like(out))  # outside autocast, as AMP's backward
-        return out.detach(), x.grad
+        def grads(x, out):
+            out.backward(torch.ones_like(out))  # outside autocast, as AMP's backward
+            return out.detach(), x.grad
 
-    expected = grads(*forward())
-    with torch.autocast(DEVICE, dtype=torch.bfloat16):
-        x, out = forward()
-    for name, g, e in zip(('out', 'da'), grads(x, out), expected):
-        assert g.dtype == torch.float32, name
-        torch.testing.assert_close(g, e, rtol=0, atol=0, msg=name)
+        expected = grads(*forward())
+        with torch.autocast(DEVICE, dtype=torch.bfloat16):
+            x, out = forward()
+        for name, g, e in zip(('out', 'da'), grads(x, out), expected):
+            assert g.dtype == torch.float32, name
+            torch.testing.assert_close(g, e, rtol=0, atol=0, msg=f'{backward} {name}')
 
 
 # ------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from mmeffattn.analysis.flops import op_macs, sdpa_macs
+from mmeffattn.ops._spec import CORE_PERIPHERY
 from tools import benchmark, benchmark_ops, gpu_check
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
@@ -36,7 +37,7 @@ def test_smoke_run(tmp_path):
     assert rows['sema', 196]['macs'] == op_macs('sema_attention', q, q, q, (14, 14), 7)
     # the windows and the cores make fewer pairs than all N^2
     assert rows['sema', 196]['macs'] < rows['softmax', 196]['macs']
-    assert rows['core_periphery', 196]['tokens'] == 196 + benchmark_ops.OP_SETTINGS['num_cores']
+    assert rows['core_periphery', 196]['tokens'] == 196 + CORE_PERIPHERY.settings['num_cores']
     assert rows['laplacian_nystrom', 196]['landmarks'] == 4  # 14x14 grid in 8x8 cells
     md = (tmp_path / 'benchmark_ops.md').read_text()
     assert 'GFLOP/s' in md and '| 196 | softmax | torch |' in md

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn as nn
 
+from mmeffattn.analysis import comparison
 from tools.analysis_tools import compare_official
 
 FAKE_MLLA = '''
@@ -129,7 +130,7 @@ def test_paired_timing_alternates_calls_and_pairs_the_ratios():
             time.sleep(secs)
         return fn
 
-    ms, ratio = compare_official.time_paired({'a': sleeper('a', .002), 'b': sleeper('b', .006)},
+    ms, ratio = comparison.time_paired({'a': sleeper('a', .002), 'b': sleeper('b', .006)},
                                              rounds=4)
     assert calls == ['a', 'b'] + ['a', 'b', 'b', 'a', 'a', 'b', 'b', 'a']  # warm-up, 4 rounds
     assert ratio['a'] == 1.0 and 2 < ratio['b'] < 4.5
@@ -146,7 +147,7 @@ def test_output_check_accepts_the_same_network():
     x = torch.randn(3, 8)
     off, ours = compare_official.perturb_(_Affine()), _Affine()
     ours.load_state_dict(off.state_dict())
-    diffs = compare_official.check_outputs({'official': lambda: off(x), 'ours': lambda: ours(x)},
+    diffs = comparison.check_outputs({'official': lambda: off(x), 'ours': lambda: ours(x)},
                                            tol=1e-6)
     assert diffs == {'ours': 0.0}
 
@@ -157,10 +158,10 @@ def test_output_check_rejects_other_weights_and_shapes():
     ours.load_state_dict(off.state_dict())
     compare_official.perturb_(ours, seed=1)  # one noisy copy: no longer the official weights
     with pytest.raises(RuntimeError, match=r'ours differs by .* \(relative; --tol 0.0001\)'):
-        compare_official.check_outputs({'official': lambda: off(x), 'ours': lambda: ours(x)},
+        comparison.check_outputs({'official': lambda: off(x), 'ours': lambda: ours(x)},
                                        tol=1e-4)
     with pytest.raises(RuntimeError, match=r'shape \(3, 2\).*\(3, 4\): not the same model'):
-        compare_official.check_outputs({'official': lambda: off(x),
+        comparison.check_outputs({'official': lambda: off(x),
                                         'ours': lambda: ours(x)[:, :2]}, tol=1e-4)
 
 

@@ -1,5 +1,6 @@
-"""tools/analysis_tools/kernel_report.py: the SASS reader, the rooflines of kernel_cases.py, and
-the compiled kernels' targets: no shuffle in the Laplacian kernels, no spills.
+"""tools/analysis_tools/kernel_report.py: the SASS reader, the rooflines of
+:mod:`mmeffattn.analysis.kernels`, and the compiled kernels' targets: no shuffle in the
+Laplacian kernels, no spills.
 
 The quick run compiles the Laplacian and dynamic-dwconv launches at their first GPU-check
 shape for sm_90 (about 20 s); ``--run-slow`` runs the full report (every op, sm_80 and sm_90).
@@ -9,11 +10,11 @@ import os.path as osp
 
 import pytest
 
+from mmeffattn.analysis.kernels import (PEAKS, ROOFLINES, Cost, core_periphery_costs,
+                                        predicted_seconds, record)
 from mmeffattn.ops._spec import SPECS
 from tools import gpu_check
 from tools.analysis_tools import kernel_report
-from tools.analysis_tools.kernel_cases import (PEAKS, ROOFLINES, Cost, core_periphery_costs,
-                                               predicted_seconds, record)
 
 SASS = """
         /*0000*/                   LDC R1, c[0x0][0x28] ;

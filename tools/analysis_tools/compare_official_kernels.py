@@ -20,7 +20,7 @@ project) and compared with our ops at LaplacianFormer's shapes:
 
 Each case is timed forward alone and forward + backward, the calls alternating one by one for
 ``--rounds`` rounds (CUDA events; ratios are medians of neighbouring calls' ratios, as in
-``compare_official.py``). Without a CUDA device it stops at once with exit status 2.
+``mmeffattn.analysis.comparison``). Without a CUDA device it stops at once with exit status 2.
 """
 import argparse
 import json
@@ -32,10 +32,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-try:  # imported as tools.analysis_tools.compare_official_kernels
-    from .compare_official import check_outputs, time_paired
-except ImportError:  # run as a script: its folder is on the path
-    from compare_official import check_outputs, time_paired
+from mmeffattn.analysis.comparison import check_outputs, time_paired
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 NO_CUDA_EXIT = 2

@@ -5,7 +5,7 @@
     python tools/analysis_tools/kernel_report.py --quick --out-dir /tmp/kr   # a few, sm_90 only
 
 1. **Compiled code.** Every launch the launchers really issue at each GPU check's shapes
-   (the ``aot_case`` of each roofline in ``kernel_cases.py``) is recorded with
+   (the ``aot_case`` of each roofline, :mod:`mmeffattn.analysis.kernels`) is recorded with
    ``_launch.record_launches()`` and compiled ahead of time for sm_80 and sm_90 in a subprocess
    with Triton's interpreter off (the same specialisation as the JIT). Per kernel: registers, stack
    (spills), shared memory, from ``cuobjdump -res-usage``; and from ``cuobjdump -sass``: the
@@ -13,8 +13,8 @@
    a loop, i.e. between a backward branch and its target), barriers, and global loads/stores
    by width (128-bit ``LDG.E.128`` vs 64, 32 and 16/8-bit).
 2. **Roofline.** Per op and dtype, the bytes and work of one call (forward, backward; glue
-   included) modelled in ``kernel_cases.py``, and the predicted time at H100 and H200 peaks
-   (``kernel_cases.PEAKS``): ``max(bytes / HBM bandwidth, compute time)``. These are
+   included) modelled there, and the predicted time at H100 and H200 peaks
+   (``kernels.PEAKS``): ``max(bytes / HBM bandwidth, compute time)``. These are
    predictions; ``tools/gpu_check.py`` measures the same calls on a GPU and prints both.
 
 ``--before FILE.json`` adds a before/after table against an earlier report (e.g. one made with
@@ -32,10 +32,7 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-try:  # imported as tools.analysis_tools.kernel_report
-    from . import kernel_cases
-except ImportError:  # run as a script: its folder is on the path
-    import kernel_cases
+from mmeffattn.analysis import kernels
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 
@@ -113,16 +110,16 @@ def worker(cases: List[dict], archs: Sequence[int]) -> None:
     assert not os.environ.get('TRITON_INTERPRET'), "run with Triton's interpreter off"
     seen = set()
     for case in cases:
-        for launch in kernel_cases.record(case):
+        for launch in kernels.record(case):
             cfg = launch.config
             for arch in archs:
-                _, signature, constexprs, attrs, _ = kernel_cases.specialise(launch, arch)
+                _, signature, constexprs, attrs, _ = kernels.specialise(launch, arch)
                 key = (cfg.kernel.__name__, repr((signature, constexprs, attrs)),
                        repr(cfg.launch_options), arch)
                 if key in seen:
                     continue
                 seen.add(key)
-                r = kernel_cases.compile_launch(launch, arch, sass=True)
+                r = kernels.compile_launch(launch, arch, sass=True)
                 grid = [int(g) for g in launch.grid]
                 print(json.dumps(dict(
                     op=case['op'], case=case, role=launch.role, kernel=cfg.kernel.__name__,
@@ -154,7 +151,7 @@ def compile_cases(cases: List[dict], archs: Sequence[int], root: str = ROOT,
 def plan(quick: bool, ops: Optional[Sequence[str]] = None) -> List[dict]:
     """The AOT cases to compile: each roofline's shape; ``quick`` keeps one case per op."""
     cases: List[dict] = []
-    for r in kernel_cases.ROOFLINES.values():
+    for r in kernels.ROOFLINES.values():
         if (ops and r.op not in ops) or (quick and any(c['op'] == r.op for c in cases)):
             continue
         cases.append(r.aot_case)
@@ -169,15 +166,15 @@ def cost_dict(cost) -> Dict[str, Any]:
 def rooflines(ops: Optional[Sequence[str]] = None) -> List[dict]:
     """One row per (op, GPU check, dtype, pass): bytes, work and the predicted times."""
     rows = []
-    for check, r in kernel_cases.ROOFLINES.items():
+    for check, r in kernels.ROOFLINES.items():
         if ops and r.op not in ops:
             continue
         for dtype in DTYPES:
             costs = r.costs(dtype)
-            for pas, cost in list(costs.items()) + [('fwd+bwd', kernel_cases.total_cost(costs))]:
+            for pas, cost in list(costs.items()) + [('fwd+bwd', kernels.total_cost(costs))]:
                 rows.append(dict(
                     op=r.op, check=check, dtype=dtype, pass_=pas, **cost_dict(cost),
-                    predicted_us={g: round(kernel_cases.predicted_seconds(cost, g, dtype) * 1e6,
+                    predicted_us={g: round(kernels.predicted_seconds(cost, g, dtype) * 1e6,
                                            2) for g in GPUS}))
     return rows
 
@@ -209,7 +206,7 @@ def roofline_table(rows: List[dict]) -> List[str]:
     lines = ['| op | GPU check | dtype | pass | bytes | fp32 inst | TC FLOP | launches | '
              'H100 µs | H200 µs | bound |', '|' + '---|' * 11]
     for r in rows:
-        mem = r['bytes'] / kernel_cases.PEAKS['H100']['hbm']
+        mem = r['bytes'] / kernels.PEAKS['H100']['hbm']
         bound = 'memory' if mem * 1e6 >= r['predicted_us']['H100'] - 1e-9 else 'compute'
         lines.append(f"| {r['op']} | {r['check']} | {r['dtype']} | {r['pass_']} | "
                      f"{_fmt_bytes(r['bytes'])} | {r['fp32']:.3g} | {r['tc']:.3g} | "
@@ -289,7 +286,7 @@ def markdown(report: dict, before: Optional[dict] = None) -> str:
     out = ['# Compiled kernels and rooflines', '',
            'Generated by `tools/analysis_tools/kernel_report.py` from ahead-of-time compiles '
            '(no GPU). **All times are predictions** from the analytic rooflines of '
-           '`tools/analysis_tools/kernel_cases.py`, at peak rates '
+           '`mmeffattn/analysis/kernels.py`, at peak rates '
            + ', '.join(f"{g}: {p['hbm'] / 1e12:g} TB/s HBM, {p['fp32'] * 2 / 1e12:g} TFLOP/s fp32, "
                        f"{p['tc16'] / 1e12:g} TFLOP/s bf16 TC, {p['tf32'] / 1e12:g} tf32"
                        for g, p in report['peaks'].items())
@@ -326,13 +323,14 @@ def markdown(report: dict, before: Optional[dict] = None) -> str:
 def build_report(quick: bool, archs: Sequence[int], ops: Optional[Sequence[str]] = None,
                  root: str = ROOT) -> dict:
     t0 = time.time()
-    kernels = compile_cases(plan(quick, ops), archs, root)
-    kernels.sort(key=lambda k: (k['op'], json.dumps(k['case'], sort_keys=True), k['arch']))
+    cases = plan(quick, ops)
+    order = {json.dumps(c, sort_keys=True): i for i, c in enumerate(cases)}  # the checks' order
+    compiled = compile_cases(cases, archs, root)
+    compiled.sort(key=lambda k: (k['op'], order[json.dumps(k['case'], sort_keys=True)], k['arch']))
     # where the kernels came from: a path only for another checkout (--root), never this one's
     source = 'the current code' if osp.realpath(root) == osp.realpath(ROOT) else root
-    return dict(source=source, quick=quick, archs=list(archs), peaks=kernel_cases.PEAKS,
-                kernels=kernels,
-                rooflines=rooflines(ops), seconds=round(time.time() - t0, 1))
+    return dict(source=source, quick=quick, archs=list(archs), peaks=kernels.PEAKS,
+                kernels=compiled, rooflines=rooflines(ops), seconds=round(time.time() - t0, 1))
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -344,7 +342,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument('--archs', nargs='+', type=int, default=None)
     p.add_argument('--ops', nargs='+', default=None, help='only these ops')
     p.add_argument('--root', default=ROOT,
-                   help='checkout whose kernels are compiled (e.g. an older commit)')
+                   help='checkout whose kernels are compiled (e.g. an older commit that has '
+                        'mmeffattn.analysis.kernels)')
     p.add_argument('--before', default=None, help='an earlier report JSON to compare against')
     p.add_argument('--worker', default=None, help=argparse.SUPPRESS)
     return p.parse_args(argv)

@@ -9,9 +9,8 @@ from typing import Dict, NamedTuple, Optional, Tuple
 
 import torch
 
-from .._launch import (KernelConfig, device_guard as _device_guard,  # noqa: F401
-                       launch as _launch, next_pow2 as _next_pow2, record_launches,
-                       unit_last_stride as _unit_last_stride)
+from .._launch import (KernelConfig, device_guard as _device_guard, launch as _launch,
+                       next_pow2 as _next_pow2, unit_last_stride as _unit_last_stride)
 from .._common import autocast_off, bh_strides as _strides
 from .._common import check_token_offsets as _check_int32_offsets
 from .._common_kernels import delta_config, softmax_bwd_delta

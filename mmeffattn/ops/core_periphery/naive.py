@@ -1,5 +1,5 @@
 """VECA's core-periphery attention as the formula in plain tensor operations (the oracle)."""
-from typing import Callable, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 
@@ -25,21 +25,19 @@ def core_periphery_attention_naive(
         q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_cores: int, *,
         rope: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
         scale: Optional[float] = None) -> torch.Tensor:
-    """Core-periphery softmax attention (unvalidated): rows ``< C`` attend all keys, rows
-    ``>= C`` the C core keys. Arguments and result as ``core_periphery_attention``."""
-    return core_periphery(q, k, v, num_cores, rope, scale, plain_attention)
+    """Core-periphery softmax attention (unvalidated)::
 
+        q, k = apply_rope(q), apply_rope(k)              # if rope is given
+        out[:C] = softmax(q[:C] k^T * scale) v           # the C cores attend to every token
+        out[C:] = softmax(q[C:] k[:C]^T * scale) v[:C]   # the patches attend to the cores
 
-def core_periphery(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_cores: int,
-                   rope: Optional[Tuple[torch.Tensor, torch.Tensor]], scale: Optional[float],
-                   attention: Callable) -> torch.Tensor:
-    """The two dense attentions (core rows over all keys, patch rows over the core keys) with
-    ``attention(q, k, v, mask, scale)``: the reference's and the torch backend's."""
+    Arguments and result as ``core_periphery_attention`` (fp32 for 16-bit inputs).
+    """
     C = num_cores
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     with autocast_off(q.device.type):
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        out_cores = attention(q[:, :, :C], k, v, None, scale)  # [B, heads, C, D]
-        out_patches = attention(q[:, :, C:], k[:, :, :C], v[:, :, :C], None, scale)
-        return torch.cat((out_cores, out_patches), dim=2)
+        cores = plain_attention(q[:, :, :C], k, v, None, scale)  # [B, heads, C, D]
+        patches = plain_attention(q[:, :, C:], k[:, :, :C], v[:, :, :C], None, scale)
+        return torch.cat((cores, patches), dim=2)

@@ -4,8 +4,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from .._backend import KERNEL_DTYPES as SUPPORTED_DTYPES  # noqa: F401 (public)
-from .._backend import dispatch, triton_reasons
+from .._backend import KERNEL_DTYPES, dispatch, triton_reasons
 from .._common import import_kernels, offsets_reason, token_offsets_fit
 from .._validate import check_alike, check_int, check_qkv, check_real
 from .naive import core_periphery_attention_naive
@@ -65,7 +64,7 @@ def core_periphery_triton_reasons(q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     tensors = (q, k, v)
     # cos and sin are cast to q's dtype before the kernels, so only q, k, v dtypes matter
     reasons = triton_reasons('core-periphery', _KERNELS_IMPORT_ERROR, tensors + tuple(rope or ()),
-                             tensors, SUPPORTED_DTYPES, interpret=interpret)
+                             tensors, KERNEL_DTYPES, interpret=interpret)
     if q.shape[-1] < MIN_TRITON_HEAD_DIM:
         reasons.append(f'head dim {q.shape[-1]} < {MIN_TRITON_HEAD_DIM} (the kernels\' tiles '
                        f'are at least {MIN_TRITON_HEAD_DIM} channels wide)')
@@ -97,7 +96,8 @@ def core_periphery_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
             (:mod:`mmeffattn.ops._backend`).
 
     Returns:
-        ``[B, heads, C + N, D]`` in q's dtype; autocast is not followed (cast inputs first).
+        ``[B, heads, C + N, D]`` in q's dtype, computed in it (the softmax sums in fp32);
+        autocast is not followed (cast inputs first).
 
     Raises:
         ValueError: malformed inputs (the message says what to change).

@@ -8,9 +8,9 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from .._common import sample_offsets_fit as int32_offsets_fit, strides4 as _strides4
-from .._launch import (KernelConfig, device_guard as _device_guard,  # noqa: F401
-                       launch as _launch, next_pow2 as _next_pow2, record_launches)
+from .._common import sample_offsets_fit, strides4 as _strides4
+from .._launch import (KernelConfig, device_guard as _device_guard, launch as _launch,
+                       next_pow2 as _next_pow2)
 from . import kernels
 
 #: (channels, pixels) per program of the forward and the backward; warps of both
@@ -95,7 +95,7 @@ def dynamic_dwconv_bwd(dy: torch.Tensor, x: torch.Tensor, kernel: torch.Tensor,
                                          needs_dx, needs_dk)
     k = _flat_kernel(kernel)
     w = k if weight is None else weight.reshape(C, K * K).contiguous()
-    if not int32_offsets_fit(dy):  # x was checked; an unusual upstream gradient is copied
+    if not sample_offsets_fit(dy):  # x was checked; an unusual upstream gradient is copied
         dy = dy.contiguous()
     cfg = cfgs['bwd']
     n_tiles = -(-H * W // cfg.constexprs['BP'])

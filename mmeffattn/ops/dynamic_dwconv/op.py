@@ -3,8 +3,7 @@ from typing import List, Optional
 
 import torch
 
-from .._backend import KERNEL_DTYPES as SUPPORTED_DTYPES  # noqa: F401 (public)
-from .._backend import dispatch, triton_reasons
+from .._backend import KERNEL_DTYPES, dispatch, triton_reasons
 from .._common import import_kernels, offsets_reason, sample_offsets_fit
 from .._validate import check_alike, check_not_empty, check_tensor
 from .naive import dynamic_dwconv_naive
@@ -58,7 +57,7 @@ def dynamic_dwconv_triton_reasons(x: torch.Tensor, kernel: torch.Tensor,
     ``interpret`` as in :func:`mmeffattn.ops._backend.triton_reasons`."""
     tensors = [t for t in (x, kernel, bias, weight) if t is not None]
     reasons = triton_reasons('dynamic depthwise-convolution', _KERNELS_IMPORT_ERROR, tensors,
-                             tensors, SUPPORTED_DTYPES, interpret=interpret, uses_dot=False)
+                             tensors, KERNEL_DTYPES, interpret=interpret, uses_dot=False)
     K = kernel.shape[-1]
     if K > MAX_KERNEL_SIZE:
         reasons.append(f'kernel size {K} > {MAX_KERNEL_SIZE} (the largest the kernels were '

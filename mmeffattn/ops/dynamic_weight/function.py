@@ -8,10 +8,9 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from .._common import sample_offsets_fit as int32_offsets_fit
-from .._launch import (KernelConfig, device_guard as _device_guard,  # noqa: F401
-                       launch as _launch, next_pow2 as _next_pow2, record_launches,
-                       unit_last_stride as _unit_last_stride)
+from .._common import sample_offsets_fit
+from .._launch import (KernelConfig, device_guard as _device_guard, launch as _launch,
+                       next_pow2 as _next_pow2, unit_last_stride as _unit_last_stride)
 from . import kernels
 
 #: default ``tl.dot`` input precision for fp32: exact fp32 ('ieee'), not TF32.
@@ -88,7 +87,7 @@ def dynamic_weight_bwd(g: torch.Tensor, u: torch.Tensor, v: torch.Tensor, s: flo
     C_out = v.shape[2]
     cfgs = dynamic_weight_kernel_configs(C_in, C_out, u.dtype, True, input_precision)
     g = _unit_last_stride(g)
-    if not int32_offsets_fit(g):  # u and v were checked; an unusual upstream gradient is copied
+    if not sample_offsets_fit(g):  # u and v were checked; an unusual upstream gradient is copied
         g = g.contiguous()
     dp = torch.empty((B, C_out, C_in), dtype=u.dtype, device=u.device)
     du = dv = None

@@ -1,8 +1,9 @@
-"""WeightFormer's bilateral dynamic weight as the formula: the oracle and the torch backend
-(``DynamicLinear``'s arithmetic and order, so the model's results are bit-identical)."""
+"""WeightFormer's bilateral dynamic weight as the formula (the test oracle)."""
 from typing import Optional
 
 import torch
+
+from .._common import autocast_off, compute_dtype
 
 
 def dynamic_weight_naive(u: torch.Tensor, v: torch.Tensor, n_tokens: float,
@@ -10,12 +11,16 @@ def dynamic_weight_naive(u: torch.Tensor, v: torch.Tensor, n_tokens: float,
                          weight: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Normalized predicted weight in ``nn.Linear``'s layout::
 
-        R = v^T u * scale / n_tokens              # [B, C_out, C_in], reduction over the M tokens
+        R[b, j, i] = scale / n_tokens * sum_m v[b, m, j] u[b, m, i]   # [B, C_out, C_in]
         out = R / (||R_j|| + 1)  (+ weight)       # each output row j, norm over its C_in inputs
 
-    Unvalidated; arguments as ``dynamic_weight``.
+    Unvalidated; arguments as ``dynamic_weight``. Computed in fp32 for 16-bit inputs; returns
+    u's dtype promoted with weight's.
     """
     scale = u.shape[-1] ** -0.5 if scale is None else scale
-    dw = v.transpose(1, 2) @ u * scale / n_tokens  # [B, C_out, C_in]
-    dw = dw / (dw.norm(dim=-1, keepdim=True) + 1.0)
-    return dw if weight is None else dw + weight
+    dtype = u.dtype if weight is None else torch.promote_types(u.dtype, weight.dtype)
+    ct = compute_dtype(u.dtype)
+    with autocast_off(u.device.type):
+        r = torch.einsum('bmj,bmi->bji', v.to(ct), u.to(ct)) * (scale / n_tokens)
+        out = r / (torch.linalg.vector_norm(r, dim=-1, keepdim=True) + 1)
+        return (out if weight is None else out + weight.to(ct)).to(dtype)

@@ -3,17 +3,14 @@ from typing import List, Optional
 
 import torch
 
-from .._backend import KERNEL_DTYPES as SUPPORTED_DTYPES  # noqa: F401 (public)
-from .._backend import can_run_dtype, dispatch, triton_reasons
+from .._backend import KERNEL_DTYPES, can_run_dtype, dispatch, triton_reasons
 from .._common import import_kernels, offsets_reason, sample_offsets_fit
 from .._validate import check_alike, check_real, check_tensor
 from .naive import dynamic_weight_naive
+from .pytorch import dynamic_weight_torch
 
 dynamic_weight_triton, _KERNELS_IMPORT_ERROR = import_kernels(
     __package__, 'dynamic_weight_triton', module='library')
-
-#: the ``'torch'`` backend: the reference (a batched matmul and a norm) has no faster form
-dynamic_weight_torch = dynamic_weight_naive
 
 _NAME = 'dynamic_weight'
 
@@ -53,10 +50,10 @@ def dynamic_weight_triton_reasons(u: torch.Tensor, v: torch.Tensor,
     ``interpret`` as in :func:`mmeffattn.ops._backend.triton_reasons`."""
     tensors = (u, v) if weight is None else (u, v, weight)
     reasons = triton_reasons('dynamic-weight', _KERNELS_IMPORT_ERROR, tensors, (u, v),
-                             SUPPORTED_DTYPES, interpret=interpret)
+                             KERNEL_DTYPES, interpret=interpret)
     if weight is not None:
         reasons += [r.replace('dtype', 'weight dtype', 1) for r in
-                    can_run_dtype((weight,), SUPPORTED_DTYPES, interpret=interpret,
+                    can_run_dtype((weight,), KERNEL_DTYPES, interpret=interpret,
                                   uses_dot=False)]
     return reasons + offsets_reason(sample_offsets_fit(u, v),
                                     'one sample of u or v spans 2**31 elements or more')
@@ -87,8 +84,9 @@ def dynamic_weight(u: torch.Tensor, v: torch.Tensor, n_tokens: float,
             (:mod:`mmeffattn.ops._backend`).
 
     Returns:
-        ``[B, C_out, C_in]`` in u's dtype (promoted with a weight). The PyTorch backends
-        follow autocast (as WeightFormer's ``DynamicLinear``); Triton does not.
+        ``[B, C_out, C_in]`` in u's dtype (promoted with a weight). The torch backend
+        follows autocast (as WeightFormer's ``DynamicLinear``); the reference and Triton do
+        not.
 
     Raises:
         ValueError: malformed inputs (the message says what to change).

@@ -9,8 +9,8 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from .._common import bh_strides as _bh_strides
-from .._launch import (KernelConfig, device_guard as _device_guard,  # noqa: F401
-                       launch as _launch, next_pow2 as _next_pow2, record_launches)
+from .._launch import (KernelConfig, device_guard as _device_guard, launch as _launch,
+                       next_pow2 as _next_pow2)
 from . import kernels
 
 

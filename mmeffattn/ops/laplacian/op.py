@@ -3,8 +3,7 @@ from typing import List, Optional
 
 import torch
 
-from .._backend import KERNEL_DTYPES as SUPPORTED_DTYPES  # noqa: F401 (public)
-from .._backend import dispatch, triton_reasons
+from .._backend import KERNEL_DTYPES, dispatch, triton_reasons
 from .._common import INT32_LIMIT, import_kernels, offsets_reason, token_offsets_fit
 from .._validate import check_alike, check_real, check_tensor
 from .naive import laplacian_kernel_naive
@@ -38,7 +37,7 @@ def laplacian_triton_reasons(x: torch.Tensor, y: torch.Tensor,
     ``interpret`` as in :func:`mmeffattn.ops._backend.triton_reasons`."""
     # elementwise arithmetic only (no tl.dot): bf16 is fine under the interpreter too
     reasons = triton_reasons('Laplacian-kernel', _KERNELS_IMPORT_ERROR, (x, y), (x, y),
-                             SUPPORTED_DTYPES, interpret=interpret, uses_dot=False)
+                             KERNEL_DTYPES, interpret=interpret, uses_dot=False)
     fits = token_offsets_fit(x, y) and x.shape[2] * y.shape[2] < INT32_LIMIT
     return reasons + offsets_reason(fits, 'one (sample, head) of x or y, or of the [N, M] '
                                     'output, spans 2**31 elements or more')
@@ -61,7 +60,9 @@ def laplacian_kernel(x: torch.Tensor, y: torch.Tensor, lam: float, *,
             (:mod:`mmeffattn.ops._backend`).
 
     Returns:
-        ``[B, heads, N, M]`` in the inputs' dtype (computed in fp32).
+        ``[B, heads, N, M]`` in the inputs' dtype; the distances are summed in fp32 (the
+        kernels in registers; the torch backend casts 16-bit inputs for ``torch.cdist``, which
+        has no bf16 CPU kernel).
 
     Raises:
         ValueError: malformed inputs (the message says what to change).

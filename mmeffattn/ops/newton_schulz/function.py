@@ -1,27 +1,25 @@
-"""Launchers and the large-matrix PyTorch path of the Newton-Schulz inverse (autograd:
-``library.py``).
+"""Launchers of the Triton Newton-Schulz kernels (autograd: ``library.py``).
 
-Up to :data:`MAX_ONCHIP_M` the kernels run in fp32: small matrices one program each, in
-registers; larger ones over row blocks, one launch per step. Beyond, the same iteration and
-hand-written backward run as batched matmuls. Plan and memory: docs/design/ops_kernels.md.
+Up to ``op.MAX_TRITON_M`` the kernels run in fp32: small matrices one program each, in
+registers; larger ones over row blocks, one launch per step (larger matrices run the torch
+backend). Plan and memory: docs/design/ops_kernels.md.
 """
 from typing import Dict, Optional, Tuple
 
 import torch
 
-from .._common import autocast_off
-from .._launch import (KernelConfig, device_guard as _device_guard,  # noqa: F401
-                       launch as _launch, next_pow2 as _next_pow2, record_launches)
+from .._launch import KernelConfig, device_guard as _device_guard, launch as _launch
+from .._launch import next_pow2 as _next_pow2
 from . import kernels
-from .naive import ALPHA_NUM, compute_dtype, initial_iterate, regularized
+from .naive import ALPHA_NUM
 
 #: three TF32 products per fp32 product, about fp32 accuracy (docs/design/ops_kernels.md)
 DEFAULT_INPUT_PRECISION = 'tf32x3'
-MAX_ONCHIP_M = 128  # larger matrices take the batched-matmul path
 #: largest padded size MP kept whole in registers (one program per matrix)
 MAX_REGISTER_MP = {'fwd': 32, 'bwd': 32}
 REGISTER_WARPS = {'fwd': {16: 4, 32: 4}, 'bwd': {16: 2, 32: 8}}
-TILED_WARPS = {"fwd": 4, "bwd": 4}
+#: warps of the multi-program kernels by MP (at MP = 256, 4 warps needed over 230 registers)
+TILED_WARPS = {16: 4, 32: 4, 64: 4, 128: 4, 256: 8}
 #: the kernels' only dtype: launchers copy into zero-padded fp32 ``[B*heads, MP, MP]`` buffers
 KERNEL_DTYPE = torch.float32
 ROW_BLOCK = 16  # BR: rows per program of the multi-program kernels
@@ -36,7 +34,7 @@ def padded_size(M: int) -> int:
 def newton_schulz_kernel_configs(M: int, store_iterates: bool = True,
                                  input_precision: str = DEFAULT_INPUT_PRECISION
                                  ) -> Dict[str, KernelConfig]:
-    """The launchers' configurations for ``M <= MAX_ONCHIP_M`` by role: ``'fwd'``, ``'bwd'``
+    """The launchers' configurations by role: ``'fwd'``, ``'bwd'``
     (whole-matrix up to :data:`MAX_REGISTER_MP`, else per-step kernels with ``'fwd_init'``,
     ``'bwd_q'`` and ``'bwd_alpha'``)."""
     mp = padded_size(M)
@@ -52,8 +50,8 @@ def newton_schulz_kernel_configs(M: int, store_iterates: bool = True,
                                 dict(common, STORE_ITERATES=store_iterates),
                                 REGISTER_WARPS['fwd'][mp])
     else:  # row blocks of each matrix over several programs, one launch per step
-        configs['fwd_init'] = config(kernels.newton_schulz_init_kernel, small, TILED_WARPS['fwd'])
-        configs['fwd'] = config(kernels.newton_schulz_step_kernel, tiled, TILED_WARPS['fwd'])
+        configs['fwd_init'] = config(kernels.newton_schulz_init_kernel, small, TILED_WARPS[mp])
+        configs['fwd'] = config(kernels.newton_schulz_step_kernel, tiled, TILED_WARPS[mp])
     if mp <= MAX_REGISTER_MP['bwd']:
         configs['bwd'] = config(kernels.newton_schulz_bwd_kernel, common,
                                 REGISTER_WARPS['bwd'][mp])
@@ -62,7 +60,7 @@ def newton_schulz_kernel_configs(M: int, store_iterates: bool = True,
                                          ('bwd', kernels.newton_schulz_bwd_step_kernel, tiled),
                                          ('bwd_alpha', kernels.newton_schulz_bwd_alpha_kernel,
                                           small)):
-            configs[role] = config(kernel, constexprs, TILED_WARPS['bwd'])
+            configs[role] = config(kernel, constexprs, TILED_WARPS[mp])
     return configs
 
 
@@ -165,40 +163,3 @@ def newton_schulz_bwd(g: torch.Tensor, a: torch.Tensor, ws: Optional[torch.Tenso
             _launch('bwd', cfg, (BH,), a_pad, g_pad, ws, da, M, iters, ws.shape[1], eps,
                     ALPHA_NUM)
     return _unpadded(result, a.shape, a.dtype)
-
-
-def newton_schulz_fwd_torch(a: torch.Tensor, iters: int, eps: float, store_iterates: bool
-                            ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """The forward with batched matmuls in the compute dtype: ``(out, iterates)``."""
-    with autocast_off(a.device.type):
-        p = regularized(a.to(compute_dtype(a.dtype)), eps)
-        v = initial_iterate(p)
-        kept = []
-        for _ in range(iters):
-            if store_iterates:
-                kept.append(v)
-            v = 2 * v - (v @ p) @ v
-        return v.to(a.dtype), (torch.stack(kept) if store_iterates and iters else None)
-
-
-def newton_schulz_bwd_torch(g: torch.Tensor, a: torch.Tensor, iterates: Optional[torch.Tensor],
-                            iters: int, eps: float) -> torch.Tensor:
-    """The kernels' backward (same recursion, see ``newton_schulz_bwd_kernel``) with batched
-    matmuls, in the compute dtype (also under autocast); returns dL/da in a's dtype."""
-    with autocast_off(a.device.type):
-        p = regularized(a.to(compute_dtype(a.dtype)), eps)
-        g = g.to(p.dtype)
-        dp = torch.zeros_like(p)
-        pt = p.transpose(-1, -2)
-        for k in reversed(range(iters)):
-            vt = iterates[k].transpose(-1, -2)
-            vtg = vt @ g
-            dp -= vtg @ vt
-            g = 2 * g - pt @ vtg - (g @ vt) @ pt
-        rows = p.sum(-1)  # [B, heads, M]
-        s = rows.amax(-1, keepdim=True)  # [B, heads, 1]
-        alpha = ALPHA_NUM / (s * s)
-        ds = -2 * alpha / s * (g * p).sum((-1, -2))[..., None]  # [B, heads, 1]
-        top = (rows == s).to(p.dtype)  # [B, heads, M]
-        dp += alpha[..., None] * g + (ds / top.sum(-1, keepdim=True) * top)[..., None]
-        return dp.to(a.dtype)

@@ -16,12 +16,9 @@ def _diag_term(o_r, o_c, M, eps):
 
 @triton.jit
 def _initial_factors(b_s, alpha_num):
-    """``(r1, r2)`` with ``V_0 = (P * r1) * r2``, as ``naive.initial_iterate``."""
-    b_in = (tl.abs(b_s) > 1e-18) & (tl.abs(b_s) < 1e18)
-    b_sin = tl.where(b_in, b_s, 1.)
-    b_sout = tl.where(b_in, 1., b_s)
-    return (tl.where(b_in, alpha_num / (b_sin * b_sin), 1. / b_sout),
-            tl.where(b_in, 1., alpha_num / b_sout))
+    """``(1 / s, alpha_num / s)``: ``V_0 = alpha P`` as ``(P / s) (alpha_num / s)``, in range
+    where ``s^2`` is not (as ``pytorch.initial_iterate``)."""
+    return 1. / b_s, alpha_num / b_s
 
 
 @triton.jit
@@ -77,7 +74,8 @@ def newton_schulz_bwd_kernel(
 
     then ``V_0 = alpha P`` with ``alpha = alpha_num / s^2``, ``s = max_i sum_j P_ij``:
     ``dL/dP += alpha G_0 + dL/ds [i is a largest row] / (number of largest rows)`` with
-    ``dL/ds = -2 alpha / s * sum(G_0 * P)``. ``dL/da = dL/dP``. ws: the forward's iterates.
+    ``dL/ds = -2 alpha / s * sum(G_0 * P)``, alpha applied as the forward's two in-range factors
+    (:func:`_initial_factors`). ``dL/da = dL/dP``. ws: the forward's iterates.
     """
     i_bh = tl.program_id(0).to(tl.int64)
     a += i_bh * MP * MP
@@ -100,10 +98,10 @@ def newton_schulz_bwd_kernel(
                - tl.dot(b_gvt, b_pt, input_precision=INPUT_PRECISION))
     b_rows = tl.sum(b_p, 1)  # [MP]
     b_s = tl.max(tl.where(o < M, b_rows, float('-inf')), 0)
-    b_alpha = alpha_num / (b_s * b_s)
-    b_ds = -2. * b_alpha / b_s * tl.sum(tl.sum(b_g * b_p, 1), 0)  # padded G is zero
+    b_r1, b_r2 = _initial_factors(b_s, alpha_num)  # alpha = r1 r2
+    b_ds = -2. * (tl.sum(tl.sum(b_g * b_p, 1), 0) * b_r1 * b_r2) / b_s  # padded G is zero
     b_top = ((o < M) & (b_rows == b_s)).to(tl.float32)  # [MP] rows reaching the maximum
-    b_dp += b_alpha * b_g + (b_ds / tl.sum(b_top, 0) * b_top)[:, None]
+    b_dp += b_g * b_r1 * b_r2 + (b_ds / tl.sum(b_top, 0) * b_top)[:, None]
     _store_mat_tile(da, o, o, b_dp, MP)
 
 
@@ -264,16 +262,16 @@ def newton_schulz_bwd_alpha_kernel(
     da += i_bh * MP * MP
     o_all = tl.arange(0, MP)
     b_s, b_n = _max_row_sum(a, M, eps, MP, BR)
-    b_alpha = alpha_num / (b_s * b_s)
+    b_r1, b_r2 = _initial_factors(b_s, alpha_num)  # alpha = r1 r2
     b_c = tl.full([], 0., tl.float32)
-    for i0 in tl.static_range(0, MP, BR):  # sum(G_0 * P)
+    for i0 in range(0, MP, BR):  # sum(G_0 * P)
         o_i = i0 + tl.arange(0, BR)
         b_c += tl.sum(tl.sum(_mat_tile(g, o_i, o_all, MP) * _p_tile(a, o_i, o_all, M, eps, MP),
                              1), 0)
-    b_ds = -2. * b_alpha / b_s * b_c
+    b_ds = -2. * (b_c * b_r1 * b_r2) / b_s
     o_r = i_r * BR + tl.arange(0, BR)
     b_rows = tl.sum(_p_tile(a, o_r, o_all, M, eps, MP), 1)  # [BR]
     b_top = ((o_r < M) & (b_rows == b_s)).to(tl.float32)
-    b_da = (_mat_tile(dp, o_r, o_all, MP) + b_alpha * _mat_tile(g, o_r, o_all, MP)
+    b_da = (_mat_tile(dp, o_r, o_all, MP) + _mat_tile(g, o_r, o_all, MP) * b_r1 * b_r2
             + (b_ds / b_n * b_top)[:, None])
     _store_mat_tile(da, o_r, o_all, b_da, MP)

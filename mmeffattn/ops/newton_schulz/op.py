@@ -1,21 +1,20 @@
 """Public Newton-Schulz inverse op: validates its inputs and dispatches to a backend."""
-import contextlib
 from typing import List, Optional
 
 import torch
 
-from .._backend import KERNEL_DTYPES as SUPPORTED_DTYPES  # noqa: F401 (public)
-from .._backend import dispatch, triton_reasons
+from .._backend import KERNEL_DTYPES, dispatch, triton_reasons
 from .._common import import_kernels, is_eager
 from .._validate import check_alike, check_int, check_not_empty, check_real, check_tensor
-from .naive import (BACKWARDS, newton_schulz_pinv_naive, newton_schulz_residual,
-                    with_implicit_backward)
+from .naive import newton_schulz_pinv_naive
+from .pytorch import newton_schulz_pinv_torch
 
 newton_schulz_pinv_triton, _KERNELS_IMPORT_ERROR = import_kernels(
     __package__, 'newton_schulz_pinv_triton', module='library')
-
-#: the ``'torch'`` backend: the reference (batched matmuls) has no faster form
-newton_schulz_pinv_torch = newton_schulz_pinv_naive
+#: largest matrix side the kernels take (a block of rows of each matrix in registers)
+MAX_TRITON_M = 256
+#: ``'unrolled'``: through every step; ``'implicit'``: ``-V^T G V^T`` at the result
+BACKWARDS = ('unrolled', 'implicit')
 
 _NAME = 'newton_schulz_pinv'
 
@@ -37,6 +36,21 @@ def _check_inputs(a: torch.Tensor, iters: int, eps: float, backward: str) -> int
     check_alike(_NAME, (('a', a), ))
     check_real(_NAME, 'eps', eps, 'the diagonal added to a', nonnegative=True)
     return check_int(_NAME, 'iters', iters, 0, 'the number of Newton-Schulz steps')
+
+
+def newton_schulz_residual(a: torch.Tensor, inv: torch.Tensor, eps: float) -> torch.Tensor:
+    """``||P inv - I||_F / sqrt(M)`` per matrix in fp64, no gradient (``[...]`` for
+    ``[..., M, M]`` inputs). The iteration converges iff this drops below 1.
+
+    Args:
+        a: the matrix given to ``newton_schulz_pinv``.
+        inv: its result.
+        eps: the ``eps`` given to ``newton_schulz_pinv``.
+    """
+    with torch.no_grad():
+        eye = torch.eye(a.shape[-1], dtype=torch.float64, device=a.device)
+        r = (a.double() + eps * eye) @ inv.double() - eye
+        return torch.linalg.matrix_norm(r) / a.shape[-1] ** 0.5
 
 
 def check_converged(a: torch.Tensor, inv: torch.Tensor, iters: int, eps: float) -> None:
@@ -64,8 +78,12 @@ def check_converged(a: torch.Tensor, inv: torch.Tensor, iters: int, eps: float) 
 def newton_schulz_triton_reasons(a: torch.Tensor, interpret: Optional[bool] = None) -> List[str]:
     """Reasons the Triton backend cannot run this (validated) input; empty if it can."""
     # the kernels convert to fp32 before every tl.dot, so bf16 is fine under the interpreter
-    return triton_reasons('Newton-Schulz', _KERNELS_IMPORT_ERROR, (a,), (a,), SUPPORTED_DTYPES,
-                          interpret=interpret, uses_dot=False)
+    reasons = triton_reasons('Newton-Schulz', _KERNELS_IMPORT_ERROR, (a,), (a,), KERNEL_DTYPES,
+                             interpret=interpret, uses_dot=False)
+    if a.shape[-1] > MAX_TRITON_M:
+        reasons.append(f'matrix side {a.shape[-1]} > {MAX_TRITON_M} (the kernels keep a block of '
+                       f'rows of each matrix in registers)')
+    return reasons
 
 
 def newton_schulz_pinv(a: torch.Tensor, iters: int, eps: float, *,
@@ -76,8 +94,8 @@ def newton_schulz_pinv(a: torch.Tensor, iters: int, eps: float, *,
 
         P = a + eps * I
         s = max_i sum_j P_ij                     # per matrix, row sums of P (official CUDA op)
-        V = (1.8 / s^2) * P                      # as (P / s) * (1.8 / s) when s^2 would leave
-                                                 # the float range (|s| outside 1e-18..1e18)
+        V = (1.8 / s^2) * P                      # torch, Triton: (P / s) (1.8 / s), in range
+                                                 # where s^2 is not (the reference as written)
         repeat iters times:  V = 2 V - (V P) V
 
     Converges to ``P^{-1}`` for symmetric positive definite ``P`` with nonnegative entries
@@ -99,7 +117,9 @@ def newton_schulz_pinv(a: torch.Tensor, iters: int, eps: float, *,
             (:mod:`mmeffattn.ops._backend`).
 
     Returns:
-        ``[B, heads, M, M]`` in a's dtype, computed in fp32 for fp16/bf16 inputs.
+        ``[B, heads, M, M]`` in a's dtype, computed in fp32 for fp16/bf16 inputs (each step
+        squares the previous one's error, rounding included: 16-bit iterates stall far from the
+        inverse).
 
     Raises:
         ValueError: malformed inputs (the message says what to change), or ``check`` found a
@@ -107,14 +127,9 @@ def newton_schulz_pinv(a: torch.Tensor, iters: int, eps: float, *,
         RuntimeError: ``backend='triton'`` on inputs the kernels cannot run (lists why).
     """
     iters = _check_inputs(a, iters, eps, backward)
-    eps = float(eps)
-    implicit = backward == 'implicit' and torch.is_grad_enabled() and a.requires_grad
-    with torch.no_grad() if implicit else contextlib.nullcontext():
-        out = dispatch(_NAME, backend, lambda: newton_schulz_triton_reasons(a), (a, ),
-                       newton_schulz_pinv_triton, newton_schulz_pinv_torch,
-                       newton_schulz_pinv_naive, a, iters, eps)
-    if implicit:
-        out = with_implicit_backward(a, out)
+    out = dispatch(_NAME, backend, lambda: newton_schulz_triton_reasons(a), (a, ),
+                   newton_schulz_pinv_triton, newton_schulz_pinv_torch, newton_schulz_pinv_naive,
+                   a, iters, float(eps), backward == 'implicit')
     if check or (check is None and a.device.type == 'cpu' and is_eager(a)):
         check_converged(a, out.detach(), iters, eps)
     return out

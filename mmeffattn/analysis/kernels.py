@@ -1,14 +1,15 @@
-"""The Triton launches and analytic costs of each op at the backbones' sizes, for the tools
-and tests that look at compiled kernels without running them.
+"""The Triton launches and analytic costs of each op, for the tools and tests that look at
+compiled kernels without running them.
 
-* :func:`record`: the launches an op's launchers really issue for one case (forward and
-  backward, inside ``_launch.record_launches()``); :func:`specialise`, Triton's JIT
+* :func:`case` and :func:`record`: the launches an op's launchers really issue for one case
+  (forward and backward; the op's ``spec.record``), :func:`specialise`, Triton's JIT
   specialisation of one launch, and :func:`compile_launch`, its compile for an NVIDIA target
-  without a GPU: what ``tests/ops/test_aot.py`` and ``kernel_report.py`` run.
-* :data:`ROOFLINES`: per GPU check of ``tools/gpu_check.py``, the bytes and work of one call
-  (kernels and glue) and its predicted time at peak rates (:func:`predicted_seconds`).
-  ``docs/perf/kernels_history.md`` records the rooflines of earlier kernel designs.
+  without a GPU: what ``tests/ops/test_aot.py`` and ``tools/analysis_tools/kernel_report.py`` run.
+* :data:`ROOFLINES`: per GPU check (each op's ``spec.gpu_sizes``, run by ``tools/gpu_check.py``),
+  the bytes and work of one call (kernels and glue) and its predicted time at peak rates
+  (:func:`predicted_seconds`); ``docs/perf/kernels_history.md`` has earlier designs'.
 """
+import inspect
 import re
 import subprocess
 import tempfile
@@ -16,13 +17,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, NamedTuple, Optional
 
-import torch
-
-from mmeffattn.ops._spec import DTYPES
-from mmeffattn.ops.sema.spec import window_sides
-
-#: the backbones' settings the cases use: SEMA's window, WeightFormer's dynamic kernel side
-SEMA_WINDOW, DWCONV_KERNEL = 7, 3
+from mmeffattn.ops._launch import record_launches
+from mmeffattn.ops._spec import DTYPES, SPECS, get_spec
+from mmeffattn.ops.dynamic_dwconv.spec import SETTINGS as DWCONV_SETTINGS
+from mmeffattn.ops.sema.spec import SETTINGS as SEMA_SETTINGS, window_sides
 
 
 class Cost(NamedTuple):
@@ -64,174 +62,24 @@ def total_cost(costs: Dict[str, Cost]) -> Cost:
 # --------------------------------------------------------------------------------------------
 # recorded launches
 # --------------------------------------------------------------------------------------------
-def sema_case(D, window, H, W, dtype, with_mean=True, layout='backbone',
-              return_mean=False, **extra) -> Dict[str, Any]:
-    return dict(op='sema_attention', D=D, window=window, H=H, W=W, dtype=dtype,
-                with_mean=with_mean, layout=layout, return_mean=return_mean, **extra)
+def case(op: str, *args: Any, **kwargs: Any) -> Dict[str, Any]:
+    """A case of op ``op``: ``dict(op=op, ...)`` with the arguments of its ``spec.record``
+    (positional ones named; JSON-serialisable, for a compile worker)."""
+    bound = inspect.signature(get_spec(op).record).bind(*args, **kwargs)
+    return dict(op=op, **bound.arguments)
 
 
-def core_periphery_case(D, C, dtype, rope='batch', splits=None, N=196, rope_grad=True,
-                        **extra) -> Dict[str, Any]:
-    """``rope``: None, ``'batch'`` for ``[B, C + N, D]`` tables or ``'shared'`` for
-    ``[1, C + N, D]``; ``splits``: None for the launchers' default, or a count forced to compile
-    the split path; ``rope_grad``: the tables need gradients (VECA learns its core
-    coordinates, so its tables do while training); ``fused``: one backward (default both)."""
-    return dict(op='core_periphery_attention', D=D, C=C, N=N, dtype=dtype, rope=rope,
-                splits=splits, rope_grad=rope_grad, **extra)
-
-
-def laplacian_case(N, M, D, dtype, layout='contiguous', **extra) -> Dict[str, Any]:
-    """``layout``: ``'contiguous'`` or ``'tokens'`` (views of a ``[B, tokens, heads, D]``
-    projection)."""
-    return dict(op='laplacian_kernel', N=N, M=M, D=D, dtype=dtype, layout=layout, **extra)
-
-
-def newton_schulz_case(M, iters=3, dtype='fp32', **extra) -> Dict[str, Any]:
-    return dict(op='newton_schulz_pinv', M=M, iters=iters, dtype=dtype, **extra)
-
-
-def dynamic_dwconv_case(C, H, W, K, dtype, layout='tokens', normalize=True, weight=True,
-                        bias=True, B=2) -> Dict[str, Any]:
-    return dict(op='dynamic_dwconv', B=B, C=C, H=H, W=W, K=K, dtype=dtype, normalize=normalize,
-                weight=weight, bias=bias, layout=layout)
-
-
-def dynamic_weight_case(M, C_in, C_out, dtype, weight='fp32', B=2) -> Dict[str, Any]:
-    return dict(op='dynamic_weight', B=B, M=M, C_in=C_in, C_out=C_out, dtype=dtype,
-                weight=weight)
-
-
-def _record_sema(case: Dict[str, Any]) -> list:
-    """``'backbone'`` layout: q, k views of a fused qk projection and dq, dk stored into one
-    packed gradient (``sema_attention_qk``), v a transposed ``[B, N, heads, D]``, the output
-    stored tokens-major; ``return_mean``: the mean returned, as the backbone calls it, and its
-    gradient read by the backward. ``'contiguous'``: ``[B, heads, N, D]`` q, k, v."""
-    from mmeffattn.ops.sema import function
-    dtype = DTYPES[case['dtype']]
-    H, W, D = case['H'], case['W'], case['D']
-    B, nh = case.get('B', 1), case.get('heads', 2)  # the launch grid depends on them
-    return_mean = case.get('return_mean', False)
-    out_layout, dqk = 'bhnd', None
-    if case.get('layout', 'backbone') == 'backbone':
-        qk = torch.empty(B, H * W, 2, nh, D, dtype=dtype)
-        q, k = function.qk_views(qk)
-        dqk = torch.empty_like(qk)
-        v = torch.empty(B, H * W, nh, D, dtype=dtype).transpose(1, 2)
-        out_layout = 'bnhd'
-    else:
-        q, k, v = (torch.empty(B, nh, H * W, D, dtype=dtype) for _ in range(3))
-    geom = function.window_geometry((H, W), case['window'])
-    scale = D ** -0.5
-    with function.record_launches() as launches:
-        o, lse, mean = function.sema_fwd(q, k, v, geom, scale, case['with_mean'],
-                                         out_layout=out_layout, return_mean=return_mean)
-        function.sema_bwd(torch.empty_like(o), q, k, v, o, lse, mean, geom, scale,
-                          case['with_mean'], out_layout=out_layout, dqk=dqk,
-                          grad_mean=torch.empty_like(mean) if return_mean else None,
-                          return_mean=return_mean)
-    return launches
-
-
-def _record_core_periphery(case: Dict[str, Any]) -> list:
-    """Views of ``[B, C + N, heads, D]`` projections, as the VECA backbone passes them; the
-    backward both fused (the default) and deterministic, unless the case sets ``fused``."""
-    from mmeffattn.ops.core_periphery import function
-    dtype = DTYPES[case['dtype']]
-    B, heads, C, D = case.get('B', 2), case.get('heads', 2), case['C'], case['D']
-    L = C + case['N']
-    q, k, v = (torch.empty(B, L, heads, D, dtype=dtype).transpose(1, 2) for _ in range(3))
-    cos = sin = None
-    if case['rope']:
-        cos, sin = (torch.empty(B if case['rope'] == 'batch' else 1, L, D, dtype=dtype)
-                    for _ in range(2))
-    scale = D ** -0.5
-    with function.record_launches() as launches:
-        o, lse = function.core_periphery_fwd(q, k, v, cos, sin, C, scale, splits=case['splits'])
-        fused = case.get('fused')
-        for f in ((True, False) if fused is None else (fused,)):
-            function.core_periphery_bwd(torch.empty_like(o), q, k, v, cos, sin, o, lse, C,
-                                        scale, splits=case['splits'],
-                                        rope_grad=case.get('rope_grad', True), fused=f)
-    return launches
-
-
-def _record_laplacian(case: Dict[str, Any]) -> list:
-    from mmeffattn.ops.laplacian import function
-    dtype = DTYPES[case['dtype']]
-    N, M, D = case['N'], case['M'], case['D']
-    B, H = case.get('B', 1), case.get('H', 2)
-    if case.get('layout', 'contiguous') == 'tokens':
-        x = torch.empty(B, N, H, D, dtype=dtype).transpose(1, 2)
-        y = torch.empty(B, M, H, D, dtype=dtype).transpose(1, 2)
-    else:
-        x, y = torch.empty(B, H, N, D, dtype=dtype), torch.empty(B, H, M, D, dtype=dtype)
-    with function.record_launches() as launches:
-        out = function.laplacian_fwd(x, y, 1.0)
-        function.laplacian_bwd(torch.empty_like(out), x, y, out, 1.0)
-    return launches
-
-
-def _record_newton_schulz(case: Dict[str, Any]) -> list:
-    """The forward keeping its iterates, the inference forward (nothing stored), the
-    backward."""
-    from mmeffattn.ops.newton_schulz import function
-    M, iters = case['M'], case['iters']
-    assert M <= function.MAX_ONCHIP_M, 'larger matrices run batched matmuls, no kernel'
-    a = torch.empty(case.get('B', 1), case.get('heads', 2), M, M, dtype=DTYPES[case['dtype']])
-    with function.record_launches() as launches:
-        out, ws = function.newton_schulz_fwd(a, iters, 0.01, True)
-        function.newton_schulz_fwd(a, iters, 0.01, False)
-        function.newton_schulz_bwd(torch.empty_like(out), a, ws, iters, 0.01)
-    return launches
-
-
-def _record_dynamic_dwconv(case: Dict[str, Any]) -> list:
-    """``'tokens'``: the channels-last view of a ``[B, H*W, C]`` token tensor, as the model
-    passes it; ``'nchw'``: plain NCHW."""
-    from mmeffattn.ops.dynamic_dwconv import function
-    dtype = DTYPES[case['dtype']]
-    B, C, H, W, K = case['B'], case['C'], case['H'], case['W'], case['K']
-    if case['layout'] == 'tokens':
-        x = torch.empty(B, H * W, C, dtype=dtype).transpose(1, 2).reshape(B, C, H, W)
-    else:
-        x = torch.empty(B, C, H, W, dtype=dtype)
-    kernel = torch.empty(B, C, K, K, dtype=dtype)
-    weight = torch.empty(C, 1, K, K) if case['weight'] else None
-    bias = torch.empty(C) if case['bias'] else None
-    with function.record_launches() as launches:
-        out = function.dynamic_dwconv_fwd(x, kernel, bias, weight, case['normalize'])
-        function.dynamic_dwconv_bwd(torch.empty_like(out), x, kernel, weight, case['normalize'],
-                                    bias is not None)
-    return launches
-
-
-def _record_dynamic_weight(case: Dict[str, Any]) -> list:
-    """Contiguous u, v (the model's ``SiLU(A) @ basis``)."""
-    from mmeffattn.ops.dynamic_weight import function
-    dtype = DTYPES[case['dtype']]
-    B, M, C_in, C_out = case['B'], case['M'], case['C_in'], case['C_out']
-    u, v = torch.empty(B, M, C_in, dtype=dtype), torch.empty(B, M, C_out, dtype=dtype)
-    weight = (torch.empty(C_out, C_in, dtype=DTYPES[case['weight']]) if case['weight']
-              else None)
-    s = C_in ** -0.5 / (4 * M)
-    with function.record_launches() as launches:
-        out = function.dynamic_weight_fwd(u, v, s, weight)
-        function.dynamic_weight_bwd(torch.empty_like(out), u, v, s)
-    return launches
-
-
-_RECORDS: Dict[str, Callable[[Dict[str, Any]], list]] = {
-    'sema_attention': _record_sema, 'core_periphery_attention': _record_core_periphery,
-    'laplacian_kernel': _record_laplacian, 'newton_schulz_pinv': _record_newton_schulz,
-    'dynamic_dwconv': _record_dynamic_dwconv, 'dynamic_weight': _record_dynamic_weight}
+def case_name(op: str, sizes: Dict[str, Any]) -> str:
+    """``'<op> B8-heads2-...'``: the op and its integer sizes, e.g. a GPU check's name."""
+    return f'{op} ' + '-'.join(f'{k}{v}' for k, v in sizes.items() if type(v) is int)
 
 
 def record(case: Dict[str, Any]) -> list:
-    """The launches of one forward + backward of ``case['op']`` at the case's shapes, recorded
+    """The launches of one forward + backward of ``case['op']`` at the case's sizes, recorded
     on empty CPU tensors (nothing runs)."""
-    if case['op'] not in _RECORDS:
-        raise ValueError(f"no recorded launches for op {case['op']!r}; ops: {sorted(_RECORDS)}")
-    return _RECORDS[case['op']](case)
+    with record_launches() as launches:
+        get_spec(case['op']).record(**{k: v for k, v in case.items() if k != 'op'})
+    return launches
 
 
 def specialise(launch, arch: int):
@@ -281,8 +129,9 @@ def compile_launch(launch, arch: int, sass: bool = False) -> Dict[str, Any]:
 # --------------------------------------------------------------------------------------------
 # rooflines: costs(dtype) -> {'fwd': Cost, 'bwd': Cost} of one call
 # --------------------------------------------------------------------------------------------
-def sema_costs(B: int, h: int, side: int, D: int):
-    """One call on ``[B, h, side**2, D]`` q, k, v in windows of :data:`SEMA_WINDOW`, as the SEMA
+def sema_costs(B: int, heads: int, H: int, W: int, D: int,
+               window: int = SEMA_SETTINGS['window'], **_: Any):
+    """One call on ``[B, heads, H * W, D]`` q, k, v in windows of ``window``, as the SEMA
     backbone makes it: q, k packed in the qk projection's output (``sema_attention_qk``), the
     output stored tokens-major, the mean returned (the backbone adds it at the call site).
     Forward: the kernel (q, k, v read, o stored into ``[B, N, heads, D]``;
@@ -299,15 +148,15 @@ def sema_costs(B: int, h: int, side: int, D: int):
     (scale, max, exp, sum) and 6 backward."""
     def costs(dtype: str) -> Dict[str, Cost]:
         e = DTYPES[dtype].itemsize
-        N = side * side
+        h, N = heads, H * W
         t = B * h * N * D * e  # one [B, h, N, D] tensor
         row = 4 * B * h * N  # one fp32 value per token (lse, delta)
-        sides = window_sides(side, SEMA_WINDOW)
-        pairs = B * h * sum((a * b) ** 2 for a in sides for b in sides)
-        tokens = min(SEMA_WINDOW, side) ** 2
+        sides_h, sides_w = window_sides(H, window), window_sides(W, window)
+        pairs = B * h * sum((a * b) ** 2 for a in sides_h for b in sides_w)
+        tokens = min(window, H) * min(window, W)
         several = dtype == 'fp32' or tokens > 64
         assert dtype == 'fp32' or not several, 'a 16-bit window over 64 tokens: not modelled'
-        n_parts = len(sides) ** 2 * (-(-tokens // 16) if several else 1)
+        n_parts = len(sides_h) * len(sides_w) * (-(-tokens // 16) if several else 1)
         cast = dtype != 'fp32'
         # the kernel; the partial sums written and read; the mean written (and cast)
         fwd_bytes = 4 * t + (row if several else 0) + 2 * 4 * B * h * n_parts * D \
@@ -334,8 +183,8 @@ def _core_periphery_splits(programs: int, loop_blocks: int) -> int:
     return -(-loop_blocks // -(-loop_blocks // splits))
 
 
-def core_periphery_costs(B: int, h: int, C: int, N: int, D: int, rope_grad: bool = False,
-                         fused: Optional[bool] = None):
+def core_periphery_costs(B: int, heads: int, C: int, N: int, D: int, rope_grad: bool = False,
+                         fused: Optional[bool] = None, **_: Any):
     """One call on ``[B, h, C + N, D]`` q, k, v with per-token rope tables shared by the batch
     (``[1, C + N, D]``, as the GPU checks pass them; ``rope_grad``: the tables need gradients
     too), as the kernels and their glue run.
@@ -365,7 +214,7 @@ def core_periphery_costs(B: int, h: int, C: int, N: int, D: int, rope_grad: bool
     def costs(dtype: str) -> Dict[str, Cost]:
         torch_dtype = DTYPES[dtype]
         e = torch_dtype.itemsize
-        L, bh = C + N, B * h
+        L, bh = C + N, B * heads
         bd = padded_head_dim(D)
         t = core_periphery_tiles(bd, bd == D, C, torch_dtype, True)
         bt = core_periphery_bwd_tiles(bd, bd == D, torch_dtype, True)
@@ -419,7 +268,7 @@ def core_periphery_costs(B: int, h: int, C: int, N: int, D: int, rope_grad: bool
     return costs
 
 
-def laplacian_costs(B: int, h: int, N: int, M: int, D: int):
+def laplacian_costs(B: int, heads: int, N: int, M: int, D: int, **_: Any):
     """One call on ``[B, h, N, D]`` x and ``[B, h, M, D]`` y: the forward reads x, y and writes
     the ``N x M`` kernel; the fused backward reads g and out once, writes dx, and dy's partial
     sums when the rows are split (summed, cast). fp32 lane instructions: forward 2 per
@@ -429,7 +278,7 @@ def laplacian_costs(B: int, h: int, N: int, M: int, D: int):
 
     def costs(dtype: str) -> Dict[str, Cost]:
         e = DTYPES[dtype].itemsize
-        bh, nm = B * h, N * M
+        bh, nm = B * heads, N * M
         fwd = Cost(bh * e * (N * D + M * D + nm), fp32=bh * nm * (2 * D + 2))
         n_d = -(-D // min(BWD_MAX_D, D))
         n_split = -(-N // bwd_row_split(N, n_d * bh))
@@ -446,7 +295,7 @@ def laplacian_costs(B: int, h: int, N: int, M: int, D: int):
     return costs
 
 
-def newton_schulz_costs(B: int, h: int, M: int, iters: int):
+def newton_schulz_costs(B: int, heads: int, M: int, iters: int, **_: Any):
     """One call on ``[B, h, M, M]`` with ``iters`` steps, as the multi-program kernels
     (``MP = padded_size(M) > MAX_REGISTER_MP``) and their glue run.
 
@@ -465,7 +314,7 @@ def newton_schulz_costs(B: int, h: int, M: int, iters: int):
 
     def costs(dtype: str) -> Dict[str, Cost]:
         e = DTYPES[dtype].itemsize
-        bh, mp = B * h, padded_size(M)
+        bh, mp = B * heads, padded_size(M)
         mat, small = 4 * bh * mp * mp, bh * M * M  # one fp32 padded matrix; elements unpadded
         tc_scale = 1.0 if dtype == 'fp32' else PEAKS['H100']['tc16'] / PEAKS['H100']['tf32']
 
@@ -483,7 +332,8 @@ def newton_schulz_costs(B: int, h: int, M: int, iters: int):
     return costs
 
 
-def dynamic_dwconv_costs(B: int, C: int, side: int, K: int = DWCONV_KERNEL):
+def dynamic_dwconv_costs(B: int, C: int, H: int, W: int,
+                         K: int = DWCONV_SETTINGS['kernel_size'], **_: Any):
     """One normalized call with static kernel and bias (the GPU check): x, dy, out, dx once
     each through HBM (the shifted re-reads hit L1/L2), the kernel-gradient partial sums written
     and re-read, the per-sample sums summed by torch. fp32 lane instructions: 3 per tap and
@@ -492,7 +342,7 @@ def dynamic_dwconv_costs(B: int, C: int, side: int, K: int = DWCONV_KERNEL):
 
     def costs(dtype: str) -> Dict[str, Cost]:
         e = DTYPES[dtype].itemsize
-        P, KK = side * side, K * K
+        P, KK = H * W, K * K
         bcp = B * C * P
         n_tiles = -(-P // BWD_TILE[1])
         n_cb = -(-C // BWD_TILE[0])
@@ -507,13 +357,14 @@ def dynamic_dwconv_costs(B: int, C: int, side: int, K: int = DWCONV_KERNEL):
     return costs
 
 
-def dynamic_weight_costs(B: int, M: int, c_in: int, c_out: int):
+def dynamic_weight_costs(B: int, M: int, C_in: int, C_out: int, **_: Any):
     """One call with an fp32 static weight (the GPU check): forward u, v and the weight read,
     the ``[B, c_out, c_in]`` weight written; backward its gradient read (twice: the row-norm
     term, then du and dv), u and v read, du, dv written. Tensor-core FLOPs: 2 per MAC
     (``v^T u`` forward; ``dp``, du, dv backward); fp32 lane instructions: about 3 per output
     weight each way (norm, scale, add)."""
     def costs(dtype: str) -> Dict[str, Cost]:
+        c_in, c_out = C_in, C_out
         e = DTYPES[dtype].itemsize
         uv = B * M * (c_in + c_out) * e
         w_out = B * c_out * c_in * e
@@ -542,42 +393,13 @@ class Roofline:
         return self.aot_case['op']
 
 
-def _sema(B, h, side, D):
-    return (f'sema B{B}-H{h}-{side}x{side}-D{D}',
-            Roofline(sema_costs(B, h, side, D),
-                     sema_case(D, SEMA_WINDOW, side, side, 'bf16', return_mean=True, B=B,
-                               heads=h)))
-
-
-def _core_periphery(B, h, C, N, D):
-    return (f'core_periphery B{B}-H{h}-C{C}-N{N}-D{D}',
-            Roofline(core_periphery_costs(B, h, C, N, D),
-                     core_periphery_case(D, C, 'bf16', 'shared', N=N, rope_grad=False, B=B,
-                                         heads=h, fused=True)))  # the default backward only
-
-
-def _laplacian(B, h, N, M, D):
-    return (f'laplacian_kernel B{B}-H{h}-N{N}-M{M}-D{D}',
-            Roofline(laplacian_costs(B, h, N, M, D), laplacian_case(N, M, D, 'bf16', B=B, H=h)))
-
-
-def _dynamic_dwconv(B, C, side):
-    return (f'dynamic_dwconv B{B}-C{C}-{side}x{side}',
-            Roofline(dynamic_dwconv_costs(B, C, side),
-                     dynamic_dwconv_case(C, side, side, DWCONV_KERNEL, 'bf16', layout='nchw',
-                                         B=B)))
-
-
-#: GPU check name (``tools/gpu_check.py``) -> its :class:`Roofline`. The Newton-Schulz
-#: check at M = 256 runs batched matmuls, not the kernels (M <= 128), so it has none.
-ROOFLINES: Dict[str, Roofline] = dict([
-    _sema(8, 2, 56, 32), _sema(2, 2, 128, 32),
-    _core_periphery(8, 6, 64, 196, 64), _core_periphery(2, 6, 64, 1024, 64),
-    _laplacian(8, 1, 3136, 49, 64), _laplacian(2, 1, 16384, 256, 64),
-    ('newton_schulz_pinv B8-H1-M49', Roofline(newton_schulz_costs(8, 1, 49, 20),
-                                              newton_schulz_case(49, 20, B=8, heads=1))),
-    _dynamic_dwconv(8, 768, 14), _dynamic_dwconv(2, 384, 64),
-    ('dynamic_weight B8-M49-192x768', Roofline(dynamic_weight_costs(8, 49, 192, 768),
-                                               dynamic_weight_case(49, 192, 768, 'bf16',
-                                                                   B=8))),
-])
+#: each op's cost model, ``costs(**sizes)``, the sizes of its ``spec.gpu_sizes``
+COSTS: Dict[str, Callable[..., Callable[[str], Dict[str, Cost]]]] = {
+    'sema_attention': sema_costs, 'core_periphery_attention': core_periphery_costs,
+    'laplacian_kernel': laplacian_costs, 'newton_schulz_pinv': newton_schulz_costs,
+    'dynamic_dwconv': dynamic_dwconv_costs, 'dynamic_weight': dynamic_weight_costs}
+#: GPU check name (:func:`case_name` of each op's ``spec.gpu_sizes``) -> its :class:`Roofline`
+ROOFLINES: Dict[str, Roofline] = {
+    case_name(spec.name, sizes): Roofline(COSTS[spec.name](**sizes),
+                                          dict(op=spec.name, dtype='bf16', **sizes))
+    for spec in SPECS for sizes in spec.gpu_sizes}
