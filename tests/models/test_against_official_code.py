@@ -9,7 +9,7 @@ checked against test-only re-implementations of the official forwards (``test_ve
 ``test_weightformer.py``, ``test_official_pretrained.py``).
 
 Each official model gets seeded random weights, ours loads them through our checkpoint filter
-strictly, and the outputs must agree (``compare_official.check_outputs``, the check that
+strictly, and the outputs must agree (``mmeffattn.analysis.comparison.check_outputs``, the check that
 ``tools/analysis_tools/compare_official.py`` runs before it times anything).
 """
 import importlib.util
@@ -19,6 +19,8 @@ import sys
 
 import pytest
 import torch
+
+from mmeffattn.analysis.comparison import check_outputs
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 from tools.analysis_tools import compare_official
@@ -53,5 +55,5 @@ def test_ours_reproduces_the_official_model(family, side, monkeypatch):
     monkeypatch.setattr(sys, 'path', list(sys.path))  # the builders extend sys.path
     torch.manual_seed(0)
     for cmp in FAMILIES[family][1](root, side, check=True):
-        diffs = compare_official.check_outputs(cmp.outputs, tol=1e-5)
+        diffs = check_outputs(cmp.outputs, tol=1e-5)
         assert diffs and all(v <= 1e-5 for v in diffs.values()), diffs
