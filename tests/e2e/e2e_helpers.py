@@ -4,7 +4,7 @@ import os.path as osp
 import re
 import subprocess
 import sys
-from typing import List
+from typing import List, Tuple
 
 import pytest
 
@@ -115,3 +115,43 @@ def assert_beats_baseline(metric: str, trained: float, baseline: float) -> None:
     assert trained > baseline, (
         f'{metric} {trained} does not beat {baseline}, what the same model reaches at learning '
         f'rate 0 on the same data: it did not learn')
+
+
+def mini_backbone(config: str, key: str = 'backbone') -> Tuple[dict, List[int]]:
+    """Config overrides that make ``config``'s ``model[key]`` its family's mini architecture (the
+    smallest that runs every code path of the family), and the channels of its outputs.
+
+    The runs on generated data use it: they check the pipeline through the tools, which does not
+    depend on the width, and tests/configs and tests/models build each family at full size."""
+    import torch
+    from mmengine.config import Config
+    from mmeffattn.registry import MODELS
+    backbone = Config.fromfile(osp.join(ROOT, config)).model[key].to_dict()
+    family = MODELS.get(backbone['type'])
+    over = dict(arch=dict(family.mini_arch), drop_path_rate=0.0)
+    for name in ('out_indices', 'num_cores'):  # an isotropic family's pyramid of fewer blocks
+        if name in family.mini_kwargs and (name != 'out_indices'
+                                           or backbone.get('out_type') == 'pyramid'):
+            over[name] = family.mini_kwargs[name]
+    model = MODELS.build({**backbone, **over, 'init_cfg': None}).eval()
+    with torch.no_grad():
+        outs = model(torch.zeros(1, 3, 64, 64))
+    over['arch']['_delete_'] = True  # the config names its arch by a string, replaced whole
+    return over, [out.shape[1] for out in outs]
+
+
+def pycocotools_map(ann_file: str, results_json: str, iou_type: str) -> float:
+    """COCO mAP of the detections in ``results_json`` (as mmdet's CocoMetric writes them with
+    ``outfile_prefix``), computed by pycocotools alone."""
+    import json
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+    gt = COCO(ann_file)
+    with open(results_json) as f:
+        dets = json.load(f)
+    coco_eval = COCOeval(gt, gt.loadRes(dets), iou_type)
+    coco_eval.params.imgIds = sorted({d['image_id'] for d in dets})
+    coco_eval.evaluate()
+    coco_eval.accumulate()
+    coco_eval.summarize()
+    return float(coco_eval.stats[0])
