@@ -8,46 +8,11 @@ import socket
 
 import pytest
 
-from e2e_helpers import (assert_beats_baseline, assert_loss_falls, learning_config, mini_backbone,
+from e2e_helpers import (assert_beats_baseline, assert_loss_falls, in1k_config, learning_config,
                          run_tool, train_losses)
 from mmeffattn.analysis.logs import load_log
 
 pytestmark = pytest.mark.e2e
-
-#: the generated tier's pipelines (64x64 images, a mini model) instead of the recipe's 224 px
-SMALL_PIPELINES = dict(
-    train=[dict(type='LoadImageFromFile'), dict(type='RandomResizedCrop', scale=64),
-           dict(type='RandomFlip', prob=0.5), dict(type='PackInputs')],
-    val=[dict(type='LoadImageFromFile'), dict(type='Resize', scale=(64, 64)),
-         dict(type='PackInputs')])
-#: a mini model's few parameters move its loss little at the recipe's rate: a larger step
-MINI_LR = 'optim_wrapper = dict(optimizer=dict(lr=1e-2))\n'
-
-
-def in1k_config(root: str, tier: str, config: str, images: int, batch: int, epochs: int) -> str:
-    """The config body: the first ``images`` images of the split in batches of ``batch`` for
-    ``epochs`` epochs at a constant learning rate, validated on the same images; on generated
-    data, the family's mini backbone at 64x64."""
-    loaders = {}
-    for split in ('train', 'val'):
-        dataset = dict(data_root=root, split='val', indices=images)
-        if tier == 'generated':
-            dataset['pipeline'] = SMALL_PIPELINES[split]
-        loaders[split] = dict(batch_size=batch, num_workers=0, persistent_workers=False,
-                              dataset=dataset)
-    body = (f"train_dataloader = {loaders['train']!r}\n"
-            f"val_dataloader = {loaders['val']!r}\n"
-            'test_dataloader = val_dataloader\n'
-            f'train_cfg = dict(max_epochs={epochs}, val_interval={epochs})\n'
-            "param_scheduler = [dict(type='ConstantLR', factor=1.0, by_epoch=True, begin=0, "
-            f'end={epochs})]\n'
-            'default_hooks = dict(logger=dict(interval=1))\n')
-    if tier == 'generated':
-        backbone, channels = mini_backbone(config)
-        body += f'model = dict(backbone={backbone!r}, head=dict(in_channels={channels[-1]}))\n'
-        body += MINI_LR
-    return body
-
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -58,8 +23,9 @@ def _free_port() -> int:
 # The learning check: 8 images of 8 classes in one batch, two epochs (two updates; three for a
 # mini model, whose loss moves less), validated on the same 8 images. The first update already
 # moves the seen classes into the top 5 (the untrained model's 1000-way top-5 holds none of
-# them); top-1 needs more updates than an end-to-end test can afford on a CPU. One family by default (SEMA-T is in the detection test
-# and the demo, MILA-T in the two-process run below), every family with --run-slow.
+# them); top-1 needs more updates than an end-to-end test can afford on a CPU. One family by
+# default (SEMA-T is in the detection test and the demo, MILA-T in the two-process run below),
+# every family with --run-slow.
 CLASSIFIERS = [
     ('configs/sema/sema-t_8xb128_in1k.py', 'sema-t', True),
     ('configs/weightformer/weightformer-t_8xb256_in1k.py', 'weightformer-t', False),

@@ -6,9 +6,8 @@ import os.path as osp
 
 import pytest
 
-from e2e_helpers import (assert_loss_falls, learning_config, mini_backbone, pycocotools_map,
-                         run_tool, train_losses)
-from mmeffattn.datasets import DEFAULT_METAINFO
+from e2e_helpers import (COCO_TIERS, MINI_LR_DETECTOR, assert_loss_falls, detector_model,
+                         learning_config, pycocotools_map, run_tool, train_losses)
 
 pytestmark = pytest.mark.e2e
 
@@ -42,48 +41,15 @@ train_cfg = dict(max_epochs={epochs}, val_interval={epochs})
 param_scheduler = [dict(type='ConstantLR', factor=1.0, by_epoch=True, begin=0, end={epochs})]
 default_hooks = dict(logger=dict(interval=1))
 '''
-#: per data tier: the classes (None: the config's, COCO's 80), the image scale (the generated
-#: shapes are drawn at 128x160) and the epochs (of 2 iterations; a mini model's are cheap)
-TIER_COCO = {
-    'generated': dict(metainfo=dict(DEFAULT_METAINFO), scale=(160, 128), epochs=4),
-    'real': dict(metainfo=None, scale=(320, 224), epochs=2),
-}
-
-
-def detector_model(config: str, tier: str) -> dict:
-    """The model overrides of the runs. After a few iterations from scratch no score passes the
-    usual 0.05 threshold, and CocoMetric reports nothing for an empty result: every detection is
-    kept, so that AP is computed (it stays near 0 after 4 updates, trained or not: that a
-    detector learns is checked on its loss). Mask R-CNN on a CPU spends most of an iteration in
-    its RoI heads (512 sampled RoIs per image through the 4-conv mask head): fewer, as in the demo.
-    On generated data: the family's mini backbone, narrow heads and the 4 classes of shapes."""
-    mask = 'mask' in config
-    if mask:
-        model = dict(train_cfg=dict(rpn_proposal=dict(nms_pre=300, max_per_img=100),
-                                    rcnn=dict(sampler=dict(num=64))),
-                     test_cfg=dict(rpn=dict(nms_pre=300, max_per_img=100),
-                                   rcnn=dict(score_thr=0.0, max_per_img=20)))
-    else:
-        model = dict(test_cfg=dict(score_thr=0.0, max_per_img=20))
-    if tier == 'generated':
-        backbone, channels = mini_backbone(config)
-        n, c = len(DEFAULT_METAINFO['classes']), 32
-        model.update(backbone=backbone, neck=dict(in_channels=channels, out_channels=c))
-        if mask:
-            model.update(rpn_head=dict(in_channels=c, feat_channels=c), roi_head=dict(
-                bbox_roi_extractor=dict(out_channels=c), mask_roi_extractor=dict(out_channels=c),
-                bbox_head=dict(in_channels=c, fc_out_channels=2 * c, num_classes=n),
-                mask_head=dict(in_channels=c, conv_out_channels=c, num_classes=n)))
-        else:
-            model.update(bbox_head=dict(in_channels=c, feat_channels=c, stacked_convs=1,
-                                        num_classes=n))
-    return model
+#: epochs (of 2 iterations) per data tier: a mini model's are cheap
+EPOCHS = {'generated': 4, 'real': 2}
 
 
 def coco_config(root: str, tier: str, config: str) -> str:
     """The config body for ``config`` on the COCO-layout data of ``tier`` at ``root``."""
-    return (SMALL_COCO.format(root=root, **TIER_COCO[tier])
-            + f'model = {detector_model(config, tier)!r}\n')
+    return (SMALL_COCO.format(root=root, epochs=EPOCHS[tier], **COCO_TIERS[tier])
+            + f'model = {detector_model(config, tier)!r}\n'
+            + (MINI_LR_DETECTOR if tier == 'generated' else ''))
 
 
 # Each family is also covered in-process by tests/models/test_backbone_contract.py; end to end,
@@ -123,7 +89,7 @@ def test_train_test_resume(tmp_path, config, tier, sample_data):
     cfg = learning_config(tmp_path / 'cfg.py', config, body)
     work = str(tmp_path / 'work')
     resume = config.endswith('mask_rcnn_sema_t_3x.py')  # half the epochs, then resumed
-    epochs = TIER_COCO[tier]['epochs'] // (2 if resume else 1)
+    epochs = EPOCHS[tier] // (2 if resume else 1)
     run_tool(['tools/train.py', cfg, '--work-dir', work,
               '--cfg-options', f'train_cfg.max_epochs={epochs}', *TRAIN_ONLY])
     assert osp.isfile(osp.join(work, f'epoch_{epochs}.pth'))
