@@ -100,17 +100,6 @@ def assert_loss_falls(losses: List[float], losses_lr0: List[float], drop: float)
         f'{[round(v, 4) for v in losses]} vs {[round(v, 4) for v in losses_lr0]}')
 
 
-def assert_epoch_loss_falls(losses: List[float], window: int, drop: float) -> None:
-    """The mean loss of the last ``window`` logged iterations (an epoch: the same images as the
-    first ``window``) is at least ``drop`` below that of the first ``window``; for runs too
-    long to repeat at learning rate 0, with ``drop`` well above what augmentation moves."""
-    assert len(losses) >= 2 * window, f'need two windows of {window} losses, got {losses}'
-    mean_first, mean_last = sum(losses[:window]) / window, sum(losses[-window:]) / window
-    assert mean_last < (1 - drop) * mean_first, (
-        f'the training loss did not fall by {drop:.0%}: first {mean_first:.4f}, last '
-        f'{mean_last:.4f} (all: {[round(v, 4) for v in losses]})')
-
-
 def assert_beats_baseline(metric: str, trained: float, baseline: float) -> None:
     """The trained model's ``metric`` is above that of the same model trained at learning rate 0
     on the same data."""
