@@ -57,7 +57,8 @@ def test_imagenet_config_learns(tmp_path, config, tier, sample_data):
     work0 = str(tmp_path / 'work_lr0')
     run_tool(['tools/train.py', learning_config(tmp_path / 'cfg0.py', config, body, lr0=True),
               '--work-dir', work0])
-    assert_loss_falls(train_losses(work), train_losses(work0), drop=0.01)  # measured: 4%
+    # measured: 4.1% (real), 3.2% (generated)
+    assert_loss_falls(train_losses(work), train_losses(work0), drop=0.01)
     top5_lr0 = load_log(work0).series('accuracy/top5', 'val')[1][-1]
     assert_beats_baseline('accuracy/top5', metrics['accuracy/top5'], top5_lr0)
 
@@ -84,4 +85,4 @@ def test_two_process_cpu_training(tmp_path, tier, sample_data):
     assert 'loss_mesa' in log, log[-3000:]
     work0 = str(tmp_path / 'work_lr0')
     dist_train(learning_config(tmp_path / 'cfg0.py', config, body, lr0=True), work0)
-    assert_loss_falls(train_losses(work), train_losses(work0), drop=0.01)
+    assert_loss_falls(train_losses(work), train_losses(work0), drop=0.01)  # measured: 22%

@@ -19,11 +19,11 @@ pytestmark = pytest.mark.e2e
 
 
 # The demo config with a constant learning rate (its 50-step warm-up starts at 1/100) and every
-# iteration logged, so that two epochs of 2 batches show the loss falling; the evaluation writes
-# its detections. AP after 4 updates from scratch is about 0 trained or not: the main job itself
-# shows what the model reaches.
+# iteration logged, so that one epoch of 2 batches shows the loss falling (measured: 17% below
+# the same batches at learning rate 0); the evaluation writes its detections. AP after an update
+# from scratch is about 0 trained or not: the main job itself shows what the model reaches.
 LEARNING_DEMO = '''
-param_scheduler = [dict(type='ConstantLR', factor=1.0, by_epoch=True, begin=0, end=2)]
+param_scheduler = [dict(type='ConstantLR', factor=1.0, by_epoch=True, begin=0, end=1)]
 default_hooks = dict(logger=dict(interval=1))
 test_evaluator = dict(outfile_prefix={dets!r})
 '''
@@ -35,7 +35,7 @@ def test_demo_smoke(tmp_path):
     body = LEARNING_DEMO.format(dets=dets)
     cfg = learning_config(tmp_path / 'demo_cfg.py', DEMO, body)
     proc = run_tool(['tools/demo.py', '--config', cfg, '--work-dir', str(work), '--data-root',
-                     str(data), '--epochs', '2', '--num-train', '8', '--num-val', '4',
+                     str(data), '--epochs', '1', '--num-train', '8', '--num-val', '4',
                      '--num-draw', '2'], timeout=900)
     out = proc.stdout
     # the reported mAP is that of the detections the evaluation wrote, by pycocotools alone
@@ -44,7 +44,7 @@ def test_demo_smoke(tmp_path):
         expected = pycocotools_map(str(data / 'annotations' / 'instances_val2017.json'),
                                    f'{dets}.{iou_type}.json', iou_type)
         assert metrics[f'coco/{iou_type}_mAP'] == pytest.approx(expected, abs=5e-4)
-    assert (work / 'epoch_2.pth').is_file()
+    assert (work / 'epoch_1.pth').is_file()
     # it learns: the training command the demo ran, with the config at learning rate 0, ends
     # higher on the same batches
     [train_cmd] = [line[2:].split() for line in out.splitlines()
@@ -64,7 +64,7 @@ def test_demo_smoke(tmp_path):
     assert osp.isfile(log)
     # what the run was started with, for the next run to compare
     settings = json.load(open(work / 'demo_run.json'))['settings']
-    assert settings['dataset']['num_train'] == 8 and settings['epochs'] == 2
+    assert settings['dataset']['num_train'] == 8 and settings['epochs'] == 1
     assert f'work dir: {work}: a new run' in out
 
 

@@ -107,5 +107,6 @@ def test_upernet(tmp_path, config, tier, sample_data):
     work0 = str(tmp_path / 'work_lr0')
     run_tool(['tools/train.py', learning_config(tmp_path / 'cfg0.py', config, body, lr0=True),
               '--work-dir', work0])
-    assert_loss_falls(train_losses(work), train_losses(work0), drop=0.005)  # measured: 1.8%
+    # measured: 1.7% (real), 2.3% (generated)
+    assert_loss_falls(train_losses(work), train_losses(work0), drop=0.005)
     assert_beats_baseline('mIoU', metrics['mIoU'], load_log(work0).series('mIoU', 'val')[1][-1])
