@@ -30,7 +30,7 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     config.addinivalue_line('markers', 'slow: long sweeps, run only with --run-slow')
-    config.addinivalue_line('markers', 'e2e: end-to-end runs on ../shared/data')
+    config.addinivalue_line('markers', 'e2e: end-to-end runs through the tools')
 
 
 def pytest_collection_modifyitems(config, items):
@@ -40,6 +40,13 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if 'slow' in item.keywords:
             item.add_marker(skip_slow)
+
+
+#: The real sample of each dataset layout under ../shared/data.
+REAL_SAMPLES = {'coco': 'coco_tiny', 'ade20k': 'ade20k_sample', 'imagenet': 'imagenet_sample'}
+#: The data tiers of the end-to-end tests: generated shapes in every clone, and the real samples
+#: where ../shared/data is present.
+TIERS = ('generated', 'real')
 
 
 def shared_data_dir(name: str) -> str:
@@ -75,6 +82,45 @@ def torch_ops(monkeypatch):
 def shared_data():
     """``shared_data('coco_tiny')`` -> its path, or the test is skipped with a clear message."""
     return shared_data_dir
+
+
+def _generate(layout: str, root: str) -> None:
+    """A few small images of shapes in ``layout``'s file layout: enough for the end-to-end runs
+    (two processes x two batches of 4 for classification), small enough to train in seconds."""
+    from mmeffattn import datasets
+    if layout == 'coco':
+        datasets.generate_shapes_coco(root, num_train=4, num_val=4, img_size=(128, 160))
+    elif layout == 'ade20k':
+        datasets.generate_shapes_ade20k(root, num_images=4, img_size=(128, 160))
+    else:
+        datasets.generate_shapes_imagenet(root, num_per_class=2, img_size=(64, 64))
+
+
+@pytest.fixture(scope='session')
+def generated_data(tmp_path_factory):
+    """``generated_data('coco')`` (or ``'ade20k'``, ``'imagenet'``) -> the root of a small set of
+    shapes in that dataset's layout (mmeffattn.datasets' generators), made once per session."""
+    roots = {}
+
+    def get(layout: str) -> str:
+        if layout not in roots:
+            roots[layout] = str(tmp_path_factory.mktemp(f'{layout}_shapes'))
+            _generate(layout, roots[layout])
+        return roots[layout]
+    return get
+
+
+@pytest.fixture
+def sample_data(shared_data, generated_data):
+    """``sample_data('coco', tier)`` -> the root (with a trailing '/') of a dataset in COCO's
+    layout (or ``'ade20k'``'s, ``'imagenet'``'s) of the ``tier``: ``'generated'`` shapes, always
+    there, or ``'real'``, the sample under ../shared/data (the test skips when it is absent)."""
+    def get(layout: str, tier: str) -> str:
+        if tier not in TIERS:
+            raise ValueError(f'tier must be one of {TIERS}, got {tier!r}')
+        root = generated_data(layout) if tier == 'generated' else shared_data(REAL_SAMPLES[layout])
+        return root.rstrip('/') + '/'
+    return get
 
 
 @pytest.fixture(autouse=True)

@@ -11,7 +11,8 @@ from .image_folder import UnlabeledImageFolder  # noqa: F401  (registers the dat
 
 __all__ = [
     'DEFAULT_CLASSES', 'DEFAULT_METAINFO', 'SHAPE_KINDS', 'generate_shapes_coco',
-    'load_shapes_meta', 'make_contact_sheet', 'shapes_metainfo',
+    'generate_shapes_ade20k', 'generate_shapes_imagenet', 'load_shapes_meta',
+    'make_contact_sheet', 'shapes_metainfo',
 ]
 _LAZY = list(__all__)
 __all__ += ['UnlabeledImageFolder']

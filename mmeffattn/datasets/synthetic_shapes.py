@@ -2,7 +2,9 @@
 
 Lets the Mask R-CNN demo train with no download. Shapes (circles, squares, stars, ...) in solid,
 noisy or graded colours on textured backgrounds are written in ``CocoDataset``'s layout
-(``train2017/``, ``val2017/``, ``annotations/instances_*.json``, plus ``meta.json``).
+(``train2017/``, ``val2017/``, ``annotations/instances_*.json``, plus ``meta.json``). The same
+shapes also make small sets in ADE20K's layout (label maps) and ImageNet's (one shape an image),
+so that segmentation and classification pipelines run with no download too.
 
 * **Deterministic**: each image has its own stream seeded by ``(seed, split, index)``.
 * **Exact masks**: images are painted through pycocotools' rasterised mask of each shape.
@@ -26,7 +28,8 @@ import numpy as np
 
 __all__ = [
     'SHAPE_KINDS', 'DEFAULT_CLASSES', 'DEFAULT_METAINFO', 'GENERATOR_VERSION',
-    'generate_shapes_coco', 'shapes_metainfo', 'load_shapes_meta', 'make_contact_sheet',
+    'generate_shapes_coco', 'generate_shapes_ade20k', 'generate_shapes_imagenet',
+    'shapes_metainfo', 'load_shapes_meta', 'make_contact_sheet',
 ]
 
 #: Bumped whenever the drawing changes, so an existing dataset is regenerated.
@@ -444,6 +447,61 @@ def generate_shapes_coco(out_dir, num_train=200, num_val=50, img_size=(256, 256)
                               palette=[list(c) for c in metainfo['palette']]))
     _write_json(meta_path, meta)
     return _result(out_dir, meta, True, time.perf_counter() - t0)
+
+
+def _simple_params(img_size, classes, max_objects, size_range):
+    """Drawing parameters for the layouts below: the COCO generator's defaults otherwise."""
+    h, w = img_size
+    shapes_metainfo(classes)  # checks the names
+    return dict(img_size=(h, w), classes=tuple(classes), min_objects=1, max_objects=max_objects,
+                size_range=size_range, min_visible_frac=0.6, noise_std=4.0, max_tries=20,
+                min_area=max(16, round(150 * h * w / (256 * 256))))
+
+
+def generate_shapes_ade20k(out_dir, num_images=4, img_size=(128, 160), seed=0,
+                           classes=DEFAULT_CLASSES, max_objects=5):
+    """Write shapes as semantic segmentation in the layout of mmseg's ``ADE20KDataset``:
+    ``images/validation/*.jpg`` and ``annotations/validation/*.png``, whose label maps hold 0 for
+    the background and ``k`` for the k-th of ``classes`` (class ``k - 1`` under the
+    ``reduce_zero_label=True`` of ADE20K's configs). Returns ``out_dir``."""
+    from PIL import Image
+    p = _simple_params(img_size, classes, max_objects, (0.12, 0.3))
+    for sub in ('images', 'annotations'):
+        os.makedirs(osp.join(out_dir, sub, 'validation'), exist_ok=True)
+    for i in range(num_images):
+        img, objs = _draw_image(seed, 'val', i, p)
+        label = np.zeros(img.shape[:2], np.uint8)
+        for cat, _, visible in objs:
+            label[visible] = cat + 1
+        name = f'shapes_{i:06d}'
+        Image.fromarray(img).save(osp.join(out_dir, 'images', 'validation', name + '.jpg'),
+                                  quality=95, subsampling=0)
+        Image.fromarray(label).save(osp.join(out_dir, 'annotations', 'validation', name + '.png'))
+    return out_dir
+
+
+def generate_shapes_imagenet(out_dir, num_per_class=1, img_size=(64, 64), seed=0,
+                             classes=tuple(SHAPE_KINDS)):
+    """Write shapes as image classification in ImageNet's layout (``val/*.png`` and
+    ``meta/val.txt`` lines ``FILE LABEL``, as mmpretrain's ``ImageNet(split='val')`` reads it):
+    each image holds one large shape on a textured background, and its label is the index of
+    that shape's kind in ``classes``. Returns ``out_dir``."""
+    from PIL import Image
+    p = _simple_params(img_size, classes, 1, (0.3, 0.45))
+    os.makedirs(osp.join(out_dir, 'val'), exist_ok=True)
+    os.makedirs(osp.join(out_dir, 'meta'), exist_ok=True)
+    lines = []
+    for i in range(num_per_class * len(classes)):
+        label = i % len(classes)
+        img, objs = _draw_image(seed, 'val', i, dict(p, classes=(classes[label], )))
+        if not objs:  # pragma: no cover  (one shape in an empty image always fits)
+            raise RuntimeError(f'no room for a {classes[label]} at img_size={img_size}')
+        name = f'shapes_{i:06d}.png'
+        Image.fromarray(img).save(osp.join(out_dir, 'val', name))
+        lines.append(f'{name} {label}\n')
+    with open(osp.join(out_dir, 'meta', 'val.txt'), 'w') as f:
+        f.writelines(lines)
+    return out_dir
 
 
 def make_contact_sheet(data_root, out_path, split='train', num_images=8, cols=4, alpha=0.45):

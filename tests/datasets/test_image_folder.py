@@ -77,8 +77,9 @@ def test_missing_or_empty_folder_errors(tmp_path):
         lazy.full_init()
 
 
-def test_shared_imagenet_sample(shared_data):
-    root = shared_data('imagenet_sample')
+@pytest.mark.parametrize('tier', ['generated', 'real'])
+def test_imagenet_layout(sample_data, tier):
+    root = sample_data('imagenet', tier)
     expected = sorted(osp.basename(p) for p in glob.glob(osp.join(root, 'val', '*'))
                       if p.lower().endswith(('.jpeg', '.jpg', '.png')))
     ds = UnlabeledImageFolder(data_root=root, data_prefix=dict(img_path='val'))

@@ -297,3 +297,50 @@ def test_mmdet_coco_metric_on_ground_truth(tiny):
     metric.process({}, samples)
     out = metric.compute_metrics(metric.results)
     assert out['bbox_mAP'] == pytest.approx(1.0) and out['segm_mAP'] == pytest.approx(1.0)
+
+
+def test_ade20k_layout_labels_are_the_coco_masks(tmp_path):
+    """The label maps hold, per pixel, the class (1..K) of the shape that the COCO generator's
+    annotations give there for the same drawing (its val split, same seed and parameters)."""
+    from PIL import Image
+    from mmeffattn.datasets import generate_shapes_ade20k
+    size, seed = (64, 80), 5
+    root = generate_shapes_ade20k(str(tmp_path / 'ade'), num_images=3, img_size=size, seed=seed)
+    generate_shapes_coco(str(tmp_path / 'coco'), num_train=0, num_val=3, img_size=size, seed=seed,
+                         size_range=(0.12, 0.3))
+    coco = _coco(str(tmp_path / 'coco'), 'val')
+    images = sorted(os.listdir(osp.join(root, 'images', 'validation')))
+    assert images == [f'shapes_{i:06d}.jpg' for i in range(3)]
+    for i, name in enumerate(images):
+        label = np.asarray(Image.open(osp.join(root, 'annotations', 'validation',
+                                               name.replace('.jpg', '.png'))))
+        expected = np.zeros(size, np.uint8)
+        for ann in coco.loadAnns(coco.getAnnIds(imgIds=i + 1)):
+            expected[coco.annToMask(ann).astype(bool)] = ann['category_id']
+        assert label.dtype == np.uint8 and expected.any()
+        np.testing.assert_array_equal(label, expected)
+        # the same picture, through JPEG
+        img = np.asarray(Image.open(osp.join(root, 'images', 'validation', name)), np.float32)
+        png = np.asarray(Image.open(osp.join(tmp_path, 'coco', 'val2017', f'{i:06d}.png')))
+        assert np.abs(img - png).mean() < 4
+
+
+def test_imagenet_layout_one_shape_per_image(tmp_path):
+    from PIL import Image
+    from mmeffattn.datasets import generate_shapes_imagenet
+    classes = ('circle', 'star', 'ring')
+    root = generate_shapes_imagenet(str(tmp_path / 'a'), num_per_class=2, img_size=(48, 48),
+                                    classes=classes)
+    with open(osp.join(root, 'meta', 'val.txt')) as f:
+        lines = [line.split() for line in f]
+    assert [int(label) for _, label in lines] == [0, 1, 2, 0, 1, 2]
+    assert sorted(os.listdir(osp.join(root, 'val'))) == [name for name, _ in lines]
+    pictures = [np.asarray(Image.open(osp.join(root, 'val', name))) for name, _ in lines]
+    assert all(p.shape == (48, 48, 3) for p in pictures)
+    assert len({p.tobytes() for p in pictures}) == 6
+    # deterministic: the same files again
+    again = generate_shapes_imagenet(str(tmp_path / 'b'), num_per_class=2, img_size=(48, 48),
+                                     classes=classes)
+    assert _files(root) == _files(again)
+    with pytest.raises(ValueError, match='unknown shape'):
+        generate_shapes_imagenet(str(tmp_path / 'c'), classes=('circle', 'blob'))

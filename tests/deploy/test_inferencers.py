@@ -1,5 +1,6 @@
 """The OpenMMLab Inferencers on our configs: mmdet's ``DetInferencer``, mmseg's ``MMSegInferencer``
-and mmpretrain's ``ImageClassificationInferencer``, each on one ../shared/data image.
+and mmpretrain's ``ImageClassificationInferencer``, each on one image of a generated dataset in the
+task's layout (and of ../shared/data's samples with --run-slow).
 
 The checkpoint is a **randomly initialized** model (seeded) saved in mmengine's checkpoint layout
 (``state_dict`` + ``meta.dataset_meta``), which exercises the same loading path as a trained one;
@@ -62,12 +63,14 @@ test_dataloader = dict(dataset=dict(pipeline=test_pipeline))
 '''
 
 CASES = {
-    # scope, our config, edits, sample data, image folder
-    'mmdet': ('configs/sema/mask-rcnn_sema-t_fpn_1x_coco.py', DET, 'coco_tiny', 'val2017'),
-    'mmseg': ('configs/sema/sema-t_upernet_8xb2-160k_ade20k-512x512.py', SEG, 'ade20k_sample',
+    # scope, our config, edits, dataset layout, image folder
+    'mmdet': ('configs/sema/mask-rcnn_sema-t_fpn_1x_coco.py', DET, 'coco', 'val2017'),
+    'mmseg': ('configs/sema/sema-t_upernet_8xb2-160k_ade20k-512x512.py', SEG, 'ade20k',
               'images/validation'),
-    'mmpretrain': ('configs/sema/sema-t_8xb128_in1k.py', CLS, 'imagenet_sample', 'val'),
+    'mmpretrain': ('configs/sema/sema-t_8xb128_in1k.py', CLS, 'imagenet', 'val'),
 }
+#: the image's source: the real samples add nothing to a random model's predictions
+TIERS = ['generated', pytest.param('real', marks=pytest.mark.slow)]
 
 
 def small_config_and_checkpoint(tmp_path, scope: str):
@@ -104,15 +107,16 @@ def small_config_and_checkpoint(tmp_path, scope: str):
     return str(cfg_path), ckpt, meta['classes']
 
 
-def one_image(shared_data, scope: str) -> str:
-    _, _, data, folder = CASES[scope]
-    folder = osp.join(shared_data(data), folder)
+def one_image(sample_data, scope: str, tier: str) -> str:
+    _, _, layout, folder = CASES[scope]
+    folder = osp.join(sample_data(layout, tier), folder)
     return osp.join(folder, sorted(os.listdir(folder))[0])
 
 
-def test_det_inferencer(tmp_path, shared_data):
+@pytest.mark.parametrize('tier', TIERS)
+def test_det_inferencer(tmp_path, sample_data, tier):
     from mmdet.apis import DetInferencer
-    img = one_image(shared_data, 'mmdet')
+    img = one_image(sample_data, 'mmdet', tier)
     cfg, ckpt, classes = small_config_and_checkpoint(tmp_path, 'mmdet')
     inferencer = DetInferencer(model=cfg, weights=ckpt, device='cpu')
     assert inferencer.model.dataset_meta['classes'] == classes
@@ -125,10 +129,11 @@ def test_det_inferencer(tmp_path, shared_data):
     assert os.listdir(tmp_path / 'det' / 'vis'), 'no visualization written'
 
 
-def test_mmseg_inferencer(tmp_path, shared_data):
+@pytest.mark.parametrize('tier', TIERS)
+def test_mmseg_inferencer(tmp_path, sample_data, tier):
     from mmseg.apis import MMSegInferencer
     from PIL import Image
-    img = one_image(shared_data, 'mmseg')
+    img = one_image(sample_data, 'mmseg', tier)
     cfg, ckpt, classes = small_config_and_checkpoint(tmp_path, 'mmseg')
     inferencer = MMSegInferencer(model=cfg, weights=ckpt, device='cpu')
     result = inferencer(img)
@@ -139,9 +144,10 @@ def test_mmseg_inferencer(tmp_path, shared_data):
     assert pred.min() >= 0 and pred.max() < len(classes)
 
 
-def test_image_classification_inferencer(tmp_path, shared_data):
+@pytest.mark.parametrize('tier', TIERS)
+def test_image_classification_inferencer(tmp_path, sample_data, tier):
     from mmpretrain.apis import ImageClassificationInferencer
-    img = one_image(shared_data, 'mmpretrain')
+    img = one_image(sample_data, 'mmpretrain', tier)
     cfg, ckpt, classes = small_config_and_checkpoint(tmp_path, 'mmpretrain')
     inferencer = ImageClassificationInferencer(model=cfg, pretrained=ckpt, device='cpu')
     result = inferencer(img)[0]

@@ -5,72 +5,89 @@
   config;
 - mmdet's and mmseg's own ``tools/train.py`` cannot resolve a ``mmeffattn::`` base: they parse
   ``_base_`` before running ``custom_imports``, and fail with mmengine's message.
+
+The runs train on generated shapes (and the real samples where present), each compared with the
+same batches at learning rate 0.
 """
 import os
 import os.path as osp
 
 import pytest
 
-from e2e_helpers import NO_EVAL, ROOT, run_tool, stock_train_py
+from e2e_helpers import (COCO_TIERS, FORCE_LR0, LEARN, LR0, MINI_LR_DETECTOR, NO_EVAL, ROOT,
+                         assert_loss_falls, detector_model, in1k_config, run_tool, stock_train_py,
+                         train_losses)
 
 pytestmark = pytest.mark.e2e
 
-#: one iteration of batch 2 from ../shared/data/coco_tiny at a small size, no evaluation
+#: three iterations on the same 2 images at a small size, no evaluation
 TINY_COCO = '''
 data_root = {root!r}
 small = [
     dict(type='LoadImageFromFile'),
     dict(type='LoadAnnotations', with_bbox=True),
-    dict(type='Resize', scale=(256, 192), keep_ratio=True),
+    dict(type='Resize', scale={scale!r}, keep_ratio=True),
     dict(type='PackDetInputs'),
 ]
 train_dataloader = dict(batch_size=2, num_workers=0, persistent_workers=False,
-    dataset=dict(data_root=data_root, indices=2, pipeline=small))
-train_cfg = dict(max_epochs=1)
-param_scheduler = []
-default_hooks = dict(logger=dict(interval=1))
-''' + NO_EVAL
-
-#: one iteration of batch 2 from ../shared/data/imagenet_sample, no evaluation
-TINY_IN1K = '''
-data_root = {root!r}
-train_dataloader = dict(batch_size=2, num_workers=0, persistent_workers=False,
-    dataset=dict(data_root=data_root, split='val', indices=2))
-train_cfg = dict(max_epochs=1)
+    dataset=dict(data_root=data_root, metainfo={metainfo!r}, indices=2, pipeline=small))
+train_cfg = dict(max_epochs=3)
 param_scheduler = []
 default_hooks = dict(logger=dict(interval=1))
 ''' + NO_EVAL
 
 RETINANET = 'sema/retinanet_sema-t_fpn_1x_coco.py'
+#: the real samples add nothing to how a config resolves: they run with --run-slow
+TIERS = ['generated', pytest.param('real', marks=pytest.mark.slow)]
 
 
-def _user_config(folder, base: str, body: str) -> str:
-    """``folder/user/my_cfg.py`` with ``_base_ = base`` and ``body``."""
-    user = folder / 'user'
+def _user_config(folder, base: str, body: str, lr0: bool = False) -> str:
+    """``folder/user/my_cfg.py`` (``user_lr0/`` for the run at learning rate 0) with
+    ``_base_ = base`` and ``body``."""
+    user = folder / ('user_lr0' if lr0 else 'user')
     user.mkdir(exist_ok=True)
     path = user / 'my_cfg.py'
-    path.write_text(f'_base_ = {base!r}\n' + body)
+    path.write_text(f'_base_ = {base!r}\n' + body + LEARN + (LR0 if lr0 else ''))
     return str(path)
 
 
-def test_our_train_py_resolves_an_mmeffattn_base(tmp_path, shared_data):
-    cfg = _user_config(tmp_path, 'mmeffattn::mila/mila-t_8xb128_in1k.py',
-                       TINY_IN1K.format(root=shared_data('imagenet_sample') + '/'))
-    work = str(tmp_path / 'work')
-    run_tool(['tools/train.py', cfg, '--work-dir', work])
-    assert osp.isfile(osp.join(work, 'epoch_1.pth'))
+def _train_both(tmp_path, train_py: str, base, body: str, env: dict = None) -> str:
+    """Train the user config at its learning rate and at 0 with ``train_py``; its loss falls
+    below the same batches' at learning rate 0. ``base(folder)`` names the base from ``folder``.
+    Returns the first run's work dir."""
+    works = []
+    for lr0 in (False, True):
+        cfg = _user_config(tmp_path, base(tmp_path / ('user_lr0' if lr0 else 'user')), body,
+                           lr0=lr0 or FORCE_LR0)
+        works.append(str(tmp_path / ('work_lr0' if lr0 else 'work')))
+        proc = run_tool([train_py, cfg, '--work-dir', works[-1]], env=env)
+        assert osp.isfile(osp.join(works[-1], 'epoch_3.pth')), proc.stdout[-2000:]
+    assert_loss_falls(train_losses(works[0]), train_losses(works[1]), drop=0.01)
+    return works[0]
 
 
-def test_mmdet_train_py_trains_from_a_relative_base(tmp_path, shared_data):
-    user = tmp_path / 'user'
-    user.mkdir()
-    base = osp.relpath(osp.join(ROOT, 'configs', RETINANET), str(user))
-    assert not osp.isabs(base) and base.startswith('..')
-    cfg = _user_config(tmp_path, base, TINY_COCO.format(root=shared_data('coco_tiny') + '/'))
-    work = str(tmp_path / 'work')
+@pytest.mark.parametrize('tier', TIERS)
+def test_our_train_py_resolves_an_mmeffattn_base(tmp_path, tier, sample_data):
+    config = 'mila/mila-t_8xb128_in1k.py'
+    body = in1k_config(sample_data('imagenet', tier), tier, osp.join('configs', config),
+                       images=2, batch=2, epochs=3) + NO_EVAL
+    _train_both(tmp_path, 'tools/train.py', lambda folder: f'mmeffattn::{config}', body)
+
+
+@pytest.mark.parametrize('tier', TIERS)
+def test_mmdet_train_py_trains_from_a_relative_base(tmp_path, tier, sample_data):
+    config = osp.join(ROOT, 'configs', RETINANET)
+    body = (TINY_COCO.format(root=sample_data('coco', tier), **COCO_TIERS[tier])
+            + f'model = {detector_model(config, tier)!r}\n'
+            + (MINI_LR_DETECTOR if tier == 'generated' else ''))
+
+    def base(folder) -> str:
+        relative = osp.relpath(config, str(folder))
+        assert not osp.isabs(relative) and relative.startswith('..')
+        return relative
+
     env = dict(PYTHONPATH=os.pathsep.join([ROOT, os.environ.get('PYTHONPATH', '')]))
-    proc = run_tool([stock_train_py('mmdet'), cfg, '--work-dir', work], env=env)
-    assert osp.isfile(osp.join(work, 'epoch_1.pth')), proc.stdout[-2000:]
+    work = _train_both(tmp_path, stock_train_py('mmdet'), base, body, env=env)
     assert 'mmeffattn.SEMA' in open(osp.join(work, 'my_cfg.py')).read()
 
 

@@ -1,16 +1,21 @@
-"""``tools/test.py --tta``: the config transformation (fast, no data) and end-to-end runs on
-../shared/data with mmseg's multi-scale + flip (UperNet, ADE20K) and mmdet's TTA (RetinaNet)."""
+"""``tools/test.py --tta``: the config transformation (fast, no data) and end-to-end runs with
+mmseg's multi-scale + flip (UperNet, ADE20K layout) and mmdet's TTA (RetinaNet, COCO layout), on
+generated shapes (and ../shared/data's samples with --run-slow); the metrics they report are
+recomputed from the predictions they wrote."""
 import glob
 import importlib.util
 import json
+import os
 import os.path as osp
 from typing import Tuple
 
+import numpy as np
 import pytest
 import torch
 from mmengine.config import Config
 
-from e2e_helpers import ROOT, run_tool, write_config
+from e2e_helpers import ROOT, pycocotools_map, run_tool, write_config
+from mmeffattn.datasets import DEFAULT_METAINFO
 
 ADE_UPERNET = 'configs/sema/sema-t_upernet_8xb2-160k_ade20k-512x512.py'
 RETINANET = 'configs/sema/retinanet_sema-t_fpn_1x_coco.py'
@@ -103,7 +108,7 @@ def test_missing_tta_pipeline_is_named():
         _tool().apply_tta(cfg, 'x.py')
 
 
-# ------------------------------------------------------------------ end to end on shared data
+# ------------------------------------------------------------------ end to end
 def _random_checkpoint(cfg_path: str, registry, path) -> str:
     """A randomly initialised model of the config, saved as mmengine saves one."""
     torch.manual_seed(0)
@@ -112,9 +117,10 @@ def _random_checkpoint(cfg_path: str, registry, path) -> str:
     return str(path)
 
 
-def _test_with_tta(tmp_path, scope: str, base: str, body: str) -> Tuple[dict, Config, str]:
-    """Run ``tools/test.py --tta`` on a random checkpoint of the config ``base`` + ``body``, whose
-    models live in ``scope`` ('mmdet' or 'mmseg').
+def _test_with_tta(tmp_path, scope: str, base: str, body: str,
+                   options: list) -> Tuple[dict, Config, str]:
+    """Run ``tools/test.py --tta`` (with ``--cfg-options options``) on a random checkpoint of the
+    config ``base`` + ``body``, whose models live in ``scope`` ('mmdet' or 'mmseg').
 
     Returns the metrics it wrote, the config its Runner really ran (dumped) and the log."""
     importlib.import_module(f'{scope}.utils').register_all_modules(init_default_scope=False)
@@ -123,10 +129,29 @@ def _test_with_tta(tmp_path, scope: str, base: str, body: str) -> Tuple[dict, Co
     ckpt = _random_checkpoint(cfg, registry, tmp_path / 'random.pth')
     out_json, work = str(tmp_path / 'metrics.json'), str(tmp_path / 'work')
     proc = run_tool(['tools/test.py', cfg, ckpt, '--tta', '--work-dir', work, '--out-json',
-                     out_json])
+                     out_json, '--cfg-options', *options])
     record = json.load(open(out_json))
     assert record['tta'] is True
     return record['metrics'], Config.fromfile(_dumped_config(work)), proc.stdout + proc.stderr
+
+
+def _miou(pred_dir: str, label_dir: str, num_classes: int = 150) -> float:
+    """mIoU (%) of the label maps mmseg's IoUMetric wrote to ``pred_dir`` (ADE20K's 1..150)
+    against those in ``label_dir`` (0: other, ignored), over all images: the classes that are
+    in neither get no IoU."""
+    from PIL import Image
+    inter, union = np.zeros(num_classes), np.zeros(num_classes)
+    for name in sorted(os.listdir(pred_dir)):
+        pred = np.asarray(Image.open(osp.join(pred_dir, name)), np.int64) - 1
+        label = np.asarray(Image.open(osp.join(label_dir, name)), np.int64) - 1
+        valid = label >= 0
+        pred, label = pred[valid], label[valid]
+        inter += np.bincount(label[pred == label], minlength=num_classes)
+        union += (np.bincount(pred, minlength=num_classes)
+                  + np.bincount(label, minlength=num_classes)
+                  - np.bincount(label[pred == label], minlength=num_classes))
+    with np.errstate(invalid='ignore'):
+        return float(np.nanmean(inter / union) * 100)
 
 
 SMALL_ADE_TTA = '''
@@ -146,35 +171,46 @@ test_pipeline = [
 tta_pipeline = [
     dict(type='LoadImageFromFile'),
     dict(type='TestTimeAug', transforms=[
-        [dict(type='Resize', scale_factor=r, keep_ratio=True) for r in (0.25, 0.375)],
+        [dict(type='Resize', scale_factor=r, keep_ratio=True) for r in {ratios!r}],
         [dict(type='RandomFlip', prob=0., direction='horizontal'),
          dict(type='RandomFlip', prob=1., direction='horizontal')],
         [dict(type='LoadAnnotations')], [dict(type='PackSegInputs')]]),
 ]
 paths = dict(img_path='images/validation', seg_map_path='annotations/validation')
 test_dataloader = dict(batch_size=1, num_workers=0, persistent_workers=False,
-    dataset=dict(data_root=data_root, data_prefix=paths, pipeline=test_pipeline, indices=1))
+    dataset=dict(data_root=data_root, data_prefix=paths, pipeline=test_pipeline, indices=2))
 '''
+#: per data tier, the image ratios of the multi-scale test (the real images are ~512 px, the
+#: generated ones 128x160)
+ADE_RATIOS = {'real': (0.25, 0.375), 'generated': (0.75, 1.0)}
+TIERS = ['generated', pytest.param('real', marks=pytest.mark.slow)]
 
 
 @pytest.mark.e2e
-def test_upernet_tta_on_ade20k_sample(tmp_path, shared_data):
-    root = shared_data('ade20k_sample') + '/'
+@pytest.mark.parametrize('tier', TIERS)
+def test_upernet_tta(tmp_path, tier, sample_data):
+    root, ratios, preds = sample_data('ade20k', tier), ADE_RATIOS[tier], str(tmp_path / 'preds')
     metrics, dumped, log = _test_with_tta(tmp_path, 'mmseg', ADE_UPERNET,
-                                          SMALL_ADE_TTA.format(root=root))
-    assert 0.0 <= metrics['mIoU'] <= 100.0
+                                          SMALL_ADE_TTA.format(root=root, ratios=ratios),
+                                          [f'test_evaluator.output_dir={preds}'])
+    # the reported mIoU is that of the merged predictions the evaluator wrote (the log rounds
+    # to 2 decimals)
+    assert len(os.listdir(preds)) == 2
+    assert metrics['mIoU'] == pytest.approx(_miou(preds, root + 'annotations/validation'),
+                                            abs=0.01)
     assert dumped.model.type == 'SegTTAModel' and dumped.model.module.type == 'EncoderDecoder'
     resizes = _tta_step(dumped.test_dataloader.dataset.pipeline)['transforms'][0]
-    assert [r['scale_factor'] for r in resizes] == [0.25, 0.375]
+    assert [r['scale_factor'] for r in resizes] == list(ratios)
     assert 'Load checkpoint from' in log or 'Loads checkpoint' in log
 
 
 SMALL_COCO_TTA = '''
 data_root = {root!r}
+metainfo = {metainfo!r}
 model = dict(
     backbone=dict(arch=''' + NARROW_SEMA + ''', drop_path_rate=0.0),
     neck=dict(in_channels=[32, 64, 128], out_channels=32),
-    bbox_head=dict(in_channels=32, feat_channels=32, stacked_convs=1),
+    bbox_head=dict(in_channels=32, feat_channels=32, stacked_convs=1, num_classes={num_classes}),
     test_cfg=dict(score_thr=0.0, max_per_img=20))
 # mmdet's RetinaNet TTA (scales x flip, NMS merge) at two small scales instead of 800-1200 px
 tta_pipeline = [
@@ -187,17 +223,24 @@ tta_pipeline = [
                                                'scale_factor', 'flip', 'flip_direction'))]]),
 ]
 test_dataloader = dict(batch_size=1, num_workers=0, persistent_workers=False,
-    dataset=dict(data_root=data_root, indices=2))
+    dataset=dict(data_root=data_root, metainfo=metainfo, indices=2))
 test_evaluator = dict(ann_file=data_root + 'annotations/instances_val2017.json')
 '''
 
 
 @pytest.mark.e2e
-def test_retinanet_tta_on_coco_tiny(tmp_path, shared_data):
-    root = shared_data('coco_tiny') + '/'
-    metrics, dumped, _ = _test_with_tta(tmp_path, 'mmdet', RETINANET,
-                                        SMALL_COCO_TTA.format(root=root))
-    assert 0.0 <= metrics['coco/bbox_mAP'] <= 1.0
+@pytest.mark.parametrize('tier', TIERS)
+def test_retinanet_tta(tmp_path, tier, sample_data):
+    root, dets = sample_data('coco', tier), str(tmp_path / 'dets')
+    metainfo = dict(DEFAULT_METAINFO) if tier == 'generated' else None  # None: COCO's classes
+    body = SMALL_COCO_TTA.format(root=root, metainfo=metainfo,
+                                 num_classes=len(metainfo['classes']) if metainfo else 80)
+    metrics, dumped, _ = _test_with_tta(tmp_path, 'mmdet', RETINANET, body,
+                                        [f'test_evaluator.outfile_prefix={dets}'])
+    # the reported mAP is that of the merged detections the evaluator wrote
+    expected = pycocotools_map(root + 'annotations/instances_val2017.json', f'{dets}.bbox.json',
+                               'bbox')
+    assert metrics['coco/bbox_mAP'] == pytest.approx(expected, abs=5e-4)
     assert dumped.model.type == 'DetTTAModel' and dumped.model.module.type == 'RetinaNet'
     scales = _tta_step(dumped.test_dataloader.dataset.pipeline)['transforms'][0]
     assert [tuple(r['scale']) for r in scales] == [(320, 224), (224, 160)]
