@@ -16,7 +16,6 @@ import re
 import socket
 import sys
 
-import numpy as np
 import pytest
 
 from e2e_helpers import ROOT, run_tool
@@ -195,23 +194,6 @@ def test_readme_snippet_with_each_backbone(family, tmp_path, shapes_root):
     train_and_test_mask_rcnn(tmp_path, family, shapes_root)
 
 
-def write_ade_layout(root: str, n: int = 2, size: int = 64) -> None:
-    """A tiny ADE20K-layout set (``images/validation``, ``annotations/validation`` label PNGs,
-    0 = other) of blocks of a few classes."""
-    import cv2
-    rng = np.random.default_rng(0)
-    for sub in ('images/validation', 'annotations/validation'):
-        os.makedirs(osp.join(root, sub), exist_ok=True)
-    for i in range(n):
-        label = np.zeros((size, size), np.uint8)
-        for cls in (1, 5, 12):
-            y, x = rng.integers(0, size - 16, 2)
-            label[y:y + 16, x:x + 16] = cls
-        img = (rng.normal(120, 10, (size, size, 3)) + label[..., None] * 8).clip(0, 255)
-        cv2.imwrite(osp.join(root, 'images/validation', f'img_{i}.jpg'), img.astype(np.uint8))
-        cv2.imwrite(osp.join(root, 'annotations/validation', f'img_{i}.png'), label)
-
-
 UPERNET_SMALL = '''_base_ = './snippet.py'
 crop_size = (64, 64)
 data_preprocessor = dict(size=crop_size)
@@ -252,8 +234,8 @@ def test_readme_upernet_snippet_trains_and_tests_with_mmseg_tools(tmp_path):
         blocks = re.findall(r'```python\n(.*?)```', f.read(), flags=re.S)
     snippet = next(b for b in blocks if "_base_ = 'mmseg::upernet/" in b)
     assert PATCH in snippet, f'the UperNet snippet does not carry {PATCH}'
-    root = str(tmp_path / 'ade')
-    write_ade_layout(root)
+    from mmeffattn.datasets import generate_shapes_ade20k
+    root = generate_shapes_ade20k(str(tmp_path / 'ade'), num_images=2, img_size=(64, 64))
     backbone = mini_backbone('SEMA')
     channels = out_channels(backbone)
     (tmp_path / 'snippet.py').write_text(snippet)
