@@ -62,8 +62,9 @@ test_dataloader = dict(batch_size=8, num_workers=0, persistent_workers=False,
 
 
 @pytest.mark.e2e
-def test_sweep_end_to_end_on_imagenet_sample(tmp_path, shared_data):
-    root = shared_data('imagenet_sample') + '/'
+@pytest.mark.parametrize('tier', ['generated', pytest.param('real', marks=pytest.mark.slow)])
+def test_sweep_end_to_end(tmp_path, sample_data, tier):
+    root = sample_data('imagenet', tier)
     cfg = write_config(tmp_path / 'cfg.py', 'configs/sema/sema-t_8xb128_in1k.py',
                        SMALL_TEST.format(root=root))
     # a randomly initialized SEMA-T classifier saved as a checkpoint (no training needed here)
