@@ -137,7 +137,7 @@ def installed(dists, tmp_path_factory):
     _run([python, '-m', 'pip', 'install', '--no-deps', '--no-index', '--ignore-installed',
           '--disable-pip-version-check', '-q', wheel], cwd=env_dir, timeout=300)
     where = _run([python, '-c', 'import mmeffattn, mmdet; print(mmeffattn.__file__)'],
-                 cwd=env_dir, timeout=120).stdout.strip()
+                 cwd=env_dir, timeout=120, env=_clean_env()).stdout.strip()
     assert where.startswith(site), f'mmeffattn imported from {where}, not the wheel in {site}'
     return python, site
 
