@@ -109,13 +109,15 @@ def markdown(report: Dict[str, Any]) -> str:
     ref = settings['reference']
     where = env.get('gpu', env['processor'])
     threads = f'{env["threads"]} thread' + ('s' if env['threads'] != 1 else '')
+    peers = 'in channels-last memory format (model and input)' if \
+        settings.get('peer_layout') == 'channels-last' else 'as built'
     lines = [f'Device: {env["device"]} ({where}), {threads}, {env["dtype"]}, '
              f'batch {settings["batch"]}, torch {env["torch"]}; median of '
              f'{settings["repeats"]} runs after {settings["warmup"]} warm-up; models '
              f'interleaved; ops backend {settings.get("ops_backend", "auto")}. Setting: ours '
              f'as built (a config\'s backbone fed a plain NCHW batch), the peers '
-             f'{settings.get("peer_layout", "as-built")} (model and input); every model under '
-             f'the same dtype and compile options. Memory: {env["memory_method"]}. FLOPs: '
+             f'{peers}; every model under the same dtype and compile options. Memory: '
+             f'{env["memory_method"]}. FLOPs: '
              f'GMACs per image. Ratios: latency and memory relative to {ref}.', '']
     sizes = list(dict.fromkeys(tuple(r['size']) for r in report['results']))
     for hw in sizes:
