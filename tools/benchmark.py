@@ -84,9 +84,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.reference is None:
         args.reference = 'Swin-T'
     args.no_flops = bool(args.no_flops)
-    if args.onnx and (args.dtype != 'fp32' or args.device != 'cpu'):
-        p.error("--onnx times onnxruntime's CPU provider on the fp32 graph: use it with "
-                '--device cpu and --dtype fp32')
     return args
 
 

@@ -258,13 +258,9 @@ PEER_LAYOUTS = ('channels-last', 'as-built')
 class BenchmarkSettings:
     """What :func:`run_benchmark` measures, and how (``tools/benchmark.py``'s options).
 
-    Our backbones run as a config builds them and are fed a plain NCHW batch, as mmdet, mmseg
-    and mmpretrain call them. The peers run in their best CPU setting (``peer_layout``
-    ``'channels-last'``: model and input in channels-last memory format). Every model runs under
-    the same ``dtype`` (``'bf16'``: autocast) and compile options. ``compile`` adds the
-    torch.compile'd forward (inductor with freezing: weights folded as constants, the inference
-    setting), ``onnx`` the exported graph under onnxruntime's CPU provider (fp32, CPU only).
-    """
+    Ours run as a config builds them, fed a plain NCHW batch (as mmdet, mmseg and mmpretrain
+    call them); the peers in their best CPU setting (``peer_layout='channels-last'``: model and
+    input); all under the same ``dtype`` (``'bf16'``: autocast) and compile options."""
     models: List[str] = field(default_factory=lambda: ['all'])
     sizes: List[str] = field(default_factory=lambda: ['224'])
     batch: int = 1

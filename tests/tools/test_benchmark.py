@@ -214,8 +214,8 @@ def test_onnxruntime_beside_eager(tmp_path, monkeypatch):
                                           '1 intra-op thread')
     table = (tmp_path / 'benchmark.md').read_text()
     assert '### onnxruntime 1.' in table and '| ResNet-50 | channels-last | 32x48 |' in table
-    with pytest.raises(SystemExit):  # onnxruntime's CPU provider runs the fp32 graph
-        benchmark.parse_args(['--onnx', '--dtype', 'bf16'])
+    with pytest.raises(ValueError, match="CPU provider runs the fp32 graph"):
+        benchmark.main(['--onnx', '--dtype', 'bf16', '--out-dir', str(tmp_path)])
 
 
 @pytest.mark.parametrize('device', ['cuda', 'cpu'])

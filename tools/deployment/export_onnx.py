@@ -6,15 +6,12 @@
     python tools/deployment/export_onnx.py configs/mila/mask-rcnn_mila-t_fpn_1x_coco.py \
         --out mila-t_fpn.onnx --shape 800 1216 --dynamic
 
-A command line over :mod:`mmeffattn.deploy.onnx`. What is exported (``--part auto``): an
-mmpretrain classifier's logits, an mmseg segmentor's logits at the input size, an mmdet
-detector's backbone + neck feature maps; ``--part backbone``: the backbone's outputs alone.
-The graph takes the *normalised* image ``[B, 3, H, W]`` (the data preprocessor's mean, std and
-channel order are written into the file's metadata). ``--dynamic`` makes the height and width
-symbolic (the batch is 1). After export, onnxruntime runs the file at the export size and, for
-a dynamic file, at two other sizes (one of them odd); the largest relative error
-``max|ort - torch| / max|torch|`` over every output is printed, and the tool exits non-zero if
-it exceeds ``--tolerance`` (1e-4).
+A command line over :mod:`mmeffattn.deploy.onnx` (what is exported: its ``ExportWrapper``;
+the data preprocessor's mean, std and channel order go into the file's metadata).
+``--dynamic`` makes the height and width symbolic (the batch is 1). onnxruntime then runs the
+file at the export size and, for a dynamic file, at two other sizes (one of them odd); the tool
+prints the largest relative error ``max|ort - torch| / max|torch|`` over every output and exits
+non-zero above ``--tolerance`` (1e-4).
 """
 import argparse
 import os.path as osp
