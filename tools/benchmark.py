@@ -68,11 +68,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help='skip the FLOP count (one traced forward per model and size)')
     p.add_argument('--no-plots', action='store_true')
     p.add_argument('--compile', action='store_true',
-                   help='also time each model under torch.compile (one static graph per size; '
-                        'inductor with freezing), back to back with eager')
+                   help='also time each model under torch.compile (one static graph per size), '
+                        'back to back with eager')
     p.add_argument('--compile-backend', default='inductor',
                    help="torch.compile backend of --compile ('aot_eager' to check the path)")
     p.add_argument('--compile-mode', help="torch.compile mode (e.g. 'max-autotune')")
+    p.add_argument('--freezing', action='store_true',
+                   help="inductor's freezing for --compile (weights folded as constants)")
     p.add_argument('--onnx', action='store_true',
                    help='also time each model exported to ONNX (static, per size) under '
                         "onnxruntime's CPU provider, back to back with eager (fp32, CPU)")

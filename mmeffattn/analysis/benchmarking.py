@@ -280,6 +280,7 @@ class BenchmarkSettings:
     compile: bool = False
     compile_backend: str = 'inductor'
     compile_mode: Optional[str] = None
+    freezing: bool = False
     onnx: bool = False
     preset: Optional[str] = None
     out_dir: Optional[str] = None  # where benchmark.partial.json is written after each size
@@ -339,9 +340,11 @@ def _ops_backend(choice: Optional[str], device: torch.device) -> Iterator[str]:
 
 
 def _compile_config(settings: BenchmarkSettings) -> Any:
-    """Inductor's inference setting: freezing (parameters folded as constants, convolution and
-    linear weights prepacked), which needs eval mode and ``no_grad``, as our forwards run."""
-    if settings.compile and settings.compile_backend == 'inductor':
+    """Inductor's freezing for inference (``settings.freezing``: parameters folded as constants,
+    convolution and linear weights prepacked), which needs eval mode and ``no_grad``, as our
+    forwards run. One setting for the whole run: a graph compiled without freezing would serve
+    a later frozen compile of the same module class."""
+    if settings.compile and settings.freezing and settings.compile_backend == 'inductor':
         import torch._inductor.config as inductor_config
         return inductor_config.patch(freezing=True)
     return contextlib.nullcontext()
@@ -479,7 +482,8 @@ def _run(settings: BenchmarkSettings, device: torch.device, backend: str,
     report_settings.update(sizes=[list(s) for s in sizes], ops_backend=backend)
     if settings.compile:
         report_settings['compile'] = settings.compile_backend + (
-            ', freezing' if settings.compile_backend == 'inductor' else '') + (
+            ', freezing' if settings.freezing and settings.compile_backend == 'inductor' else ''
+        ) + (
             f', mode {settings.compile_mode}' if settings.compile_mode else '')
     env = environment(device, dtype)
     if settings.onnx:

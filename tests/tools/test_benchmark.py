@@ -177,15 +177,17 @@ def test_compile_reports_eager_and_compiled_side_by_side(tmp_path, monkeypatch):
     assert '| SEMA-T | as built | 32x32 |' in table
 
 
-def test_compile_uses_inductor_freezing():
-    """Inductor compiles for inference with freezing (weights folded as constants, convolution
-    and linear weights prepacked) within the run, and the setting is restored after."""
+def test_freezing_is_set_for_the_run_only():
+    """``--freezing``: inductor compiles with freezing (weights folded as constants) within the
+    run, and the setting is restored after; not asked for, or another backend, leaves it."""
     import torch._inductor.config as inductor_config
     before = inductor_config.freezing
-    with bm._compile_config(bm.BenchmarkSettings(compile=True)):
+    with bm._compile_config(bm.BenchmarkSettings(compile=True, freezing=True)):
         assert inductor_config.freezing
-    with bm._compile_config(bm.BenchmarkSettings(compile=True, compile_backend='aot_eager')):
-        assert inductor_config.freezing == before
+    for settings in (bm.BenchmarkSettings(compile=True),
+                     bm.BenchmarkSettings(compile=True, freezing=True, compile_backend='eager')):
+        with bm._compile_config(settings):
+            assert inductor_config.freezing == before
     assert inductor_config.freezing == before
 
 
