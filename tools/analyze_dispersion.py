@@ -14,13 +14,11 @@ Outputs: ``dispersion.json``, ``dispersion.md`` and ``dispersion.png``.
 """
 import argparse
 import json
-import math
 import os
 import os.path as osp
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List
 
 import torch
-import torch.nn as nn
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -42,82 +40,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def find_attention(model: nn.Module, name: Optional[str]) -> Tuple[str, nn.Module]:
-    """The attention module to probe: ``name``, or the first with ``num_heads`` and q/k."""
-    modules = dict(model.named_modules())
-    if name is not None:
-        if name not in modules:
-            raise ValueError(f'--layer {name!r} is not a module of the model; attention-like '
-                             f'modules: {[n for n, m in modules.items() if _has_qk(m)][:10]}')
-        return name, modules[name]
-    for n, m in modules.items():
-        if _has_qk(m):
-            return n, m
-    raise ValueError('no module with num_heads and a q/k projection (qk, qkv, or q [and k]) '
-                     'was found; name one with --layer')
-
-
-def _has_qk(m: nn.Module) -> bool:
-    return hasattr(m, 'num_heads') and any(isinstance(getattr(m, a, None), nn.Linear)
-                                           for a in ('qk', 'qkv', 'q'))
-
-
-def project_qk(attn: nn.Module, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """The layer's own queries and keys ``[B, h, L, D]`` for its input tokens ``x [B, L, C]``
-    (before any RoPE or feature map: every kind then weighs the same q and k)."""
-    B, L, C = x.shape
-    if isinstance(getattr(attn, 'qk', None), nn.Linear):
-        q, k = attn.qk(x).chunk(2, dim=-1)
-    elif isinstance(getattr(attn, 'qkv', None), nn.Linear):
-        q, k, _ = attn.qkv(x).chunk(3, dim=-1)
-    elif isinstance(getattr(attn, 'k', None), nn.Linear):
-        q, k = attn.q(x), attn.k(x)
-    else:  # LaplacianFormer: the queries are also the keys
-        q = k = attn.q(x)
-    nh = attn.num_heads
-    return tuple(t.reshape(B, L, nh, -1).transpose(1, 2) for t in (q, k))  # type: ignore
-
-
-def capture(model: nn.Module, attn: nn.Module, x: torch.Tensor) -> Dict[str, Any]:
-    """Run ``model(x)`` and return the probed layer's first input and its grid / core count."""
-    got: Dict[str, Any] = {}
-
-    def hook(module, args, kwargs):
-        if 'x' not in got:
-            got['x'] = args[0].detach()
-            got['args'] = args[1:]
-            got['kwargs'] = dict(kwargs)
-
-    from mmeffattn.analysis.flops import torch_backend
-    handle = attn.register_forward_pre_hook(hook, with_kwargs=True)
-    try:
-        with torch.no_grad(), torch_backend():  # (not the Triton interpreter on a CPU)
-            model(x)
-    finally:
-        handle.remove()
-    if 'x' not in got:
-        raise RuntimeError('the probed attention layer was not called by the forward')
-    return got
-
-
-def layer_grid(got: Dict[str, Any], image_hw: Tuple[int, int],
-               patch: int) -> Tuple[Tuple[int, int], int]:
-    """``(hw, num_cores)`` of the probed call: the ``hw`` argument our blocks pass, VECA's core
-    count (its last argument), or a square grid."""
-    n = got['x'].shape[1]
-    args = got['args']
-    if args and isinstance(args[0], (tuple, list)) and len(args[0]) == 2:
-        return (int(args[0][0]), int(args[0][1])), 0
-    if len(args) >= 3 and isinstance(args[-1], int):  # VECA: (cos, sin, num_cores)
-        hw = (math.ceil(image_hw[0] / patch), math.ceil(image_hw[1] / patch))
-        return hw, args[-1]
-    side = int(round(math.sqrt(n)))
-    if side * side != n:
-        raise ValueError(f'cannot tell the token grid of {n} tokens; probe a layer that gets '
-                         f'(x, hw)')
-    return (side, side), 0
-
-
 def run(args: argparse.Namespace) -> Dict[str, Any]:
     from mmeffattn.analysis import dispersion as dsp
     from mmeffattn.analysis.benchmarking import parse_size
@@ -135,14 +57,14 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     bad = set(kinds) - set(dsp.KINDS)
     if bad:
         raise SystemExit(f'unknown --kinds {sorted(bad)}; choose from {dsp.KINDS}')
-    layer, attn = find_attention(model, args.layer)
+    layer, attn = dsp.find_attention(model, args.layer)
     patch = getattr(model, 'patch_size', 16)
     rows: List[Dict[str, Any]] = []
     for size in args.sizes:
         hw_img = parse_size(size)
-        got = capture(model, attn, torch.randn(1, 3, *hw_img))
-        hw, cores = layer_grid(got, hw_img, patch)
-        q, k = project_qk(attn, got['x'])
+        got = dsp.capture(model, attn, torch.randn(1, 3, *hw_img))
+        hw, cores = dsp.layer_grid(got, hw_img, patch)
+        q, k = dsp.project_qk(attn, got['x'])
         core_qk = None
         if cores:  # VECA: its own cores, and the patches alone as the grid
             core_qk = (q[:, :, :cores], k[:, :, :cores])

@@ -1,12 +1,19 @@
 """Measurement helpers shared by ``tools/benchmark.py`` and ``tools/benchmark_ops.py``: timing
 (median after warm-up, CUDA events on a GPU), peak tensor memory, the machine's matmul rate,
-scaling-exponent fits and the environment record that goes with every result."""
+scaling-exponent fits and the environment record that goes with every result; and
+:func:`run_benchmark`, the backbones of :mod:`.model_zoo` timed side by side (eager, compiled,
+onnxruntime), which ``tools/benchmark.py`` and ``tools/analysis_tools/zoo_table.py`` run."""
+import contextlib
+import json
 import math
+import os
 import platform
 import statistics
+import tempfile
 import time
 import weakref
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -14,7 +21,8 @@ from torch.utils._pytree import tree_flatten
 
 __all__ = ['PeakTensorMemory', 'peak_memory', 'time_once', 'backward_of_outputs', 'median',
            'fit_exponent', 'environment', 'matmul_flops_per_s', 'is_oom', 'synchronize',
-           'grid_tokens', 'parse_size', 'predict_power_law', 'copy_bandwidth', 'MEMORY_METHOD']
+           'grid_tokens', 'parse_size', 'predict_power_law', 'copy_bandwidth', 'MEMORY_METHOD',
+           'PRESETS', 'BenchmarkSettings', 'run_benchmark', 'exponents']
 
 #: how memory is measured, stated in every output
 MEMORY_METHOD = {
@@ -209,3 +217,404 @@ def copy_bandwidth(device: torch.device, nbytes: int = 0, repeats: int = 5) -> D
     time_once(lambda: dst.copy_(src), device)
     secs = median([time_once(lambda: dst.copy_(src), device) for _ in range(repeats)])
     return dict(bytes=nbytes, seconds=secs, bytes_per_s=2 * nbytes / secs)
+
+
+# --------------------------------------------------------------------------------------------
+# backbones side by side
+# --------------------------------------------------------------------------------------------
+SQUARE_SIZES = ['224', '512', '768', '1024', '1248', '1536', '2048']
+#: presets of :class:`BenchmarkSettings`: the sizes, batch, repeats and limits of a run
+PRESETS: Dict[str, Dict[str, Any]] = {
+    # tiny, for the test suite: two models, two small sizes
+    'smoke': dict(models=['SEMA-T', 'ResNet-50'], sizes=['32', '32x64'], batch=1, warmup=1,
+                  repeats=2, backward_max_side=64, budget_s=120., max_call_s=30.,
+                  max_memory_gb=4.),
+    # the README run: about 10 minutes on 2 CPU cores (all models, up to 1024 px, backward up
+    # to 512 px)
+    'readme': dict(models=['all'], sizes=['224', '512', '768', '1024', '512x768'], batch=1,
+                   warmup=1, repeats=3, backward_max_side=512, budget_s=60., max_call_s=6.,
+                   max_memory_gb=8.),
+    # everything the issue lists; hours on a CPU
+    'full': dict(models=['all'], sizes=SQUARE_SIZES + ['1024x2048'], batch=1, warmup=2,
+                 repeats=10, backward_max_side=2048, budget_s=1800., max_call_s=120.,
+                 max_memory_gb=16.),
+    # the attention zoo (configs/zoo: SEMA-T with each token mixer), once on a shared CPU: one
+    # thread (OpenMP spin-waits on a loaded machine made two threads 20x slower), forward only,
+    # one timed run, a time budget per model (global softmax is skipped where its predicted time
+    # or memory exceeds the limits); tools/analysis_tools/zoo_table.py runs it
+    'zoo': dict(models=['zoo'], sizes=['224', '512', '1024'], batch=1, warmup=1, repeats=1,
+                backward_max_side=0, budget_s=120., max_call_s=30., max_memory_gb=8.,
+                threads=1, reference='Zoo-sema'),
+    # a CUDA GPU, inside the 10-minute GPU script (200 s for 16 models; FLOPs do not depend on
+    # the device: take them from get_flops.py or a CPU run)
+    'gpu': dict(models=['all'], sizes=SQUARE_SIZES + ['1024x2048'], batch=8, warmup=3,
+                repeats=10, backward_max_side=1536, budget_s=7., max_call_s=0.3,
+                max_memory_gb=60., no_flops=True),
+}
+PEER_LAYOUTS = ('channels-last', 'as-built')
+
+
+@dataclass
+class BenchmarkSettings:
+    """What :func:`run_benchmark` measures, and how (``tools/benchmark.py``'s options).
+
+    Ours run as a config builds them, fed a plain NCHW batch (as mmdet, mmseg and mmpretrain
+    call them); the peers in their best CPU setting (``peer_layout='channels-last'``: model and
+    input); all under the same ``dtype`` (``'bf16'``: autocast) and compile options."""
+    models: List[str] = field(default_factory=lambda: ['all'])
+    sizes: List[str] = field(default_factory=lambda: ['224'])
+    batch: int = 1
+    warmup: int = 1
+    repeats: int = 3
+    backward_max_side: int = 512
+    budget_s: float = 60.
+    max_call_s: float = 6.
+    max_memory_gb: float = 8.
+    device: str = 'cpu'
+    dtype: str = 'fp32'
+    threads: Optional[int] = None
+    ops_backend: Optional[str] = None
+    reference: str = 'Swin-T'
+    no_flops: bool = False
+    peer_layout: str = 'channels-last'
+    compile: bool = False
+    compile_backend: str = 'inductor'
+    compile_mode: Optional[str] = None
+    freezing: bool = False
+    onnx: bool = False
+    preset: Optional[str] = None
+    out_dir: Optional[str] = None  # where benchmark.partial.json is written after each size
+
+
+class Runner:
+    """The forwards of one built backbone at one input size: eager, forward+backward, compiled
+    and onnxruntime (the last two when set up)."""
+
+    def __init__(self, model: torch.nn.Module, x: torch.Tensor, dtype: torch.dtype,
+                 compiled: Optional[torch.nn.Module] = None) -> None:
+        self.model, self.x, self.dtype, self.compiled = model, x, dtype, compiled
+        self.autocast = dtype != torch.float32
+        self.session: Any = None  # onnxruntime's, and its input feed
+        self.feed: Dict[str, Any] = {}
+
+    def _autocast(self):
+        return torch.autocast(self.x.device.type, dtype=self.dtype, enabled=self.autocast)
+
+    def forward(self) -> Any:
+        with torch.no_grad(), self._autocast():
+            return self.model(self.x)
+
+    def forward_compiled(self) -> None:
+        with torch.no_grad(), self._autocast():
+            self.compiled(self.x)
+
+    def forward_ort(self) -> None:
+        self.session.run(None, self.feed)
+
+    def forward_backward(self) -> None:
+        with self._autocast():
+            outs = self.model(self.x)
+        backward_of_outputs(outs)
+        for p in self.model.parameters():
+            p.grad = None
+
+    def resident(self) -> List[torch.Tensor]:
+        return [*self.model.parameters(), *self.model.buffers(), self.x]
+
+
+@contextlib.contextmanager
+def _ops_backend(choice: Optional[str], device: torch.device) -> Iterator[str]:
+    """``$MMEFFATTN_OPS_BACKEND`` within the block: ``choice``, or by default the torch backend
+    on a CPU (the Triton interpreter would otherwise be timed) and automatic dispatch on a GPU
+    (Triton kernels); restored after."""
+    choice = choice or ('auto' if device.type == 'cuda' else 'torch')
+    saved = os.environ.get('MMEFFATTN_OPS_BACKEND')
+    os.environ['MMEFFATTN_OPS_BACKEND'] = choice
+    try:
+        yield choice
+    finally:
+        if saved is None:
+            os.environ.pop('MMEFFATTN_OPS_BACKEND', None)
+        else:
+            os.environ['MMEFFATTN_OPS_BACKEND'] = saved
+
+
+def _compile_config(settings: BenchmarkSettings) -> Any:
+    """Inductor's freezing for inference (``settings.freezing``: parameters folded as constants,
+    convolution and linear weights prepacked), which needs eval mode and ``no_grad``, as our
+    forwards run. One setting for the whole run: a graph compiled without freezing would serve
+    a later frozen compile of the same module class."""
+    if settings.compile and settings.freezing and settings.compile_backend == 'inductor':
+        import torch._inductor.config as inductor_config
+        return inductor_config.patch(freezing=True)
+    return contextlib.nullcontext()
+
+
+def run_benchmark(settings: BenchmarkSettings) -> Dict[str, Any]:
+    """Time every model of ``settings.models`` at each size (models interleaved within a size;
+    a size predicted past a limit is reported as skipped) and return the report: environment,
+    settings, models, per-(model, size) results and the fitted scaling exponents."""
+    device = torch.device(settings.device)
+    if device.type == 'cuda' and not torch.cuda.is_available():
+        raise ValueError("device 'cuda': no CUDA device is visible to torch")
+    if settings.peer_layout not in PEER_LAYOUTS:
+        raise ValueError(f'peer_layout must be one of {PEER_LAYOUTS}, got '
+                         f'{settings.peer_layout!r}')
+    if settings.onnx:
+        if device.type != 'cpu' or settings.dtype != 'fp32':
+            raise ValueError("onnx: onnxruntime's CPU provider runs the fp32 graph; time it "
+                             "with device 'cpu' and dtype 'fp32'")
+        from mmeffattn.deploy.onnx import require_onnx
+        require_onnx()
+    if settings.threads:
+        torch.set_num_threads(settings.threads)
+    with _ops_backend(settings.ops_backend, device) as backend, _compile_config(settings), \
+            tempfile.TemporaryDirectory() as tmp:
+        return _run(settings, device, backend, tmp)
+
+
+def _run(settings: BenchmarkSettings, device: torch.device, backend: str,
+         tmp: str) -> Dict[str, Any]:
+    from mmeffattn.analysis import model_zoo
+    from mmeffattn.analysis.flops import count_flops, count_parameters
+    dtype = dict(fp32=torch.float32, bf16=torch.bfloat16)[settings.dtype]
+    names = model_zoo.select_models(settings.models)
+    sizes = sorted((parse_size(s) for s in settings.sizes), key=lambda hw: (hw[0] * hw[1], hw))
+    variants = [v for v, on in (('compiled', settings.compile), ('ort', settings.onnx)) if on]
+    t_start = time.time()
+    results: List[Dict[str, Any]] = []
+    models: Dict[str, torch.nn.Module] = {}
+    compiled: Dict[str, torch.nn.Module] = {}
+    info: Dict[str, Dict[str, Any]] = {}
+    for name in names:
+        entry = model_zoo.get_model(name)
+        setting = 'as built' if entry.ours or settings.peer_layout == 'as-built' else \
+            'channels-last'
+        info[name] = dict(attention=entry.attention, ours=entry.ours, params_m=None,
+                          setting=setting, status='ok', spent_s=0., time_hist=[], mem_hist=[])
+        reason = model_zoo.unavailable_reason(name)
+        if reason is None:
+            try:
+                model = model_zoo.build_backbone(name).to(device)
+                if setting == 'channels-last':
+                    model = model.to(memory_format=torch.channels_last)
+                models[name] = model
+                if settings.compile:  # static: one graph per size, the best at each size
+                    compiled[name] = torch.compile(
+                        model, dynamic=False, backend=settings.compile_backend,
+                        **({'mode': settings.compile_mode} if settings.compile_mode else {}))
+                info[name]['params_m'] = count_parameters(model) / 1e6
+            except Exception as e:  # a peer whose constructor changed, say
+                reason = f'build failed: {type(e).__name__}: {e}'
+        if reason:
+            info[name]['status'] = reason if reason.startswith('not available') else \
+                f'not available: {reason}'
+            print(f'[{name}] {info[name]["status"]}', flush=True)
+
+    for hw in sizes:
+        pixels = hw[0] * hw[1]
+        records: Dict[str, Dict[str, Any]] = {}
+        runners: Dict[str, Runner] = {}
+        for name in names:
+            rec = dict(model=name, size=list(hw), tokens=grid_tokens(hw), batch=settings.batch,
+                       status=info[name]['status'], setting=info[name]['setting'], fwd_ms=None,
+                       fwd_bwd_ms=None, images_per_s=None, peak_mem_mb=None,
+                       fwd_bwd_peak_mem_mb=None, gmacs=None, params_m=info[name]['params_m'])
+            for v in variants:
+                rec.update({f'fwd_{v}_ms': None, f'{v}_speedup': None, f'{v}_setup_s': None,
+                            f'{v}_status': None})
+            records[name] = rec
+            if name not in models:
+                continue
+            calls = settings.warmup + settings.repeats
+            pred_t = predict_power_law(info[name]['time_hist'], pixels)
+            pred_m = predict_power_law(info[name]['mem_hist'], pixels)
+            if pred_m > settings.max_memory_gb * 2**30:
+                rec['status'] = 'skipped (memory limit)'
+            elif pred_t > settings.max_call_s or \
+                    info[name]['spent_s'] + 2 * calls * pred_t > settings.budget_s:
+                rec['status'] = 'skipped (time limit)'
+            else:
+                x = torch.randn(settings.batch, 3, *hw, device=device)
+                if info[name]['setting'] == 'channels-last':
+                    x = x.contiguous(memory_format=torch.channels_last)
+                runners[name] = Runner(models[name], x, dtype, compiled.get(name))
+        _measure(runners, records, info, settings, device, backward=False)
+        _measure_variants(runners, records, settings, device, variants, tmp)
+        if max(hw) <= settings.backward_max_side:
+            _measure(runners, records, info, settings, device, backward=True)
+        for name, runner in runners.items():
+            rec = records[name]
+            if rec['status'] != 'ok':
+                continue
+            t0 = time.time()
+            try:
+                mem = peak_memory(runner.forward, runner.resident(), device)
+                rec['peak_mem_mb'] = mem / 2**20
+                info[name]['mem_hist'].append((pixels, mem))
+                if rec['fwd_bwd_ms'] is not None:
+                    rec['fwd_bwd_peak_mem_mb'] = peak_memory(
+                        runner.forward_backward, runner.resident(), device) / 2**20
+                if not settings.no_flops:
+                    rec['gmacs'] = count_flops(models[name], (runner.x[:1], )).total / 1e9
+            except Exception as e:
+                rec['status'] = 'out of memory' if is_oom(e) else \
+                    f'error: {type(e).__name__}: {e}'
+            info[name]['spent_s'] += time.time() - t0
+        for rec in records.values():
+            shown = f'{rec["fwd_ms"]:.1f} ms' if rec['fwd_ms'] is not None else rec['status']
+            for v in variants:
+                if rec[f'fwd_{v}_ms'] is not None:
+                    shown += (f', {v} {rec[f"fwd_{v}_ms"]:.1f} ms ({rec[f"{v}_speedup"]:.2f}x '
+                              f'eager, set up in {rec[f"{v}_setup_s"]:.0f} s)')
+                elif rec[f'{v}_status']:
+                    shown += f', {v}: {rec[f"{v}_status"]}'
+            print(f'[{hw[0]}x{hw[1]}] {rec["model"]}: {shown}', flush=True)
+        results += records.values()
+        del runners
+        if settings.out_dir:  # a run stopped from outside keeps what it measured
+            with open(os.path.join(settings.out_dir, 'benchmark.partial.json'), 'w') as f:
+                json.dump(dict(results=results), f)
+        if device.type == 'cuda':
+            torch.cuda.empty_cache()
+
+    report_settings = asdict(settings)
+    report_settings.update(sizes=[list(s) for s in sizes], ops_backend=backend)
+    if settings.compile:
+        report_settings['compile'] = settings.compile_backend + (
+            ', freezing' if settings.freezing and settings.compile_backend == 'inductor' else ''
+        ) + (
+            f', mode {settings.compile_mode}' if settings.compile_mode else '')
+    env = environment(device, dtype)
+    if settings.onnx:
+        import onnxruntime
+        env['onnxruntime'] = onnxruntime.__version__
+        threads = torch.get_num_threads()
+        report_settings['onnx'] = ('CPUExecutionProvider, graph optimization level all, '
+                                   f'{threads} intra-op thread' + 's' * (threads != 1))
+    return dict(environment=env, settings=report_settings,
+                models={n: {k: i[k] for k in ('attention', 'ours', 'params_m', 'setting')}
+                        for n, i in info.items()},
+                results=results, exponents=exponents(results), elapsed_s=time.time() - t_start)
+
+
+def _measure(runners: Dict[str, Runner], records: Dict[str, Dict[str, Any]],
+             info: Dict[str, Dict[str, Any]], settings: Any, device: torch.device,
+             backward: bool) -> None:
+    """Warm every runner up, then ``repeats`` rounds that time each model once.
+
+    On a GPU the first call of each pass at each size compiles the Triton kernels it meets for
+    the first time (a few seconds each), which says nothing about the model's speed: it is
+    recorded as ``first_call_s`` and kept out of the model's time budget (``budget_s`` bounds
+    measurement), so that compilation does not make the later sizes look too slow to run."""
+    key = 'fwd_bwd_ms' if backward else 'fwd_ms'
+    times: Dict[str, List[float]] = {name: [] for name in runners}
+    first = set(runners) if device.type == 'cuda' else set()
+
+    def call(name: str, timed: bool) -> None:
+        rec = records[name]
+        if rec['status'] != 'ok':
+            return
+        runner = runners[name]
+        fn = runner.forward_backward if backward else runner.forward
+        t0 = time.time()
+        try:
+            t = time_once(fn, device)
+        except Exception as e:
+            rec['status'] = 'out of memory' if is_oom(e) else \
+                f'error: {type(e).__name__}: {e}'
+            if device.type == 'cuda':
+                torch.cuda.empty_cache()
+            return
+        finally:
+            spent = time.time() - t0
+            if name in first:
+                first.discard(name)
+                rec['first_call_s'] = (rec.get('first_call_s') or 0.) + spent
+            else:
+                info[name]['spent_s'] += spent
+        if timed:
+            times[name].append(t)
+
+    for name in runners:
+        for _ in range(settings.warmup):
+            call(name, timed=False)
+    for _ in range(settings.repeats):
+        for name in runners:
+            call(name, timed=True)
+    for name, ts in times.items():
+        rec = records[name]
+        if rec['status'] == 'ok' and ts:
+            rec[key] = median(ts) * 1e3
+            if not backward:
+                rec['images_per_s'] = settings.batch / median(ts)
+                info[name]['time_hist'].append((rec['size'][0] * rec['size'][1], median(ts)))
+
+
+def _setup_ort(runner: Runner, rec: Dict[str, Any], tmp: str) -> Callable[[], None]:
+    """Export the backbone at this size (static), open an onnxruntime session with torch's
+    thread count, and record the largest relative error of its outputs against eager's."""
+    from mmeffattn.deploy.onnx import export_onnx, onnx_session, relative_error
+    path = os.path.join(tmp, f'{rec["model"]}.onnx')
+    export_onnx(runner.model, tuple(runner.x.shape[2:]), path, batch=runner.x.shape[0])
+    runner.session = onnx_session(path, torch.get_num_threads())
+    os.remove(path)  # the session holds the graph
+    runner.feed = {runner.session.get_inputs()[0].name: runner.x.contiguous().cpu().numpy()}
+    got = runner.session.run(None, runner.feed)
+    ref = [t for t in tree_flatten(runner.forward())[0] if isinstance(t, torch.Tensor)]
+    rec['ort_rel_err'] = max(relative_error(g, r) for g, r in zip(got, ref))
+    return runner.forward_ort
+
+
+def _measure_variants(runners: Dict[str, Runner], records: Dict[str, Dict[str, Any]],
+                      settings: BenchmarkSettings, device: torch.device, variants: List[str],
+                      tmp: str) -> None:
+    """The compiled and onnxruntime forwards of every runner. Each is set up first (its time is
+    ``<variant>_setup_s``: compiling is the first call; onnxruntime's is the export and the
+    session) and warmed up; then ``repeats`` rounds time each model's eager forward and its
+    variants back to back, so that all see the same machine load. ``<variant>_speedup`` =
+    eager / variant, from the medians of these rounds."""
+    calls: Dict[str, Dict[str, Callable[[], Any]]] = {}
+    for name, runner in runners.items():
+        rec = records[name]
+        if rec['status'] != 'ok':
+            continue
+        fns: Dict[str, Callable[[], Any]] = {}
+        for v in variants:
+            t0 = time.time()
+            try:
+                fn = _setup_ort(runner, rec, tmp) if v == 'ort' else runner.forward_compiled
+                for _ in range(1 + settings.warmup):  # (a compiled forward's first compiles)
+                    fn()
+            except Exception as e:
+                first = (str(e).splitlines() or [''])[0]
+                rec[f'{v}_status'] = f'error: {type(e).__name__}: {first}'
+                continue
+            rec[f'{v}_setup_s'], rec[f'{v}_status'] = time.time() - t0, 'ok'
+            fns[v] = fn
+        if fns:
+            calls[name] = dict(eager=runner.forward, **fns)
+    times = {name: {k: [] for k in fns} for name, fns in calls.items()}
+    for _ in range(settings.repeats):
+        for name, fns in calls.items():
+            for key, fn in fns.items():
+                times[name][key].append(time_once(fn, device))
+    for name, ts in times.items():
+        for v in variants:
+            if ts.get(v):
+                records[name][f'fwd_{v}_ms'] = median(ts[v]) * 1e3
+                records[name][f'{v}_speedup'] = median(ts['eager']) / median(ts[v])
+
+
+def exponents(results: List[Dict[str, Any]]) -> Dict[str, Dict[str, Optional[float]]]:
+    """Per model: the fitted exponent k of latency ~ tokens^k and memory ~ tokens^k over the
+    square sizes measured."""
+    out: Dict[str, Dict[str, Optional[float]]] = {}
+    for name in dict.fromkeys(r['model'] for r in results):
+        rows = [r for r in results if r['model'] == name and r['size'][0] == r['size'][1]]
+        out[name] = {
+            key: fit_exponent([r['tokens'] for r in rows if r[col] is not None],
+                              [r[col] for r in rows if r[col] is not None])
+            for key, col in (('latency', 'fwd_ms'), ('memory', 'peak_mem_mb'),
+                             ('flops', 'gmacs'))}
+    return out

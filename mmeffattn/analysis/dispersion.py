@@ -5,18 +5,21 @@ top weight shrinks); windows keep a fixed key count and SEMA adds the global mea
 :func:`implied_weights` gives each kind's weights ``p[i, j]`` (rows sum to 1) from real queries
 and keys; :func:`dispersion_stats` summarises rows (entropy, entropy / ``log N``, top weight,
 ``exp(entropy)`` keys). Kinds: ``softmax``, ``linear`` (ELU + 1), ``window``, ``sema``,
-``core_periphery`` (two softmax hops) and ``laplacian_nystrom``.
+``core_periphery`` (two softmax hops) and ``laplacian_nystrom``. A model's own queries and keys
+come from probing one of its attention layers: :func:`find_attention`, :func:`capture`,
+:func:`layer_grid` and :func:`project_qk`.
 """
 import math
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
 from mmeffattn.ops import laplacian_kernel, newton_schulz_pinv_naive
 
 __all__ = ['KINDS', 'implied_weights', 'dispersion_stats', 'sample_queries', 'window_weights',
-           'pool_grid']
+           'pool_grid', 'find_attention', 'capture', 'layer_grid', 'project_qk']
 
 
 def sample_queries(n: int, max_queries: int, seed: int = 0) -> torch.Tensor:
@@ -155,3 +158,92 @@ def dispersion_stats(p: torch.Tensor) -> Dict[str, float]:
                 normalized_entropy=(ent / math.log(N)).mean().item() if N > 1 else 0.,
                 max_weight=p.amax(-1).mean().item(), effective_keys=eff.mean().item(),
                 effective_fraction=(eff / N).mean().item(), tokens=N)
+
+
+# --------------------------------------------------------------------------------------------
+# probing a model's attention layer
+# --------------------------------------------------------------------------------------------
+def find_attention(model: nn.Module, name: Optional[str] = None) -> Tuple[str, nn.Module]:
+    """The attention module to probe: ``name``, or the first with ``num_heads`` and q/k."""
+    modules = dict(model.named_modules())
+    if name is not None:
+        if name not in modules:
+            raise ValueError(f'layer {name!r} is not a module of the model; attention-like '
+                             f'modules: {[n for n, m in modules.items() if _has_qk(m)][:10]}')
+        return name, modules[name]
+    for n, m in modules.items():
+        if _has_qk(m):
+            return n, m
+    raise ValueError('no module with num_heads and a q/k projection (qk, qkv, or q [and k]) '
+                     'was found; name the layer to probe')
+
+
+def _has_qk(m: nn.Module) -> bool:
+    return hasattr(m, 'num_heads') and any(isinstance(getattr(m, a, None), nn.Linear)
+                                           for a in ('qk', 'qkv', 'q'))
+
+
+def project_qk(attn: nn.Module, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The layer's own queries and keys ``[B, h, L, D]`` for its input tokens ``x [B, L, C]``
+    (before any RoPE or feature map: every kind then weighs the same q and k)."""
+    B, L, C = x.shape
+    if isinstance(getattr(attn, 'qk', None), nn.Linear):
+        q, k = attn.qk(x).chunk(2, dim=-1)
+    elif isinstance(getattr(attn, 'qkv', None), nn.Linear):
+        q, k, _ = attn.qkv(x).chunk(3, dim=-1)
+    elif isinstance(getattr(attn, 'k', None), nn.Linear):
+        q, k = attn.q(x), attn.k(x)
+    else:  # LaplacianFormer: the queries are also the keys
+        q = k = attn.q(x)
+    nh = attn.num_heads
+    return tuple(t.reshape(B, L, nh, -1).transpose(1, 2) for t in (q, k))  # type: ignore
+
+
+class _Stop(Exception):
+    pass
+
+
+def capture(model: nn.Module, attn: nn.Module, x: torch.Tensor,
+            stop: bool = False) -> Dict[str, Any]:
+    """Run ``model(x)`` (the ops' PyTorch backend, no grad) and return the probed layer's first
+    call: ``x`` (its input tokens), ``args`` and ``kwargs`` (the rest). With ``stop`` the
+    forward ends right there (a quadratic mixer's whole forward at a large size is not needed).
+    """
+    from mmeffattn.analysis.flops import torch_backend
+    got: Dict[str, Any] = {}
+
+    def hook(module, args, kwargs):
+        if 'x' not in got:
+            got.update(x=args[0].detach(), args=args[1:], kwargs=dict(kwargs))
+        if stop:
+            raise _Stop
+
+    handle = attn.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        with torch.no_grad(), torch_backend():  # (not the Triton interpreter on a CPU)
+            model(x)
+    except _Stop:
+        pass
+    finally:
+        handle.remove()
+    if 'x' not in got:
+        raise RuntimeError('the probed attention layer was not called by the forward')
+    return got
+
+
+def layer_grid(got: Dict[str, Any], image_hw: Tuple[int, int],
+               patch: int) -> Tuple[Tuple[int, int], int]:
+    """``(hw, num_cores)`` of the call that :func:`capture` took: the ``hw`` argument our blocks
+    pass, VECA's core count (its last argument), or a square grid."""
+    n = got['x'].shape[1]
+    args = got['args']
+    if args and isinstance(args[0], (tuple, list)) and len(args[0]) == 2:
+        return (int(args[0][0]), int(args[0][1])), 0
+    if len(args) >= 3 and isinstance(args[-1], int):  # VECA: (cos, sin, num_cores)
+        hw = (math.ceil(image_hw[0] / patch), math.ceil(image_hw[1] / patch))
+        return hw, args[-1]
+    side = int(round(math.sqrt(n)))
+    if side * side != n:
+        raise ValueError(f'cannot tell the token grid of {n} tokens; probe a layer that gets '
+                         f'(x, hw)')
+    return (side, side), 0

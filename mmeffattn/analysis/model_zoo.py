@@ -13,9 +13,7 @@ import torch.nn as nn
 
 __all__ = ['ZooModel', 'MODEL_ZOO', 'OURS', 'PEERS', 'ATTENTION_ZOO', 'ZOO', 'get_model',
            'unavailable_reason', 'build_backbone', 'build_classifier', 'select_models',
-           'resolve_config', 'PROJECT_ROOT']
-
-PROJECT_ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+           'resolve_config', 'package_configs']
 
 
 @dataclass(frozen=True)
@@ -26,7 +24,8 @@ class ZooModel:
         name: display name (``'SEMA-T'``).
         scope: the package whose registry builds it (``'mmeffattn'``, ``'mmpretrain'``, ...).
         backbone: registry config of the backbone (task-neutral outputs).
-        classifier: an ImageNet classifier config (``'mmpretrain::...'`` or a project path).
+        classifier: an ImageNet classifier config, ``'<package>::<path under its configs>'``
+            (ours: ``'mmeffattn::...'``, shipped inside the package).
         published_gflops: the paper's GFLOPs (MACs) of that classifier at 224x224.
         attention: the token mixer, for reports (``'window softmax'``, ...).
         ours: one of this project's models.
@@ -48,32 +47,32 @@ _HIER = (0, 1, 2, 3)
 def _veca(cores: int) -> ZooModel:
     return ZooModel(f'VECA-S-C{cores}', 'mmeffattn',
                     dict(type='VECA', arch='small', num_cores=cores, out_type='featmap'),
-                    classifier='configs/veca/veca-s_8xb128_in1k.py',
+                    classifier='mmeffattn::veca/veca-s_8xb128_in1k.py',
                     attention='core-periphery', ours=True, attrs=(('num_cores', cores), ))
 
 
 MODEL_ZOO: Dict[str, ZooModel] = {m.name: m for m in [
     # ours
     ZooModel('SEMA-T', 'mmeffattn', dict(type='SEMA', arch='tiny', out_indices=_HIER),
-             classifier='configs/sema/sema-t_8xb128_in1k.py', attention='SEMA', ours=True),
+             classifier='mmeffattn::sema/sema-t_8xb128_in1k.py', attention='SEMA', ours=True),
     ZooModel('MILA-T', 'mmeffattn', dict(type='MILA', arch='tiny', out_indices=_HIER),
-             classifier='configs/mila/mila-t_8xb128_in1k.py', published_gflops=4.2,
+             classifier='mmeffattn::mila/mila-t_8xb128_in1k.py', published_gflops=4.2,
              attention='linear', ours=True),
     ZooModel('LaplacianFormer-T', 'mmeffattn',
              dict(type='LaplacianFormer', arch='tiny', out_indices=_HIER),
-             classifier='configs/laplacianformer/laplacianformer-t_8xb128_in1k.py',
+             classifier='mmeffattn::laplacianformer/laplacianformer-t_8xb128_in1k.py',
              published_gflops=2.1, attention='Laplacian-Nystrom', ours=True),
     ZooModel('LaplacianFormer-S', 'mmeffattn',
              dict(type='LaplacianFormer', arch='small', out_indices=_HIER),
-             classifier='configs/laplacianformer/laplacianformer-s_8xb128_in1k.py',
+             classifier='mmeffattn::laplacianformer/laplacianformer-s_8xb128_in1k.py',
              published_gflops=4.8, attention='Laplacian-Nystrom', ours=True),
     ZooModel('WeightFormer-T', 'mmeffattn',
              dict(type='WeightFormer', arch='tiny', out_type='featmap', out_indices=(-1, )),
-             classifier='configs/weightformer/weightformer-t_8xb256_in1k.py',
+             classifier='mmeffattn::weightformer/weightformer-t_8xb256_in1k.py',
              attention='dynamic weight', ours=True),
     ZooModel('WeightFormer-S', 'mmeffattn',
              dict(type='WeightFormer', arch='small', out_type='featmap', out_indices=(-1, )),
-             classifier='configs/weightformer/weightformer-s_8xb256_in1k.py',
+             classifier='mmeffattn::weightformer/weightformer-s_8xb256_in1k.py',
              attention='dynamic weight', ours=True),
     _veca(8), _veca(16), _veca(64),
     # peers, from the registries of the installed OpenMMLab packages
@@ -112,7 +111,7 @@ ZOO_ATTN_TYPES = ('sema', 'linear', 'window', 'softmax', 'laplacian', 'core_peri
 ATTENTION_ZOO: Dict[str, ZooModel] = {
     f'Zoo-{t}': ZooModel(f'Zoo-{t}', 'mmeffattn',
                          dict(type='SEMA', arch='tiny', attn_type=t, out_indices=_HIER),
-                         classifier=f'configs/zoo/zoo-{t.replace("_", "-")}-t_8xb128_in1k.py',
+                         classifier=f'mmeffattn::zoo/zoo-{t.replace("_", "-")}-t_8xb128_in1k.py',
                          attention=t, ours=True)
     for t in ZOO_ATTN_TYPES}
 ZOO: List[str] = list(ATTENTION_ZOO)
@@ -188,16 +187,29 @@ def build_classifier(name: str) -> nn.Module:
     return classifier
 
 
+def package_configs() -> str:
+    """The configs that ship with mmeffattn: the installed package's ``.mim/configs`` (a wheel
+    carries copies, an editable install links them), or ``configs/`` beside the package in a
+    source checkout that was never installed."""
+    package = osp.dirname(osp.dirname(osp.abspath(__file__)))
+    mim = osp.join(package, '.mim', 'configs')
+    return mim if osp.isdir(mim) else osp.join(osp.dirname(package), 'configs')
+
+
 def resolve_config(path: str) -> str:
-    """A config file path: ``'pkg::rel/path.py'`` (shipped in an installed package's
-    ``.mim/configs``), a project-relative path, or any existing path."""
-    if '::' in path:
-        from mmengine.utils import get_installed_path
-        package, rel = path.split('::', 1)
-        return osp.join(get_installed_path(package), '.mim', 'configs', rel)
+    """A config file path: an existing path; ``'pkg::rel/path.py'`` (shipped in an installed
+    package's ``.mim/configs``: :func:`package_configs` for mmeffattn); or ``configs/...``, one
+    of ours by its path in the project (found in the package as well)."""
     if osp.exists(path):
         return path
-    return osp.join(PROJECT_ROOT, path)
+    if '::' in path:
+        package, rel = path.split('::', 1)
+        if package == 'mmeffattn':
+            return osp.join(package_configs(), rel)
+        from mmengine.utils import get_installed_path
+        return osp.join(get_installed_path(package), '.mim', 'configs', rel)
+    rel = path.replace(osp.sep, '/')
+    return osp.join(package_configs(), rel[8:]) if rel.startswith('configs/') else path
 
 
 def select_models(names: Optional[List[str]]) -> List[str]:

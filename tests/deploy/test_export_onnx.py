@@ -1,5 +1,6 @@
-"""tools/deployment/export_onnx.py on small models: every family exports (static), onnxruntime
-agrees with PyTorch, and the translations the tool adds (cdist, flooring //) are right.
+"""ONNX export (mmeffattn.deploy.onnx, and its command line tools/deployment/export_onnx.py) on
+small models: every family exports (static and dynamic), onnxruntime agrees with PyTorch, the
+translations it adds (cdist, flooring //) are right, and it works from the library alone.
 
 Skipped cleanly without the optional extra (`pip install -e .[deploy]`)."""
 import os.path as osp
@@ -11,7 +12,10 @@ pytest.importorskip('onnx', reason='the deploy extra is not installed (pip insta
 pytest.importorskip('onnxruntime', reason='the deploy extra is not installed')
 pytest.importorskip('onnxscript', reason='the deploy extra is not installed')
 
-from tools.deployment import export_onnx as E  # noqa: E402  (after the extras' skips)
+import sys  # noqa: E402
+
+from mmeffattn.deploy import onnx as E  # noqa: E402  (after the extras' skips)
+from tools.deployment import export_onnx as T  # noqa: E402
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 
@@ -48,7 +52,7 @@ def small_backbone(family: str) -> torch.nn.Module:
 @pytest.mark.parametrize('family', sorted(SMALL))
 def test_every_family_exports_and_matches(family, tmp_path):
     wrapper = E.ExportWrapper(small_backbone(family)).eval()
-    out = E.export(wrapper, (64, 96), str(tmp_path / f'{family}.onnx'))
+    out = E.export_onnx(wrapper, (64, 96), str(tmp_path / f'{family}.onnx'))
     assert E.input_dims(out) == [1, 3, 64, 96]
     (rec, ) = E.check_parity(out, wrapper, E.check_sizes((64, 96), dynamic=False))
     assert rec['size'] == (64, 96) and rec['rel_err'] <= 1e-4, rec
@@ -62,7 +66,7 @@ def test_every_family_exports_dynamic_and_matches_at_odd_sizes(family, tmp_path)
     ``adaptive_avg_pool2d`` (WeightFormer, LaplacianFormer: gather indices of the export size);
     data-dependent checks in the references (WeightFormer, LaplacianFormer)."""
     wrapper = E.ExportWrapper(small_backbone(family)).eval()
-    out = E.export(wrapper, (64, 96), str(tmp_path / f'{family}.onnx'), dynamic=True)
+    out = E.export_onnx(wrapper, (64, 96), str(tmp_path / f'{family}.onnx'), dynamic=True)
     dims = E.input_dims(out)
     assert dims[:2] == [1, 3] and all(isinstance(d, str) for d in dims[2:]), dims
     sizes = E.check_sizes((64, 96), dynamic=True)
@@ -80,7 +84,7 @@ def test_a_pinned_size_is_refused_by_name(tmp_path):
             return x * 2 if x.shape[2] == 64 else x
 
     with pytest.raises(Exception, match='height'):
-        E.export(Pins(), (64, 96), str(tmp_path / 'pins.onnx'), dynamic=True)
+        E.export_onnx(Pins(), (64, 96), str(tmp_path / 'pins.onnx'), dynamic=True)
 
 
 def test_floordiv_translation_floors_negative_numbers(tmp_path):
@@ -94,7 +98,7 @@ def test_floordiv_translation_floors_negative_numbers(tmp_path):
 
     x = torch.zeros(1, 1, 10, 4)
     program = torch.onnx.export(
-        CeilRows(), (x, ), dynamo=True, custom_translation_table=E.translation_table(),
+        CeilRows().eval(), (x, ), dynamo=True, custom_translation_table=E.translation_table(),
         dynamic_shapes=({2: torch.export.Dim('h', min=2, max=100)}, ), verbose=False)
     program.save(str(tmp_path / 'ceil.onnx'))
     session = ort.InferenceSession(str(tmp_path / 'ceil.onnx'))
@@ -112,7 +116,7 @@ def test_cdist_translation_matches_torch(tmp_path):
             return torch.cdist(a, b, p=1), torch.cdist(a, b, p=2)
 
     a, b = torch.randn(2, 7, 5), torch.randn(2, 3, 5)
-    program = torch.onnx.export(L1(), (a, b), dynamo=True, verbose=False,
+    program = torch.onnx.export(L1().eval(), (a, b), dynamo=True, verbose=False,
                                 custom_translation_table=E.translation_table())
     program.save(str(tmp_path / 'cdist.onnx'))
     session = ort.InferenceSession(str(tmp_path / 'cdist.onnx'))
@@ -124,7 +128,7 @@ def test_cdist_translation_matches_torch(tmp_path):
 
 def test_the_three_kinds_of_model_are_wrapped():
     import mmeffattn  # noqa: F401
-    cls, _ = E.load_model(osp.join(ROOT, SMALL['weightformer'][0]))
+    cls, _ = T.load_model(osp.join(ROOT, SMALL['weightformer'][0]))
     assert E.ExportWrapper(cls).what == 'logits'
     assert E.ExportWrapper(cls, 'backbone').what == 'backbone'
     with pytest.raises(ValueError, match='part must be one of'):
@@ -137,7 +141,7 @@ def test_command_line_exports_a_classifier_and_checks_it(tmp_path, capsys):
     small.write_text(f'_base_ = {osp.join(ROOT, config)!r}\n'
                      f'model = dict(backbone=dict(arch=dict(_delete_=True, **{arch["arch"]!r})),'
                      f' head=dict(in_channels=64))\n')
-    result = E.main([str(small), '--out', str(tmp_path / 'wf.onnx'), '--shape', '64', '64'])
+    result = T.main([str(small), '--out', str(tmp_path / 'wf.onnx'), '--shape', '64', '64'])
     out = capsys.readouterr().out
     assert result['ok'] and result['what'] == 'logits'
     assert result['max_rel_err'] <= 1e-4 and 'max relative error' in out
@@ -148,7 +152,7 @@ def test_command_line_exports_a_classifier_and_checks_it(tmp_path, capsys):
 
 def test_bad_shape_is_named():
     with pytest.raises(SystemExit):
-        E.parse_args(['cfg.py', '--out', 'x.onnx', '--shape', '16', '64'])
+        T.parse_args(['cfg.py', '--out', 'x.onnx', '--shape', '16', '64'])
 
 
 def test_a_detector_pyramid_exports_dynamic(tmp_path, capsys):
@@ -163,10 +167,25 @@ def test_a_detector_pyramid_exports_dynamic(tmp_path, capsys):
         "             neck=dict(in_channels=[64, 64, 64, 64], out_channels=16),\n"
         "             bbox_head=dict(in_channels=16, feat_channels=16))\n")
     with pytest.raises(SystemExit, match=r'at least 256 \(twice its coarsest stride\)'):
-        E.main([str(small), '--out', str(tmp_path / 'x.onnx'), '--shape', '128', '160',
+        T.main([str(small), '--out', str(tmp_path / 'x.onnx'), '--shape', '128', '160',
                 '--dynamic'])
-    result = E.main([str(small), '--out', str(tmp_path / 'det.onnx'), '--shape', '256', '288',
+    result = T.main([str(small), '--out', str(tmp_path / 'det.onnx'), '--shape', '256', '288',
                      '--dynamic'])
     assert result['ok'] and result['what'] == 'backbone+neck', capsys.readouterr().out
     assert all(isinstance(d, str) for d in result['dims'][2:])  # symbolic height and width
     assert [r['size'] for r in result['records']][1:] == [(320, 256), (273, 297)]
+
+
+def test_export_works_from_the_library_alone(tmp_path, monkeypatch):
+    """A small WeightFormer exported and checked with the module reloaded while any import from
+    tools/ fails."""
+    import importlib
+    for name in [n for n in sys.modules if n == 'tools' or n.startswith('tools.')]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, 'tools', None)  # `import tools...` raises
+    lib = importlib.reload(E)
+    wrapper = lib.ExportWrapper(small_backbone('weightformer')).eval()
+    out = lib.export_onnx(wrapper, (64, 64), str(tmp_path / 'wf.onnx'), metadata=dict(a='b'))
+    assert lib.input_dims(out) == [1, 3, 64, 64]
+    (rec, ) = lib.check_parity(out, wrapper, [(64, 64)])
+    assert rec['rel_err'] <= 1e-4 and rec['shapes'] == [(1, 64)], rec  # pooled

@@ -6,9 +6,14 @@ that reuses this environment's torch and OpenMMLab packages through a ``.pth`` l
 downloaded; the editable mmeffattn installed here is not on that path, since a ``.pth`` line
 adds a folder without running the ``.pth`` files in it). From that install, ``mim train
 mmeffattn CONFIG`` runs two iterations on the ImageNet sample (one of our configs by name, and a
-user's config with a ``mmeffattn::`` base) and a converter from
-``mmeffattn/.mim/tools`` converts an official-layout checkpoint.
+user's config with a ``mmeffattn::`` base), a converter from
+``mmeffattn/.mim/tools`` converts an official-layout checkpoint, and the benchmark roster finds
+its configs in the package.
+
+Slow (minutes: a build and a virtual environment), so behind ``--run-slow``; CI runs this file
+as a step of its own.
 """
+import json
 import os
 import os.path as osp
 import shutil
@@ -20,6 +25,8 @@ import zipfile
 
 import pytest
 import torch
+
+pytestmark = pytest.mark.slow
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 _JUNK = shutil.ignore_patterns('.git', '.venv', 'build', 'dist', 'work_dirs', 'data', 'outputs',
@@ -130,7 +137,7 @@ def installed(dists, tmp_path_factory):
     _run([python, '-m', 'pip', 'install', '--no-deps', '--no-index', '--ignore-installed',
           '--disable-pip-version-check', '-q', wheel], cwd=env_dir, timeout=300)
     where = _run([python, '-c', 'import mmeffattn, mmdet; print(mmeffattn.__file__)'],
-                 cwd=env_dir, timeout=120).stdout.strip()
+                 cwd=env_dir, timeout=120, env=_clean_env()).stdout.strip()
     assert where.startswith(site), f'mmeffattn imported from {where}, not the wheel in {site}'
     return python, site
 
@@ -226,3 +233,27 @@ def test_converter_from_the_wheel(installed, tmp_path):
     assert torch.equal(sd['backbone.blocks.1.mlp.fc1.weight'], official['blocks.1.linear1.w'].t())
     assert torch.equal(sd['head.fc.weight'], official['head.weight'])
     assert len(sd) == len(official)
+
+
+def test_benchmark_roster_from_the_wheel(installed, tmp_path):
+    """mmeffattn.analysis.model_zoo finds every config of ours inside the installed package and
+    builds a classifier from one; tools/benchmark.py runs from ``mmeffattn/.mim/tools``."""
+    python, site = installed
+    code = ('import os.path as osp, torch\n'
+            'from mmeffattn.analysis import model_zoo as zoo\n'
+            'for name in zoo.OURS + zoo.ZOO:\n'
+            '    assert osp.isfile(zoo.resolve_config(zoo.get_model(name).classifier)), name\n'
+            'model = zoo.build_classifier("WeightFormer-T")\n'
+            'print(zoo.package_configs())\n'
+            'print(tuple(model(torch.randn(1, 3, 64, 64), mode="tensor").shape))\n')
+    proc = _run([python, '-c', code], cwd=str(tmp_path), timeout=300, env=_clean_env())
+    assert proc.stdout.splitlines()[-2:] == [
+        osp.join(site, 'mmeffattn', '.mim', 'configs'), '(1, 1000)'], proc.stdout[-2000:]
+    out = tmp_path / 'bench'
+    _run([python, osp.join(site, 'mmeffattn', '.mim', 'tools', 'benchmark.py'), '--preset',
+          'smoke', '--models', 'SEMA-T', 'ResNet-50', '--sizes', '32', '--warmup', '0',
+          '--repeats', '1', '--backward-max-side', '0', '--no-flops', '--no-plots',
+          '--out-dir', str(out)], cwd=str(tmp_path), timeout=600, env=_clean_env())
+    report = json.loads((out / 'benchmark.json').read_text())
+    assert [(r['model'], r['status']) for r in report['results']] == [('SEMA-T', 'ok'),
+                                                                     ('ResNet-50', 'ok')]

@@ -1,6 +1,8 @@
-"""Attention dispersion: implied weights per kind, their statistics, and the tool."""
+"""Attention dispersion: implied weights per kind, their statistics, probing a model's layer
+(from the library alone), and the tool."""
 import json
 import math
+import sys
 
 import pytest
 import torch
@@ -96,6 +98,29 @@ def test_tool_on_a_backbone(tmp_path):
     assert saved['results'] == report['results']
     assert '| 64x64 | 256 | softmax |' in (tmp_path / 'dispersion.md').read_text()
     assert (tmp_path / 'dispersion.png').stat().st_size > 1000
-    with pytest.raises(ValueError, match="--layer 'nope' is not a module"):
+    with pytest.raises(ValueError, match="layer 'nope' is not a module"):
         analyze_dispersion.main(['--model', 'SEMA-T', '--sizes', '32', '--layer', 'nope',
                                  '--out-dir', str(tmp_path)])
+
+
+def test_probing_works_from_the_library_alone(monkeypatch):
+    """find_attention, capture, layer_grid and project_qk on a small SEMA, with the module
+    reloaded while any import from tools/ fails."""
+    import importlib
+    for name in [n for n in sys.modules if n == 'tools' or n.startswith('tools.')]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, 'tools', None)  # `import tools...` raises
+    from mmeffattn.registry import MODELS
+    probe = importlib.reload(dsp)
+    torch.manual_seed(0)
+    model = MODELS.build(dict(type='SEMA', arch=dict(embed_dims=16, depths=[1, 1, 1, 1],
+                                                     num_heads=[1, 1, 1, 1]))).eval()
+    layer, attn = probe.find_attention(model)
+    got = probe.capture(model, attn, torch.randn(1, 3, 64, 96), stop=True)
+    hw, cores = probe.layer_grid(got, (64, 96), 4)
+    q, k = probe.project_qk(attn, got['x'])
+    assert (layer, hw, cores, q.shape) == ('layers.0.blocks.0.attn', (16, 24), 0, (1, 1, 384, 16))
+    # the captured tokens are the layer's input: its own forward on them runs
+    assert attn(got['x'], *got['args'], **got['kwargs']).shape == got['x'].shape
+    w = probe.implied_weights('sema', q, k, hw, window=7)
+    torch.testing.assert_close(w.sum(-1), torch.ones(1, 1, 384))

@@ -3,32 +3,30 @@
 
     python tools/analysis_tools/zoo_table.py --out-dir docs/perf [--sizes 224 512 1024]
 
-Two existing tools, run on the zoo's models (``configs/zoo``, ``Zoo-<attn_type>`` in
-:mod:`mmeffattn.analysis.model_zoo`):
+Two measurements of the library, run on the zoo's models (``configs/zoo``, ``Zoo-<attn_type>``
+in :mod:`mmeffattn.analysis.model_zoo`):
 
-- ``tools/benchmark.py --preset zoo``: parameters, FLOPs (MACs, ``count_flops``), forward
-  latency and peak memory per input size; a size whose predicted time or memory exceeds the
-  preset's limits is reported as skipped (global softmax, quadratic, at large sizes);
-- ``tools/analyze_dispersion.py``'s measurement (the first block's own q/k, the implied attention
-  weights of the model's own kind): entropy / log N and effective keys ``exp(H)``. The
-  core-periphery mixer is measured with its learned cores (projected by its own q/k); the
-  dynamic mixer has no attention weights (``n/a``).
+- the benchmark's ``zoo`` preset (``tools/benchmark.py --preset zoo``): parameters, FLOPs (MACs,
+  ``count_flops``), forward latency and peak memory per input size; a size whose predicted time
+  or memory exceeds the preset's limits is reported as skipped (global softmax, quadratic, at
+  large sizes);
+- attention dispersion (:mod:`mmeffattn.analysis.dispersion`, as ``tools/analyze_dispersion.py``:
+  the first block's own q/k, the implied attention weights of the model's own kind): entropy /
+  log N and effective keys ``exp(H)``. The core-periphery mixer is measured with its learned
+  cores (projected by its own q/k); the dynamic mixer has no attention weights (``n/a``).
 
 Writes ``zoo.json`` and ``zoo.md`` (the README table) under ``--out-dir``.
 """
 import argparse
-import importlib.util
 import json
 import os
 import os.path as osp
-import sys
-import tempfile
-from types import ModuleType
 from typing import Any, Dict, List, Optional
 
 import torch
 
-TOOLS = osp.dirname(osp.dirname(osp.abspath(__file__)))
+from mmeffattn.analysis import dispersion as dsp
+from mmeffattn.analysis.benchmarking import PRESETS, BenchmarkSettings, parse_size, run_benchmark
 
 #: attn_type -> kind of mmeffattn.analysis.dispersion (None: no attention weights)
 DISPERSION_KIND = {'sema': 'sema', 'linear': 'linear', 'window': 'window', 'softmax': 'softmax',
@@ -50,38 +48,34 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def benchmark(args: argparse.Namespace) -> Dict[str, Any]:
-    bench_tool = sibling_tool('benchmark')
-    argv = ['--preset', 'zoo', '--sizes', *args.sizes, '--no-plots']
-    for flag, value in (('--models', args.models), ('--repeats', args.repeats),
-                        ('--budget-s', args.budget_s), ('--max-call-s', args.max_call_s)):
-        if value is not None:
-            argv += [flag, *map(str, value if isinstance(value, list) else [value])]
-    with tempfile.TemporaryDirectory() as tmp:
-        return bench_tool.main(argv + ['--out-dir', tmp])
+    """The benchmark's 'zoo' preset on ``args.sizes`` (and the other options given)."""
+    settings = BenchmarkSettings(**dict(PRESETS['zoo'], preset='zoo', sizes=args.sizes,
+                                        device='cuda' if torch.cuda.is_available() else 'cpu'))
+    for key in ('models', 'repeats', 'budget_s', 'max_call_s'):
+        if getattr(args, key) is not None:
+            setattr(settings, key, getattr(args, key))
+    return run_benchmark(settings)
 
 
 def dispersion(name: str, sizes: List[str], max_queries: int) -> List[Dict[str, Any]]:
     """Entropy and effective keys of ``name``'s own attention kind at its first block."""
-    from mmeffattn.analysis import dispersion as dsp
-    from mmeffattn.analysis.benchmarking import parse_size
     from mmeffattn.analysis.model_zoo import build_backbone, get_model
-    disp_tool = sibling_tool('analyze_dispersion')
     kind = DISPERSION_KIND[get_model(name).attention]
     if kind is None:
         return []
     torch.manual_seed(0)
     model = build_backbone(name)
-    layer, attn = disp_tool.find_attention(model, 'layers.0.blocks.0.attn')
+    layer, attn = dsp.find_attention(model, 'layers.0.blocks.0.attn')
     rows = []
     for size in sizes:
         hw_img = parse_size(size)
-        got = first_call(model, attn, torch.randn(1, 3, *hw_img))
-        hw, _ = disp_tool.layer_grid(got, hw_img, 4)
+        got = dsp.capture(model, attn, torch.randn(1, 3, *hw_img), stop=True)
+        hw, _ = dsp.layer_grid(got, hw_img, 4)
         with torch.no_grad():
-            q, k = disp_tool.project_qk(attn, got['x'])
+            q, k = dsp.project_qk(attn, got['x'])
             cores = None
             if kind == 'core_periphery':  # the mixer's own learned cores
-                cores = disp_tool.project_qk(attn, attn.cores.detach())
+                cores = dsp.project_qk(attn, attn.cores.detach())
         sample = dsp.sample_queries(q.shape[2], max_queries, 0)
         w = dsp.implied_weights(kind, q.float(), k.float(), hw, sample, window=model.window_size,
                                 cores=cores)
@@ -90,45 +84,6 @@ def dispersion(name: str, sizes: List[str], max_queries: int) -> List[Dict[str, 
         print(f'[dispersion] {name} {size}: entropy/logN {stats["normalized_entropy"]:.3f}, '
               f'effective keys {stats["effective_keys"]:.1f}', flush=True)
     return rows
-
-
-def sibling_tool(name: str) -> ModuleType:
-    """``tools/<name>.py`` loaded from its file, beside this one: the same whether this tool runs
-    as a script, through mim (``.mim/tools``) or is imported from the ``tools`` package."""
-    module_name = f'tools.{name}'
-    if module_name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(module_name, osp.join(TOOLS, f'{name}.py'))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[module_name]
-
-
-class _Stop(Exception):
-    pass
-
-
-def first_call(model: torch.nn.Module, attn: torch.nn.Module, x: torch.Tensor) -> Dict[str, Any]:
-    """The first input of ``attn`` in ``model(x)`` (like analyze_dispersion's ``capture``), the
-    forward stopped right there: a quadratic mixer's whole forward at 1024 px is not needed."""
-    from mmeffattn.analysis.flops import torch_backend
-    got: Dict[str, Any] = {}
-
-    def hook(module, args):
-        got.update(x=args[0].detach(), args=args[1:], kwargs={})
-        raise _Stop
-
-    handle = attn.register_forward_pre_hook(hook)
-    try:
-        with torch.no_grad(), torch_backend():
-            model(x)
-    except _Stop:
-        pass
-    finally:
-        handle.remove()
-    if 'x' not in got:
-        raise RuntimeError('the probed attention layer was not called by the forward')
-    return got
 
 
 def _fmt(v: Optional[float], digits: int = 1) -> str:
@@ -168,7 +123,7 @@ def markdown(report: Dict[str, Any]) -> str:
     disp = report.get('dispersion')
     if disp:
         lines += ['', 'Dispersion of each mixer\'s own attention weights at its first block '
-                  '(tools/analyze_dispersion.py measures; random init, so this shows the '
+                  '(mmeffattn.analysis.dispersion; random init, so this shows the '
                   'structure of each kind, not trained behaviour; up to '
                   f'{report["max_queries"]} sampled queries): entropy / log N and effective '
                   'keys exp(H).', '',

@@ -1,0 +1,299 @@
+"""ONNX export of models built with mmeffattn's ops, and the onnxruntime check of a file.
+
+:func:`export_onnx` exports an :class:`ExportWrapper` (the tensor-in, tensors-out part of a
+classifier, segmentor, detector or backbone) with torch's dynamo-based exporter
+(``torch.onnx.export(..., dynamo=True)``), opset 18 by default, optionally with a symbolic
+height and width; :func:`check_parity` runs the file with onnxruntime beside PyTorch.
+
+Two translations of torch's exporter are replaced (:func:`translation_table`): ``torch.cdist``
+(LaplacianFormer's L1 kernel reference) has none (``No ONNX function found for
+aten._cdist_forward``), see :func:`cdist_translation`; and ``//`` on symbolic sizes truncates
+instead of flooring, see :func:`floordiv_translation`.
+"""
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from mmeffattn.analysis.flops import model_kind, torch_backend
+
+__all__ = ['ExportWrapper', 'export_onnx', 'translation_table', 'cdist_translation',
+           'floordiv_translation', 'onnx_session', 'check_parity', 'check_sizes', 'input_dims',
+           'preprocess_meta', 'relative_error', 'require_onnx', 'PARTS', 'MIN_DYNAMIC_SIDE']
+
+PARTS = ('auto', 'backbone')
+DEFAULT_OPSET = 18
+#: smallest side of a dynamic export: a last-stage grid of one token (32 px) is a size-1 special
+#: case that torch.export would otherwise have to pin (twice the coarsest stride: a detector's
+#: FPN levels past the backbone's raise it, see :attr:`ExportWrapper.min_dynamic_side`)
+MIN_DYNAMIC_SIDE = 64
+
+
+def require_onnx() -> None:
+    """Raise a clear error if the optional export dependencies are missing."""
+    missing = []
+    for name in ('onnx', 'onnxruntime', 'onnxscript'):
+        try:
+            __import__(name)
+        except ImportError:
+            missing.append(name)
+    if missing:
+        raise ImportError(f'ONNX export needs {", ".join(missing)}: install the optional extra '
+                          f'with `pip install -e .[deploy]` (or `pip install {" ".join(missing)}`)')
+
+
+# --------------------------------------------------------------------------------------------
+# what is exported
+# --------------------------------------------------------------------------------------------
+class ExportWrapper(nn.Module):
+    """The tensor-in, tensors-out part of a built model that is exported (``what``).
+
+    With ``part='auto'``: an mmpretrain ``ImageClassifier`` gives its logits
+    ``[B, num_classes]``; an mmseg ``EncoderDecoder`` its decode head's logits resized to the
+    input (the auxiliary head is a training aid); an mmdet detector its backbone + neck feature
+    maps (heads, box decoding and NMS are mmdeploy's job); any other module (a backbone) its
+    outputs. ``part='backbone'``: the backbone's outputs alone. The input is the *normalised*
+    image ``[B, 3, H, W]``, as the model's data preprocessor makes it.
+
+    Args:
+        model: an mmpretrain classifier, an mmseg segmentor, an mmdet detector or a backbone.
+        part: ``'auto'`` or ``'backbone'``.
+    """
+
+    def __init__(self, model: nn.Module, part: str = 'auto') -> None:
+        super().__init__()
+        if part not in PARTS:
+            raise ValueError(f'part must be one of {PARTS}, got {part!r}')
+        self.model = model
+        self.kind = model_kind(model)
+        if part == 'backbone' and self.kind != 'module':
+            self.what = 'backbone'
+        elif self.kind == 'detector':
+            self.what = 'backbone+neck' if getattr(model, 'with_neck', False) else 'backbone'
+        else:
+            self.what = {'classifier': 'logits', 'segmentor': 'seg_logits',
+                         'module': 'backbone'}[self.kind]
+
+    @property
+    def min_dynamic_side(self) -> int:
+        """The smallest side a dynamic export can take: twice the coarsest output stride, so
+        that no output has a side of 1 (torch.export specialises size 1). 32 for our backbones;
+        an FPN's extra levels (mmdet's ``num_outs`` beyond the backbone levels it takes, e.g.
+        RetinaNet's P6-P7) double it each."""
+        neck = getattr(self.model, 'neck', None) if self.what == 'backbone+neck' else None
+        extra = 0
+        if neck is not None and hasattr(neck, 'num_outs') and hasattr(neck, 'backbone_end_level'):
+            extra = max(0, neck.num_outs - (neck.backbone_end_level - neck.start_level))
+        return MIN_DYNAMIC_SIDE * 2 ** extra
+
+    def forward(self, x: torch.Tensor) -> Any:
+        """``x``: the normalised image ``[B, 3, H, W]``."""
+        m = self.model
+        if self.what == 'backbone':
+            return m.backbone(x) if self.kind != 'module' else m(x)
+        if self.what == 'logits':
+            return m(x, mode='tensor')  # [B, num_classes]
+        if self.what == 'backbone+neck':
+            return m.neck(m.backbone(x))  # tuple of [B, C, H / s, W / s]
+        # segmentor: EncoderDecoder.encode_decode without the meta data: logits at the input
+        # size (mmseg resizes to the image shape in decode_head.predict the same way)
+        logits = m.decode_head(m.extract_feat(x))  # [B, K, H / 4, W / 4]
+        return F.interpolate(logits, size=x.shape[2:], mode='bilinear',
+                             align_corners=m.decode_head.align_corners)  # [B, K, H, W]
+
+
+def preprocess_meta(model: nn.Module) -> Dict[str, str]:
+    """The data preprocessor's normalisation, for the ONNX metadata (what the graph expects)."""
+    pre = getattr(model, 'data_preprocessor', None)
+    meta = {}
+    for key in ('mean', 'std'):
+        value = getattr(pre, key, None)
+        if isinstance(value, torch.Tensor):
+            meta[key] = ','.join(f'{v:g}' for v in value.flatten().tolist())
+    for key in ('_channel_conversion', 'channel_conversion'):
+        if hasattr(pre, key):
+            meta['bgr_to_rgb'] = str(bool(getattr(pre, key)))
+    return meta
+
+
+# --------------------------------------------------------------------------------------------
+# export
+# --------------------------------------------------------------------------------------------
+def cdist_translation() -> Callable:
+    """ONNX translation of ``aten._cdist_forward`` (torch's exporter has none):
+    ``out[..., i, j] = ||x1_i - x2_j||_p``, by broadcasting ``[..., N, 1, D] - [..., 1, M, D]``.
+
+    The ``[..., N, M, D]`` intermediate is what ``cdist`` avoids in PyTorch; for the landmark
+    kernels it is used on (M = at most a few hundred landmarks) it stays small.
+    """
+    from onnxscript import opset18 as op
+
+    def cdist_forward(x1, x2, p: float = 2.0, compute_mode: Optional[int] = None):
+        diff = op.Sub(op.Unsqueeze(x1, [-2]), op.Unsqueeze(x2, [-3]))  # [..., N, M, D]
+        if p == 1.0:
+            return op.ReduceSum(op.Abs(diff), [-1], keepdims=0)
+        if p == 2.0:
+            return op.Sqrt(op.ReduceSum(op.Mul(diff, diff), [-1], keepdims=0))
+        raise NotImplementedError(f'cdist with p={p}: only p=1 and p=2 are translated to ONNX')
+
+    return cdist_forward
+
+
+def floordiv_translation() -> Callable:
+    """ONNX translation of Python's ``//`` on symbolic sizes (``operator.floordiv``) that floors.
+
+    torch's exporter (onnxscript's ``operator_floordiv``) emits a bare ``Div``, which truncates
+    towards zero: right for non-negative operands only. Shape arithmetic is often rewritten as
+    a floor division of a *negative* number (``ceil(a / b) == -((-a) // b)``, as in
+    LaplacianFormer's landmark count): with truncation a dynamic file computes 7 instead of 8
+    landmark rows on an odd grid, and onnxruntime fails with "Attempting to broadcast an axis by
+    a dimension other than 1. 35 by 48". ``Mod`` (``fmod=0``) takes the divisor's sign, as
+    Python does, so ``(a - a mod b) / b`` is exact and equals ``floor(a / b)``.
+    """
+    from onnxscript import opset18 as op
+
+    def floordiv(a, b):
+        return op.Div(op.Sub(a, op.Mod(a, b)), b)
+
+    return floordiv
+
+
+def translation_table() -> Dict[Any, Callable]:
+    """The custom ONNX translations this tool registers with torch's exporter."""
+    import operator
+    return {torch.ops.aten._cdist_forward.default: cdist_translation(),
+            operator.floordiv: floordiv_translation()}
+
+
+def dynamic_side_error(wrapper: nn.Module, shape: Sequence[int]) -> str:
+    return (f'a dynamic export of the {getattr(wrapper, "what", "model")} needs each side of the '
+            f'export size to be at least {getattr(wrapper, "min_dynamic_side", MIN_DYNAMIC_SIDE)} '
+            f'(twice its coarsest stride), got {tuple(shape)}; export at a larger size')
+
+
+def export_onnx(wrapper: nn.Module, shape: Sequence[int], out: str, dynamic: bool = False,
+                opset: int = DEFAULT_OPSET, metadata: Optional[Dict[str, str]] = None,
+                batch: int = 1) -> str:
+    """Export ``wrapper`` (an :class:`ExportWrapper`, or any module taking an image batch) at
+    ``shape`` (H, W) and ``batch`` to ``out``, with ``metadata`` in the file; returns ``out``.
+
+    With ``dynamic`` the height and width are symbolic (each at least
+    :attr:`ExportWrapper.min_dynamic_side`); a model whose code pins a size (a Python int taken
+    from a shape, a branch on it) makes ``torch.export`` raise, naming the guard. The ops run
+    their PyTorch backend: a Triton kernel cannot be exported.
+    """
+    require_onnx()
+    import onnx
+    x = torch.randn(batch, 3, *shape)
+    dynamic_shapes = None
+    if dynamic:
+        # the batch stays 1: a dimension exported at size 1 is specialised by torch.export
+        # (any module may be exported; our wrapper knows its outputs' coarsest stride)
+        side = getattr(wrapper, 'min_dynamic_side', MIN_DYNAMIC_SIDE)
+        if min(shape) < side:
+            raise ValueError(dynamic_side_error(wrapper, shape))
+        dynamic_shapes = ({2: torch.export.Dim('height', min=side, max=16384),
+                           3: torch.export.Dim('width', min=side, max=16384)}, )
+    with torch.no_grad(), torch_backend():
+        if dynamic:
+            # torch.export first: torch.onnx.export falls back to a static graph when the model
+            # pins a size, silently; torch.export raises and names the guard that pins it
+            wrapper = torch.export.export(wrapper, (x, ), dynamic_shapes=dynamic_shapes,
+                                          strict=False)
+            dynamic_shapes = None
+        program = torch.onnx.export(
+            wrapper, (x, ), dynamo=True, opset_version=opset, dynamic_shapes=dynamic_shapes,
+            custom_translation_table=translation_table(), input_names=['image'],
+            verbose=False, optimize=True)
+    program.save(out)
+    proto = onnx.load(out)
+    for key, value in (metadata or {}).items():
+        entry = proto.metadata_props.add()
+        entry.key, entry.value = key, value
+    onnx.save(proto, out)
+    return out
+
+
+def input_dims(path: str) -> List[Any]:
+    """The first input's dimensions: ints (static) or names (symbolic)."""
+    import onnx
+    proto = onnx.load(path, load_external_data=False)
+    dims = proto.graph.input[0].type.tensor_type.shape.dim
+    return [d.dim_param if d.dim_param else d.dim_value for d in dims]
+
+
+# --------------------------------------------------------------------------------------------
+# onnxruntime
+# --------------------------------------------------------------------------------------------
+def check_sizes(shape: Sequence[int], dynamic: bool,
+                min_side: int = MIN_DYNAMIC_SIDE) -> List[Tuple[int, int]]:
+    """The export size, and for a dynamic file two more (each side at least ``min_side``): one
+    larger and one with odd sides."""
+    h, w = int(shape[0]), int(shape[1])
+    sizes = [(h, w)]
+    if dynamic:
+        sizes.append((h + 64, max(w - 32, min_side)))
+        sizes.append((h + 17 if h % 2 == 0 else h + 16, w + 9 if w % 2 == 0 else w + 8))
+    return sizes
+
+
+def _flatten(outs: Any) -> List[torch.Tensor]:
+    if isinstance(outs, torch.Tensor):
+        return [outs]
+    flat: List[torch.Tensor] = []
+    for o in outs:
+        flat += _flatten(o)
+    return flat
+
+
+def relative_error(got: Any, ref: torch.Tensor) -> float:
+    """``max|got - ref| / max|ref|`` (max over all elements, not per element)."""
+    ref_np = ref.detach().float().numpy()
+    scale = max(float(abs(ref_np).max()), 1e-12)
+    return float(abs(got - ref_np).max()) / scale
+
+
+def onnx_session(path: str, threads: Optional[int] = None) -> Any:
+    """An onnxruntime session of ``path`` on the CPU execution provider, every graph
+    optimization on, ``threads`` intra-op threads (default: torch's current count)."""
+    import onnxruntime as ort
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.intra_op_num_threads = threads or torch.get_num_threads()
+    opts.inter_op_num_threads = 1
+    return ort.InferenceSession(path, opts, providers=['CPUExecutionProvider'])
+
+
+def check_parity(path: str, wrapper: nn.Module, sizes: Sequence[Tuple[int, int]],
+                 seed: int = 0) -> List[Dict[str, Any]]:
+    """Run the ONNX file with onnxruntime and ``wrapper`` with PyTorch on the same random image
+    at each size. Returns one record per size: ``size``, ``rel_err`` (over every output),
+    ``shapes``, ``ort_ms``, ``torch_ms``."""
+    session = onnx_session(path)
+    name = session.get_inputs()[0].name
+    gen = torch.Generator().manual_seed(seed)
+    records = []
+    for hw in sizes:
+        x = torch.randn(1, 3, *hw, generator=gen)
+        t0 = time.perf_counter()
+        got = session.run(None, {name: x.numpy()})
+        ort_ms = (time.perf_counter() - t0) * 1e3
+        t0 = time.perf_counter()
+        with torch.no_grad(), torch_backend():
+            ref = _flatten(wrapper(x))
+        torch_ms = (time.perf_counter() - t0) * 1e3
+        if len(got) != len(ref):
+            raise RuntimeError(f'{path}: onnxruntime returned {len(got)} outputs at {hw}, '
+                               f'PyTorch {len(ref)}')
+        for g, r in zip(got, ref):
+            if tuple(g.shape) != tuple(r.shape):
+                raise RuntimeError(f'{path}: output shape {tuple(g.shape)} from onnxruntime at '
+                                   f'{hw}, {tuple(r.shape)} from PyTorch')
+        records.append(dict(size=tuple(hw), rel_err=max(relative_error(g, r)
+                                                        for g, r in zip(got, ref)),
+                            shapes=[tuple(r.shape) for r in ref], ort_ms=ort_ms,
+                            torch_ms=torch_ms))
+    return records
