@@ -324,19 +324,13 @@ class Runner:
 
 @contextlib.contextmanager
 def _ops_backend(choice: Optional[str], device: torch.device) -> Iterator[str]:
-    """``$MMEFFATTN_OPS_BACKEND`` within the block: ``choice``, or by default the torch backend
-    on a CPU (the Triton interpreter would otherwise be timed) and automatic dispatch on a GPU
-    (Triton kernels); restored after."""
+    """The ops' backend within the block: ``choice``, or by default the torch backend on a CPU
+    (the Triton interpreter would otherwise be timed) and automatic dispatch on a GPU (Triton
+    kernels)."""
+    from mmeffattn.ops import use_backend
     choice = choice or ('auto' if device.type == 'cuda' else 'torch')
-    saved = os.environ.get('MMEFFATTN_OPS_BACKEND')
-    os.environ['MMEFFATTN_OPS_BACKEND'] = choice
-    try:
+    with use_backend(choice):
         yield choice
-    finally:
-        if saved is None:
-            os.environ.pop('MMEFFATTN_OPS_BACKEND', None)
-        else:
-            os.environ['MMEFFATTN_OPS_BACKEND'] = saved
 
 
 def _compile_config(settings: BenchmarkSettings) -> Any:

@@ -209,7 +209,7 @@ def capture(model: nn.Module, attn: nn.Module, x: torch.Tensor,
     call: ``x`` (its input tokens), ``args`` and ``kwargs`` (the rest). With ``stop`` the
     forward ends right there (a quadratic mixer's whole forward at a large size is not needed).
     """
-    from mmeffattn.analysis.flops import torch_backend
+    from mmeffattn.ops import use_backend
     got: Dict[str, Any] = {}
 
     def hook(module, args, kwargs):
@@ -220,7 +220,7 @@ def capture(model: nn.Module, attn: nn.Module, x: torch.Tensor,
 
     handle = attn.register_forward_pre_hook(hook, with_kwargs=True)
     try:
-        with torch.no_grad(), torch_backend():  # (not the Triton interpreter on a CPU)
+        with torch.no_grad(), use_backend('torch'):  # (not the Triton interpreter on a CPU)
             model(x)
     except _Stop:
         pass

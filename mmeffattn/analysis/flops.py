@@ -7,7 +7,6 @@ counter (:data:`OP_COUNTERS`) in a ``torch.autograd.Function`` named after it, s
 one node per op, and hands the analytic count back in trace order. Counts are MACs, as in the
 papers and mmengine; element-wise work (softmax, exp, the mean) is not counted.
 """
-import contextlib
 import functools
 import math
 from collections import Counter, defaultdict, deque
@@ -23,7 +22,7 @@ from mmeffattn.ops._spec import all_specs, sdpa_macs
 
 __all__ = ['OP_COUNTERS', 'register_op_counter', 'op_macs', 'sdpa_macs', 'sdpa_flop_jit',
            'count_flops', 'FlopCount', 'CountedForward', 'count_parameters',
-           'torch_backend', 'model_kind']
+           'model_kind']
 
 OpCounter = Callable[..., int]
 #: public op name -> analytic MACs from its arguments (each op's ``spec.macs`` and entry points)
@@ -132,13 +131,6 @@ def _counting_hook(recorder: _OpRecorder) -> Callable:
     return hook
 
 
-def torch_backend() -> contextlib.AbstractContextManager:
-    """``mmeffattn.ops.use_backend('torch')``: every op runs its PyTorch backend (a trace cannot
-    see into a kernel, and on a CPU the Triton interpreter is a test tool, not something to
-    measure)."""
-    return use_backend('torch')
-
-
 @dataclass
 class FlopCount:
     """Result of :func:`count_flops`. ``total`` and ``by_operator`` are MACs; ``ops`` holds
@@ -166,7 +158,7 @@ def count_flops(model: nn.Module, inputs: Tuple[Any, ...]) -> FlopCount:
 def _count(model: nn.Module, inputs: Tuple[Any, ...], device: str) -> FlopCount:
     from mmengine.analysis import FlopAnalyzer
     recorder = _OpRecorder()
-    with torch_backend(), dispatch_hook(_counting_hook(recorder)), torch.no_grad():
+    with use_backend('torch'), dispatch_hook(_counting_hook(recorder)), torch.no_grad():
         analyzer = FlopAnalyzer(model, inputs)
         analyzer.set_op_handle('aten::scaled_dot_product_attention', sdpa_flop_jit)
         for name in OP_COUNTERS:

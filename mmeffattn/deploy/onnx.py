@@ -17,7 +17,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mmeffattn.analysis.flops import model_kind, torch_backend
+from mmeffattn.analysis.flops import model_kind
+from mmeffattn.ops import use_backend
 
 __all__ = ['ExportWrapper', 'export_onnx', 'translation_table', 'cdist_translation',
            'floordiv_translation', 'onnx_session', 'check_parity', 'check_sizes', 'input_dims',
@@ -196,7 +197,7 @@ def export_onnx(wrapper: nn.Module, shape: Sequence[int], out: str, dynamic: boo
             raise ValueError(dynamic_side_error(wrapper, shape))
         dynamic_shapes = ({2: torch.export.Dim('height', min=side, max=16384),
                            3: torch.export.Dim('width', min=side, max=16384)}, )
-    with torch.no_grad(), torch_backend():
+    with torch.no_grad(), use_backend('torch'):
         if dynamic:
             # torch.export first: torch.onnx.export falls back to a static graph when the model
             # pins a size, silently; torch.export raises and names the guard that pins it
@@ -282,7 +283,7 @@ def check_parity(path: str, wrapper: nn.Module, sizes: Sequence[Tuple[int, int]]
         got = session.run(None, {name: x.numpy()})
         ort_ms = (time.perf_counter() - t0) * 1e3
         t0 = time.perf_counter()
-        with torch.no_grad(), torch_backend():
+        with torch.no_grad(), use_backend('torch'):
             ref = _flatten(wrapper(x))
         torch_ms = (time.perf_counter() - t0) * 1e3
         if len(got) != len(ref):
