@@ -149,10 +149,11 @@ def _clean_env(**extra) -> dict:
     return env
 
 
-def _mim_train(installed, shared_data, tmp_path, config: str) -> str:
-    """`mim train mmeffattn CONFIG` for two iterations on the ImageNet sample; returns the log."""
+def _mim_train(installed, generated_data, tmp_path, config: str) -> str:
+    """`mim train mmeffattn CONFIG` for two iterations on generated ImageNet-layout shapes;
+    returns the log."""
     python, _ = installed
-    root = shared_data('imagenet_sample') + '/'
+    root = generated_data('imagenet') + '/'
     options = [
         f'train_dataloader.dataset.data_root={root}', 'train_dataloader.dataset.split=val',
         'train_dataloader.dataset.indices=4', 'train_dataloader.batch_size=2',
@@ -171,23 +172,23 @@ def _mim_train(installed, shared_data, tmp_path, config: str) -> str:
     return log
 
 
-def test_mim_train_from_the_wheel(installed, shared_data, tmp_path):
+def test_mim_train_from_the_wheel(installed, generated_data, tmp_path):
     """`mim train mmeffattn <config name>` finds the config and tools/train.py in the installed
     package and trains two iterations on the ImageNet sample."""
     _, site = installed
-    log = _mim_train(installed, shared_data, tmp_path, 'weightformer-t_8xb256_in1k.py')
+    log = _mim_train(installed, generated_data, tmp_path, 'weightformer-t_8xb256_in1k.py')
     config = osp.join(site, 'mmeffattn', '.mim', 'configs', 'weightformer',
                       'weightformer-t_8xb256_in1k.py')
     assert f'will use {config} instead' in log, log[-3000:]
 
 
-def test_mim_train_a_user_config_with_a_package_base(installed, shared_data, tmp_path):
+def test_mim_train_a_user_config_with_a_package_base(installed, generated_data, tmp_path):
     """A user's own config that inherits ours by ``mmeffattn::`` trains through mim (mim runs our
     tools/train.py, which resolves the base from the installed package)."""
     user = tmp_path / 'my_weightformer.py'
     user.write_text("_base_ = 'mmeffattn::weightformer/weightformer-t_8xb256_in1k.py'\n"
                     "model = dict(backbone=dict(drop_path_rate=0.05))\n")
-    _mim_train(installed, shared_data, tmp_path, str(user))
+    _mim_train(installed, generated_data, tmp_path, str(user))
     dumped = (tmp_path / 'work' / 'my_weightformer.py').read_text()
     assert 'drop_path_rate=0.05' in dumped and "type='mmeffattn.WeightFormer'" in dumped, dumped
 
