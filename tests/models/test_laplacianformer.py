@@ -190,6 +190,27 @@ def test_bf16_autocast_training_step_finite():
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
 
 
+
+def test_bf16_autocast_keeps_the_nystrom_island_fp32(monkeypatch):
+    """Under bf16 autocast the kernel matrices and the inverse see fp32 (the design's island);
+    the attention returns autocast's bf16 within 2e-2 of the fp32 peak (measured ~5e-3)."""
+    seen = []
+    for name in ('laplacian_kernel', 'newton_schulz_pinv'):
+        real = getattr(lf_mod, name)
+        monkeypatch.setattr(lf_mod, name, lambda a, *args, _real=real, **kw: seen.append(
+            a.dtype) or _real(a, *args, **kw))
+    torch.manual_seed(0)
+    attn = LaplacianAttention(32, 2, sr_ratio=4).eval()
+    x = torch.randn(2, 12 * 10, 32)
+    with torch.no_grad():
+        ref = attn(x, (12, 10))
+        seen.clear()
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            out = attn(x, (12, 10))
+    assert len(seen) == 3 and set(seen) == {torch.float32}  # K(z, L), K(L, L), the inverse
+    assert out.dtype == torch.bfloat16
+    assert (out.float() - ref).abs().max() <= 2e-2 * ref.abs().max()
+
 @pytest.mark.parametrize('kernel,whitening', [('gaussian', 'query'), ('laplacian', None),
                                               ('gaussian', None), ('gaussian', 'kernel'),
                                               ('laplacian', 'query')])
