@@ -145,7 +145,9 @@ class LaplacianAttention(nn.Module):
     """Nystrom kernel attention: landmarks, an inverse (Newton-Schulz or CG) and a DWC branch.
 
     ``out = proj(S (K(L, L) + eps I)^-1 K(L, Z) V / N + DWC(V))``, ``Z`` the projected queries (also
-    the keys), ``L`` the pooled landmarks, ``S = K(Z, L)`` kernel-whitened by default.
+    the keys), ``L`` the pooled landmarks, ``S = K(Z, L)`` kernel-whitened by default. Under
+    autocast the Nystrom term stays float32 (Newton-Schulz does not converge and L1 distances lose
+    percents in 16 bits); the projections and the DWC follow autocast.
 
     Args:
         dim, num_heads: channels and heads (``dim % num_heads == 0``).
