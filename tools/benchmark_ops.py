@@ -19,6 +19,7 @@ import math
 import os
 import os.path as osp
 import time
+from functools import partial
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -141,25 +142,24 @@ def _run(spec_name: str, info: Dict[str, Any], **sizes: Any):
 
 
 def laplacian_nystrom(side: int, s: Any, device: torch.device, dtype: torch.dtype):
-    """LaplacianFormer's attention on ``[B, heads, N, D]`` q, v (its keys are its queries):
-    ``K(q, L) pinv(K(L, L)) K(L, q) v / N`` with landmarks ``L`` pooled as the backbone pools
-    them, right to left (nothing ``N x N``): this op's kernel matrices and the inverse of
-    ``newton_schulz_pinv``."""
-    from mmeffattn.models.backbones.laplacianformer import landmark_cell, pool_landmarks
+    """LaplacianFormer's attention on ``[B, heads, N, D]`` q, v, heads split off ``[B, N, heads*D]``
+    tokens as in the backbone (its keys are its queries): the backbone's
+    :func:`~mmeffattn.models.layers.nystrom.nystrom_attention` with this op's kernel matrices and
+    the inverse of ``newton_schulz_pinv``."""
+    from mmeffattn.models.backbones.laplacianformer import landmark_cell
+    from mmeffattn.models.layers.nystrom import nystrom_attention, pool_landmarks
     hw, N = (side, side), side * side
     B, h, D = s.batch, s.heads, s.head_dim
-    q, v = (torch.randn(B, h, N, D, device=device, dtype=dtype) for _ in range(2))
+    q, v = (torch.randn(B, N, h, D, device=device, dtype=dtype).transpose(1, 2) for _ in range(2))
     cell = landmark_cell(hw, LANDMARK_CELL, MAX_LANDMARKS)
     M = math.ceil(hw[0] / cell) * math.ceil(hw[1] / cell)
     lam = LAPLACIAN.settings['lam']
     iters, eps = NEWTON_SCHULZ.settings['iters'], NEWTON_SCHULZ.settings['eps']
 
     def run(b):
-        lm = pool_landmarks(q, hw, cell)  # [B, h, M, D]
-        k_ql = ops.laplacian_kernel(q, lm, lam, backend=b)  # [B, h, N, M]
-        k_ll = ops.laplacian_kernel(lm, lm, lam, backend=b)  # [B, h, M, M]
-        pinv = ops.newton_schulz_pinv(k_ll, iters, eps, backend=b)
-        return k_ql @ (pinv @ (k_ql.transpose(-2, -1) @ v)) / N
+        return nystrom_attention(
+            q, pool_landmarks(q, hw, cell), partial(ops.laplacian_kernel, lam=lam, backend=b),
+            lambda a, r: ops.newton_schulz_pinv(a, iters, eps, backend=b) @ r, v)
 
     lm = torch.empty(B, h, M, D)
     total = (op_macs('laplacian_kernel', q, lm) + op_macs('laplacian_kernel', lm, lm)

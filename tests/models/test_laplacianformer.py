@@ -9,9 +9,9 @@ import mmeffattn  # noqa: F401  (registers the models)
 from mmeffattn.models.backbones import laplacianformer as lf_mod
 from mmeffattn.models.backbones.laplacianformer import (DiagonalWhitening, LaplacianAttention,
                                                         LaplacianFormer, SoftmaxAttention,
-                                                        gaussian_kernel, landmark_cell,
-                                                        pool_landmarks, pool_landmarks_grid)
+                                                        gaussian_kernel, landmark_cell)
 from mmeffattn.models.layers.kernel_whitening import KernelWhitening
+from mmeffattn.models.layers.nystrom import nystrom_attention, pool_landmarks
 from mmeffattn.registry import MODELS
 
 pytestmark = pytest.mark.usefixtures('one_thread', 'torch_ops')
@@ -190,6 +190,27 @@ def test_bf16_autocast_training_step_finite():
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
 
 
+
+def test_bf16_autocast_keeps_the_nystrom_island_fp32(monkeypatch):
+    """Under bf16 autocast the kernel matrices and the inverse see fp32 (the design's island);
+    the attention returns autocast's bf16 within 2e-2 of the fp32 peak (measured ~5e-3)."""
+    seen = []
+    for name in ('laplacian_kernel', 'newton_schulz_pinv'):
+        real = getattr(lf_mod, name)
+        monkeypatch.setattr(lf_mod, name, lambda a, *args, _real=real, **kw: seen.append(
+            a.dtype) or _real(a, *args, **kw))
+    torch.manual_seed(0)
+    attn = LaplacianAttention(32, 2, sr_ratio=4).eval()
+    x = torch.randn(2, 12 * 10, 32)
+    with torch.no_grad():
+        ref = attn(x, (12, 10))
+        seen.clear()
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            out = attn(x, (12, 10))
+    assert len(seen) == 3 and set(seen) == {torch.float32}  # K(z, L), K(L, L), the inverse
+    assert out.dtype == torch.bfloat16
+    assert (out.float() - ref).abs().max() <= 2e-2 * ref.abs().max()
+
 @pytest.mark.parametrize('kernel,whitening', [('gaussian', 'query'), ('laplacian', None),
                                               ('gaussian', None), ('gaussian', 'kernel'),
                                               ('laplacian', 'query')])
@@ -290,6 +311,35 @@ def test_pool_landmarks_odd_grid_matches_cells():
                           for r in (0, 3) for c in (0, 3, 6)], dim=2)
     torch.testing.assert_close(out, expect)
     assert pool_landmarks(x, (5, 7), 1) is x
+    # heads split off [B, N, heads*D] tokens (the backbone's layout): the same landmarks
+    split = x.transpose(1, 2).reshape(2, 35, 12).reshape(2, 35, 3, 4).transpose(1, 2)
+    assert not split.is_contiguous()
+    torch.testing.assert_close(pool_landmarks(split, (5, 7), 3), expect)
+    torch.testing.assert_close(pool_landmarks(split, (5, 7), grid=2),
+                               pool_landmarks(x, (5, 7), grid=2))
+
+
+def test_nystrom_attention_matches_the_dense_formula():
+    """``K(q, L) K(L, L)^-1 K(L, k) v / N`` with the inverse formed densely: the weights
+    (``v`` None), their product with ``v``, shared keys, and the query-side whitening."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, n, 4, generator=g, dtype=torch.float64) for n in (9, 11, 11))
+    lm = torch.randn(2, 3, 5, 4, generator=g, dtype=torch.float64)
+
+    def kernel(x, y):
+        return torch.exp(-torch.cdist(x, y, p=1) / 4)
+
+    def solve(a, r):
+        return torch.linalg.solve(a, r)
+
+    dense = kernel(q, lm) @ torch.linalg.inv(kernel(lm, lm)) @ kernel(lm, k) / 11  # [2, 3, 9, 11]
+    torch.testing.assert_close(nystrom_attention(q, lm, kernel, solve, k=k), dense)
+    torch.testing.assert_close(nystrom_attention(q, lm, kernel, solve, v, k=k), dense @ v)
+    shared = kernel(k, lm) @ torch.linalg.inv(kernel(lm, lm)) @ kernel(lm, k) / 11
+    torch.testing.assert_close(nystrom_attention(k, lm, kernel, solve, v), shared @ v)
+    whitened = (2 * kernel(k, lm)) @ torch.linalg.inv(kernel(lm, lm)) @ kernel(lm, k) / 11
+    torch.testing.assert_close(nystrom_attention(k, lm, kernel, solve, v, whiten=lambda s: 2 * s),
+                               whitened @ v)
 
 
 def test_gaussian_kernel_matches_definition():
@@ -654,7 +704,7 @@ def test_fixed_landmark_grid_for_per_landmark_statistics(monkeypatch):
     """Per-landmark statistics pool a fixed grid (M = 49 at every size, equal to the sr cells at
     224); per-head statistics keep sr cells."""
     x = torch.randn(1, 2, 56 * 56, 4, dtype=torch.float64)
-    torch.testing.assert_close(pool_landmarks_grid(x, (56, 56), 7), pool_landmarks(x, (56, 56), 8))
+    torch.testing.assert_close(pool_landmarks(x, (56, 56), grid=7), pool_landmarks(x, (56, 56), 8))
     sizes = []
     real = lf_mod.newton_schulz_pinv
     monkeypatch.setattr(lf_mod, 'newton_schulz_pinv',

@@ -4,6 +4,7 @@ Paper: LaplacianFormer (Feng et al.), ICLR 2026, arXiv 2604.20368; baseline SOFT
 ``out = K(Q, L) (K(L, L) + eps I)^-1 K(L, Q) V / N + DWC(V)``, ``k(x, y) = exp(-||x - y||_1 /
 lam)``, in a PVTv2 pyramid. Design choices: docs/design/laplacianformer.md.
 """
+from functools import partial
 from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -17,42 +18,20 @@ from ..layers import DropPath, Mlp
 from ..layers.heads import check_heads
 from ..layers.kernel_whitening import KernelWhitening
 from ..layers.linear_solve import conjugate_gradient_solve
-from ..layers.pool import adaptive_avg_pool2d
+from ..layers.nystrom import nystrom_attention, pool_landmarks
 from ..layers.recompute import is_recomputing
 from ..layers.tokens import map_to_tokens, tokens_to_map
 from ..utils import init_linear_and_norm
 from .base import BaseBackbone, HWShape, drop_path_rates, run_block
 
 __all__ = ['LaplacianFormer', 'LaplacianAttention', 'SoftmaxAttention', 'DiagonalWhitening',
-           'gaussian_kernel', 'pool_landmarks', 'pool_landmarks_grid', 'landmark_cell']
+           'gaussian_kernel', 'landmark_cell']
 
 KERNELS = ('laplacian', 'gaussian')
 WHITENINGS = ('kernel', 'query', None)
 WHITENING_STATS = ('per_landmark', 'per_head')
 PINV_SOLVERS = ('newton_schulz', 'cg')
 FEATURE_SCALES = ('sqrt_head_dim', )  # named scales (besides None and positive numbers)
-
-
-def pool_landmarks(x: torch.Tensor, hw: HWShape, sr: int) -> torch.Tensor:
-    """Landmarks: ``x [B, heads, H*W, D]`` average pooled over ``sr x sr`` cells, ``[B, heads,
-    ceil(H/sr) * ceil(W/sr), D]``; border cells average what they hold.
-    """
-    if sr == 1:
-        return x
-    B, nh, N, D = x.shape
-    grid = x.transpose(-2, -1).reshape(B * nh, D, hw[0], hw[1])  # [B*nh, D, H, W]
-    pooled = F.avg_pool2d(grid, sr, sr, ceil_mode=True)  # [B*nh, D, H', W']
-    return pooled.flatten(2).transpose(-2, -1).reshape(B, nh, -1, D)
-
-
-def pool_landmarks_grid(x: torch.Tensor, hw: HWShape, grid: int) -> torch.Tensor:
-    """Landmarks on a fixed ``grid x grid`` grid (adaptive average pooling), so that slot ``m`` is
-    the same image region at every size; ``[B, heads, grid * grid, D]``.
-    """
-    B, nh, N, D = x.shape
-    fmap = x.transpose(-2, -1).reshape(B * nh, D, hw[0], hw[1])  # [B*nh, D, H, W]
-    pooled = adaptive_avg_pool2d(fmap, grid)  # [B*nh, D, grid, grid]
-    return pooled.flatten(2).transpose(-2, -1).reshape(B, nh, grid * grid, D)
 
 
 def resolve_whitening(whitening: Optional[str]) -> Optional[str]:
@@ -166,7 +145,9 @@ class LaplacianAttention(nn.Module):
     """Nystrom kernel attention: landmarks, an inverse (Newton-Schulz or CG) and a DWC branch.
 
     ``out = proj(S (K(L, L) + eps I)^-1 K(L, Z) V / N + DWC(V))``, ``Z`` the projected queries (also
-    the keys), ``L`` the pooled landmarks, ``S = K(Z, L)`` kernel-whitened by default.
+    the keys), ``L`` the pooled landmarks, ``S = K(Z, L)`` kernel-whitened by default. Under
+    autocast the Nystrom term stays float32 (Newton-Schulz does not converge and L1 distances lose
+    percents in 16 bits); the projections and the DWC follow autocast.
 
     Args:
         dim, num_heads: channels and heads (``dim % num_heads == 0``).
@@ -253,7 +234,7 @@ class LaplacianAttention(nn.Module):
         """``[B, h, N, D]`` -> ``[B, h, M, D]``: a fixed grid (per-landmark kernel whitening) or
         ``sr x sr`` cells (capped by ``max_landmarks``)."""
         if self.landmark_grid is not None:
-            return pool_landmarks_grid(z, hw, self.landmark_grid)
+            return pool_landmarks(z, hw, grid=self.landmark_grid)
         return pool_landmarks(z, hw, landmark_cell(hw, self.sr_ratio, self.max_landmarks))
 
     def solve(self, k_ll: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
@@ -284,17 +265,13 @@ class LaplacianAttention(nn.Module):
 
     def nystrom(self, z: torch.Tensor, v: torch.Tensor, hw: HWShape) -> torch.Tensor:
         """``S (K(L, L) + eps I)^-1 K(L, z) v / N`` for ``z`` ``[B, h, N, D]``, ``v`` ``[B, h, N,
-        Dv]`` (float32), ``S = K(z, L)`` kernel-whitened (``whitening='kernel'``) or raw;
-        evaluated right to left so that nothing ``N x N`` is formed."""
-        landmarks = self.landmarks(z, hw)  # [B, h, M, D]
-        k_zl = self.kernel_fn(z, landmarks)  # [B, h, N, M]
-        k_ll = self.kernel_fn(landmarks, landmarks)  # [B, h, M, M]
-        x = self.solve(k_ll, k_zl.transpose(-2, -1) @ v)  # [B, h, M, Dv]; keys = queries
-        if self.kwhiten is not None:
-            # the query-side factor only (docs/design/laplacian_whitening.md, section 1); a
-            # gradient-checkpoint recomputation must not count the batch twice
-            k_zl = self.kernel_whiten(k_zl, not is_recomputing())
-        return k_zl @ x / z.shape[-2]  # [B, h, N, Dv]
+        Dv]`` (float32), ``S = K(z, L)`` kernel-whitened (``whitening='kernel'``, the query-side
+        factor only: docs/design/laplacian_whitening.md, section 1) or raw."""
+        # a gradient-checkpoint recomputation must not count the batch twice
+        whiten = None if self.kwhiten is None else partial(
+            self.kernel_whiten, update_stats=not is_recomputing())
+        return nystrom_attention(z, self.landmarks(z, hw), self.kernel_fn, self.solve, v,
+                                 whiten=whiten)
 
     def forward(self, x: torch.Tensor, hw: HWShape) -> torch.Tensor:
         B, N, C = x.shape
@@ -302,9 +279,11 @@ class LaplacianAttention(nn.Module):
         with torch.autocast(device_type=x.device.type, enabled=False):
             z = self.features(q)  # float32 under autocast (docs/design/laplacianformer.md)
             vh = v.to(z.dtype).reshape(B, N, self.num_heads, self.head_dim).transpose(1, 2)
-            out = self.nystrom(z, vh, hw).to(v.dtype)  # [B, h, N, hd]
-        out = out.transpose(1, 2).reshape(B, N, C) + map_to_tokens(self.dwc(tokens_to_map(v, hw)))
-        return self.proj(out)
+            out = self.nystrom(z, vh, hw)  # [B, h, N, hd]
+        # added into the DWC's fresh output (its backward does not need it) through strides
+        y = map_to_tokens(self.dwc(tokens_to_map(v, hw)))  # [B, N, C]
+        y.unflatten(-1, (self.num_heads, self.head_dim)).add_(out.to(y.dtype).transpose(1, 2))
+        return self.proj(y)
 
     def extra_repr(self) -> str:
         return (f'dim={self.dim}, num_heads={self.num_heads}, sr_ratio={self.sr_ratio}, '
@@ -372,9 +351,10 @@ class LaplacianBlock(nn.Module):
         self.mlp = ConvMlp(dim, int(dim * mlp_ratio), drop=drop)
 
     def forward(self, x: torch.Tensor, hw: HWShape) -> torch.Tensor:
-        # x: [B, N, C], N = H * W
-        x = x + self.drop_path(self.attn(self.norm1(x), hw))
-        return x + self.drop_path(self.mlp(self.norm2(x), hw))
+        # x: [B, N, C], N = H * W; the residuals are added into the branches' fresh outputs (a
+        # Linear's or DropPath's, whose backward does not need them)
+        x = self.drop_path(self.attn(self.norm1(x), hw)).add_(x)
+        return self.drop_path(self.mlp(self.norm2(x), hw)).add_(x)
 
 
 class OverlapPatchEmbed(nn.Module):
@@ -388,7 +368,8 @@ class OverlapPatchEmbed(nn.Module):
         self.norm = nn.LayerNorm(embed_dims, eps=1e-6)
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, HWShape]:
-        x = self.proj(x)  # [B, C, H', W']
+        # channels-last in (the image; later stages' maps already are): the tokens out are a view
+        x = self.proj(x.contiguous(memory_format=torch.channels_last))  # [B, C, H', W']
         hw = (x.shape[2], x.shape[3])
         return self.norm(map_to_tokens(x)), hw
 
@@ -409,11 +390,12 @@ class LaplacianStage(nn.Module):
         self.norm = nn.LayerNorm(dim, eps=1e-6)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``[B, C_in, H, W]`` -> ``[B, C, ceil(H / s), ceil(W / s)]``."""
+        """``[B, C_in, H, W]`` -> ``[B, C, ceil(H / s), ceil(W / s)]``, a channels-last view of
+        the tokens (oneDNN's layout: the next patch embedding reads it without a reorder)."""
         x, hw = self.patch_embed(x)  # [B, N, C]
         for blk in self.blocks:
             x = run_block(blk, x, hw, with_cp=self.with_cp)
-        return tokens_to_map(self.norm(x), hw).contiguous()
+        return tokens_to_map(self.norm(x), hw)
 
 
 @MODELS.register_module()
@@ -573,7 +555,6 @@ class LaplacianFormer(BaseBackbone):
     prefix_probe = 'layers.0.patch_embed.proj.weight'
     checkpoint_signature = (r'(^|\.)layers\.\d+\.blocks\.\d+\.attn\.'
                             r'(whiten\.bias|kwhiten\.bias|kv\.weight)$')
-    official_name = 'LaplacianFormer classification'
 
     def describe(self) -> str:
         return (f'{self.__class__.__name__}(arch={self.arch_settings}, kernel={self.kernel!r}, '

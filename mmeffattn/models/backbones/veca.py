@@ -166,7 +166,8 @@ class SwiGLUFFN(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         u, v = self.fc1(x).chunk(2, dim=-1)  # [..., hidden] each
-        return self.fc2(F.silu(u) * v)
+        # inference: SiLU in fc1's fresh output; the product stays contiguous for fc2's addmm
+        return self.fc2(F.silu(u, inplace=not torch.is_grad_enabled()) * v)
 
 
 class CoreCoordUpdate(nn.Module):
@@ -201,9 +202,10 @@ class VECABlock(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 num_cores: int) -> torch.Tensor:
-        # x: [B, C + N, dim]
-        x = x + self.drop_path(self.attn(self.norm1(x), cos, sin, num_cores))
-        return x + self.drop_path(self.ffn(self.norm2(x)))
+        # x: [B, C + N, dim]; the residuals are added into the branches' fresh outputs (a
+        # Linear's or DropPath's, whose backward does not need them)
+        x = self.drop_path(self.attn(self.norm1(x), cos, sin, num_cores)).add_(x)
+        return self.drop_path(self.ffn(self.norm2(x))).add_(x)
 
 
 class PatchEmbed(nn.Module):
@@ -218,7 +220,8 @@ class PatchEmbed(nn.Module):
         self.norm = nn.LayerNorm(embed_dims) if norm else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, HWShape]:
-        x = pad_to_multiple(x, self.patch_size)
+        # channels-last into the convolution: the tokens out are a view of its output
+        x = pad_to_multiple(x, self.patch_size).contiguous(memory_format=torch.channels_last)
         x = self.proj(x)  # [B, D, ceil(H/p), ceil(W/p)]
         hw = (x.shape[2], x.shape[3])
         return self.norm(map_to_tokens(x)), hw  # [B, N, D]
@@ -488,7 +491,7 @@ class VECA(BaseBackbone):
             return out[:, 0], out[:, C:]
         if self.out_type == 'global':
             return tuple(o[:, 0] for o in outs)
-        maps = [tokens_to_map(o[:, C:], hw).contiguous() for o in outs]  # [B, D, Hp, Wp] each
+        maps = [tokens_to_map(o[:, C:], hw) for o in outs]  # [B, D, Hp, Wp], channels-last
         if self.pyramid is not None:
             return self.pyramid(maps)
         return tuple(maps)
@@ -513,7 +516,6 @@ class VECA(BaseBackbone):
     ignorable_keys = r'(output_proj\.|core_(tokens|coords)\.\d+$)'
     prefix_probe = 'patch_embed.proj.weight'
     checkpoint_signature = r'(^|\.)core_tokens\.0$'
-    official_name = 'official VECA'
 
     def checkpoint_filter(self, state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
         return checkpoint_filter_veca(state_dict)

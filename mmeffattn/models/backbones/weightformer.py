@@ -87,7 +87,9 @@ class DynamicLinear(nn.Module):
         u, v = self.factors(x, hw)
         w = dynamic_weight(u, v, x.shape[1], self.scale, self.weight,
                            backend=self.backend)  # [B, C_out, C_in], dW + W
-        return x @ w.transpose(1, 2) + self.bias  # [B, N, C_out]
+        y = x @ w.transpose(1, 2)  # [B, N, C_out]
+        # the bias in the product's dtype (bf16 under autocast: no fp32 map into the bf16 MLP)
+        return y.add_(self.bias.to(y.dtype))
 
     def extra_repr(self) -> str:
         return (f'in_features={self.in_features}, out_features={self.out_features}, '
@@ -173,13 +175,14 @@ class WeightFormerBlock(nn.Module):
         self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
 
     def forward(self, x: torch.Tensor, hw: HWShape) -> torch.Tensor:
-        # x: [B, N, C], N = H * W
+        # x: [B, N, C], N = H * W; the residuals are added into the branches' fresh outputs (a
+        # convolution's, a Linear's or DropPath's, whose backward does not need them)
         if self.dynamic:
             x = self.norm1(x)  # normalizes the stream itself (official placement)
-        x = x + map_to_tokens(self.dwc(tokens_to_map(x, hw)))
+        x = map_to_tokens(self.dwc(tokens_to_map(x, hw))).add_(x)
         h = self.norm2(x)
         h = self.mlp(h, hw) if self.dynamic else self.mlp(h)
-        return x + self.drop_path(h)
+        return self.drop_path(h).add_(x)
 
 
 class PatchEmbed(nn.Module):
@@ -194,7 +197,8 @@ class PatchEmbed(nn.Module):
         self.norm = nn.LayerNorm(embed_dims, eps=LN_EPS)
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, HWShape]:
-        x = pad_to_multiple(x, self.patch_size)
+        # channels-last into the convolution: the tokens out are a view of its output
+        x = pad_to_multiple(x, self.patch_size).contiguous(memory_format=torch.channels_last)
         x = self.proj(x)  # [B, C, ceil(H/p), ceil(W/p)]
         hw = (x.shape[2], x.shape[3])
         return self.norm(map_to_tokens(x)), hw
@@ -316,7 +320,7 @@ class WeightFormer(BaseBackbone):
                 if self.out_type == 'avgpool':
                     outs.append(out.mean(dim=1))  # [B, C]
                 else:
-                    outs.append(tokens_to_map(out, hw).contiguous())  # [B, C, h, w]
+                    outs.append(tokens_to_map(out, hw))  # [B, C, h, w], channels-last
         if self.pyramid is not None:
             return self.pyramid(outs)
         return tuple(outs)
@@ -325,7 +329,6 @@ class WeightFormer(BaseBackbone):
     optional_keys = r'(norm\d+|pyramid)\.'  # an ImageNet checkpoint has only the last norm
     prefix_probe = 'patch_embed.proj.weight'
     checkpoint_signature = r'(^|\.)blocks\.\d+\.mlp\.fc1\.token_proj\.weight$'
-    official_name = 'official WeightFormer'
 
     def checkpoint_filter(self, state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
         return checkpoint_filter_weightformer(state_dict)
