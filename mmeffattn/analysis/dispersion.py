@@ -10,6 +10,7 @@ come from probing one of its attention layers: :func:`find_attention`, :func:`ca
 :func:`layer_grid` and :func:`project_qk`.
 """
 import math
+from functools import partial
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
@@ -19,7 +20,7 @@ import torch.nn.functional as F
 from mmeffattn.ops import laplacian_kernel, newton_schulz_pinv_naive
 
 __all__ = ['KINDS', 'implied_weights', 'dispersion_stats', 'sample_queries', 'window_weights',
-           'pool_grid', 'find_attention', 'capture', 'layer_grid', 'project_qk']
+           'find_attention', 'capture', 'layer_grid', 'project_qk']
 
 
 def sample_queries(n: int, max_queries: int, seed: int = 0) -> torch.Tensor:
@@ -38,14 +39,6 @@ def _window_ids(hw: Tuple[int, int], window: int, device: torch.device) -> torch
     cols = torch.arange(W, device=device) // min(window, W)
     n_w = math.ceil(W / min(window, W))
     return (rows[:, None] * n_w + cols[None, :]).flatten()
-
-
-def pool_grid(x: torch.Tensor, hw: Tuple[int, int], cell: int) -> torch.Tensor:
-    """``[B, h, N, D]`` tokens of an ``H x W`` grid -> ``[B, h, M, D]`` means over cells."""
-    B, nh, N, D = x.shape
-    grid = x.transpose(-2, -1).reshape(B * nh, D, *hw)
-    pooled = F.avg_pool2d(grid, cell, ceil_mode=True)
-    return pooled.flatten(2).transpose(-2, -1).reshape(B, nh, -1, D)
 
 
 def _logits(q: torch.Tensor, k: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
@@ -89,7 +82,8 @@ def _core_periphery_weights(q, k, hw, rows, num_cores: int = 16,
     if cores is None:
         side = max(1, round(math.sqrt(num_cores)))
         cell = max(1, math.ceil(max(hw) / side))
-        q_c, k_c = pool_grid(q, hw, cell), pool_grid(k, hw, cell)
+        from mmeffattn.models.layers.nystrom import pool_landmarks
+        q_c, k_c = pool_landmarks(q, hw, cell), pool_landmarks(k, hw, cell)
     else:
         q_c, k_c = cores
     to_cores = ((qs @ k_c.transpose(-2, -1)) * scale).softmax(-1)  # [B, h, R, C]
@@ -106,13 +100,14 @@ def _laplacian_nystrom_weights(q, k, hw, rows, landmark_cell: int = 8, lam: floa
                                **_: Any) -> torch.Tensor:
     """``K(q, L) pinv(K(L, L)) K(L, k) / N`` (landmarks as LaplacianFormer's first stage), as
     ``|w_ij| / sum_j |w_ij|`` since Nystrom weights may be negative and need not sum to 1."""
-    qs = q[:, :, rows.to(q.device)]  # [B, h, R, D]
-    lm = pool_grid(q, hw, landmark_cell)
+    # (models imported here: this module needs only torch and the ops otherwise)
+    from mmeffattn.models.layers.nystrom import nystrom_attention, pool_landmarks
+
     # the public op: its CPU backend never materialises the [M, N, D] differences (OOM at 1024 px)
-    k_ql = laplacian_kernel(qs, lm, lam)  # [B, h, R, M]
-    k_lk = laplacian_kernel(lm, k, lam)  # [B, h, M, N]
-    pinv = newton_schulz_pinv_naive(laplacian_kernel(lm, lm, lam), ns_iters, ns_eps)
-    w = (k_ql @ pinv @ k_lk).abs()
+    w = nystrom_attention(q[:, :, rows.to(q.device)], pool_landmarks(q, hw, landmark_cell),
+                          partial(laplacian_kernel, lam=lam),
+                          lambda a, r: newton_schulz_pinv_naive(a, ns_iters, ns_eps) @ r,
+                          k=k).abs()  # [B, h, R, N]
     return w / w.sum(-1, keepdim=True).clamp_min(1e-30)
 
 
