@@ -245,7 +245,9 @@ class Stem(nn.Module):
             ConvNormAct(embed_dims * 4, embed_dims, 1, act_cfg=None, **kw))
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, HWShape]:
-        x = pad_to_multiple(x, self.patch_size)
+        # channels-last, oneDNN's native layout: no reorder around the convolutions, and the
+        # tokens of every later stage are views of the maps (an NCHW map would make them strided)
+        x = pad_to_multiple(x, self.patch_size).contiguous(memory_format=torch.channels_last)
         x = self.conv1(x)  # [B, C/2, H/2, W/2]
         x = self.conv2(x) + x
         x = self.conv3(x)  # [B, C, H/4, W/4]
