@@ -10,10 +10,15 @@ import torch
 import torch.nn as nn
 from mmcv.cnn import build_activation_layer, build_norm_layer
 
+#: activations that run in place by default, as mmcv's ``ConvModule`` does: the conv's or
+#: norm's fresh output is overwritten (neither backward needs it) instead of a new map allocated
+INPLACE_ACTS = ('ReLU', 'ReLU6', 'LeakyReLU', 'ELU', 'SiLU')
+
 
 class ConvNormAct(nn.Module):
     """A 2-D convolution, then an optional norm and activation (``norm_cfg``/``act_cfg`` as mmcv's
-    builders take them; None: none).
+    builders take them; None: none); an :data:`INPLACE_ACTS` activation is in place unless
+    ``act_cfg`` says ``inplace=False``.
     """
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int = 3, stride: int = 1,
@@ -24,6 +29,8 @@ class ConvNormAct(nn.Module):
         self.conv = nn.Conv2d(in_channels, out_channels, kernel_size, stride=stride,
                               padding=padding, groups=groups, bias=bias)
         self.norm = build_norm_layer(norm_cfg, out_channels)[1] if norm_cfg else None
+        if act_cfg and act_cfg.get('type') in INPLACE_ACTS:
+            act_cfg = dict(act_cfg, inplace=act_cfg.get('inplace', True))
         self.act = build_activation_layer(act_cfg) if act_cfg else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
