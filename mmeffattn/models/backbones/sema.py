@@ -68,7 +68,7 @@ class LinearAttention(nn.Module):
         nh, hd = self.num_heads, C // self.num_heads
         q, k = self.qk(x).unflatten(-1, (2, C)).unbind(-2)  # [B, N, C] each
         # q and k apart: ELU writes each contiguously, so RoPE needs no copy
-        q, k = self.elu(q) + 1.0, self.elu(k) + 1.0
+        q, k = self.elu(q).add_(1.0), self.elu(k).add_(1.0)
         q_rope, k_rope = apply_rope_2d((q, k), hw, self.rope_base)  # one table for both
         x = self.v(x) if self.v is not None else x  # the values (MILA: the input itself)
 
@@ -81,8 +81,10 @@ class LinearAttention(nn.Module):
         out = (q_rope @ kv) * z  # [B, nh, N, hd]
         if self.with_mean:
             out = out + v.mean(dim=-2, keepdim=True)
-        out = out.transpose(1, 2).reshape(B, N, C)
-        return out + map_to_tokens(self.lepe(tokens_to_map(x, hw)))
+        # added into LePE's fresh output (its backward does not need it), read through strides
+        y = map_to_tokens(self.lepe(tokens_to_map(x, hw)))  # [B, N, C]
+        y.unflatten(-1, (nh, hd)).add_(out.transpose(1, 2))
+        return y
 
     def extra_repr(self) -> str:
         return (f'dim={self.dim}, num_heads={self.num_heads}, with_mean={self.with_mean}, '
@@ -135,11 +137,15 @@ class SEMAttention(nn.Module):
             out, mean = sema_attention_qk(qk, vh, hw, self.window_size, with_mean=True,
                                           return_mean=True, out_layout='bnhd',
                                           backend=self.backend)  # [B, N, nh, hd], [B, nh, hd]
-            out = out + mean.unsqueeze(1)
         else:
             out = sema_attention_qk(qk, vh, hw, self.window_size, with_mean=False,
                                     out_layout='bnhd', backend=self.backend)
-        return out.reshape(B, N, C) + map_to_tokens(self.lepe(tokens_to_map(v, hw)))
+        # the terms are added into LePE's fresh output (its backward does not need it)
+        y = map_to_tokens(self.lepe(tokens_to_map(v, hw)))  # [B, N, C]
+        y.unflatten(-1, (nh, hd)).add_(out)  # out: [B, N, nh, hd]
+        if self.local_attn == 'softmax' and self.with_mean:
+            y.unflatten(-1, (nh, hd)).add_(mean.unsqueeze(1))
+        return y
 
     def extra_repr(self) -> str:
         return (f'dim={self.dim}, num_heads={self.num_heads}, window_size={self.window_size}, '
@@ -201,7 +207,7 @@ class SEMABlock(nn.Module):
         self.in_proj = nn.Linear(dim, dim)
         self.act_proj = nn.Linear(dim, dim)
         self.dwc = nn.Conv2d(dim, dim, 3, padding=1, groups=dim)
-        self.act = nn.SiLU()
+        self.act = nn.SiLU(inplace=True)  # on the fresh projection / conv outputs
         self.attn = build_mixer(attn_type, dim, num_heads, stage=stage, window_size=window_size,
                                 qkv_bias=qkv_bias, rope_base=rope_base, backend=attn_backend,
                                 **(mixer_cfg or {}))
@@ -212,17 +218,18 @@ class SEMABlock(nn.Module):
         self.mlp = Mlp(dim, int(dim * mlp_ratio), act_cfg=dict(type='GELU'), drop=drop)
 
     def forward(self, x: torch.Tensor, hw: HWShape) -> torch.Tensor:
-        # x: [B, N, C], N = H * W
-        x = x + map_to_tokens(self.cpe1(tokens_to_map(x, hw)))
+        # x: [B, N, C], N = H * W. Residuals are added into the branches' fresh outputs (a
+        # conv's, a Linear's or DropPath's, whose backward does not need them): no new maps
+        x = map_to_tokens(self.cpe1(tokens_to_map(x, hw))).add_(x)
         shortcut = x
         x = self.norm1(x)
         gate = self.act(self.act_proj(x))  # [B, N, C]
         x = self.in_proj(x)
         x = map_to_tokens(self.act(self.dwc(tokens_to_map(x, hw))))  # [B, N, C]
         x = self.attn(x, hw)
-        x = shortcut + self.drop_path(self.out_proj(x * gate))
-        x = x + map_to_tokens(self.cpe2(tokens_to_map(x, hw)))
-        return x + self.drop_path(self.mlp(self.norm2(x)))
+        x = self.drop_path(self.out_proj(x * gate)).add_(shortcut)
+        x = map_to_tokens(self.cpe2(tokens_to_map(x, hw))).add_(x)
+        return self.drop_path(self.mlp(self.norm2(x))).add_(x)
 
 
 class Stem(nn.Module):
@@ -249,7 +256,7 @@ class Stem(nn.Module):
         # tokens of every later stage are views of the maps (an NCHW map would make them strided)
         x = pad_to_multiple(x, self.patch_size).contiguous(memory_format=torch.channels_last)
         x = self.conv1(x)  # [B, C/2, H/2, W/2]
-        x = self.conv2(x) + x
+        x = self.conv2(x).add_(x)  # (into the BN's fresh output)
         x = self.conv3(x)  # [B, C, H/4, W/4]
         return map_to_tokens(x), (x.shape[2], x.shape[3])
 
