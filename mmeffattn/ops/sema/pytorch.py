@@ -114,7 +114,10 @@ def _sema_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """:func:`sema_attention_torch` (same arguments), run as autocast leaves it."""
     B, nh, N, D = q.shape
     scale = D ** -0.5 if scale is None else scale
-    mean = v.mean(dim=2) if with_mean else None  # [B, nh, D]
+    # [B, nh, D]; a 16-bit mean() copies v to fp32 first, while bf16's range holds the sum (its
+    # reduction accumulates in fp32)
+    mean = None if not with_mean else (v.sum(dim=2) / N if v.dtype == torch.bfloat16
+                                       else v.mean(dim=2))
     add_mean = with_mean and not return_mean
     if is_symbolic(*hw):
         out = _sema_attention_symbolic(q, k, v, hw, window_size, scale)  # [BH, N, D]
