@@ -485,3 +485,38 @@ def test_switch_errors():
     msg = SEMA(arch=MINI, value_proj=False).mismatch_cause(
         [], ['layers.0.blocks.0.attn.v.weight'], [])
     assert 'value_proj=True' in msg
+
+
+@pytest.mark.parametrize('groups,bias,affine', [(1, False, True), (4, True, True),
+                                                (1, True, False)],
+                         ids=['dense', 'depthwise-bias', 'no-affine'])
+def test_conv_norm_act_folds_eval_bn(groups, bias, affine):
+    """In eval mode the BatchNorm is folded into the convolution (one conv call, no BN call):
+    the same output and parameter gradients (norm_eval training) as conv -> BN -> act, and the
+    in-place ReLU leaves the input alone."""
+    from mmeffattn.models.layers import ConvNormAct
+    torch.manual_seed(0)
+    m = ConvNormAct(4, 8 if groups == 1 else 4, 3, padding=1, groups=groups, bias=bias,
+                    norm_cfg=dict(type='BN', affine=affine))
+    with torch.no_grad():  # non-trivial running statistics and affine parameters
+        m.norm.running_mean.uniform_(-1, 1)
+        m.norm.running_var.uniform_(0.5, 2)
+        if affine:
+            m.norm.weight.uniform_(0.5, 1.5)
+            m.norm.bias.uniform_(-1, 1)
+    m.eval()
+    x = torch.randn(2, 4, 9, 11)
+    x0 = x.clone()
+    calls = []
+    m.norm.register_forward_hook(lambda *a: calls.append('norm'))
+    out = m(x)
+    assert not calls and torch.equal(x, x0)  # folded; the input untouched
+    ref = torch.relu(m.norm(m.conv(x)))
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    grads = torch.autograd.grad(out.square().sum(), list(m.parameters()))
+    ref_grads = torch.autograd.grad(ref.square().sum(), list(m.parameters()))
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-4)
+    m.train()  # training mode: batch statistics, the BN module itself
+    m(x)
+    assert calls == ['norm', 'norm']  # (the reference call above, then this one)
