@@ -3,8 +3,11 @@
 torch.profiler records the aten ops; each op's *self* CPU time goes to its class
 (:data:`OP_CLASSES`) and to the innermost module running it (a ``record_function`` range opened by
 forward hooks), so the module times are exclusive: a block's own time is the glue in its
-``forward`` (reshapes, adds, casts), not its children's. Under ``torch.compile`` the fused kernels
-have no aten op: their time is ``'compiled'`` and modules are not attributed.
+``forward`` (reshapes, adds, casts), not its children's. A copy made inside a compute op (addmm's
+bias broadcast into its output) counts as that op's class: copy/layout is what the model asks
+for (reshape, contiguous, casts, pads). The op table lists the raw aten ops.
+Under ``torch.compile`` the fused kernels have no aten op: their time is ``'compiled'`` and
+modules are not attributed.
 """
 import re
 import time
@@ -49,6 +52,15 @@ def op_class(name: str) -> str:
         if pattern.fullmatch(base):
             return cls
     return 'other'
+
+
+def _inner_class(event) -> str:
+    """The class of ``event``; a copy called by a compute op directly has that op's class."""
+    cls, parent = op_class(event.name), event.cpu_parent
+    if cls == 'copy/layout' and parent is not None and parent.name.startswith('aten::'):
+        outer = op_class(parent.name)
+        return outer if outer not in ('copy/layout', 'other') else cls
+    return cls
 
 
 def _module_ranges(model: nn.Module) -> List[Any]:
@@ -121,7 +133,7 @@ def _summarize(events, total_ms: float, top: int) -> Dict[str, Any]:
         if e.name.startswith(_MODULE):  # the module's Python between its ops
             cls, owner = 'other', e
         else:
-            cls, owner = op_class(e.name), e.cpu_parent
+            cls, owner = _inner_class(e), e.cpu_parent
             ops[e.name][0] += 1
             ops[e.name][1] += us
         while owner is not None and not owner.name.startswith(_MODULE):

@@ -56,6 +56,15 @@ def test_classes_and_modules(backward):
         assert '(outside modules)' in modules  # the backward runs outside the forward hooks
 
 
+def test_copy_inside_a_compute_op_counts_as_that_op():
+    """addmm copies the bias into its output: that copy is the matmul's, not layout glue (the op
+    table still lists the raw aten::copy_)."""
+    res = profile_model(nn.Linear(16, 64), torch.randn(1, 256, 16))
+    ops = {o['name']: o for o in res['ops']}
+    assert ops['aten::copy_']['ms'] > 0 and ops['aten::copy_']['op_class'] == 'copy/layout'
+    assert res['classes']['copy/layout']['ms'] == 0 and res['classes']['matmul']['ms'] > 0
+
+
 def test_cli_writes_json(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv('MMEFFATTN_OPS_BACKEND', 'torch')  # (restored after: the CLI sets it)
     out = tmp_path / 'p.json'
