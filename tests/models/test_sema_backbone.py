@@ -520,3 +520,19 @@ def test_conv_norm_act_folds_eval_bn(groups, bias, affine):
     m.train()  # training mode: batch statistics, the BN module itself
     m(x)
     assert calls == ['norm', 'norm']  # (the reference call above, then this one)
+
+
+@pytest.mark.parametrize('dtype,tol', [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)])
+def test_linear_attention_heads_match_float64(dtype, tol):
+    """MILA's attention takes per-head products (fp32) or block-diagonal full-width products
+    (16-bit, where oneDNN copies strided heads); both equal the float64 per-head formula within
+    the dtype's rounding, the mean term included."""
+    from mmeffattn.models.backbones.sema import LinearAttention
+    torch.manual_seed(0)
+    attn = LinearAttention(64, 4, with_mean=True).eval()
+    x = torch.randn(2, 7 * 9, 64)
+    with torch.no_grad():
+        ref = attn.double()(x.double(), (7, 9))
+        out = attn.to(dtype)(x.to(dtype), (7, 9))
+    err = ((out.double() - ref).norm() / ref.norm()).item()
+    assert out.dtype == dtype and err < tol, err

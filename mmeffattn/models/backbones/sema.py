@@ -15,7 +15,7 @@ from mmeffattn.registry import MODELS
 from ..layers import ConvNormAct, DropPath, Mlp
 from ..layers.heads import check_heads
 from ..layers.rope import apply_rope_2d
-from ..layers.tokens import map_to_tokens, pad_to_multiple, tokens_to_map
+from ..layers.tokens import map_to_tokens, pad_to_multiple, token_mean, tokens_to_map
 from ..layers.window_linear import window_linear_attention
 from ..utils import init_linear_and_norm, strip_module_prefix, unwrap_state_dict
 from .attention_zoo import build_mixer, mixer_names, register_mixer
@@ -70,20 +70,30 @@ class LinearAttention(nn.Module):
         # q and k apart: ELU writes each contiguously, so RoPE needs no copy
         q, k = self.elu(q).add_(1.0), self.elu(k).add_(1.0)
         q_rope, k_rope = apply_rope_2d((q, k), hw, self.rope_base)  # one table for both
-        x = self.v(x) if self.v is not None else x  # the values (MILA: the input itself)
+        v = self.v(x) if self.v is not None else x  # the values (MILA: the input itself)
+        # tokens-major throughout: [C, nh] marks each channel's head, so that per-head products
+        # are products of the unsplit [B, N, C] tensors (no head split copies)
+        head_of = torch.eye(nh, dtype=q.dtype, device=q.device).repeat_interleave(hd, 0)
+        k_mean = token_mean(k, 1).unsqueeze(-1) * head_of  # [B, C, nh], block diagonal
+        z = 1 / (torch.bmm(q, k_mean) + 1e-6)  # [B, N, nh]: 1 / (q_h . mean_j k_h,j)
+        if q.dtype in (torch.float16, torch.bfloat16):
+            # oneDNN's 16-bit batched matmul copies strided head views, so full-width products
+            # kept to the diagonal blocks are cheaper (alpha: no 16-bit overflow of the sum)
+            kv = torch.baddbmm(q.new_zeros(()), k_rope.transpose(1, 2), v, beta=0,
+                               alpha=1 / N) * (head_of @ head_of.t())  # [B, C, C]
+            out = torch.bmm(q_rope, kv).unflatten(-1, (nh, hd))  # [B, N, nh, hd]
+        else:
+            def heads(t: torch.Tensor) -> torch.Tensor:
+                return t.unflatten(-1, (nh, hd)).transpose(1, 2)  # [B, nh, N, hd] views
 
-        def heads(t: torch.Tensor) -> torch.Tensor:
-            return t.reshape(B, N, nh, hd).transpose(1, 2)  # [B, nh, N, hd]
-
-        q, k, q_rope, k_rope, v = heads(q), heads(k), heads(q_rope), heads(k_rope), heads(x)
-        z = 1 / (q @ k.mean(dim=-2, keepdim=True).transpose(-2, -1) + 1e-6)  # [B, nh, N, 1]
-        kv = (k_rope.transpose(-2, -1) * N ** -0.5) @ (v * N ** -0.5)  # [B, nh, hd, hd]
-        out = (q_rope @ kv) * z  # [B, nh, N, hd]
+            kv = (heads(k_rope).transpose(-2, -1) @ heads(v)).mul_(1 / N)  # [B, nh, hd, hd]
+            out = (heads(q_rope) @ kv).transpose(1, 2)  # [B, N, nh, hd]
+        out.mul_(z.unsqueeze(-1))
         if self.with_mean:
-            out = out + v.mean(dim=-2, keepdim=True)
+            out.add_(token_mean(v, 1).unflatten(-1, (nh, hd)).unsqueeze(1))
         # added into LePE's fresh output (its backward does not need it), read through strides
-        y = map_to_tokens(self.lepe(tokens_to_map(x, hw)))  # [B, N, C]
-        y.unflatten(-1, (nh, hd)).add_(out.transpose(1, 2))
+        y = map_to_tokens(self.lepe(tokens_to_map(v, hw)))  # [B, N, C]
+        y.unflatten(-1, (nh, hd)).add_(out)
         return y
 
     def extra_repr(self) -> str:
