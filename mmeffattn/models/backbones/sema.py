@@ -76,7 +76,7 @@ class LinearAttention(nn.Module):
         head_of = torch.eye(nh, dtype=q.dtype, device=q.device).repeat_interleave(hd, 0)
         k_mean = token_mean(k, 1).unsqueeze(-1) * head_of  # [B, C, nh], block diagonal
         z = 1 / (torch.bmm(q, k_mean) + 1e-6)  # [B, N, nh]: 1 / (q_h . mean_j k_h,j)
-        if q.dtype in (torch.float16, torch.bfloat16):
+        if q.is_cpu and q.dtype in (torch.float16, torch.bfloat16):
             # oneDNN's 16-bit batched matmul copies strided head views, so full-width products
             # kept to the diagonal blocks are cheaper (alpha: no 16-bit overflow of the sum)
             kv = torch.baddbmm(q.new_zeros(()), k_rope.transpose(1, 2), v, beta=0,
