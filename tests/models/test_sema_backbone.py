@@ -536,3 +536,25 @@ def test_linear_attention_heads_match_float64(dtype, tol):
         out = attn.to(dtype)(x.to(dtype), (7, 9))
     err = ((out.double() - ref).norm() / ref.norm()).item()
     assert out.dtype == dtype and err < tol, err
+
+
+@pytest.mark.parametrize('norm', [None, 'BN'], ids=['conv-relu', 'conv-bn-relu'])
+@pytest.mark.parametrize('bf16', [False, True], ids=['fp32', 'bf16-autocast'])
+def test_conv_norm_act_fuses_relu_in_cpu_inference(norm, bf16):
+    """Eager CPU inference runs the ReLU inside oneDNN's convolution: the result of the plain
+    conv -> (folded BN) -> ReLU (with a gradient recorded), in fp32 and under bf16 autocast."""
+    from mmeffattn.models.layers import ConvNormAct
+    from mmeffattn.models.layers.conv_norm_act import CONV_POINTWISE
+    if CONV_POINTWISE is None:
+        pytest.skip('torch is built without oneDNN')
+    torch.manual_seed(0)
+    m = ConvNormAct(8, 16, 3, stride=2, padding=1, norm_cfg=norm and dict(type='BN')).eval()
+    x = torch.randn(1, 8, 15, 17).contiguous(memory_format=torch.channels_last)
+    with torch.autocast('cpu', torch.bfloat16, enabled=bf16):
+        ref = m(x).detach()  # the plain path
+        with torch.no_grad(), torch.profiler.profile() as prof:
+            out = m(x)
+    assert any('_convolution_pointwise' in e.key for e in prof.key_averages())
+    assert not any(e.key in ('aten::relu_', 'aten::clamp_min_') for e in prof.key_averages())
+    assert out.dtype == ref.dtype == (torch.bfloat16 if bf16 else torch.float32)
+    torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)  # (bf16: bit-equal here)
