@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from mmeffattn.ops import compute_dtype
-from mmeffattn.ops.sema.pytorch import window_partition, window_regions, window_reverse
+from mmeffattn.ops.sema.pytorch import window_join, window_regions, window_split
 
 __all__ = ['window_linear_attention', 'FEATURE_MAPS']
 
@@ -73,16 +73,18 @@ def window_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     fq = _feature_map(q.to(dtype), feature_map)
     fk = _feature_map(k.to(dtype), feature_map)
     vv = v.to(dtype)
-    out = vv.new_empty(B, H, W, nh, vv.shape[-1])
     # each rectangle of equal windows apart: no padded token enters a sum
-    for region in window_regions((H, W), window_size):
-        # [B*nW, heads, L, *] windows of the tokens-major [B, H, W, heads, *] views
-        fq_w, fk_w, v_w = (window_partition(t.transpose(1, 2).unflatten(1, (H, W)),
-                                            region).transpose(1, 2) for t in (fq, fk, vv))
+    regions = window_regions((H, W), window_size)
+    # [B*nW, heads, L, *] windows of the tokens-major [B, H, W, heads, *] views
+    windows = zip(*(window_split(t.transpose(1, 2).unflatten(1, (H, W)), regions)
+                    for t in (fq, fk, vv)))
+    outs = []
+    for fq_w, fk_w, v_w in ((t.transpose(1, 2) for t in w) for w in windows):
         kv = fk_w.transpose(-2, -1) @ v_w / fk_w.shape[-2]  # [B*nW, h, D, Dv]
         k_mean = fk_w.mean(dim=-2, keepdim=True)  # [B*nW, h, 1, D]
         z = 1.0 / ((fq_w * k_mean).sum(dim=-1, keepdim=True) + eps)  # [B*nW, h, L, 1]
-        window_reverse(((fq_w @ kv) * z).transpose(1, 2), out, region)
+        outs.append(((fq_w @ kv) * z).transpose(1, 2))
+    out = window_join(outs, regions, (B, H, W, nh, vv.shape[-1]))
     out = out.flatten(1, 2).transpose(1, 2)  # [B, h, N, Dv]
     if with_mean:
         out = out + vv.mean(dim=2, keepdim=True)

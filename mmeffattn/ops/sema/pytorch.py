@@ -1,12 +1,13 @@
 """SEMA attention in fast PyTorch, the ``'torch'`` backend: the grid cut into rectangles of equal
 windows (no padding, no mask), one copy into windows and one back per tensor, torch's fused
 attention; index gathers for a symbolic grid. Layout choices: docs/design/sema.md."""
-from typing import List, Optional, Tuple, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 
-from .._common import FUSED_MIN_KEYS, autocast_off, is_symbolic, window_attention
+from .._common import (FUSED_MIN_KEYS, autocast_off, compute_dtype, is_symbolic,
+                       window_attention)
 from .naive import unbind_qk
 
 #: one rectangle of equal windows: ``((row0, row1, win_h), (col0, col1, win_w))``
@@ -44,6 +45,66 @@ def window_reverse(windows: torch.Tensor, out: torch.Tensor, region: Region) -> 
     in place."""
     dst = _windows_view(out, region)
     dst.copy_(windows.view(dst.shape))
+
+
+class _Partition(torch.autograd.Function):
+    """:func:`window_partition` of every region; the backward writes each region's gradient
+    into one tensor (sliced regions made autograd add up a zero-filled grid per region)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, regions: Tuple[Region, ...]) -> Tuple[torch.Tensor, ...]:
+        ctx.shape, ctx.regions = x.shape, regions
+        return tuple(window_partition(x, r) for r in regions)
+
+    @staticmethod
+    def backward(ctx, *grads: torch.Tensor):
+        out = grads[0].new_empty(ctx.shape)
+        for g, region in zip(grads, ctx.regions):
+            window_reverse(g, out, region)
+        return out, None
+
+
+def _join(windows: Sequence[torch.Tensor], regions: Sequence[Region], shape: Sequence[int],
+          stride: Optional[Sequence[int]]) -> torch.Tensor:
+    out = windows[0].new_empty(shape) if stride is None else \
+        windows[0].new_empty_strided(shape, stride)
+    for w, region in zip(windows, regions):
+        window_reverse(w, out, region)
+    return out
+
+
+class _Join(torch.autograd.Function):
+    """The inverse of :class:`_Partition`; the backward partitions the gradient (copies into
+    slices made autograd clone the whole gradient per region)."""
+
+    @staticmethod
+    def forward(ctx, shape: Tuple[int, ...], stride: Optional[Tuple[int, ...]],
+                regions: Tuple[Region, ...], *windows: torch.Tensor) -> torch.Tensor:
+        ctx.regions = regions
+        return _join(windows, regions, shape, stride)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return (None, None, None, *(window_partition(grad, r) for r in ctx.regions))
+
+
+# Under torch.compile or export the plain slices run: the compiler fuses their backward, and
+# dynamo does not trace an autograd.Function of a variable number of tensors
+def window_split(x: torch.Tensor, regions: Sequence[Region]) -> Tuple[torch.Tensor, ...]:
+    """Each region's windows of ``x [B, H, W, *rest]`` (:func:`window_partition`), one copy
+    per region and one gradient pass back."""
+    if torch.compiler.is_compiling():
+        return tuple(window_partition(x, r) for r in regions)
+    return _Partition.apply(x, tuple(regions))
+
+
+def window_join(windows: Sequence[torch.Tensor], regions: Sequence[Region],
+                shape: Sequence[int], stride: Optional[Sequence[int]] = None) -> torch.Tensor:
+    """The regions' windows as one new ``shape`` ``[B, H, W, *rest]`` tensor, of ``stride``
+    (default: contiguous); the inverse of :func:`window_split`."""
+    if torch.compiler.is_compiling():
+        return _join(windows, regions, shape, stride)
+    return _Join.apply(tuple(shape), stride and tuple(stride), tuple(regions), *windows)
 
 
 def window_gather_index(hw: Tuple[int, int], window_size: int,
@@ -85,10 +146,17 @@ def _sema_attention_symbolic(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return out.reshape(B * nh, -1, D).index_select(1, inv)  # [BH, N, D]
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+            plain: bool = False) -> torch.Tensor:
     """Softmax attention of unpadded windows ``[BW, heads, L, D]`` (any strides): bf16 without a
     gradient takes torch's fused kernel too (1.3-1.9x faster than matmul + softmax at SEMA's
-    windows; its backward is slower), else :func:`window_attention`."""
+    windows; its backward is slower), else :func:`window_attention`. ``plain``: matmul + softmax
+    whatever the key count (a compiled graph then does not depend on the grid's remainder)."""
+    if plain:
+        if q.dtype == torch.float16:  # (fp16 logits overflow past 65504)
+            q, k = q.float(), k.float()
+        logits = (q * scale) @ k.transpose(-1, -2)
+        return torch.softmax(logits, dim=-1, dtype=compute_dtype(q.dtype)).to(v.dtype) @ v
     if (q.dtype == torch.bfloat16 and k.shape[-2] >= FUSED_MIN_KEYS and
             not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)))):
         return F.scaled_dot_product_attention(q, k, v, scale=scale)
@@ -127,17 +195,24 @@ def _sema_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         out = out.transpose(1, 2).contiguous() if out_layout == 'bnhd' else out
         return (out, mean) if return_mean else out
     H, W = hw
-    # tokens-major [B, H, W, heads, D] views: the windows are copied in runs of heads * D
-    q5, k5, v5 = (x.transpose(1, 2).unflatten(1, (H, W)) for x in (q, k, v))
-    out = q.new_empty((B, N, nh, D) if out_layout == 'bnhd' else (B, nh, N, D))
-    out5 = (out if out_layout == 'bnhd' else out.transpose(1, 2)).unflatten(1, (H, W))
-    for region in window_regions((H, W), window_size):
-        # [B*nW, heads, L, D] views of [B*nW, L, heads, D] copies; the fused kernel's output
-        # is tokens-major too, so the merge is a plain copy
-        q_w, k_w, v_w = (window_partition(x, region).transpose(1, 2) for x in (q5, k5, v5))
-        window_reverse(_attend(q_w, k_w, v_w, scale).transpose(1, 2), out5, region)
+    regions = window_regions((H, W), window_size)
+    # tokens-major [B, H, W, heads, D] views: the windows are copied in runs of heads * D;
+    # per region [B*nW, heads, L, D] views of [B*nW, L, heads, D] copies, and the fused
+    # kernel's output is tokens-major too, so the merge is a plain copy
+    q_w, k_w, v_w = (window_split(x.transpose(1, 2).unflatten(1, (H, W)), regions)
+                     for x in (q, k, v))
+    # (compiled, the short last row and column of windows take the plain form: their key
+    # counts are the grid's remainders)
+    compiling = torch.compiler.is_compiling()
+    outs = [_attend(*(t.transpose(1, 2) for t in qkv), scale, compiling and i > 0)
+            for i, qkv in enumerate(zip(q_w, k_w, v_w))]
+    outs = [o.transpose(1, 2) for o in outs]  # [B*nW, L, heads, D]
+    # [B, H, W, nh, D] of a [B, N, nh, D] or [B, nh, N, D] tensor
+    stride = None if out_layout == 'bnhd' else (nh * N * D, W * D, D, N * D, 1)
+    out = window_join(outs, regions, (B, H, W, nh, D), stride)
     if add_mean:  # (in place: out is this function's own)
-        out += mean.unsqueeze(1 if out_layout == 'bnhd' else 2)
+        out += mean.view(B, 1, 1, nh, D)
+    out = out.flatten(1, 2) if out_layout == 'bnhd' else out.permute(0, 3, 1, 2, 4).flatten(2, 3)
     return (out, mean) if return_mean else out
 
 
