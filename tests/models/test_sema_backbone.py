@@ -485,3 +485,76 @@ def test_switch_errors():
     msg = SEMA(arch=MINI, value_proj=False).mismatch_cause(
         [], ['layers.0.blocks.0.attn.v.weight'], [])
     assert 'value_proj=True' in msg
+
+
+@pytest.mark.parametrize('groups,bias,affine', [(1, False, True), (4, True, True),
+                                                (1, True, False)],
+                         ids=['dense', 'depthwise-bias', 'no-affine'])
+def test_conv_norm_act_folds_eval_bn(groups, bias, affine):
+    """In eval mode the BatchNorm is folded into the convolution (one conv call, no BN call):
+    the same output and parameter gradients (norm_eval training) as conv -> BN -> act, and the
+    in-place ReLU leaves the input alone."""
+    from mmeffattn.models.layers import ConvNormAct
+    torch.manual_seed(0)
+    m = ConvNormAct(4, 8 if groups == 1 else 4, 3, padding=1, groups=groups, bias=bias,
+                    norm_cfg=dict(type='BN', affine=affine))
+    with torch.no_grad():  # non-trivial running statistics and affine parameters
+        m.norm.running_mean.uniform_(-1, 1)
+        m.norm.running_var.uniform_(0.5, 2)
+        if affine:
+            m.norm.weight.uniform_(0.5, 1.5)
+            m.norm.bias.uniform_(-1, 1)
+    m.eval()
+    x = torch.randn(2, 4, 9, 11)
+    x0 = x.clone()
+    calls = []
+    m.norm.register_forward_hook(lambda *a: calls.append('norm'))
+    out = m(x)
+    assert not calls and torch.equal(x, x0)  # folded; the input untouched
+    ref = torch.relu(m.norm(m.conv(x)))
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    grads = torch.autograd.grad(out.square().sum(), list(m.parameters()))
+    ref_grads = torch.autograd.grad(ref.square().sum(), list(m.parameters()))
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-4)
+    m.train()  # training mode: batch statistics, the BN module itself
+    m(x)
+    assert calls == ['norm', 'norm']  # (the reference call above, then this one)
+
+
+@pytest.mark.parametrize('dtype,tol', [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)])
+def test_linear_attention_heads_match_float64(dtype, tol):
+    """MILA's attention takes per-head products (fp32) or block-diagonal full-width products
+    (16-bit, where oneDNN copies strided heads); both equal the float64 per-head formula within
+    the dtype's rounding, the mean term included."""
+    from mmeffattn.models.backbones.sema import LinearAttention
+    torch.manual_seed(0)
+    attn = LinearAttention(64, 4, with_mean=True).eval()
+    x = torch.randn(2, 7 * 9, 64)
+    with torch.no_grad():
+        ref = attn.double()(x.double(), (7, 9))
+        out = attn.to(dtype)(x.to(dtype), (7, 9))
+    err = ((out.double() - ref).norm() / ref.norm()).item()
+    assert out.dtype == dtype and err < tol, err
+
+
+@pytest.mark.parametrize('norm', [None, 'BN'], ids=['conv-relu', 'conv-bn-relu'])
+@pytest.mark.parametrize('bf16', [False, True], ids=['fp32', 'bf16-autocast'])
+def test_conv_norm_act_fuses_relu_in_cpu_inference(norm, bf16):
+    """Eager CPU inference runs the ReLU inside oneDNN's convolution: the result of the plain
+    conv -> (folded BN) -> ReLU (with a gradient recorded), in fp32 and under bf16 autocast."""
+    from mmeffattn.models.layers import ConvNormAct
+    from mmeffattn.models.layers.conv_norm_act import CONV_POINTWISE
+    if CONV_POINTWISE is None:
+        pytest.skip('torch is built without oneDNN')
+    torch.manual_seed(0)
+    m = ConvNormAct(8, 16, 3, stride=2, padding=1, norm_cfg=norm and dict(type='BN')).eval()
+    x = torch.randn(1, 8, 15, 17).contiguous(memory_format=torch.channels_last)
+    with torch.autocast('cpu', torch.bfloat16, enabled=bf16):
+        ref = m(x).detach()  # the plain path
+        with torch.no_grad(), torch.profiler.profile() as prof:
+            out = m(x)
+    assert any('_convolution_pointwise' in e.key for e in prof.key_averages())
+    assert not any(e.key in ('aten::relu_', 'aten::clamp_min_') for e in prof.key_averages())
+    assert out.dtype == ref.dtype == (torch.bfloat16 if bf16 else torch.float32)
+    torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)  # (bf16: bit-equal here)

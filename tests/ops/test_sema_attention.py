@@ -428,7 +428,7 @@ _NO_DATA_OPS = frozenset(f'aten::{n}' for n in (
     'empty', 'empty_like', 'empty_strided', 'new_empty', 'new_empty_strided', 'view', 'reshape',
     '_unsafe_view', '_reshape_alias', 'as_strided', 'transpose', 'permute', 'unbind', 'select',
     'slice', 'expand', 'unsqueeze', 'squeeze', 'split', 'chunk', 'narrow', 't', 'detach',
-    'alias', 'set_', 'to', 'contiguous', 'lift_fresh', 'result_type'))
+    'alias', 'set_', 'to', 'contiguous', 'lift_fresh', 'result_type', 'unflatten', 'flatten'))
 
 
 def glue_calls(fn, shapes: bool = False) -> list:
@@ -650,24 +650,66 @@ def test_reference_equals_window_slicing(case: Case) -> None:
     assert_close(out, expected, torch.float64, 'out')
 
 
-@pytest.mark.parametrize('train', [False, True], ids=['inference', 'training'])
-def test_torch_backend_kernel_on_a_padded_grid(train: bool) -> None:
-    """The torch backend, fp32 on a grid padded to its windows (13 x 17, window 7: masked keys):
-    inference runs
-    torch's fused CPU attention, not its silent math fallback (which a mask of the wrong rank
-    brings, 1.2-1.8x slower); training runs the plain matmul + softmax, faster there than the
-    fused kernel's masked backward. Both give the windows-by-slicing result."""
-    case = Case(1, 2, 13, 17, 7, 32, 'fp32')
+@pytest.mark.parametrize('dtype,train,fused', [('fp32', False, True), ('fp32', True, True),
+                                               ('bf16', False, True), ('bf16', True, False)],
+                         ids=['fp32-inference', 'fp32-training', 'bf16-inference',
+                              'bf16-training'])
+def test_torch_backend_kernel_on_a_partial_grid(dtype: str, train: bool, fused: bool) -> None:
+    """The torch backend on a grid its windows do not tile (13 x 17, window 7): the partial
+    windows are attended on their own, so no key is padded or masked. fp32, and bf16 without
+    a gradient, run torch's fused CPU attention; bf16 training the plain matmul + softmax
+    (the fused bf16 backward was 4x slower). All give the windows-by-slicing result."""
+    case = Case(1, 2, 13, 17, 7, 32, dtype)
     q, k, v = (x.requires_grad_(train) for x in make_qkv(case, 'cpu'))
     with torch.profiler.profile() as prof:
         out = sema_attention(q, k, v, (13, 17), 7, backend='torch')
     names = {e.key for e in prof.key_averages()}
-    fused = {'aten::_scaled_dot_product_flash_attention_for_cpu'}
-    assert (names & fused == set()) if train else fused <= names, sorted(names)
-    assert 'aten::_softmax' in names if train else 'aten::_softmax' not in names, sorted(names)
+    assert ('aten::_scaled_dot_product_flash_attention_for_cpu' in names) == fused, sorted(names)
+    assert ('aten::_softmax' in names) != fused, sorted(names)
+    assert not names & {'aten::constant_pad_nd', 'aten::masked_fill', 'aten::masked_fill_'}
     expected = windows_by_slicing(*(x.detach().double() for x in (q, k, v)), (13, 17), 7,
                                   32 ** -0.5)
-    assert_close(out.detach().double(), expected, torch.float32, 'out')
+    assert_close(out.detach().double(), expected, DTYPES[dtype], 'out')
+
+
+@pytest.mark.parametrize('hw,regions', [((13, 17), 4), ((14, 17), 2), ((14, 14), 1)],
+                         ids=['partial-both', 'partial-w', 'exact'])
+@pytest.mark.parametrize('dtype', ['fp32', 'bf16'])
+def test_torch_backend_glue(hw, regions: int, dtype: str) -> None:
+    """What the backbone calls (packed qk, tokens-major output, mean returned), without a
+    gradient: per rectangle of equal windows one copy of each of q, k, v into windows and one
+    copy back; one pass over v for the mean; nothing padded, masked or transposed besides."""
+    C, nh = 64, 2
+    g = torch.Generator().manual_seed(0)
+    N = hw[0] * hw[1]
+    qk = torch.randn(1, N, 2, nh, C // nh, generator=g).to(DTYPES[dtype])
+    v = torch.randn(1, N, C, generator=g).to(DTYPES[dtype]).view(1, N, nh, -1).transpose(1, 2)
+    with torch.no_grad():
+        calls = glue_calls(lambda: sema_attention_qk(qk, v, hw, 7, out_layout='bnhd',
+                                                     return_mean=True, backend='torch'))
+    # the mean: one pass over v (bf16: sum / N, as mean() would copy v to fp32 first)
+    reduce = ['aten::mean'] if dtype == 'fp32' else ['aten::sum', 'aten::div']
+    assert calls == sorted(['aten::clone'] * 3 * regions + ['aten::copy_'] * regions
+                           + ['aten::scaled_dot_product_attention'] * regions + reduce), calls
+
+
+def test_torch_backend_backward_is_one_pass_per_tensor() -> None:
+    """The torch backend's backward on a partial grid (four rectangles of windows): each
+    rectangle's gradient is written into one tensor, not sliced back (a slice's backward
+    zero-fills the whole grid, once per rectangle and tensor); it matches the reference."""
+    case = Case(1, 2, 13, 17, 7, 32, 'fp32')
+    q, k, v = (x.requires_grad_() for x in make_qkv(case, 'cpu'))
+    do = torch.randn(q.shape, generator=torch.Generator().manual_seed(1))
+    with torch.profiler.profile() as prof:
+        grads = torch.autograd.grad(sema_attention(q, k, v, (13, 17), 7, backend='torch'),
+                                    (q, k, v), do)
+    names = {e.key for e in prof.key_averages()}
+    assert 'aten::slice_backward' not in names, sorted(names)
+    assert not any('CopySlices' in n for n in names), sorted(names)  # (a copy into a slice)
+    ref = torch.autograd.grad(sema_attention(q, k, v, (13, 17), 7, backend='reference'),
+                              (q, k, v), do)
+    for g, r in zip(grads, ref):
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize('backend', ['torch', 'reference'])

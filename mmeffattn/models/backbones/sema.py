@@ -15,7 +15,7 @@ from mmeffattn.registry import MODELS
 from ..layers import ConvNormAct, DropPath, Mlp
 from ..layers.heads import check_heads
 from ..layers.rope import apply_rope_2d
-from ..layers.tokens import map_to_tokens, pad_to_multiple, tokens_to_map
+from ..layers.tokens import map_to_tokens, pad_to_multiple, token_mean, tokens_to_map
 from ..layers.window_linear import window_linear_attention
 from ..utils import init_linear_and_norm, strip_module_prefix, unwrap_state_dict
 from .attention_zoo import build_mixer, mixer_names, register_mixer
@@ -68,21 +68,33 @@ class LinearAttention(nn.Module):
         nh, hd = self.num_heads, C // self.num_heads
         q, k = self.qk(x).unflatten(-1, (2, C)).unbind(-2)  # [B, N, C] each
         # q and k apart: ELU writes each contiguously, so RoPE needs no copy
-        q, k = self.elu(q) + 1.0, self.elu(k) + 1.0
+        q, k = self.elu(q).add_(1.0), self.elu(k).add_(1.0)
         q_rope, k_rope = apply_rope_2d((q, k), hw, self.rope_base)  # one table for both
-        x = self.v(x) if self.v is not None else x  # the values (MILA: the input itself)
+        v = self.v(x) if self.v is not None else x  # the values (MILA: the input itself)
+        # tokens-major throughout: [C, nh] marks each channel's head, so that per-head products
+        # are products of the unsplit [B, N, C] tensors (no head split copies)
+        head_of = torch.eye(nh, dtype=q.dtype, device=q.device).repeat_interleave(hd, 0)
+        k_mean = token_mean(k, 1).unsqueeze(-1) * head_of  # [B, C, nh], block diagonal
+        z = 1 / (torch.bmm(q, k_mean) + 1e-6)  # [B, N, nh]: 1 / (q_h . mean_j k_h,j)
+        if q.is_cpu and q.dtype in (torch.float16, torch.bfloat16):
+            # oneDNN's 16-bit batched matmul copies strided head views, so full-width products
+            # kept to the diagonal blocks are cheaper (alpha: no 16-bit overflow of the sum)
+            kv = torch.baddbmm(q.new_zeros(()), k_rope.transpose(1, 2), v, beta=0,
+                               alpha=1 / N) * (head_of @ head_of.t())  # [B, C, C]
+            out = torch.bmm(q_rope, kv).unflatten(-1, (nh, hd))  # [B, N, nh, hd]
+        else:
+            def heads(t: torch.Tensor) -> torch.Tensor:
+                return t.unflatten(-1, (nh, hd)).transpose(1, 2)  # [B, nh, N, hd] views
 
-        def heads(t: torch.Tensor) -> torch.Tensor:
-            return t.reshape(B, N, nh, hd).transpose(1, 2)  # [B, nh, N, hd]
-
-        q, k, q_rope, k_rope, v = heads(q), heads(k), heads(q_rope), heads(k_rope), heads(x)
-        z = 1 / (q @ k.mean(dim=-2, keepdim=True).transpose(-2, -1) + 1e-6)  # [B, nh, N, 1]
-        kv = (k_rope.transpose(-2, -1) * N ** -0.5) @ (v * N ** -0.5)  # [B, nh, hd, hd]
-        out = (q_rope @ kv) * z  # [B, nh, N, hd]
+            kv = (heads(k_rope).transpose(-2, -1) @ heads(v)).mul_(1 / N)  # [B, nh, hd, hd]
+            out = (heads(q_rope) @ kv).transpose(1, 2)  # [B, N, nh, hd]
+        out.mul_(z.unsqueeze(-1))
         if self.with_mean:
-            out = out + v.mean(dim=-2, keepdim=True)
-        out = out.transpose(1, 2).reshape(B, N, C)
-        return out + map_to_tokens(self.lepe(tokens_to_map(x, hw)))
+            out.add_(token_mean(v, 1).unflatten(-1, (nh, hd)).unsqueeze(1))
+        # added into LePE's fresh output (its backward does not need it), read through strides
+        y = map_to_tokens(self.lepe(tokens_to_map(v, hw)))  # [B, N, C]
+        y.unflatten(-1, (nh, hd)).add_(out)
+        return y
 
     def extra_repr(self) -> str:
         return (f'dim={self.dim}, num_heads={self.num_heads}, with_mean={self.with_mean}, '
@@ -135,11 +147,15 @@ class SEMAttention(nn.Module):
             out, mean = sema_attention_qk(qk, vh, hw, self.window_size, with_mean=True,
                                           return_mean=True, out_layout='bnhd',
                                           backend=self.backend)  # [B, N, nh, hd], [B, nh, hd]
-            out = out + mean.unsqueeze(1)
         else:
             out = sema_attention_qk(qk, vh, hw, self.window_size, with_mean=False,
                                     out_layout='bnhd', backend=self.backend)
-        return out.reshape(B, N, C) + map_to_tokens(self.lepe(tokens_to_map(v, hw)))
+        # the terms are added into LePE's fresh output (its backward does not need it)
+        y = map_to_tokens(self.lepe(tokens_to_map(v, hw)))  # [B, N, C]
+        y.unflatten(-1, (nh, hd)).add_(out)  # out: [B, N, nh, hd]
+        if self.local_attn == 'softmax' and self.with_mean:
+            y.unflatten(-1, (nh, hd)).add_(mean.unsqueeze(1))
+        return y
 
     def extra_repr(self) -> str:
         return (f'dim={self.dim}, num_heads={self.num_heads}, window_size={self.window_size}, '
@@ -201,7 +217,7 @@ class SEMABlock(nn.Module):
         self.in_proj = nn.Linear(dim, dim)
         self.act_proj = nn.Linear(dim, dim)
         self.dwc = nn.Conv2d(dim, dim, 3, padding=1, groups=dim)
-        self.act = nn.SiLU()
+        self.act = nn.SiLU(inplace=True)  # on the fresh projection / conv outputs
         self.attn = build_mixer(attn_type, dim, num_heads, stage=stage, window_size=window_size,
                                 qkv_bias=qkv_bias, rope_base=rope_base, backend=attn_backend,
                                 **(mixer_cfg or {}))
@@ -212,17 +228,18 @@ class SEMABlock(nn.Module):
         self.mlp = Mlp(dim, int(dim * mlp_ratio), act_cfg=dict(type='GELU'), drop=drop)
 
     def forward(self, x: torch.Tensor, hw: HWShape) -> torch.Tensor:
-        # x: [B, N, C], N = H * W
-        x = x + map_to_tokens(self.cpe1(tokens_to_map(x, hw)))
+        # x: [B, N, C], N = H * W. Residuals are added into the branches' fresh outputs (a
+        # conv's, a Linear's or DropPath's, whose backward does not need them): no new maps
+        x = map_to_tokens(self.cpe1(tokens_to_map(x, hw))).add_(x)
         shortcut = x
         x = self.norm1(x)
         gate = self.act(self.act_proj(x))  # [B, N, C]
         x = self.in_proj(x)
         x = map_to_tokens(self.act(self.dwc(tokens_to_map(x, hw))))  # [B, N, C]
         x = self.attn(x, hw)
-        x = shortcut + self.drop_path(self.out_proj(x * gate))
-        x = x + map_to_tokens(self.cpe2(tokens_to_map(x, hw)))
-        return x + self.drop_path(self.mlp(self.norm2(x)))
+        x = self.drop_path(self.out_proj(x * gate)).add_(shortcut)
+        x = map_to_tokens(self.cpe2(tokens_to_map(x, hw))).add_(x)
+        return self.drop_path(self.mlp(self.norm2(x))).add_(x)
 
 
 class Stem(nn.Module):
@@ -245,9 +262,11 @@ class Stem(nn.Module):
             ConvNormAct(embed_dims * 4, embed_dims, 1, act_cfg=None, **kw))
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, HWShape]:
-        x = pad_to_multiple(x, self.patch_size)
+        # channels-last, oneDNN's native layout: no reorder around the convolutions, and the
+        # tokens of every later stage are views of the maps (an NCHW map would make them strided)
+        x = pad_to_multiple(x, self.patch_size).contiguous(memory_format=torch.channels_last)
         x = self.conv1(x)  # [B, C/2, H/2, W/2]
-        x = self.conv2(x) + x
+        x = self.conv2(x).add_(x)  # (into the BN's fresh output)
         x = self.conv3(x)  # [B, C, H/4, W/4]
         return map_to_tokens(x), (x.shape[2], x.shape[3])
 

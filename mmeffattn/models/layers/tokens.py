@@ -38,3 +38,9 @@ def map_to_tokens(x: torch.Tensor) -> torch.Tensor:
     """``[B, C, H, W]`` map -> ``[B, H*W, C]`` tokens (row-major); a view, contiguous when the
     map is channels-last."""
     return x.flatten(2).transpose(1, 2)
+
+
+def token_mean(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """``x.mean(dim)`` without the fp32 copy of a bf16 ``x`` that ``mean`` makes first (bf16's
+    range holds the sum, which the reduction accumulates in fp32)."""
+    return x.sum(dim) / x.shape[dim] if x.dtype == torch.bfloat16 else x.mean(dim)

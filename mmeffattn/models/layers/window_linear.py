@@ -3,7 +3,8 @@
     out_i = phi(q_i) [mean_{j in w(i)} phi(k_j)^T v_j]
             / (phi(q_i) . mean_{j in w(i)} phi(k_j) + eps)
 
-Windows as in ``sema_attention``; ``with_mean`` adds ``mean_j v_j``. Cost ``O(N D Dv)``.
+Windows as in ``sema_attention`` (its torch backend's partition); ``with_mean`` adds ``mean_j
+v_j``. Cost ``O(N D Dv)``.
 """
 from typing import Sequence, Tuple
 
@@ -11,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from mmeffattn.ops import compute_dtype
+from mmeffattn.ops.sema.pytorch import window_join, window_regions, window_split
 
 __all__ = ['window_linear_attention', 'FEATURE_MAPS']
 
@@ -19,27 +21,6 @@ FEATURE_MAPS = ('elu', 'relu')
 
 def _feature_map(x: torch.Tensor, kind: str) -> torch.Tensor:
     return F.elu(x) + 1.0 if kind == 'elu' else F.relu(x)
-
-
-def _to_windows(x: torch.Tensor, hw: Tuple[int, int], win: Tuple[int, int]) -> torch.Tensor:
-    """``[B, h, N, D]`` -> ``[B, h, nW, win_h * win_w, D]``, zero padded bottom/right."""
-    B, nh, _, D = x.shape
-    (H, W), (wh, ww) = hw, win
-    ph, pw = (-H) % wh, (-W) % ww
-    x = F.pad(x.reshape(B, nh, H, W, D), (0, 0, 0, pw, 0, ph))
-    nH, nW = (H + ph) // wh, (W + pw) // ww
-    x = x.reshape(B, nh, nH, wh, nW, ww, D).permute(0, 1, 2, 4, 3, 5, 6)
-    return x.reshape(B, nh, nH * nW, wh * ww, D)
-
-
-def _from_windows(x: torch.Tensor, hw: Tuple[int, int], win: Tuple[int, int]) -> torch.Tensor:
-    """Inverse of :func:`_to_windows`, cropping the padding: -> ``[B, h, N, D]``."""
-    B, nh, _, _, D = x.shape
-    (H, W), (wh, ww) = hw, win
-    nH, nW = -(-H // wh), -(-W // ww)
-    x = x.reshape(B, nh, nH, nW, wh, ww, D).permute(0, 1, 2, 4, 3, 5, 6)
-    x = x.reshape(B, nh, nH * wh, nW * ww, D)[:, :, :H, :W]
-    return x.reshape(B, nh, H * W, D)
 
 
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: Sequence[int],
@@ -87,20 +68,24 @@ def window_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         ``[B, heads, N, Dv]`` in v's dtype (float32 inside for 16-bit inputs).
     """
     H, W = _check(q, k, v, hw, window_size, feature_map, eps)
-    win = (min(window_size, H), min(window_size, W))
+    B, nh, N, _ = q.shape
     dtype = compute_dtype(v.dtype)
     fq = _feature_map(q.to(dtype), feature_map)
     fk = _feature_map(k.to(dtype), feature_map)
     vv = v.to(dtype)
-    fq_w, fk_w, v_w = (_to_windows(t, (H, W), win) for t in (fq, fk, vv))  # [B, h, nW, L, *]
-    # real tokens of each window: padded keys must not count (phi(0) = 1 for ELU + 1)
-    valid = _to_windows(torch.ones(1, 1, H * W, 1, dtype=dtype, device=v.device), (H, W), win)
-    count = valid.sum(dim=-2, keepdim=True)  # [1, 1, nW, 1, 1], >= 1
-    fk_w = fk_w * valid
-    kv = fk_w.transpose(-2, -1) @ v_w / count  # [B, h, nW, D, Dv]
-    k_mean = fk_w.sum(dim=-2, keepdim=True) / count  # [B, h, nW, 1, D]
-    z = 1.0 / ((fq_w * k_mean).sum(dim=-1, keepdim=True) + eps)  # [B, h, nW, L, 1]
-    out = _from_windows((fq_w @ kv) * z, (H, W), win)  # [B, h, N, Dv]
+    # each rectangle of equal windows apart: no padded token enters a sum
+    regions = window_regions((H, W), window_size)
+    # [B*nW, heads, L, *] windows of the tokens-major [B, H, W, heads, *] views
+    windows = zip(*(window_split(t.transpose(1, 2).unflatten(1, (H, W)), regions)
+                    for t in (fq, fk, vv)))
+    outs = []
+    for fq_w, fk_w, v_w in ((t.transpose(1, 2) for t in w) for w in windows):
+        kv = fk_w.transpose(-2, -1) @ v_w / fk_w.shape[-2]  # [B*nW, h, D, Dv]
+        k_mean = fk_w.mean(dim=-2, keepdim=True)  # [B*nW, h, 1, D]
+        z = 1.0 / ((fq_w * k_mean).sum(dim=-1, keepdim=True) + eps)  # [B*nW, h, L, 1]
+        outs.append(((fq_w @ kv) * z).transpose(1, 2))
+    out = window_join(outs, regions, (B, H, W, nh, vv.shape[-1]))
+    out = out.flatten(1, 2).transpose(1, 2)  # [B, h, N, Dv]
     if with_mean:
         out = out + vv.mean(dim=2, keepdim=True)
     return out.to(v.dtype)

@@ -109,7 +109,10 @@ def sema_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: Tuple[
     Returns:
         ``out`` in ``out_layout`` and the inputs' dtype; with ``return_mean``, ``(out, mean)``,
         mean ``[B, heads, D]`` in v's dtype, differentiable. Autocast is not followed (cast
-        the inputs first).
+        the inputs first). 16-bit q, k, v are never copied to fp32; fp32 is kept where the
+        math needs it: dot products and the mean accumulate in fp32 (long 16-bit sums lose
+        their low bits), and the softmax (its row max, exp and sum) runs in fp32 on the
+        window's logits alone (fp16 logits overflow; 16-bit exp sums are coarse).
 
     Raises:
         ValueError: malformed inputs (the message says what to change).

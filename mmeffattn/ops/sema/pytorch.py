@@ -1,57 +1,110 @@
-"""SEMA attention in fast PyTorch, the ``'torch'`` backend: windows as views, fused attention
-(:func:`mmeffattn.ops._common.window_attention`), and index gathers for a symbolic grid."""
-from typing import Optional, Tuple, Union
+"""SEMA attention in fast PyTorch, the ``'torch'`` backend: the grid cut into rectangles of equal
+windows (no padding, no mask), one copy into windows and one back per tensor, torch's fused
+attention; index gathers for a symbolic grid. Layout choices: docs/design/sema.md."""
+from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 
-from .._common import autocast_off, is_symbolic, window_attention
+from .._common import (FUSED_MIN_KEYS, autocast_off, compute_dtype, is_symbolic,
+                       window_attention)
 from .naive import unbind_qk
 
+#: one rectangle of equal windows: ``((row0, row1, win_h), (col0, col1, win_w))``
+Region = Tuple[Tuple[int, int, int], Tuple[int, int, int]]
 
-def _window_layout(H: int, W: int, window_size: int) -> Tuple[int, int, int, int]:
-    """``(win_h, win_w, pad_h, pad_w)``: a grid side smaller than the window is one window of
-    that side (the same partition, without padding)."""
+
+def window_regions(hw: Tuple[int, int], window_size: int) -> List[Region]:
+    """SEMA's top-left window tiling of an ``H x W`` grid as at most four rectangles of equal
+    windows: the full windows, then the short last column, row and corner of windows (a side
+    smaller than the window is one window of that side)."""
+    H, W = hw
     win_h, win_w = min(window_size, H), min(window_size, W)
-    return win_h, win_w, (-H) % win_h, (-W) % win_w
+    h_full, w_full = H - H % win_h, W - W % win_w
+    rows = [(0, h_full, win_h)] + ([(h_full, H, H - h_full)] if h_full < H else [])
+    cols = [(0, w_full, win_w)] + ([(w_full, W, W - w_full)] if w_full < W else [])
+    return [(r, c) for r in rows for c in cols]
 
 
-def window_partition(x: torch.Tensor, hw: Tuple[int, int], window_size: int) -> torch.Tensor:
-    """``[B, heads, N, D]`` -> ``[B*heads, n_windows, win_h*win_w, D]``, zero-padded, windows
-    in row-major order and tokens row-major inside each window."""
-    B, nh, N, D = x.shape
-    H, W = hw
-    win_h, win_w, pad_h, pad_w = _window_layout(H, W, window_size)
-    x = x.reshape(B * nh, H, W, D)
-    if pad_h or pad_w:
-        x = F.pad(x, (0, 0, 0, pad_w, 0, pad_h))
-    n_h, n_w = (H + pad_h) // win_h, (W + pad_w) // win_w
-    x = x.view(B * nh, n_h, win_h, n_w, win_w, D).transpose(2, 3)
-    return x.reshape(B * nh, n_h * n_w, win_h * win_w, D)  # a view when n_w == 1 and no padding
+def _windows_view(x: torch.Tensor, region: Region) -> torch.Tensor:
+    """The region of ``x [B, H, W, *rest]`` as ``[B, n_h, n_w, win_h, win_w, *rest]`` (a view)."""
+    (r0, r1, win_h), (c0, c1, win_w) = region
+    x = x[:, r0:r1, c0:c1]
+    return x.unflatten(2, (-1, win_w)).unflatten(1, (-1, win_h)).transpose(2, 3)
 
 
-def window_merge(x: torch.Tensor, hw: Tuple[int, int], window_size: int) -> torch.Tensor:
-    """Inverse of :func:`window_partition` without the final reshape: ``[B*heads, n_windows,
-    win_h*win_w, D]`` -> ``[B*heads, H, W, D]`` (possibly a non-contiguous view)."""
-    BH, _, _, D = x.shape
-    H, W = hw
-    win_h, win_w, pad_h, pad_w = _window_layout(H, W, window_size)
-    n_h, n_w = (H + pad_h) // win_h, (W + pad_w) // win_w
-    x = x.view(BH, n_h, n_w, win_h, win_w, D).transpose(2, 3).reshape(BH, H + pad_h, W + pad_w, D)
-    return x[:, :H, :W] if pad_h or pad_w else x
+def window_partition(x: torch.Tensor, region: Region) -> torch.Tensor:
+    """``[B, H, W, *rest]`` -> the region's ``[B * n_windows, win_h * win_w, *rest]``: windows
+    and the tokens in each row-major; one copy (a view when a window spans the region)."""
+    x = _windows_view(x, region)
+    return x.reshape(-1, x.shape[3] * x.shape[4], *x.shape[5:])
 
 
-def window_key_mask(hw: Tuple[int, int], window_size: int,
-                    device: Optional[torch.device] = None) -> Optional[torch.Tensor]:
-    """``[n_windows, 1, win_h*win_w]`` bool, True for real tokens; None when nothing is padded."""
-    H, W = hw
-    win_h, win_w, pad_h, pad_w = _window_layout(H, W, window_size)
-    if not (pad_h or pad_w):
-        return None
-    valid = torch.zeros(H + pad_h, W + pad_w, dtype=torch.bool, device=device)
-    valid[:H, :W] = True
-    n_h, n_w = (H + pad_h) // win_h, (W + pad_w) // win_w
-    return valid.view(n_h, win_h, n_w, win_w).transpose(1, 2).reshape(n_h * n_w, 1, win_h * win_w)
+def window_reverse(windows: torch.Tensor, out: torch.Tensor, region: Region) -> None:
+    """Write a region's windows (:func:`window_partition`'s layout) into ``out [B, H, W, *rest]``
+    in place."""
+    dst = _windows_view(out, region)
+    dst.copy_(windows.view(dst.shape))
+
+
+class _Partition(torch.autograd.Function):
+    """:func:`window_partition` of every region; the backward writes each region's gradient
+    into one tensor (sliced regions made autograd add up a zero-filled grid per region)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, regions: Tuple[Region, ...]) -> Tuple[torch.Tensor, ...]:
+        ctx.shape, ctx.regions = x.shape, regions
+        return tuple(window_partition(x, r) for r in regions)
+
+    @staticmethod
+    def backward(ctx, *grads: torch.Tensor):
+        out = grads[0].new_empty(ctx.shape)
+        for g, region in zip(grads, ctx.regions):
+            window_reverse(g, out, region)
+        return out, None
+
+
+def _join(windows: Sequence[torch.Tensor], regions: Sequence[Region], shape: Sequence[int],
+          stride: Optional[Sequence[int]]) -> torch.Tensor:
+    out = windows[0].new_empty(shape) if stride is None else \
+        windows[0].new_empty_strided(shape, stride)
+    for w, region in zip(windows, regions):
+        window_reverse(w, out, region)
+    return out
+
+
+class _Join(torch.autograd.Function):
+    """The inverse of :class:`_Partition`; the backward partitions the gradient (copies into
+    slices made autograd clone the whole gradient per region)."""
+
+    @staticmethod
+    def forward(ctx, shape: Tuple[int, ...], stride: Optional[Tuple[int, ...]],
+                regions: Tuple[Region, ...], *windows: torch.Tensor) -> torch.Tensor:
+        ctx.regions = regions
+        return _join(windows, regions, shape, stride)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return (None, None, None, *(window_partition(grad, r) for r in ctx.regions))
+
+
+# Under torch.compile or export the plain slices run: the compiler fuses their backward, and
+# dynamo does not trace an autograd.Function of a variable number of tensors
+def window_split(x: torch.Tensor, regions: Sequence[Region]) -> Tuple[torch.Tensor, ...]:
+    """Each region's windows of ``x [B, H, W, *rest]`` (:func:`window_partition`), one copy
+    per region and one gradient pass back."""
+    if torch.compiler.is_compiling():
+        return tuple(window_partition(x, r) for r in regions)
+    return _Partition.apply(x, tuple(regions))
+
+
+def window_join(windows: Sequence[torch.Tensor], regions: Sequence[Region],
+                shape: Sequence[int], stride: Optional[Sequence[int]] = None) -> torch.Tensor:
+    """The regions' windows as one new ``shape`` ``[B, H, W, *rest]`` tensor, of ``stride``
+    (default: contiguous); the inverse of :func:`window_split`."""
+    if torch.compiler.is_compiling():
+        return _join(windows, regions, shape, stride)
+    return _Join.apply(tuple(shape), stride and tuple(stride), tuple(regions), *windows)
 
 
 def window_gather_index(hw: Tuple[int, int], window_size: int,
@@ -93,17 +146,21 @@ def _sema_attention_symbolic(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return out.reshape(B * nh, -1, D).index_select(1, inv)  # [BH, N, D]
 
 
-def _merge_tokens_major(x: torch.Tensor, B: int, nh: int, hw: Tuple[int, int],
-                        window_size: int) -> torch.Tensor:
-    """``[B*heads, n_windows, win_h*win_w, D]`` -> ``[B, H, W, heads, D]`` in one copy (the
-    window merge and the heads-to-tokens transpose as one permute; possibly a sliced view)."""
-    _, _, _, D = x.shape
-    H, W = hw
-    win_h, win_w, pad_h, pad_w = _window_layout(H, W, window_size)
-    n_h, n_w = (H + pad_h) // win_h, (W + pad_w) // win_w
-    x = x.view(B, nh, n_h, n_w, win_h, win_w, D).permute(0, 2, 4, 3, 5, 1, 6)
-    x = x.reshape(B, H + pad_h, W + pad_w, nh, D)
-    return x[:, :H, :W] if pad_h or pad_w else x
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+            plain: bool = False) -> torch.Tensor:
+    """Softmax attention of unpadded windows ``[BW, heads, L, D]`` (any strides): bf16 without a
+    gradient takes torch's fused kernel too (1.3-1.9x faster than matmul + softmax at SEMA's
+    windows; its backward is slower), else :func:`window_attention`. ``plain``: matmul + softmax
+    whatever the key count (a compiled graph then does not depend on the grid's remainder)."""
+    if plain:
+        if q.dtype == torch.float16:  # (fp16 logits overflow past 65504)
+            q, k = q.float(), k.float()
+        logits = (q * scale) @ k.transpose(-1, -2)
+        return torch.softmax(logits, dim=-1, dtype=compute_dtype(q.dtype)).to(v.dtype) @ v
+    if (q.dtype == torch.bfloat16 and k.shape[-2] >= FUSED_MIN_KEYS and
+            not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)))):
+        return F.scaled_dot_product_attention(q, k, v, scale=scale)
+    return window_attention(q, k, v, None, scale)
 
 
 def sema_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: Tuple[int, int],
@@ -125,7 +182,10 @@ def _sema_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """:func:`sema_attention_torch` (same arguments), run as autocast leaves it."""
     B, nh, N, D = q.shape
     scale = D ** -0.5 if scale is None else scale
-    mean = v.mean(dim=2) if with_mean else None  # [B, nh, D]
+    # [B, nh, D]; a 16-bit mean() copies v to fp32 first, while bf16's range holds the sum (its
+    # reduction accumulates in fp32)
+    mean = None if not with_mean else (v.sum(dim=2) / N if v.dtype == torch.bfloat16
+                                       else v.mean(dim=2))
     add_mean = with_mean and not return_mean
     if is_symbolic(*hw):
         out = _sema_attention_symbolic(q, k, v, hw, window_size, scale)  # [BH, N, D]
@@ -134,20 +194,25 @@ def _sema_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         out = out.reshape(B, nh, N, D)
         out = out.transpose(1, 2).contiguous() if out_layout == 'bnhd' else out
         return (out, mean) if return_mean else out
-    q_w, k_w, v_w = (window_partition(x, hw, window_size) for x in (q, k, v))  # [BH, nW, L, D]
-    mask = window_key_mask(hw, window_size, q.device)  # [nW, 1, L] or None
-    out = window_attention(q_w, k_w, v_w, mask, scale)  # [BH, nW, L, D]
-    if out_layout == 'bnhd':
-        out = _merge_tokens_major(out, B, nh, hw, window_size)  # [B, H, W, nh, D]
-        if add_mean:
-            out = out + mean.reshape(B, 1, 1, nh, D)
-        out = out.reshape(B, N, nh, D)
-    else:
-        out = window_merge(out, hw, window_size)  # [BH, H, W, D]
-        if add_mean:
-            # the add also materialises the (maybe strided) merged view
-            out = out + mean.reshape(B * nh, 1, 1, D)
-        out = out.reshape(B, nh, N, D)
+    H, W = hw
+    regions = window_regions((H, W), window_size)
+    # tokens-major [B, H, W, heads, D] views: the windows are copied in runs of heads * D;
+    # per region [B*nW, heads, L, D] views of [B*nW, L, heads, D] copies, and the fused
+    # kernel's output is tokens-major too, so the merge is a plain copy
+    q_w, k_w, v_w = (window_split(x.transpose(1, 2).unflatten(1, (H, W)), regions)
+                     for x in (q, k, v))
+    # (compiled, the short last row and column of windows take the plain form: their key
+    # counts are the grid's remainders)
+    compiling = torch.compiler.is_compiling()
+    outs = [_attend(*(t.transpose(1, 2) for t in qkv), scale, compiling and i > 0)
+            for i, qkv in enumerate(zip(q_w, k_w, v_w))]
+    outs = [o.transpose(1, 2) for o in outs]  # [B*nW, L, heads, D]
+    # [B, H, W, nh, D] of a [B, N, nh, D] or [B, nh, N, D] tensor
+    stride = None if out_layout == 'bnhd' else (nh * N * D, W * D, D, N * D, 1)
+    out = window_join(outs, regions, (B, H, W, nh, D), stride)
+    if add_mean:  # (in place: out is this function's own)
+        out += mean.view(B, 1, 1, nh, D)
+    out = out.flatten(1, 2) if out_layout == 'bnhd' else out.permute(0, 3, 1, 2, 4).flatten(2, 3)
     return (out, mean) if return_mean else out
 
 
