@@ -451,7 +451,6 @@ class SEMA(BaseBackbone):
     optional_keys = r'norm\d+\.'  # output norms: an ImageNet checkpoint has none
     prefix_probe = 'patch_embed.conv1.conv.weight'
     checkpoint_signature = r'(^|\.)layers\.\d+\.blocks\.\d+\.attn\.qk\.weight$'
-    official_name = 'MLLA/SEMA classification'
 
     def checkpoint_filter(self, state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
         return checkpoint_filter_mlla(state_dict)

@@ -47,23 +47,6 @@ def window_reverse(windows: torch.Tensor, out: torch.Tensor, region: Region) -> 
     dst.copy_(windows.view(dst.shape))
 
 
-class _Partition(torch.autograd.Function):
-    """:func:`window_partition` of every region; the backward writes each region's gradient
-    into one tensor (sliced regions made autograd add up a zero-filled grid per region)."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, regions: Tuple[Region, ...]) -> Tuple[torch.Tensor, ...]:
-        ctx.shape, ctx.regions = x.shape, regions
-        return tuple(window_partition(x, r) for r in regions)
-
-    @staticmethod
-    def backward(ctx, *grads: torch.Tensor):
-        out = grads[0].new_empty(ctx.shape)
-        for g, region in zip(grads, ctx.regions):
-            window_reverse(g, out, region)
-        return out, None
-
-
 def _join(windows: Sequence[torch.Tensor], regions: Sequence[Region], shape: Sequence[int],
           stride: Optional[Sequence[int]]) -> torch.Tensor:
     out = windows[0].new_empty(shape) if stride is None else \
@@ -73,38 +56,84 @@ def _join(windows: Sequence[torch.Tensor], regions: Sequence[Region], shape: Seq
     return out
 
 
-class _Join(torch.autograd.Function):
-    """The inverse of :class:`_Partition`; the backward partitions the gradient (copies into
-    slices made autograd clone the whole gradient per region)."""
-
-    @staticmethod
-    def forward(ctx, shape: Tuple[int, ...], stride: Optional[Tuple[int, ...]],
-                regions: Tuple[Region, ...], *windows: torch.Tensor) -> torch.Tensor:
-        ctx.regions = regions
-        return _join(windows, regions, shape, stride)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        return (None, None, None, *(window_partition(grad, r) for r in ctx.regions))
+def _regions(flat: Sequence[int]) -> List[Region]:
+    """Regions from a flat int list (six per region), as the custom operators take them."""
+    return [((flat[i], flat[i + 1], flat[i + 2]), (flat[i + 3], flat[i + 4], flat[i + 5]))
+            for i in range(0, len(flat), 6)]
 
 
-# Under torch.compile or export the plain slices run: the compiler fuses their backward, and
-# dynamo does not trace an autograd.Function of a variable number of tensors
+# With a gradient, the split and join run as custom operators whose backward writes each
+# region's gradient once (sliced regions made autograd zero-fill and add the whole grid per
+# region and tensor); without one, and under torch.compile (which fuses the slices' backward),
+# as plain copies.
+@torch.library.custom_op('mmeffattn::sema_window_split', mutates_args=())
+def _split_op(x: torch.Tensor, regions: List[int]) -> List[torch.Tensor]:
+    parts = [window_partition(x, r) for r in _regions(regions)]
+    return [p.clone() if p.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+            else p for p in parts]  # (an operator's outputs may not alias its input)
+
+
+@torch.library.custom_op('mmeffattn::sema_window_join', mutates_args=())
+def _join_op(windows: List[torch.Tensor], regions: List[int], shape: List[int],
+             stride: Optional[List[int]]) -> torch.Tensor:
+    return _join(windows, _regions(regions), shape, stride)
+
+
+@_split_op.register_fake
+def _(x, regions):
+    return [window_partition(x, r).clone() for r in _regions(regions)]
+
+
+@_join_op.register_fake
+def _(windows, regions, shape, stride):
+    return windows[0].new_empty(shape) if stride is None else \
+        windows[0].new_empty_strided(shape, stride)
+
+
+def _split_setup(ctx, inputs, output) -> None:
+    ctx.shape, ctx.regions = inputs[0].shape, inputs[1]
+
+
+def _split_backward(ctx, grads):
+    return _join(grads, _regions(ctx.regions), ctx.shape, None), None  # (every part is used)
+
+
+def _join_setup(ctx, inputs, output) -> None:
+    ctx.regions = inputs[1]
+
+
+def _join_backward(ctx, grad):
+    return [window_partition(grad, r) for r in _regions(ctx.regions)], None, None, None
+
+
+_split_op.register_autograd(_split_backward, setup_context=_split_setup)
+_join_op.register_autograd(_join_backward, setup_context=_join_setup)
+
+
+def _flat(regions: Sequence[Region]) -> List[int]:
+    return [int(v) for (rows, cols) in regions for v in (*rows, *cols)]
+
+
+def _needs_grad(tensors: Sequence[torch.Tensor]) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
 def window_split(x: torch.Tensor, regions: Sequence[Region]) -> Tuple[torch.Tensor, ...]:
     """Each region's windows of ``x [B, H, W, *rest]`` (:func:`window_partition`), one copy
     per region and one gradient pass back."""
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or not _needs_grad([x]):
         return tuple(window_partition(x, r) for r in regions)
-    return _Partition.apply(x, tuple(regions))
+    return tuple(_split_op(x, _flat(regions)))
 
 
 def window_join(windows: Sequence[torch.Tensor], regions: Sequence[Region],
                 shape: Sequence[int], stride: Optional[Sequence[int]] = None) -> torch.Tensor:
     """The regions' windows as one new ``shape`` ``[B, H, W, *rest]`` tensor, of ``stride``
     (default: contiguous); the inverse of :func:`window_split`."""
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or not _needs_grad(windows):
         return _join(windows, regions, shape, stride)
-    return _Join.apply(tuple(shape), stride and tuple(stride), tuple(regions), *windows)
+    return _join_op(list(windows), _flat(regions), [int(v) for v in shape],
+                    None if stride is None else [int(v) for v in stride])
 
 
 def window_gather_index(hw: Tuple[int, int], window_size: int,
