@@ -1,17 +1,14 @@
 #!/usr/bin/env python
 """The demo: train Mask R-CNN + SEMA-T on generated shapes, evaluate it, draw predictions.
 
-Runs the same tools a user runs (tools/train.py, tools/test.py) on a COCO-format dataset that
-the project generates deterministically (no download), so it doubles as an end-to-end check:
+Runs tools/train.py and tools/test.py on a generated COCO-format dataset (no download):
 
     python tools/demo.py                        # about 20 minutes on 2 CPU cores
     python tools/demo.py --epochs 1 --num-train 16 --num-val 8 --work-dir work_dirs/demo_smoke
                                                 # a quick smoke run, kept apart from the demo
 
-Re-running the same command resumes an interrupted training from its last checkpoint. What a run
-was started with (dataset, config, epochs, seed) is recorded in WORK_DIR/demo_run.json; a work dir
-holding checkpoints of other settings (or of unrecorded ones) is renamed to WORK_DIR.old-<time>,
-never deleted, and the run starts fresh.
+Re-running the same command resumes it; a work dir holding a run of other settings (recorded
+in WORK_DIR/demo_run.json) is renamed to WORK_DIR.old-<time>, never deleted.
 """
 import argparse
 import glob
@@ -62,23 +59,19 @@ def _sha256(*paths: str) -> str:
 
 
 def run_settings(config: str, data_root: str, seed: int, epochs: Optional[int]) -> dict:
-    """What decides the training of a run: the dataset as generated, the config, the schedule
-    and the seed. Two runs with equal settings train the same model, so one may resume the
-    other; anything else the demo passes to tools/train.py follows from these."""
+    """What decides a run's training (dataset, config, schedule, seed): runs with equal settings
+    train the same model, so one may resume the other."""
     from mmengine.config import Config
 
     from mmeffattn.datasets import load_shapes_meta
-    # the config as loaded, its _base_ chain included (an edit to any of them changes the
-    # training), before the demo's overrides, which are recorded as values below
+    # the config with its _base_ chain (the demo's overrides are recorded as values below)
     cfg = Config.fromfile(config, import_custom_modules=False)
     cfg_text = json.dumps(cfg.to_dict(), sort_keys=True, default=repr)
     meta = load_shapes_meta(data_root) or {}
     ann = osp.join(data_root, 'annotations')
     return dict(
         data_root=data_root,
-        # the generator's parameters (its version included) and the annotations it wrote: a
-        # dataset regenerated with the same parameters is the same dataset (it is
-        # deterministic), and the hash catches one that is not
+        # the generator's parameters, and a hash that catches a dataset they do not describe
         dataset=meta.get('params'),
         dataset_sha256=_sha256(osp.join(ann, 'instances_train2017.json'),
                                osp.join(ann, 'instances_val2017.json')),
@@ -124,11 +117,8 @@ def read_manifest(work_dir: str) -> Optional[dict]:
 
 
 def plan_work_dir(work_dir: str, settings: dict) -> Tuple[str, str]:
-    """What this run does with ``work_dir``: ``('resume' | 'fresh' | 'move', why)``.
-
-    Only a run of the same settings is resumed: tools/train.py --resume continues from whatever
-    checkpoint it finds, and one of another dataset or schedule would be silently mixed in.
-    """
+    """What this run does with ``work_dir``: ``('resume' | 'fresh' | 'move', why)``; only a run
+    of the same settings is resumed (--resume would take any checkpoint)."""
     if not _has_checkpoints(work_dir):
         return 'fresh', 'no checkpoint in it'
     manifest = read_manifest(work_dir)
@@ -151,8 +141,7 @@ def _move_aside(work_dir: str) -> str:
     except OSError as e:
         raise SystemExit(f'tools/demo.py: cannot move {work_dir} aside to {target} ({e}); pass '
                          f'--work-dir with a new folder for this run, or move it yourself')
-    # mmengine records the latest checkpoint by its absolute path: point it into the moved
-    # folder, or resuming that run would load whatever the new run saves under the old name
+    # mmengine records the latest checkpoint by its absolute path: point it into the moved folder
     record = osp.join(target, 'last_checkpoint')
     if osp.isfile(record):
         with open(record) as f:
@@ -164,8 +153,8 @@ def _move_aside(work_dir: str) -> str:
 
 
 def prepare_work_dir(work_dir: str, settings: dict) -> str:
-    """Resume, start fresh or move the old run aside (see :func:`plan_work_dir`); a new run's
-    ``settings`` are recorded in the work dir before training starts. Returns the line to print."""
+    """Resume, start fresh or move the old run aside (:func:`plan_work_dir`), record a new run's
+    ``settings``; returns the line to print."""
     action, why = plan_work_dir(work_dir, settings)
     if action == 'move':
         target = _move_aside(work_dir)

@@ -7,13 +7,13 @@ the reason they are not available.
 import importlib
 import os.path as osp
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch.nn as nn
 
 __all__ = ['ZooModel', 'MODEL_ZOO', 'OURS', 'PEERS', 'ATTENTION_ZOO', 'ZOO', 'get_model',
            'unavailable_reason', 'build_backbone', 'build_classifier', 'select_models',
-           'resolve_config', 'package_configs']
+           'resolve_config', 'package_configs', 'build_from_config']
 
 
 @dataclass(frozen=True)
@@ -185,6 +185,24 @@ def build_classifier(name: str) -> nn.Module:
         setattr(classifier.backbone, attr, value)
     classifier.eval()
     return classifier
+
+
+def build_from_config(config: str, cfg_options: Optional[dict] = None) -> Tuple[nn.Module, Any]:
+    """``(model, cfg)``: the model of ``config`` (a path or ``pkg::path``) in eval mode with
+    random weights, its data preprocessor inside it as the Runner puts it."""
+    from mmengine.config import Config
+    from mmengine.registry import MODELS, DefaultScope
+    _registry('mmeffattn')
+    cfg = Config.fromfile(resolve_config(config))
+    if cfg_options:
+        cfg.merge_from_dict(cfg_options)
+    model_cfg = cfg.model.copy()
+    if model_cfg.get('pretrained', 1) is None:
+        model_cfg.pop('pretrained')
+    if cfg.get('data_preprocessor') and not model_cfg.get('data_preprocessor'):
+        model_cfg['data_preprocessor'] = cfg.data_preprocessor  # (mmpretrain keeps it outside)
+    with DefaultScope.overwrite_default_scope(cfg.get('default_scope')):
+        return MODELS.build(model_cfg).eval(), cfg
 
 
 def package_configs() -> str:

@@ -26,6 +26,7 @@ from typing import Optional, Sequence
 import torch
 
 from mmeffattn.analysis.flops import model_kind
+from mmeffattn.analysis.model_zoo import build_from_config
 
 
 #: the papers' input sizes (H, W) per kind of model
@@ -55,16 +56,7 @@ class WholeModel(torch.nn.Module):
 
 def build(config: str, cfg_options: Optional[dict] = None) -> torch.nn.Module:
     """The model of ``config`` (a path or ``pkg::path``), in eval mode with random weights."""
-    from mmengine.config import Config
-    from mmengine.registry import MODELS, DefaultScope
-
-    import mmeffattn  # noqa: F401
-    from mmeffattn.analysis.model_zoo import resolve_config
-    cfg = Config.fromfile(resolve_config(config))
-    if cfg_options:
-        cfg.merge_from_dict(cfg_options)
-    with DefaultScope.overwrite_default_scope(cfg.get('default_scope')):
-        return MODELS.build(cfg.model).eval()
+    return build_from_config(config, cfg_options)[0]
 
 
 def count(config: str, shape: Optional[Sequence[int]] = None,

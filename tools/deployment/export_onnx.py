@@ -33,26 +33,13 @@ MIN_SIDE = 32
 
 def load_model(config: str, checkpoint: Optional[str] = None,
                cfg_options: Optional[dict] = None) -> Tuple[nn.Module, Any]:
-    """Build the model of ``config`` (a path or ``pkg::path``) in eval mode, with the weights of
-    ``checkpoint`` if given (random weights otherwise). Returns ``(model, cfg)``."""
-    from mmengine.config import Config
-    from mmengine.registry import MODELS, DefaultScope
-    from mmengine.runner import load_checkpoint
-
-    import mmeffattn  # noqa: F401  (registers our models)
-    from mmeffattn.analysis.model_zoo import resolve_config
-    cfg = Config.fromfile(resolve_config(config))
-    if cfg_options:
-        cfg.merge_from_dict(cfg_options)
-    model_cfg = cfg.model.copy()
-    if model_cfg.get('pretrained', 1) is None:
-        model_cfg.pop('pretrained')
-    if cfg.get('data_preprocessor') and not model_cfg.get('data_preprocessor'):
-        # mmpretrain configs keep it at the top level; the Runner moves it into the model
-        model_cfg['data_preprocessor'] = cfg.data_preprocessor
-    with DefaultScope.overwrite_default_scope(cfg.get('default_scope')):
-        model = MODELS.build(model_cfg)
+    """``(model, cfg)`` of ``config`` (a path or ``pkg::path``) in eval mode, with the weights of
+    ``checkpoint`` if given (random weights otherwise)."""
+    from mmeffattn.analysis.model_zoo import build_from_config
+    model, cfg = build_from_config(config, cfg_options)
     if checkpoint:
+        from mmengine.runner import load_checkpoint
+
         from mmeffattn.engine.runner_setup import prepare_runtime
         prepare_runtime()  # our Runner's checkpoints load under torch's weights-only loader
         load_checkpoint(model, checkpoint, map_location='cpu', strict=True)
