@@ -1,8 +1,6 @@
-"""Measurement helpers shared by ``tools/benchmark.py`` and ``tools/benchmark_ops.py``: timing
-(median after warm-up, CUDA events on a GPU), peak tensor memory, the machine's matmul rate,
-scaling-exponent fits and the environment record that goes with every result; and
-:func:`run_benchmark`, the backbones of :mod:`.model_zoo` timed side by side (eager, compiled,
-onnxruntime), which ``tools/benchmark.py`` and ``tools/analysis_tools/zoo_table.py`` run."""
+"""Measurement helpers of the benchmark tools (timing, peak tensor memory, the machine's matmul
+rate and bandwidth, scaling-exponent fits, the environment record) and :func:`run_benchmark`, the
+backbones of :mod:`.model_zoo` timed side by side (eager, compiled, onnxruntime)."""
 import contextlib
 import json
 import math
@@ -13,7 +11,7 @@ import tempfile
 import time
 import weakref
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -225,12 +223,10 @@ def copy_bandwidth(device: torch.device, nbytes: int = 0, repeats: int = 5) -> D
 SQUARE_SIZES = ['224', '512', '768', '1024', '1248', '1536', '2048']
 #: presets of :class:`BenchmarkSettings`: the sizes, batch, repeats and limits of a run
 PRESETS: Dict[str, Dict[str, Any]] = {
-    # tiny, for the test suite: two models, two small sizes
     'smoke': dict(models=['SEMA-T', 'ResNet-50'], sizes=['32', '32x64'], batch=1, warmup=1,
                   repeats=2, backward_max_side=64, budget_s=120., max_call_s=30.,
                   max_memory_gb=4.),
-    # the README run: about 10 minutes on 2 CPU cores (all models, up to 1024 px, backward up
-    # to 512 px)
+    # the README run: about 10 minutes on 2 CPU cores
     'readme': dict(models=['all'], sizes=['224', '512', '768', '1024', '512x768'], batch=1,
                    warmup=1, repeats=3, backward_max_side=512, budget_s=60., max_call_s=6.,
                    max_memory_gb=8.),
@@ -238,15 +234,12 @@ PRESETS: Dict[str, Dict[str, Any]] = {
     'full': dict(models=['all'], sizes=SQUARE_SIZES + ['1024x2048'], batch=1, warmup=2,
                  repeats=10, backward_max_side=2048, budget_s=1800., max_call_s=120.,
                  max_memory_gb=16.),
-    # the attention zoo (configs/zoo: SEMA-T with each token mixer), once on a shared CPU: one
-    # thread (OpenMP spin-waits on a loaded machine made two threads 20x slower), forward only,
-    # one timed run, a time budget per model (global softmax is skipped where its predicted time
-    # or memory exceeds the limits); tools/analysis_tools/zoo_table.py runs it
+    # the attention zoo (tools/analysis_tools/zoo_table.py): one thread (OpenMP spin-waits on a
+    # loaded machine), forward only, one timed run
     'zoo': dict(models=['zoo'], sizes=['224', '512', '1024'], batch=1, warmup=1, repeats=1,
                 backward_max_side=0, budget_s=120., max_call_s=30., max_memory_gb=8.,
                 threads=1, reference='Zoo-sema'),
-    # a CUDA GPU, inside the 10-minute GPU script (200 s for 16 models; FLOPs do not depend on
-    # the device: take them from get_flops.py or a CPU run)
+    # a CUDA GPU, inside the 10-minute GPU script (FLOPs: from get_flops.py or a CPU run)
     'gpu': dict(models=['all'], sizes=SQUARE_SIZES + ['1024x2048'], batch=8, warmup=3,
                 repeats=10, backward_max_side=1536, budget_s=7., max_call_s=0.3,
                 max_memory_gb=60., no_flops=True),
@@ -256,11 +249,9 @@ PEER_LAYOUTS = ('channels-last', 'as-built')
 
 @dataclass
 class BenchmarkSettings:
-    """What :func:`run_benchmark` measures, and how (``tools/benchmark.py``'s options).
-
-    Ours run as a config builds them, fed a plain NCHW batch (as mmdet, mmseg and mmpretrain
-    call them); the peers in their best CPU setting (``peer_layout='channels-last'``: model and
-    input); all under the same ``dtype`` (``'bf16'``: autocast) and compile options."""
+    """What :func:`run_benchmark` measures, and how (``tools/benchmark.py``'s options). Ours
+    run as built, fed NCHW; the peers in ``peer_layout`` (their best CPU setting: channels-last);
+    all under the same ``dtype`` (``'bf16'``: autocast) and compile options."""
     models: List[str] = field(default_factory=lambda: ['all'])
     sizes: List[str] = field(default_factory=lambda: ['224'])
     batch: int = 1
@@ -322,22 +313,9 @@ class Runner:
         return [*self.model.parameters(), *self.model.buffers(), self.x]
 
 
-@contextlib.contextmanager
-def _ops_backend(choice: Optional[str], device: torch.device) -> Iterator[str]:
-    """The ops' backend within the block: ``choice``, or by default the torch backend on a CPU
-    (the Triton interpreter would otherwise be timed) and automatic dispatch on a GPU (Triton
-    kernels)."""
-    from mmeffattn.ops import use_backend
-    choice = choice or ('auto' if device.type == 'cuda' else 'torch')
-    with use_backend(choice):
-        yield choice
-
-
 def _compile_config(settings: BenchmarkSettings) -> Any:
-    """Inductor's freezing for inference (``settings.freezing``: parameters folded as constants,
-    convolution and linear weights prepacked), which needs eval mode and ``no_grad``, as our
-    forwards run. One setting for the whole run: a graph compiled without freezing would serve
-    a later frozen compile of the same module class."""
+    """Inductor's freezing (weights folded as constants) for the whole run: a graph compiled
+    without it would serve a later frozen compile of the same module class."""
     if settings.compile and settings.freezing and settings.compile_backend == 'inductor':
         import torch._inductor.config as inductor_config
         return inductor_config.patch(freezing=True)
@@ -362,8 +340,11 @@ def run_benchmark(settings: BenchmarkSettings) -> Dict[str, Any]:
         require_onnx()
     if settings.threads:
         torch.set_num_threads(settings.threads)
-    with _ops_backend(settings.ops_backend, device) as backend, _compile_config(settings), \
-            tempfile.TemporaryDirectory() as tmp:
+    from mmeffattn.ops import use_backend
+
+    # default: the torch backend on a CPU (not the Triton interpreter), Triton on a GPU
+    backend = settings.ops_backend or ('auto' if device.type == 'cuda' else 'torch')
+    with use_backend(backend), _compile_config(settings), tempfile.TemporaryDirectory() as tmp:
         return _run(settings, device, backend, tmp)
 
 
@@ -495,12 +476,8 @@ def _run(settings: BenchmarkSettings, device: torch.device, backend: str,
 def _measure(runners: Dict[str, Runner], records: Dict[str, Dict[str, Any]],
              info: Dict[str, Dict[str, Any]], settings: Any, device: torch.device,
              backward: bool) -> None:
-    """Warm every runner up, then ``repeats`` rounds that time each model once.
-
-    On a GPU the first call of each pass at each size compiles the Triton kernels it meets for
-    the first time (a few seconds each), which says nothing about the model's speed: it is
-    recorded as ``first_call_s`` and kept out of the model's time budget (``budget_s`` bounds
-    measurement), so that compilation does not make the later sizes look too slow to run."""
+    """Warm every runner up, then ``repeats`` rounds that time each model once. On a GPU the
+    first call of each pass (Triton compiles) is ``first_call_s``, outside the time budget."""
     key = 'fwd_bwd_ms' if backward else 'fwd_ms'
     times: Dict[str, List[float]] = {name: [] for name in runners}
     first = set(runners) if device.type == 'cuda' else set()
@@ -546,8 +523,8 @@ def _measure(runners: Dict[str, Runner], records: Dict[str, Dict[str, Any]],
 
 
 def _setup_ort(runner: Runner, rec: Dict[str, Any], tmp: str) -> Callable[[], None]:
-    """Export the backbone at this size (static), open an onnxruntime session with torch's
-    thread count, and record the largest relative error of its outputs against eager's."""
+    """Export the backbone at this size, open an onnxruntime session, and record the largest
+    relative error of its outputs against eager's."""
     from mmeffattn.deploy.onnx import export_onnx, onnx_session, relative_error
     path = os.path.join(tmp, f'{rec["model"]}.onnx')
     export_onnx(runner.model, tuple(runner.x.shape[2:]), path, batch=runner.x.shape[0])
@@ -563,11 +540,9 @@ def _setup_ort(runner: Runner, rec: Dict[str, Any], tmp: str) -> Callable[[], No
 def _measure_variants(runners: Dict[str, Runner], records: Dict[str, Dict[str, Any]],
                       settings: BenchmarkSettings, device: torch.device, variants: List[str],
                       tmp: str) -> None:
-    """The compiled and onnxruntime forwards of every runner. Each is set up first (its time is
-    ``<variant>_setup_s``: compiling is the first call; onnxruntime's is the export and the
-    session) and warmed up; then ``repeats`` rounds time each model's eager forward and its
-    variants back to back, so that all see the same machine load. ``<variant>_speedup`` =
-    eager / variant, from the medians of these rounds."""
+    """The compiled and onnxruntime forwards of every runner: set up (``<variant>_setup_s``),
+    warmed up, then timed back to back with eager in ``repeats`` rounds;
+    ``<variant>_speedup`` = eager / variant."""
     calls: Dict[str, Dict[str, Callable[[], Any]]] = {}
     for name, runner in runners.items():
         rec = records[name]

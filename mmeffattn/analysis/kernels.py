@@ -1,13 +1,7 @@
-"""The Triton launches and analytic costs of each op, for the tools and tests that look at
-compiled kernels without running them.
-
-* :func:`case` and :func:`record`: the launches an op's launchers really issue for one case
-  (forward and backward; the op's ``spec.record``), :func:`specialise`, Triton's JIT
-  specialisation of one launch, and :func:`compile_launch`, its compile for an NVIDIA target
-  without a GPU: what ``tests/ops/test_aot.py`` and ``tools/analysis_tools/kernel_report.py`` run.
-* :data:`ROOFLINES`: per GPU check (each op's ``spec.gpu_sizes``, run by ``tools/gpu_check.py``),
-  the bytes and work of one call (kernels and glue) and its predicted time at peak rates
-  (:func:`predicted_seconds`); ``docs/perf/kernels_history.md`` has earlier designs'.
+"""The Triton launches and analytic costs of each op, for tools and tests that look at compiled
+kernels without running them: :func:`record` (the launches of one case), :func:`specialise` and
+:func:`compile_launch` (an NVIDIA compile without a GPU), and :data:`ROOFLINES` (per GPU check,
+the bytes and work of one call and its predicted time at peak rates).
 """
 import inspect
 import re
@@ -24,13 +18,9 @@ from mmeffattn.ops.sema.spec import SETTINGS as SEMA_SETTINGS, window_sides
 
 
 class Cost(NamedTuple):
-    """What one pass of an op moves and computes on a GPU, kernels and glue together.
-
-    ``bytes``: HBM bytes every call must read and write (inputs, outputs, saved and
-    intermediate tensors, each as often as the implementation touches it). ``fp32``: fp32
-    CUDA-core lane instructions (an FADD, FMUL, FFMA or MUFU counts 1, so the peak is half the
-    fp32 FLOP/s figure). ``tc``: tensor-core FLOPs (2 per MAC) at the op's dot precision.
-    ``launches``: kernel and glue launches (a floor of a few microseconds each)."""
+    """What one pass of an op moves and computes on a GPU, kernels and glue together: HBM
+    ``bytes``, ``fp32`` CUDA-core lane instructions (an FFMA counts 1), tensor-core FLOPs ``tc``
+    (2 per MAC) and ``launches``."""
     bytes: int
     fp32: int = 0
     tc: int = 0
@@ -132,20 +122,12 @@ def compile_launch(launch, arch: int, sass: bool = False) -> Dict[str, Any]:
 def sema_costs(B: int, heads: int, H: int, W: int, D: int,
                window: int = SEMA_SETTINGS['window'], **_: Any):
     """One call on ``[B, heads, H * W, D]`` q, k, v in windows of ``window``, as the SEMA
-    backbone makes it: q, k packed in the qk projection's output (``sema_attention_qk``), the
-    output stored tokens-major, the mean returned (the backbone adds it at the call site).
-    Forward: the kernel (q, k, v read, o stored into ``[B, N, heads, D]``;
-    with several blocks per window the fp32 log-sum-exp) also writes each block's fp32 value
-    sum (the several-block kernel reads its block's v rows once more), one sum of those
-    partials per (batch, head) into the mean, and in 16-bit dtypes its cast. Backward: the
-    delta pre-pass with several blocks (o, dO read; delta written), the kernel (q, k, v, dO and
-    the mean's gradient read; lse and delta with several blocks; dq, dk written into the packed
-    gradient, dv in v's layout).
-
-    A window of 49 tokens is one block in 16-bit dtypes (no lse, no delta, no pre-pass) and
-    four 16-token blocks in fp32. Tensor-core FLOPs: 2 per MAC, two products forward, five
-    backward (S recomputed, dP, dV, dQ, dK); fp32 lane instructions: about 4 per score forward
-    (scale, max, exp, sum) and 6 backward."""
+    backbone makes it (q, k packed, output tokens-major, the mean returned). Forward: q, k, v
+    read, o written, fp32 block value sums reduced into the mean (with several blocks per
+    window, also the log-sum-exp). Backward: the delta pre-pass (several blocks only), then
+    q, k, v, dO and the mean's gradient read, dq, dk, dv written. A 49-token window is one
+    block in 16-bit dtypes, four in fp32. Tensor-core products: two forward, five backward;
+    fp32 lane instructions: about 4 per score forward, 6 backward."""
     def costs(dtype: str) -> Dict[str, Cost]:
         e = DTYPES[dtype].itemsize
         h, N = heads, H * W
@@ -185,29 +167,18 @@ def _core_periphery_splits(programs: int, loop_blocks: int) -> int:
 
 def core_periphery_costs(B: int, heads: int, C: int, N: int, D: int, rope_grad: bool = False,
                          fused: Optional[bool] = None, **_: Any):
-    """One call on ``[B, h, C + N, D]`` q, k, v with per-token rope tables shared by the batch
-    (``[1, C + N, D]``, as the GPU checks pass them; ``rope_grad``: the tables need gradients
-    too), as the kernels and their glue run.
+    """One call on ``[B, h, C + N, D]`` q, k, v with rope tables ``[1, C + N, D]`` shared by the
+    batch (``rope_grad``: the tables need gradients too), as the kernels and their glue run.
 
-    Bytes: every launch reads each row it needs once (rows re-read by the programs of one
-    launch come from L2), the tables once per launch. Forward: the patch launch reads q, the
-    core k and v, and writes o and the log-sum-exp; the core launch reads the core q and all of
-    k and v, writing fp32 partials merged in PyTorch when its key loop is split. Backward: the
-    delta pre-pass (o, dO read), then per side a dq and a dk/dv launch, each reading its own
-    rows and the other side's, writing dq, dk, dv in the input dtype (the inverse rope is in
-    their epilogues); the core rows' long loops split as the launchers split them. ``fused``
-    (None: where the launchers fuse, i.e. outside ``torch.use_deterministic_algorithms``, in
-    the tile classes that have the fused kernels): three launches visit each pair once (the
-    patch rows' dq plus their share of the cores' dk/dv; every key's dk/dv plus the cores' dq
-    share; the cores' dq through the rope), with a zeroed fp32 ``[3, B*h, C, D]`` buffer for
-    the sums, never split. Their fp32 atomics resolve in L2 and are not counted as HBM bytes.
-    Not fused: the dq and the dk/dv launch of each side both visit its pairs. With
-    ``rope_grad`` the epilogues re-read q / k and write fp32 per-head table partials
-    (4 planes), summed by one reduction per table.
-    Tensor-core FLOPs: 2 per MAC; forward two products per (query, key) pair; backward S and dP
-    in every launch that visits a pair, plus dV, dQ, dK once per pair. fp32 lane instructions:
-    about 4 per score forward (scale, max, exp2, sum), 3 per score and visit backward (P and
-    dS), and 3 per rotated element each time a q / k tile is loaded."""
+    Bytes: each launch reads each row it needs once (re-reads come from L2) and the tables once.
+    Forward: the patch launch (q, core k/v read; o, lse written) and the core launch (core q,
+    all k/v read), whose split key loops write fp32 partials merged in PyTorch. Backward: the
+    delta pre-pass, then per side a dq and a dk/dv launch, split as the launchers split them;
+    ``fused`` (None: where the launchers fuse) visits each pair once in three launches with an
+    fp32 ``[3, B*h, C, D]`` buffer (its L2 atomics are not HBM bytes). ``rope_grad`` adds the
+    q/k re-reads and the fp32 table partials. Tensor-core FLOPs: 2 per MAC, two products per
+    pair forward; backward S and dP per visit plus dV, dQ, dK once. fp32 lane instructions:
+    about 4 per score forward, 3 per score and visit backward, 3 per rotated element loaded."""
     from mmeffattn.ops.core_periphery.function import (core_periphery_bwd_tiles,
                                                        core_periphery_tiles, padded_head_dim)
 
