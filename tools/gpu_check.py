@@ -30,7 +30,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 
 from mmeffattn.analysis import kernels
-from mmeffattn.analysis.benchmarking import environment, time_once
+from mmeffattn.analysis.benchmarking import environment, median, time_once
 from mmeffattn.analysis.report import md_table, write_outputs
 from mmeffattn.ops import _backend
 from mmeffattn.ops._spec import DEFAULT_TOLERANCES, SPECS, check_close
@@ -91,8 +91,7 @@ def gpu_name(device) -> str:
 
 
 def time_call(fn: Callable, inputs: List[Any], backend: str, reps: int = 20) -> float:
-    """Median seconds of one forward + backward of ``fn(backend, *inputs)`` (``time_once``:
-    CUDA events on a GPU, wall clock otherwise), after 3 warm-up calls."""
+    """Median seconds of one forward + backward of ``fn(backend, *inputs)``, after 3 warm-ups."""
     xs = [x.detach().requires_grad_() for x in inputs]
     grad = torch.ones_like(fn(backend, *xs))
 
@@ -101,19 +100,17 @@ def time_call(fn: Callable, inputs: List[Any], backend: str, reps: int = 20) -> 
 
     for _ in range(3):
         step()
-    times = sorted(time_once(step, xs[0].device) for _ in range(reps))
-    return times[len(times) // 2]
+    return median([time_once(step, xs[0].device) for _ in range(reps)])
 
 
 def check_kernels(out_dir: str, device: str = 'cuda', backend: str = 'triton',
                   dtypes: Tuple[str, ...] = ('float32', 'bfloat16'),
                   only: str = '', timing: Optional[bool] = None,
                   first_per_op: bool = False) -> Dict[str, Any]:
-    """``backend`` (the Triton kernels; ``'reference'`` checks this harness itself on a CPU) in
-    each of ``dtypes`` vs the reference in fp64: the output and every input gradient. ``only``
-    keeps the cases whose name contains it, ``first_per_op`` the first (smallest) case of each
-    op. ``timing`` (default: on a CUDA device) times each case that has a roofline and records
-    it next to the prediction."""
+    """``backend`` (``'reference'``: this harness itself, on a CPU) in each of ``dtypes`` against
+    the fp64 reference, output and input gradients; ``only``: cases whose name contains it;
+    ``first_per_op``: each op's first case; ``timing`` (default: on CUDA): measured next to
+    predicted."""
     device = torch.device(device)
     timing = device.type == 'cuda' if timing is None else timing
     rows = []
@@ -160,10 +157,10 @@ def check_kernels(out_dir: str, device: str = 'cuda', backend: str = 'triton',
                 row['error'] = f'{type(e).__name__}: {e}'[:2000]
             row['seconds'] = round(time.time() - t0, 2)
             rows.append(row)
-            timing = (f' measured {row["measured_us"]} us, predicted {row["predicted_us"]} us '
-                      f'({row["predicted_for"]} roofline; {row["roofline_fraction"]:.0%})'
-                      if 'measured_us' in row else '')
-            print(f'  {row["status"]:4} {name} [{row["dtype"]}]{timing} '
+            shown = (f' measured {row["measured_us"]} us, predicted {row["predicted_us"]} us '
+                     f'({row["predicted_for"]} roofline; {row["roofline_fraction"]:.0%})'
+                     if 'measured_us' in row else '')
+            print(f'  {row["status"]:4} {name} [{row["dtype"]}]{shown} '
                   f'{row.get("error", "")[:200]}', flush=True)
             if device.type == 'cuda':
                 torch.cuda.empty_cache()

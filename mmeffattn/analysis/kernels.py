@@ -36,9 +36,8 @@ PEAKS: Dict[str, Dict[str, float]] = {
 
 
 def predicted_seconds(cost: Cost, gpu: str, dtype: str) -> float:
-    """The roofline time of ``cost`` on ``gpu``: the larger of the HBM time and the compute
-    time (CUDA-core and tensor-core work added, as they share issue slots); no launch
-    latency (``cost.launches`` says how many there are)."""
+    """The roofline time of ``cost`` on ``gpu``: the larger of the HBM time and the compute time
+    (CUDA-core and tensor-core work added: they share issue slots), no launch latency."""
     peak = PEAKS[gpu]
     tc_peak = peak['tf32'] if dtype == 'fp32' else peak['tc16']
     return max(cost.bytes / peak['hbm'], cost.fp32 / peak['fp32'] + cost.tc / tc_peak)
@@ -73,9 +72,8 @@ def record(case: Dict[str, Any]) -> list:
 
 
 def specialise(launch, arch: int):
-    """(target, signature, constexprs, attrs, options) exactly as Triton's JIT derives them from
-    the launch's arguments (uses Triton internals: a Triton upgrade that changes them fails
-    loudly)."""
+    """(target, signature, constexprs, attrs, options) as Triton's JIT derives them from the
+    launch's arguments (Triton internals: an upgrade that changes them fails loudly)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler.compiler import make_backend
     from triton.runtime.jit import create_function_from_signature
@@ -240,11 +238,9 @@ def core_periphery_costs(B: int, heads: int, C: int, N: int, D: int, rope_grad: 
 
 
 def laplacian_costs(B: int, heads: int, N: int, M: int, D: int, **_: Any):
-    """One call on ``[B, h, N, D]`` x and ``[B, h, M, D]`` y: the forward reads x, y and writes
-    the ``N x M`` kernel; the fused backward reads g and out once, writes dx, and dy's partial
-    sums when the rows are split (summed, cast). fp32 lane instructions: forward 2 per
-    (i, j, d), a difference and an absolute-value add; backward 12 per (i, j, d) for both
-    gradients (difference, two compares, their difference, a multiply-add each)."""
+    """One call on ``[B, h, N, D]`` x and ``[B, h, M, D]`` y: forward x, y read, the kernel
+    written; the fused backward reads g and out once, writes dx and dy (partial sums when the
+    rows are split). fp32 lane instructions per (i, j, d): 2 forward, 12 backward."""
     from mmeffattn.ops.laplacian.function import BWD_MAX_D, bwd_row_split
 
     def costs(dtype: str) -> Dict[str, Cost]:
@@ -305,10 +301,9 @@ def newton_schulz_costs(B: int, heads: int, M: int, iters: int, **_: Any):
 
 def dynamic_dwconv_costs(B: int, C: int, H: int, W: int,
                          K: int = DWCONV_SETTINGS['kernel_size'], **_: Any):
-    """One normalized call with static kernel and bias (the GPU check): x, dy, out, dx once
-    each through HBM (the shifted re-reads hit L1/L2), the kernel-gradient partial sums written
-    and re-read, the per-sample sums summed by torch. fp32 lane instructions: 3 per tap and
-    output (multiply, select, add) forward, 5 backward (dx's 3, the dk product and its sum)."""
+    """One normalized call with static kernel and bias: x, dy, out, dx once each through HBM
+    (shifted re-reads hit L1/L2), the kernel-gradient partial sums written and re-read. fp32
+    lane instructions per tap and output: 3 forward, 5 backward."""
     from mmeffattn.ops.dynamic_dwconv.function import BWD_TILE, bwd_tiles_per_prog
 
     def costs(dtype: str) -> Dict[str, Cost]:
@@ -329,11 +324,9 @@ def dynamic_dwconv_costs(B: int, C: int, H: int, W: int,
 
 
 def dynamic_weight_costs(B: int, M: int, C_in: int, C_out: int, **_: Any):
-    """One call with an fp32 static weight (the GPU check): forward u, v and the weight read,
-    the ``[B, c_out, c_in]`` weight written; backward its gradient read (twice: the row-norm
-    term, then du and dv), u and v read, du, dv written. Tensor-core FLOPs: 2 per MAC
-    (``v^T u`` forward; ``dp``, du, dv backward); fp32 lane instructions: about 3 per output
-    weight each way (norm, scale, add)."""
+    """One call with an fp32 static weight: forward u, v, the weight read, ``[B, c_out, c_in]``
+    written; backward its gradient read twice, u, v read, du, dv written. Tensor-core FLOPs: 2
+    per MAC; fp32 lane instructions: about 3 per output weight each way."""
     def costs(dtype: str) -> Dict[str, Cost]:
         c_in, c_out = C_in, C_out
         e = DTYPES[dtype].itemsize
@@ -349,13 +342,8 @@ def dynamic_weight_costs(B: int, M: int, C_in: int, C_out: int, **_: Any):
 
 @dataclass(frozen=True)
 class Roofline:
-    """An op's analytic roofline at one GPU check's shapes.
-
-    Args:
-        costs: ``costs(dtype_name) -> {'fwd': Cost, 'bwd': Cost}`` at those shapes.
-        aot_case: a :func:`record` case at those shapes: the launches the launchers really
-            issue there (what the kernel report compiles).
-    """
+    """An op's analytic roofline at one GPU check's shapes: ``costs(dtype_name) -> {'fwd':
+    Cost, 'bwd': Cost}`` and the :func:`record` case the kernel report compiles."""
     costs: Callable[[str], Dict[str, Cost]]
     aot_case: Dict[str, Any]
 
