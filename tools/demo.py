@@ -219,14 +219,9 @@ def main(argv=None) -> dict:
           f'{", reused" if not info["regenerated"] else ""})', flush=True)
 
     root = data_root.rstrip('/') + '/'
-    options = {
-        'train_dataloader.dataset.data_root': root,
-        'val_dataloader.dataset.data_root': root,
-        'test_dataloader.dataset.data_root': root,
-        'val_evaluator.ann_file': root + 'annotations/instances_val2017.json',
-        'test_evaluator.ann_file': root + 'annotations/instances_val2017.json',
-        'randomness.seed': args.seed,
-    }
+    options = {f'{split}_dataloader.dataset.data_root': root for split in ('train', 'val', 'test')}
+    options.update({f'{split}_evaluator.ann_file': root + 'annotations/instances_val2017.json'
+                    for split in ('val', 'test')}, **{'randomness.seed': args.seed})
     if args.epochs is not None:
         options.update({'train_cfg.max_epochs': args.epochs, 'train_cfg.val_interval': args.epochs})
     cfg_opts = [f'{k}={v}' for k, v in options.items()]
@@ -261,10 +256,9 @@ def main(argv=None) -> dict:
 
     print('\n' + '=' * 72)
     print(f'Demo finished in {(time.time() - t0) / 60:.1f} min')
-    print(f'  bbox mAP: {metrics.get("coco/bbox_mAP", float("nan")):.3f}   '
-          f'(AP50 {metrics.get("coco/bbox_mAP_50", float("nan")):.3f})')
-    print(f'  segm mAP: {metrics.get("coco/segm_mAP", float("nan")):.3f}   '
-          f'(AP50 {metrics.get("coco/segm_mAP_50", float("nan")):.3f})')
+    for kind in ('bbox', 'segm'):
+        print(f'  {kind} mAP: {metrics.get(f"coco/{kind}_mAP", float("nan")):.3f}   '
+              f'(AP50 {metrics.get(f"coco/{kind}_mAP_50", float("nan")):.3f})')
     print(f'  checkpoint: {checkpoint}')
     print(f'  training log: {log_file}')
     print(f'  metrics JSON: {metrics_file}')

@@ -395,9 +395,8 @@ def _run(settings: BenchmarkSettings, device: torch.device, backend: str,
                        status=info[name]['status'], setting=info[name]['setting'], fwd_ms=None,
                        fwd_bwd_ms=None, images_per_s=None, peak_mem_mb=None,
                        fwd_bwd_peak_mem_mb=None, gmacs=None, params_m=info[name]['params_m'])
-            for v in variants:
-                rec.update({f'fwd_{v}_ms': None, f'{v}_speedup': None, f'{v}_setup_s': None,
-                            f'{v}_status': None})
+            rec.update({k.format(v): None for v in variants
+                        for k in ('fwd_{}_ms', '{}_speedup', '{}_setup_s', '{}_status')})
             records[name] = rec
             if name not in models:
                 continue
@@ -458,8 +457,7 @@ def _run(settings: BenchmarkSettings, device: torch.device, backend: str,
     if settings.compile:
         report_settings['compile'] = settings.compile_backend + (
             ', freezing' if settings.freezing and settings.compile_backend == 'inductor' else ''
-        ) + (
-            f', mode {settings.compile_mode}' if settings.compile_mode else '')
+        ) + (f', mode {settings.compile_mode}' if settings.compile_mode else '')
     env = environment(device, dtype)
     if settings.onnx:
         import onnxruntime
