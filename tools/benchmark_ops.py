@@ -79,10 +79,7 @@ def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
     return (q @ kv) / (z + 1e-6)
 
 
-#: our ops' kinds, each at about n tokens on a square grid: SEMA's windows on [B, heads, N, D];
-#: VECA's largest core budget before the N patches; WeightFormer's token mixers (a linear layer
-#: x (W + dW(x)) with dW from 2x2-pooled tokens, a 3x3 per-sample depthwise convolution, on
-#: heads * D channels); LaplacianFormer's attention (:func:`laplacian_nystrom`)
+#: our ops' kinds, each at about n tokens on a square grid (WeightFormer's on heads * D channels)
 KINDS = BASELINES + ('core_periphery', 'dynamic_dwconv', 'dynamic_linear', 'laplacian_nystrom',
                      'sema')
 

@@ -170,9 +170,8 @@ def check_kernels(out_dir: str, device: str = 'cuda', backend: str = 'triton',
 
 
 def summary_markdown(summary: Dict[str, Any], out_dir: str) -> str:
-    """``gpu_check.md``: the steps, then the kernels' check (measured next to predicted) and the
-    official-operator comparison when those steps ran; the benchmarks write their own tables
-    (``ops/benchmark_ops.md``, ``backbones/benchmark.md``)."""
+    """``gpu_check.md``: the steps, the kernels' check and the official-operator comparison (the
+    benchmarks write their own tables)."""
     env = summary['environment']
     where = 'dry run on the CPU (plumbing only)' if summary['dry_run'] else env.get('gpu', 'GPU')
     lines = [f'# gpu_check: {where}', '',
@@ -227,8 +226,7 @@ def run_step(name: str, cmd: List[str], out_dir: str, limit: int) -> Dict[str, A
 
 
 def step_commands(args: argparse.Namespace) -> Dict[str, List[str]]:
-    """The command of each subprocess step (``--dry-run``: the same tools on the CPU, at smoke
-    sizes)."""
+    """The command of each subprocess step (``--dry-run``: on the CPU, at smoke sizes)."""
     py = sys.executable
     # tests/ops/test_aot.py compiles for sm_80/sm_90 on the CPU: CI's work, not the GPU's
     op_tests = [py, '-m', 'pytest', 'tests/ops', '-q', '-p', 'no:cacheprovider',

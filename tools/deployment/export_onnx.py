@@ -6,12 +6,9 @@
     python tools/deployment/export_onnx.py configs/mila/mask-rcnn_mila-t_fpn_1x_coco.py \
         --out mila-t_fpn.onnx --shape 800 1216 --dynamic
 
-A command line over :mod:`mmeffattn.deploy.onnx` (what is exported: its ``ExportWrapper``;
-the data preprocessor's mean, std and channel order go into the file's metadata).
-``--dynamic`` makes the height and width symbolic (the batch is 1). onnxruntime then runs the
-file at the export size and, for a dynamic file, at two other sizes (one of them odd); the tool
-prints the largest relative error ``max|ort - torch| / max|torch|`` over every output and exits
-non-zero above ``--tolerance`` (1e-4).
+A command line over :mod:`mmeffattn.deploy.onnx`. ``--dynamic`` makes height and width
+symbolic. onnxruntime then runs the file at the export size (and two more for a dynamic file);
+the tool exits non-zero when the largest relative error exceeds ``--tolerance``.
 """
 import argparse
 import os.path as osp
