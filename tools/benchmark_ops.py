@@ -67,9 +67,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-# --------------------------------------------------------------------------------------------
-# the attention kinds: (run(backend) closure, MACs, minimum bytes moved)
-# --------------------------------------------------------------------------------------------
+# -- the attention kinds: (run(backend) closure, MACs, minimum bytes moved) --
 def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Plain linear attention with the ELU+1 feature map: ``phi(q) (phi(k)^T v)`` normalized
     by ``phi(q) sum_j phi(k_j)``; ``[B, h, N, D]`` in and out."""
@@ -161,9 +159,7 @@ def laplacian_nystrom(side: int, s: Any, device: torch.device, dtype: torch.dtyp
                                                                landmarks=M)
 
 
-# --------------------------------------------------------------------------------------------
-# the run
-# --------------------------------------------------------------------------------------------
+# -- the run --
 def run(args: argparse.Namespace) -> Dict[str, Any]:
     from mmeffattn.analysis import benchmarking as bm
     if args.threads:

@@ -74,9 +74,7 @@ def cuda_problem() -> str:
     return ''
 
 
-# --------------------------------------------------------------------------------------------
-# step 1: kernels vs references at realistic sizes
-# --------------------------------------------------------------------------------------------
+# -- step 1: kernels vs references at realistic sizes --
 #: ``(name, make(device, dtype) -> Example)``: each op's ``spec.example`` at its
 #: ``spec.gpu_sizes`` (the backbones' first stage at 224, batch 8, and 512 or more, batch 2)
 KERNEL_CASES: List[Tuple[str, Callable[[Any, Any], Any]]] = [
@@ -208,9 +206,7 @@ def summary_markdown(summary: Dict[str, Any], out_dir: str) -> str:
     return '\n'.join(lines) + '\n'
 
 
-# --------------------------------------------------------------------------------------------
-# steps 2-4: subprocesses
-# --------------------------------------------------------------------------------------------
+# -- steps 2-4: subprocesses --
 def run_step(name: str, cmd: List[str], out_dir: str, limit: int) -> Dict[str, Any]:
     log = osp.join(out_dir, f'{name}.log')
     env = dict(os.environ, PYTHONUNBUFFERED='1')

@@ -217,9 +217,7 @@ def copy_bandwidth(device: torch.device, nbytes: int = 0, repeats: int = 5) -> D
     return dict(bytes=nbytes, seconds=secs, bytes_per_s=2 * nbytes / secs)
 
 
-# --------------------------------------------------------------------------------------------
-# backbones side by side
-# --------------------------------------------------------------------------------------------
+# -- backbones side by side --
 SQUARE_SIZES = ['224', '512', '768', '1024', '1248', '1536', '2048']
 #: presets of :class:`BenchmarkSettings`: the sizes, batch, repeats and limits of a run
 PRESETS: Dict[str, Dict[str, Any]] = {

@@ -145,9 +145,7 @@ def dispersion_stats(p: torch.Tensor) -> Dict[str, float]:
                 effective_fraction=(eff / N).mean().item(), tokens=N)
 
 
-# --------------------------------------------------------------------------------------------
-# probing a model's attention layer
-# --------------------------------------------------------------------------------------------
+# -- probing a model's attention layer --
 def find_attention(model: nn.Module, name: Optional[str] = None) -> Tuple[str, nn.Module]:
     """The attention module to probe: ``name``, or the first with ``num_heads`` and q/k."""
     modules = dict(model.named_modules())

@@ -48,9 +48,7 @@ def total_cost(costs: Dict[str, Cost]) -> Cost:
     return Cost(*(sum(getattr(c, f) for c in costs.values()) for f in Cost._fields))
 
 
-# --------------------------------------------------------------------------------------------
-# recorded launches
-# --------------------------------------------------------------------------------------------
+# -- recorded launches --
 def case(op: str, *args: Any, **kwargs: Any) -> Dict[str, Any]:
     """A case of op ``op``: ``dict(op=op, ...)`` with the arguments of its ``spec.record``
     (positional ones named; JSON-serialisable, for a compile worker)."""
@@ -114,9 +112,7 @@ def compile_launch(launch, arch: int, sass: bool = False) -> Dict[str, Any]:
                 ptx=compiled.asm.get('ptx', ''), sass=text)
 
 
-# --------------------------------------------------------------------------------------------
-# rooflines: costs(dtype) -> {'fwd': Cost, 'bwd': Cost} of one call
-# --------------------------------------------------------------------------------------------
+# -- rooflines: costs(dtype) -> {'fwd': Cost, 'bwd': Cost} of one call --
 def sema_costs(B: int, heads: int, H: int, W: int, D: int,
                window: int = SEMA_SETTINGS['window'], **_: Any):
     """One call on ``[B, heads, H * W, D]`` q, k, v in windows of ``window``, as the SEMA

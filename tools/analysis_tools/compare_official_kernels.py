@@ -61,9 +61,7 @@ def load_official(root: str, build_dir: str, verbose: bool = False):
                 build_directory=build_dir, verbose=verbose)
 
 
-# --------------------------------------------------------------------------------------------
-# the official operators as differentiable functions (their Python interface, as we read it)
-# --------------------------------------------------------------------------------------------
+# -- the official operators as differentiable functions (their interface as we read it) --
 class OfficialL1(torch.autograd.Function):
     """``out[b, h, i, j] = sum_d |q[b, h, i, d] - kt[b, h, d, j]|`` by the official kernels."""
 
@@ -112,9 +110,7 @@ def official_laplacian(ext, q: torch.Tensor, k: torch.Tensor, lam: float) -> tor
     return torch.exp(OfficialL1.apply(ext, q, k.transpose(-2, -1)) / -lam)
 
 
-# --------------------------------------------------------------------------------------------
-# cases
-# --------------------------------------------------------------------------------------------
+# -- cases --
 @dataclass
 class KernelCase:
     """One shape and dtype: ``fns`` maps a name (the official one first) to ``fn(*inputs)``;

@@ -35,9 +35,7 @@ GPUS = ('H100', 'H200')
 DTYPES = ('bf16', 'fp32')
 
 
-# --------------------------------------------------------------------------------------------
-# SASS reading
-# --------------------------------------------------------------------------------------------
+# -- SASS reading --
 _INSTR = re.compile(r'^\s*/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)(.*?);')
 _BRA = re.compile(r'BRA\s+(?:`?\(?)?(0x[0-9a-f]+)')
 
@@ -96,9 +94,7 @@ def sass_stats(sass: str) -> Dict[str, Any]:
     return stats
 
 
-# --------------------------------------------------------------------------------------------
-# the compile worker (subprocess, interpreter off)
-# --------------------------------------------------------------------------------------------
+# -- the compile worker (subprocess, interpreter off) --
 def worker(cases: List[dict], archs: Sequence[int]) -> None:
     """Print one JSON line per distinct (launch, arch) of ``cases`` (each with ``op``), with
     the package found first on the path (:func:`compile_cases` puts the checkout there)."""
@@ -140,9 +136,7 @@ def compile_cases(cases: List[dict], archs: Sequence[int], root: str = ROOT,
     return [json.loads(line) for line in res.stdout.splitlines() if line.startswith('{')]
 
 
-# --------------------------------------------------------------------------------------------
-# the report
-# --------------------------------------------------------------------------------------------
+# -- the report --
 def plan(quick: bool, ops: Optional[Sequence[str]] = None) -> List[dict]:
     """The AOT cases to compile: each roofline's shape; ``quick`` keeps one case per op."""
     cases: List[dict] = []
