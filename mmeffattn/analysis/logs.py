@@ -17,15 +17,8 @@ POSITION_KEYS = ('step', 'iter', 'epoch')
 
 @dataclass
 class TrainLog:
-    """A training history: training and validation lines, each sorted by ``step``.
-
-    Attributes:
-        sources: the ``scalars.json`` files read, oldest first.
-        train: training lines (dicts as logged).
-        val: validation lines, their ``step`` set to where they ran (see :func:`load_log`).
-        by_epoch: whether the loop was epoch-based (validation ``step`` is then an epoch).
-        skipped: files left out, with the reason.
-    """
+    """A training history: the ``scalars.json`` ``sources`` read, ``train`` and ``val`` lines
+    sorted by ``step`` (validation at its epoch when ``by_epoch``), ``skipped`` files and why."""
     sources: List[str]
     train: List[dict]
     val: List[dict]
