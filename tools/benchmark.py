@@ -46,14 +46,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument('--threads', type=int, help='torch.set_num_threads (CPU), and '
                    "onnxruntime's intra-op threads")
     p.add_argument('--ops-backend', choices=['auto', 'torch', 'reference', 'triton'],
-                   help="backend of mmeffattn's ops (default: auto, i.e. Triton on CUDA; the "
-                   'torch backend on a CPU, even when the Triton interpreter is on, since the '
-                   "interpreter is a test tool; 'reference' times the naive formulas)")
+                   help="backend of mmeffattn's ops (default: Triton on CUDA, torch on a CPU)")
     p.add_argument('--reference', help='model the ratios are taken against (default: Swin-T, '
                    "the preset's)")
     p.add_argument('--peer-layout', choices=PEER_LAYOUTS, default='channels-last',
-                   help="the peers' memory format (ours always run as built, fed NCHW): "
-                   "'channels-last' (their best CPU setting) or 'as-built'")
+                   help="the peers' memory format (ours run as built, fed NCHW)")
     p.add_argument('--no-flops', action='store_true', default=None,
                    help='skip the FLOP count (one traced forward per model and size)')
     p.add_argument('--no-plots', action='store_true')

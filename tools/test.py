@@ -32,10 +32,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('config', help='test config file path')
     parser.add_argument('checkpoint', help='checkpoint file or URL (official layouts too)')
     parser.add_argument('--work-dir', help='where logs (and by default the metrics JSON) go')
-    parser.add_argument('--out-json',
-                        help='metrics JSON path (default: WORK_DIR/test_metrics.json); an '
-                             'existing folder, or a path ending in /, gets test_metrics.json '
-                             'inside it')
+    parser.add_argument('--out-json', help='metrics JSON file, or a folder for '
+                        'test_metrics.json (default: WORK_DIR)')
     parser.add_argument('--out', help='dump the predictions to this .pkl file (mmengine '
                                       'DumpResults)')
     parser.add_argument('--show-dir', help='draw predictions on the test images into this folder')

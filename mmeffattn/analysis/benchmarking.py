@@ -37,8 +37,7 @@ def synchronize(device: torch.device) -> None:
 
 
 class PeakTensorMemory(TorchDispatchMode):
-    """Tracks the bytes of tensor storages created inside the block and released again, and
-    their peak (``peak``). Views of an existing storage are not new memory and are skipped."""
+    """The ``peak`` bytes of the tensor storages created (not views) and alive inside the block."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -143,8 +142,8 @@ def is_oom(e: BaseException) -> bool:
 
 def matmul_flops_per_s(device: torch.device, dtype: torch.dtype = torch.float32,
                        n: int = 0, repeats: int = 5) -> Dict[str, Any]:
-    """The machine's practical limit: FLOP/s (2 per MAC) of a square matmul, the median of
-    ``repeats`` runs after one warm-up. ``n`` defaults to 2048 on CPU and 8192 on CUDA."""
+    """The machine's practical limit: FLOP/s (2 per MAC) of a square matmul (``n`` 2048 on CPU,
+    8192 on CUDA), the median of ``repeats`` runs after a warm-up."""
     n = n or (8192 if device.type == 'cuda' else 2048)
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
@@ -195,9 +194,8 @@ def parse_size(text: str) -> Tuple[int, int]:
 
 def predict_power_law(history: Sequence[Tuple[float, float]], x: float,
                       min_exponent: float = 1.0) -> float:
-    """Extrapolate a cost to ``x`` from ``(x, cost)`` pairs measured at smaller ``x``: a power
-    law through the last two points, with an exponent of at least ``min_exponent`` (so a noisy
-    flat start does not promise a free large size); 0 without history."""
+    """Extrapolate a cost to ``x`` from ``(x, cost)`` pairs: a power law through the last two,
+    exponent at least ``min_exponent`` (a noisy flat start promises no free size); 0 without."""
     if not history:
         return 0.
     k = fit_exponent(*zip(*history[-2:])) if len(history) >= 2 else None
@@ -207,8 +205,7 @@ def predict_power_law(history: Sequence[Tuple[float, float]], x: float,
 
 
 def copy_bandwidth(device: torch.device, nbytes: int = 0, repeats: int = 5) -> Dict[str, Any]:
-    """The machine's practical memory bandwidth: bytes read + written per second by a large
-    tensor copy (64 MiB on CPU, 1 GiB on CUDA by default), median after one warm-up."""
+    """The machine's practical memory bandwidth: bytes read + written per second by a large copy."""
     nbytes = nbytes or (2**30 if device.type == 'cuda' else 2**26)
     src = torch.empty(nbytes // 4, device=device, dtype=torch.float32).normal_()
     dst = torch.empty_like(src)
