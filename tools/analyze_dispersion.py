@@ -4,21 +4,18 @@
     python tools/analyze_dispersion.py --model SEMA-T --sizes 224 512 1024 \
         [--checkpoint ckpt.pth] --out-dir work_dirs/dispersion
 
-The backbone (random weights, or ``--checkpoint``) runs once per input size; a hook takes the
-tokens entering one attention layer (``--layer``, default: the first module with a q/k
-projection) and projects them with that layer's own q/k weights. The same queries and keys are
-then weighed by every attention kind of :mod:`mmeffattn.analysis.dispersion` (global softmax,
-linear, window, SEMA, Laplacian-Nystrom, core-periphery), on up to ``--max-queries`` sampled
-queries, and the per-query entropy, largest weight and effective number of keys are averaged.
-Outputs: ``dispersion.json``, ``dispersion.md`` and ``dispersion.png``.
+The backbone (random weights, or ``--checkpoint``) runs once per size; the tokens entering one
+attention layer (``--layer``), projected by its own q/k weights, are weighed by every kind of
+:mod:`mmeffattn.analysis.dispersion` on up to ``--max-queries`` queries. Writes
+``dispersion.json``, ``dispersion.md`` and ``dispersion.png``.
 """
 import argparse
-import json
-import os
 import os.path as osp
 from typing import Any, Dict, List
 
 import torch
+
+from mmeffattn.analysis.report import md_table, pyplot, save_figure, write_outputs
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -86,22 +83,19 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
 
 
 def markdown(report: Dict[str, Any]) -> str:
+    rows = [[f'{r["size"][0]}x{r["size"][1]}', r['tokens'], r['kind'],
+             f'{r["normalized_entropy"]:.3f}', f'{r["max_weight"]:.4f}',
+             f'{r["effective_keys"]:.1f}', f'{r["effective_fraction"]:.4f}']
+            for r in report['results']]
     lines = [f'{report["model"]} ({report["checkpoint"]}), layer `{report["layer"]}`, up to '
-             f'{report["max_queries"]} sampled queries per size.', '',
-             '| input | tokens | kind | entropy / log N | max weight | effective keys | '
-             'effective / N |', '|---|---:|---|---:|---:|---:|---:|']
-    for r in report['results']:
-        lines.append(f'| {r["size"][0]}x{r["size"][1]} | {r["tokens"]} | {r["kind"]} | '
-                     f'{r["normalized_entropy"]:.3f} | {r["max_weight"]:.4f} | '
-                     f'{r["effective_keys"]:.1f} | {r["effective_fraction"]:.4f} |')
+             f'{report["max_queries"]} sampled queries per size.', ''] + md_table(
+        ['input', 'tokens', 'kind', 'entropy / log N', 'max weight', 'effective keys',
+         'effective / N'], rows, 'lrlrrrr')
     return '\n'.join(lines) + '\n'
 
 
 def plot(report: Dict[str, Any], path: str) -> None:
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 3, figsize=(13, 4))
+    fig, axes = pyplot().subplots(1, 3, figsize=(13, 4))
     kinds = list(dict.fromkeys(r['kind'] for r in report['results']))
     for ax, key, label in zip(axes, ('effective_keys', 'max_weight', 'normalized_entropy'),
                               ('effective keys exp(H)', 'max weight', 'entropy / log N')):
@@ -117,19 +111,13 @@ def plot(report: Dict[str, Any], path: str) -> None:
         ax.grid(True, which='both', alpha=0.3)
     axes[0].legend(fontsize=7)
     fig.suptitle(f'{report["model"]} ({report["checkpoint"]}), {report["layer"]}', fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv=None) -> Dict[str, Any]:
     args = parse_args(argv)
-    os.makedirs(args.out_dir, exist_ok=True)
     report = run(args)
-    with open(osp.join(args.out_dir, 'dispersion.json'), 'w') as f:
-        json.dump(report, f, indent=1)
-    with open(osp.join(args.out_dir, 'dispersion.md'), 'w') as f:
-        f.write(markdown(report))
+    write_outputs(args.out_dir, {'dispersion.json': report, 'dispersion.md': markdown(report)})
     if not args.no_plot:
         plot(report, osp.join(args.out_dir, 'dispersion.png'))
     print(f'wrote {args.out_dir}/dispersion.json, dispersion.md'

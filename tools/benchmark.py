@@ -5,32 +5,22 @@
     python tools/benchmark.py --models SEMA-T MILA-T Swin-T --sizes 224 1024 512x768
     python tools/benchmark.py --models ours Swin-T --sizes 512 1024 --compile --onnx
 
-Every model of :mod:`mmeffattn.analysis.model_zoo` (ours and the OpenMMLab peers) is built as a
-backbone with random weights and timed at each input size by
-:func:`mmeffattn.analysis.benchmarking.run_benchmark`. Ours run as a config builds them, fed a
-plain NCHW batch; the peers in their best CPU setting, model and input in channels-last
-(``--peer-layout``); all under the same ``--dtype`` and compile options. The models are
-interleaved within each size (warm-up, then repeat rounds that visit every model once), so
-drift of the machine hits them alike. ``--compile`` (inductor with freezing) and ``--onnx``
-(the exported graph under onnxruntime's CPU provider) time those forwards back to back with
-eager in the same rounds. Sizes that a model's earlier sizes predict to exceed the per-call
-limit, the model's time budget or the memory limit are reported as skipped, and a model that
-runs out of memory is reported as such. Outputs under ``--out-dir``: ``benchmark.json``,
-``benchmark.md`` (ratios to ``--reference``) and log-log plots of latency and memory against
-tokens with the fitted scaling exponent per model; ``benchmark.partial.json`` holds the results
-so far after each size (what is left if the run is stopped).
+A command line over :func:`mmeffattn.analysis.benchmarking.run_benchmark` (the models of
+:mod:`mmeffattn.analysis.model_zoo`, random weights, interleaved within each size). Writes
+``benchmark.json``, ``benchmark.md`` (ratios to ``--reference``) and log-log plots of latency and
+memory against tokens under ``--out-dir``; ``benchmark.partial.json`` after each size.
 """
 import argparse
 import dataclasses
-import json
 import os
 import os.path as osp
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 import torch
 
 from mmeffattn.analysis.benchmarking import (PEER_LAYOUTS, PRESETS, BenchmarkSettings,
                                              run_benchmark)
+from mmeffattn.analysis.report import fmt, md_table, pyplot, save_figure, write_outputs
 
 VARIANTS = dict(compiled=('compile', 'compiled'), ort=('onnx', 'onnxruntime'))
 
@@ -56,14 +46,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument('--threads', type=int, help='torch.set_num_threads (CPU), and '
                    "onnxruntime's intra-op threads")
     p.add_argument('--ops-backend', choices=['auto', 'torch', 'reference', 'triton'],
-                   help="backend of mmeffattn's ops (default: auto, i.e. Triton on CUDA; the "
-                   'torch backend on a CPU, even when the Triton interpreter is on, since the '
-                   "interpreter is a test tool; 'reference' times the naive formulas)")
+                   help="backend of mmeffattn's ops (default: Triton on CUDA, torch on a CPU)")
     p.add_argument('--reference', help='model the ratios are taken against (default: Swin-T, '
                    "the preset's)")
     p.add_argument('--peer-layout', choices=PEER_LAYOUTS, default='channels-last',
-                   help="the peers' memory format (ours always run as built, fed NCHW): "
-                   "'channels-last' (their best CPU setting) or 'as-built'")
+                   help="the peers' memory format (ours run as built, fed NCHW)")
     p.add_argument('--no-flops', action='store_true', default=None,
                    help='skip the FLOP count (one traced forward per model and size)')
     p.add_argument('--no-plots', action='store_true')
@@ -94,13 +81,6 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
                                               for f in dataclasses.fields(BenchmarkSettings)}))
 
 
-# --------------------------------------------------------------------------------------------
-# reports
-# --------------------------------------------------------------------------------------------
-def _fmt(v: Optional[float], digits: int = 1) -> str:
-    return '-' if v is None else f'{v:,.{digits}f}'
-
-
 def markdown(report: Dict[str, Any]) -> str:
     """Tables per size (with ratios to the reference model), eager against the compiled and
     onnxruntime forwards, and the fitted exponents."""
@@ -122,30 +102,26 @@ def markdown(report: Dict[str, Any]) -> str:
     for hw in sizes:
         rows = [r for r in report['results'] if tuple(r['size']) == hw]
         base = next((r for r in rows if r['model'] == ref and r['fwd_ms'] is not None), None)
-        lines += [f'### {hw[0]}x{hw[1]} ({rows[0]["tokens"]} tokens of 16x16)', '',
-                  '| model | setting | params (M) | GMACs | fwd (ms) | fwd+bwd (ms) | img/s | '
-                  'peak mem (MB) | fwd vs ref | mem vs ref |',
-                  '|---|---|---:|---:|---:|---:|---:|---:|---:|---:|']
+        cells = []
         for r in rows:
-            head = f'| {r["model"]} | {r.get("setting", "as built")} | {_fmt(r["params_m"])} |'
+            head = [r['model'], r.get('setting', 'as built'), fmt(r['params_m'])]
             if r['fwd_ms'] is None:
-                lines.append(f'{head} {r["status"]} ||||||| ')
+                cells.append(head + [r['status']] + [''] * 6)
                 continue
             ratio_t = r['fwd_ms'] / base['fwd_ms'] if base else None
             ratio_m = (r['peak_mem_mb'] / base['peak_mem_mb']
                        if base and base['peak_mem_mb'] and r['peak_mem_mb'] else None)
-            lines.append(
-                f'{head} {_fmt(r["gmacs"], 2)} | {_fmt(r["fwd_ms"])} | {_fmt(r["fwd_bwd_ms"])} | '
-                f'{_fmt(r["images_per_s"], 2)} | {_fmt(r["peak_mem_mb"], 0)} | '
-                f'{_fmt(ratio_t, 2)}x | {_fmt(ratio_m, 2)}x |')
-        lines.append('')
+            cells.append(head + [fmt(r['gmacs'], 2), fmt(r['fwd_ms']), fmt(r['fwd_bwd_ms']),
+                                 fmt(r['images_per_s'], 2), fmt(r['peak_mem_mb'], 0),
+                                 f'{fmt(ratio_t, 2)}x', f'{fmt(ratio_m, 2)}x'])
+        lines += [f'### {hw[0]}x{hw[1]} ({rows[0]["tokens"]} tokens of 16x16)', ''] + md_table(
+            ['model', 'setting', 'params (M)', 'GMACs', 'fwd (ms)', 'fwd+bwd (ms)', 'img/s',
+             'peak mem (MB)', 'fwd vs ref', 'mem vs ref'], cells, 'llrrrrrrrr') + ['']
     lines += variants_table(report)
-    lines += ['### Scaling exponents (y ~ tokens^k over the square sizes)', '',
-              '| model | attention | latency k | memory k | FLOPs k |', '|---|---|---:|---:|---:|']
-    for name, ks in report['exponents'].items():
-        lines.append(f'| {name} | {report["models"][name]["attention"]} | '
-                     f'{_fmt(ks["latency"], 2)} | {_fmt(ks["memory"], 2)} | '
-                     f'{_fmt(ks["flops"], 2)} |')
+    exps = [[n, report['models'][n]['attention'], fmt(k['latency'], 2), fmt(k['memory'], 2),
+             fmt(k['flops'], 2)] for n, k in report['exponents'].items()]
+    lines += ['### Scaling exponents (y ~ tokens^k over the square sizes)', ''] + md_table(
+        ['model', 'attention', 'latency k', 'memory k', 'FLOPs k'], exps, 'llrrr')
     lines += ['', f'Total run time: {report["elapsed_s"]:.0f} s.']
     return '\n'.join(lines) + '\n'
 
@@ -162,12 +138,11 @@ def variants_table(report: Dict[str, Any]) -> List[str]:
                                    for v, label in on) + ' against eager, forward', '',
              'Timed back to back with eager in the same rounds; speed-up = eager / variant; '
              'setup: compiling, or exporting and opening the session; rel. error: largest '
-             "|ORT - eager| over the largest |eager| of the outputs.", '',
-             '| model | setting | size | eager (ms) | '
-             + ' | '.join(f'{label} (ms) | speed-up | setup (s)' for _, label in on)
-             + (' | rel. error' if settings.get('onnx') else '') + ' |',
-             '|---|---|---|---:|' + '---:|---:|---:|' * len(on)
-             + ('---:|' if settings.get('onnx') else '')]
+             "|ORT - eager| over the largest |eager| of the outputs.", '']
+    header = ['model', 'setting', 'size', 'eager (ms)'] + [
+        h for _, label in on for h in (f'{label} (ms)', 'speed-up', 'setup (s)')] + (
+        ['rel. error'] if settings.get('onnx') else [])
+    rows = []
     for r in report['results']:
         timed = [v for v, _ in on if r.get(f'fwd_{v}_ms') is not None]
         if not timed and not any(r.get(f'{v}_status') for v, _ in on):
@@ -178,21 +153,18 @@ def variants_table(report: Dict[str, Any]) -> List[str]:
             if r.get(f'fwd_{v}_ms') is None:
                 cells += [r.get(f'{v}_status') or '-', '', '']
             else:
-                cells += [_fmt(r[f'fwd_{v}_ms']), f'{r[f"{v}_speedup"]:.2f}x',
-                          _fmt(r[f'{v}_setup_s'], 0)]
+                cells += [fmt(r[f'fwd_{v}_ms']), f'{r[f"{v}_speedup"]:.2f}x',
+                          fmt(r[f'{v}_setup_s'], 0)]
         if settings.get('onnx'):
             cells.append('-' if r.get('ort_rel_err') is None else f'{r["ort_rel_err"]:.1e}')
-        lines.append(f'| {r["model"]} | {r.get("setting", "as built")} | '
-                     f'{r["size"][0]}x{r["size"][1]} | {_fmt(eager)} | ' + ' | '.join(cells)
-                     + ' |')
-    return lines + ['']
+        rows.append([r['model'], r.get('setting', 'as built'), f'{r["size"][0]}x{r["size"][1]}',
+                     fmt(eager)] + cells)
+    return lines + md_table(header, rows, 'lllr' + 'r' * (len(header) - 4)) + ['']
 
 
 def plot(report: Dict[str, Any], out_dir: str) -> List[str]:
     """Log-log latency and memory against tokens, one line per model, exponent in the legend."""
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     files = []
     for col, key, label, fname in (('fwd_ms', 'latency', 'forward latency (ms)',
                                     'latency_vs_tokens.png'),
@@ -219,11 +191,7 @@ def plot(report: Dict[str, Any], out_dir: str) -> List[str]:
                      f'{report["settings"].get("peer_layout", "as-built")}', fontsize=9)
         ax.grid(True, which='both', alpha=0.3)
         ax.legend(fontsize=7, ncol=2)
-        fig.tight_layout()
-        path = osp.join(out_dir, fname)
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        files.append(path)
+        files.append(save_figure(fig, osp.join(out_dir, fname)))
     return files
 
 
@@ -231,10 +199,7 @@ def main(argv=None) -> Dict[str, Any]:
     args = parse_args(argv)
     os.makedirs(args.out_dir, exist_ok=True)
     report = run(args)
-    with open(osp.join(args.out_dir, 'benchmark.json'), 'w') as f:
-        json.dump(report, f, indent=1)
-    with open(osp.join(args.out_dir, 'benchmark.md'), 'w') as f:
-        f.write(markdown(report))
+    write_outputs(args.out_dir, {'benchmark.json': report, 'benchmark.md': markdown(report)})
     if not args.no_plots:
         report['plots'] = plot(report, args.out_dir)
     print(f'wrote {args.out_dir}/benchmark.json, benchmark.md'

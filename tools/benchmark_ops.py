@@ -4,14 +4,10 @@
     python tools/benchmark_ops.py --preset readme --out-dir work_dirs/benchmark_ops
 
 For each token count N (a square grid), each attention kind runs on ``[B, heads, N, D]`` inputs
-(WeightFormer's dynamic linear layer and dynamic depthwise convolution, its token mixers, on
-``heads * D`` channels):
-time (median after warm-up), peak memory, MACs (analytic, :mod:`mmeffattn.analysis.flops`) and
-the achieved FLOP/s (2 per MAC) against the machine's own measured matmul FLOP/s; the arithmetic
-intensity against the measured copy bandwidth gives the roofline bound of each point. On a CUDA
-GPU each of our ops runs twice, with its Triton kernels and with its fast PyTorch backend
-(``backend='torch'``); on a CPU only the latter runs (Triton's interpreter is a test tool, not a
-CPU backend).
+(WeightFormer's token mixers on ``heads * D`` channels): time, peak memory, analytic MACs and the
+achieved FLOP/s against the machine's measured matmul rate and copy bandwidth (the roofline). On
+a CUDA GPU our ops run with their Triton kernels and their PyTorch backend; on a CPU with the
+latter only.
 """
 import argparse
 import json
@@ -30,6 +26,7 @@ from torch.utils._pytree import tree_flatten
 
 from mmeffattn import ops
 from mmeffattn.analysis.flops import op_macs, sdpa_macs
+from mmeffattn.analysis.report import fmt, md_table, write_outputs
 from mmeffattn.ops._spec import (CORE_PERIPHERY, DYNAMIC_WEIGHT, LAPLACIAN, NEWTON_SCHULZ,
                                  SPECS, get_spec)
 
@@ -48,8 +45,6 @@ PRESETS: Dict[str, Dict[str, Any]] = {
                 head_dim=64, warmup=3, repeats=10, budget_s=4., max_call_s=0.2),
 }
 BASELINES = ('softmax', 'linear')  # plain PyTorch, no backend choice
-
-
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -72,9 +67,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-# --------------------------------------------------------------------------------------------
-# the attention kinds: (run(backend) closure, MACs, minimum bytes moved)
-# --------------------------------------------------------------------------------------------
+# -- the attention kinds: (run(backend) closure, MACs, minimum bytes moved) --
 def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Plain linear attention with the ELU+1 feature map: ``phi(q) (phi(k)^T v)`` normalized
     by ``phi(q) sum_j phi(k_j)``; ``[B, h, N, D]`` in and out."""
@@ -84,10 +77,7 @@ def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
     return (q @ kv) / (z + 1e-6)
 
 
-#: our ops' kinds, each at about n tokens on a square grid: SEMA's windows on [B, heads, N, D];
-#: VECA's largest core budget before the N patches; WeightFormer's token mixers (a linear layer
-#: x (W + dW(x)) with dW from 2x2-pooled tokens, a 3x3 per-sample depthwise convolution, on
-#: heads * D channels); LaplacianFormer's attention (:func:`laplacian_nystrom`)
+#: our ops' kinds, each at about n tokens on a square grid (WeightFormer's on heads * D channels)
 KINDS = BASELINES + ('core_periphery', 'dynamic_dwconv', 'dynamic_linear', 'laplacian_nystrom',
                      'sema')
 
@@ -169,9 +159,7 @@ def laplacian_nystrom(side: int, s: Any, device: torch.device, dtype: torch.dtyp
                                                                landmarks=M)
 
 
-# --------------------------------------------------------------------------------------------
-# the run
-# --------------------------------------------------------------------------------------------
+# -- the run --
 def run(args: argparse.Namespace) -> Dict[str, Any]:
     from mmeffattn.analysis import benchmarking as bm
     if args.threads:
@@ -268,21 +256,17 @@ def markdown(report: Dict[str, Any]) -> str:
              f'median of {s["repeats"]} after {s["warmup"]} warm-up. Measured limits: matmul '
              f'{m["matmul"]["flops_per_s"] / 1e9:.1f} GFLOP/s (n={m["matmul"]["n"]}), copy '
              f'{m["copy"]["bytes_per_s"] / 1e9:.1f} GB/s. FLOP/s count 2 per MAC. Memory: '
-             f'{env["memory_method"]}.', '',
-             '| N | kind | backend | ms | peak mem (MB) | GFLOP/s | of matmul | of roofline |',
-             '|---:|---|---|---:|---:|---:|---:|---:|']
-    for r in report['results']:
-        if r['ms'] is None:
-            lines.append(f'| {r.get("N", r["N_requested"])} | {r["kind"]} | {r["backend"]} | '
-                         f'{r["status"]} | | | | |')
-            continue
-        lines.append(f'| {r["N"]} | {r["kind"]} | {r["backend"]} | {r["ms"]:.2f} | '
-                     f'{r["peak_mem_mb"]:.2f} | {r["flops_per_s"] / 1e9:.2f} | '
-                     f'{100 * r["of_matmul_peak"]:.1f}% | {100 * r["of_roofline"]:.1f}% |')
-    lines += ['', '| kind [backend] | time ~ N^k | memory ~ N^k |', '|---|---:|---:|']
-    for name, k in report['exponents'].items():
-        fmt = lambda x: '-' if x is None else f'{x:.2f}'  # noqa: E731
-        lines.append(f'| {name} | {fmt(k["time"])} | {fmt(k["memory"])} |')
+             f'{env["memory_method"]}.', '']
+    rows = [[r.get('N', r['N_requested']), r['kind'], r['backend']] + (
+        [r['status'], '', '', '', ''] if r['ms'] is None else
+        [f'{r["ms"]:.2f}', f'{r["peak_mem_mb"]:.2f}', f'{r["flops_per_s"] / 1e9:.2f}',
+         f'{100 * r["of_matmul_peak"]:.1f}%', f'{100 * r["of_roofline"]:.1f}%'])
+        for r in report['results']]
+    lines += md_table(['N', 'kind', 'backend', 'ms', 'peak mem (MB)', 'GFLOP/s', 'of matmul',
+                       'of roofline'], rows, 'rllrrrrr') + ['']
+    lines += md_table(['kind [backend]', 'time ~ N^k', 'memory ~ N^k'],
+                      [[n, fmt(k['time'], 2), fmt(k['memory'], 2)]
+                       for n, k in report['exponents'].items()], 'lrr')
     return '\n'.join(lines) + '\n'
 
 
@@ -290,10 +274,8 @@ def main(argv=None) -> Dict[str, Any]:
     args = parse_args(argv)
     os.makedirs(args.out_dir, exist_ok=True)
     report = run(args)
-    with open(osp.join(args.out_dir, 'benchmark_ops.json'), 'w') as f:
-        json.dump(report, f, indent=1)
-    with open(osp.join(args.out_dir, 'benchmark_ops.md'), 'w') as f:
-        f.write(markdown(report))
+    write_outputs(args.out_dir, {'benchmark_ops.json': report,
+                                 'benchmark_ops.md': markdown(report)})
     print(f'wrote {args.out_dir}/benchmark_ops.json, benchmark_ops.md '
           f'({report["elapsed_s"]:.0f} s)')
     return report

@@ -1,17 +1,14 @@
 #!/usr/bin/env python
 """The demo: train Mask R-CNN + SEMA-T on generated shapes, evaluate it, draw predictions.
 
-Runs the same tools a user runs (tools/train.py, tools/test.py) on a COCO-format dataset that
-the project generates deterministically (no download), so it doubles as an end-to-end check:
+Runs tools/train.py and tools/test.py on a generated COCO-format dataset (no download):
 
     python tools/demo.py                        # about 20 minutes on 2 CPU cores
     python tools/demo.py --epochs 1 --num-train 16 --num-val 8 --work-dir work_dirs/demo_smoke
                                                 # a quick smoke run, kept apart from the demo
 
-Re-running the same command resumes an interrupted training from its last checkpoint. What a run
-was started with (dataset, config, epochs, seed) is recorded in WORK_DIR/demo_run.json; a work dir
-holding checkpoints of other settings (or of unrecorded ones) is renamed to WORK_DIR.old-<time>,
-never deleted, and the run starts fresh.
+Re-running the same command resumes it; a work dir holding a run of other settings (recorded
+in WORK_DIR/demo_run.json) is renamed to WORK_DIR.old-<time>, never deleted.
 """
 import argparse
 import glob
@@ -62,23 +59,19 @@ def _sha256(*paths: str) -> str:
 
 
 def run_settings(config: str, data_root: str, seed: int, epochs: Optional[int]) -> dict:
-    """What decides the training of a run: the dataset as generated, the config, the schedule
-    and the seed. Two runs with equal settings train the same model, so one may resume the
-    other; anything else the demo passes to tools/train.py follows from these."""
+    """What decides a run's training (dataset, config, schedule, seed): runs with equal settings
+    train the same model, so one may resume the other."""
     from mmengine.config import Config
 
     from mmeffattn.datasets import load_shapes_meta
-    # the config as loaded, its _base_ chain included (an edit to any of them changes the
-    # training), before the demo's overrides, which are recorded as values below
+    # the config with its _base_ chain (the demo's overrides are recorded as values below)
     cfg = Config.fromfile(config, import_custom_modules=False)
     cfg_text = json.dumps(cfg.to_dict(), sort_keys=True, default=repr)
     meta = load_shapes_meta(data_root) or {}
     ann = osp.join(data_root, 'annotations')
     return dict(
         data_root=data_root,
-        # the generator's parameters (its version included) and the annotations it wrote: a
-        # dataset regenerated with the same parameters is the same dataset (it is
-        # deterministic), and the hash catches one that is not
+        # the generator's parameters, and a hash that catches a dataset they do not describe
         dataset=meta.get('params'),
         dataset_sha256=_sha256(osp.join(ann, 'instances_train2017.json'),
                                osp.join(ann, 'instances_val2017.json')),
@@ -124,11 +117,8 @@ def read_manifest(work_dir: str) -> Optional[dict]:
 
 
 def plan_work_dir(work_dir: str, settings: dict) -> Tuple[str, str]:
-    """What this run does with ``work_dir``: ``('resume' | 'fresh' | 'move', why)``.
-
-    Only a run of the same settings is resumed: tools/train.py --resume continues from whatever
-    checkpoint it finds, and one of another dataset or schedule would be silently mixed in.
-    """
+    """What this run does with ``work_dir``: ``('resume' | 'fresh' | 'move', why)``; only a run
+    of the same settings is resumed (--resume would take any checkpoint)."""
     if not _has_checkpoints(work_dir):
         return 'fresh', 'no checkpoint in it'
     manifest = read_manifest(work_dir)
@@ -151,8 +141,7 @@ def _move_aside(work_dir: str) -> str:
     except OSError as e:
         raise SystemExit(f'tools/demo.py: cannot move {work_dir} aside to {target} ({e}); pass '
                          f'--work-dir with a new folder for this run, or move it yourself')
-    # mmengine records the latest checkpoint by its absolute path: point it into the moved
-    # folder, or resuming that run would load whatever the new run saves under the old name
+    # mmengine records the latest checkpoint by its absolute path: point it into the moved folder
     record = osp.join(target, 'last_checkpoint')
     if osp.isfile(record):
         with open(record) as f:
@@ -164,8 +153,8 @@ def _move_aside(work_dir: str) -> str:
 
 
 def prepare_work_dir(work_dir: str, settings: dict) -> str:
-    """Resume, start fresh or move the old run aside (see :func:`plan_work_dir`); a new run's
-    ``settings`` are recorded in the work dir before training starts. Returns the line to print."""
+    """Resume, start fresh or move the old run aside (:func:`plan_work_dir`), record a new run's
+    ``settings``; returns the line to print."""
     action, why = plan_work_dir(work_dir, settings)
     if action == 'move':
         target = _move_aside(work_dir)
@@ -230,14 +219,9 @@ def main(argv=None) -> dict:
           f'{", reused" if not info["regenerated"] else ""})', flush=True)
 
     root = data_root.rstrip('/') + '/'
-    options = {
-        'train_dataloader.dataset.data_root': root,
-        'val_dataloader.dataset.data_root': root,
-        'test_dataloader.dataset.data_root': root,
-        'val_evaluator.ann_file': root + 'annotations/instances_val2017.json',
-        'test_evaluator.ann_file': root + 'annotations/instances_val2017.json',
-        'randomness.seed': args.seed,
-    }
+    options = {f'{split}_dataloader.dataset.data_root': root for split in ('train', 'val', 'test')}
+    options.update({f'{split}_evaluator.ann_file': root + 'annotations/instances_val2017.json'
+                    for split in ('val', 'test')}, **{'randomness.seed': args.seed})
     if args.epochs is not None:
         options.update({'train_cfg.max_epochs': args.epochs, 'train_cfg.val_interval': args.epochs})
     cfg_opts = [f'{k}={v}' for k, v in options.items()]
@@ -272,10 +256,9 @@ def main(argv=None) -> dict:
 
     print('\n' + '=' * 72)
     print(f'Demo finished in {(time.time() - t0) / 60:.1f} min')
-    print(f'  bbox mAP: {metrics.get("coco/bbox_mAP", float("nan")):.3f}   '
-          f'(AP50 {metrics.get("coco/bbox_mAP_50", float("nan")):.3f})')
-    print(f'  segm mAP: {metrics.get("coco/segm_mAP", float("nan")):.3f}   '
-          f'(AP50 {metrics.get("coco/segm_mAP_50", float("nan")):.3f})')
+    for kind in ('bbox', 'segm'):
+        print(f'  {kind} mAP: {metrics.get(f"coco/{kind}_mAP", float("nan")):.3f}   '
+              f'(AP50 {metrics.get(f"coco/{kind}_mAP_50", float("nan")):.3f})')
     print(f'  checkpoint: {checkpoint}')
     print(f'  training log: {log_file}')
     print(f'  metrics JSON: {metrics_file}')

@@ -3,28 +3,17 @@
 
     python tools/gpu_check.py --out-dir work_dirs/gpu_check
 
-1. ``kernels``: every Triton kernel against its PyTorch reference (evaluated in fp64) at the
-   sizes the backbones really use (:data:`KERNEL_CASES`), forward and backward, in fp32 and
-   bf16, with the op's tolerance table (``mmeffattn/ops/<op>/spec.py``). Where the check has a
-   roofline (:mod:`mmeffattn.analysis.kernels`), the forward + backward call is also timed and
-   printed next to the predicted time (``docs/perf/kernels.md``).
-2. ``op_tests``: the op test suite (``tests/ops``), whose CUDA-only cases (bf16 ``tl.dot``,
-   compiled kernels) are skipped on a machine without a GPU.
-3. ``benchmark_ops``: ``tools/benchmark_ops.py --preset gpu`` (Triton vs reference vs SDPA and
-   linear attention, against the measured matmul rate and copy bandwidth).
-4. ``benchmark``: ``tools/benchmark.py --preset gpu`` (every backbone, CUDA-event timing, the
-   Triton path; ``--dtype bf16`` with ``--bf16``).
+1. ``kernels``: every Triton kernel against its fp64 reference at the backbones' sizes
+   (:data:`KERNEL_CASES`), forward and backward, fp32 and bf16, with each op's tolerances; timed
+   next to its roofline prediction where it has one (:mod:`mmeffattn.analysis.kernels`).
+2. ``op_tests``: ``tests/ops``, whose CUDA-only cases are skipped elsewhere.
+3. ``benchmark_ops``: ``tools/benchmark_ops.py --preset gpu``.
+4. ``benchmark``: ``tools/benchmark.py --preset gpu`` (``--dtype bf16`` with ``--bf16``).
 
-Each step has a time limit (the total fits in 10 minutes); its result, time and log go to
-``<out-dir>/gpu_check.json`` (tables in ``gpu_check.md``) and ``<out-dir>/<step>.log``. Without
-a CUDA device it stops at once with exit status 2 and says so. ``--dry-run`` runs the same
-steps on this machine's CPU at smoke sizes (the kernels step checks the references, not the
-kernels): it proves the plumbing, e.g. on a copy of the GPU machine's software stack, and
-measures nothing.
-
-On an offline GPU machine that has PyTorch and Triton but not the OpenMMLab stack, run it
-through ``scripts/gpu_device.sh`` with the wheels of ``scripts/gpu_wheels.sh``
-(``docs/perf/gpu.md``).
+Each step has a time limit; results go to ``<out-dir>/gpu_check.{json,md}`` and
+``<out-dir>/<step>.log``. Without a CUDA device it exits with status 2. ``--dry-run`` runs the
+same steps on the CPU at smoke sizes: it checks the plumbing and measures nothing. Offline GPU
+machines: ``scripts/gpu_device.sh`` (``docs/perf/gpu.md``).
 """
 import argparse
 import functools
@@ -41,7 +30,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 
 from mmeffattn.analysis import kernels
-from mmeffattn.analysis.benchmarking import environment, time_once
+from mmeffattn.analysis.benchmarking import environment, median, time_once
+from mmeffattn.analysis.report import md_table, write_outputs
 from mmeffattn.ops import _backend
 from mmeffattn.ops._spec import DEFAULT_TOLERANCES, SPECS, check_close
 
@@ -84,9 +74,7 @@ def cuda_problem() -> str:
     return ''
 
 
-# --------------------------------------------------------------------------------------------
-# step 1: kernels vs references at realistic sizes
-# --------------------------------------------------------------------------------------------
+# -- step 1: kernels vs references at realistic sizes --
 #: ``(name, make(device, dtype) -> Example)``: each op's ``spec.example`` at its
 #: ``spec.gpu_sizes`` (the backbones' first stage at 224, batch 8, and 512 or more, batch 2)
 KERNEL_CASES: List[Tuple[str, Callable[[Any, Any], Any]]] = [
@@ -101,8 +89,7 @@ def gpu_name(device) -> str:
 
 
 def time_call(fn: Callable, inputs: List[Any], backend: str, reps: int = 20) -> float:
-    """Median seconds of one forward + backward of ``fn(backend, *inputs)`` (``time_once``:
-    CUDA events on a GPU, wall clock otherwise), after 3 warm-up calls."""
+    """Median seconds of one forward + backward of ``fn(backend, *inputs)``, after 3 warm-ups."""
     xs = [x.detach().requires_grad_() for x in inputs]
     grad = torch.ones_like(fn(backend, *xs))
 
@@ -111,22 +98,19 @@ def time_call(fn: Callable, inputs: List[Any], backend: str, reps: int = 20) -> 
 
     for _ in range(3):
         step()
-    times = sorted(time_once(step, xs[0].device) for _ in range(reps))
-    return times[len(times) // 2]
+    return median([time_once(step, xs[0].device) for _ in range(reps)])
 
 
 def check_kernels(out_dir: str, device: str = 'cuda', backend: str = 'triton',
                   dtypes: Tuple[str, ...] = ('float32', 'bfloat16'),
                   only: str = '', timing: Optional[bool] = None,
                   first_per_op: bool = False) -> Dict[str, Any]:
-    """``backend`` (the Triton kernels; ``'reference'`` checks this harness itself on a CPU) in
-    each of ``dtypes`` vs the reference in fp64: the output and every input gradient. ``only``
-    keeps the cases whose name contains it, ``first_per_op`` the first (smallest) case of each
-    op. ``timing`` (default: on a CUDA device) times each case that has a roofline and records
-    it next to the prediction."""
+    """``backend`` (``'reference'``: this harness itself, on a CPU) in each of ``dtypes`` against
+    the fp64 reference, output and input gradients; ``only``: cases whose name contains it;
+    ``first_per_op``: each op's first case; ``timing`` (default: on CUDA): measured next to
+    predicted."""
     device = torch.device(device)
     timing = device.type == 'cuda' if timing is None else timing
-    os.makedirs(out_dir, exist_ok=True)
     rows = []
     ops_seen = set()
     for name, make in KERNEL_CASES:
@@ -171,32 +155,30 @@ def check_kernels(out_dir: str, device: str = 'cuda', backend: str = 'triton',
                 row['error'] = f'{type(e).__name__}: {e}'[:2000]
             row['seconds'] = round(time.time() - t0, 2)
             rows.append(row)
-            timing = (f' measured {row["measured_us"]} us, predicted {row["predicted_us"]} us '
-                      f'({row["predicted_for"]} roofline; {row["roofline_fraction"]:.0%})'
-                      if 'measured_us' in row else '')
-            print(f'  {row["status"]:4} {name} [{row["dtype"]}]{timing} '
+            shown = (f' measured {row["measured_us"]} us, predicted {row["predicted_us"]} us '
+                     f'({row["predicted_for"]} roofline; {row["roofline_fraction"]:.0%})'
+                     if 'measured_us' in row else '')
+            print(f'  {row["status"]:4} {name} [{row["dtype"]}]{shown} '
                   f'{row.get("error", "")[:200]}', flush=True)
             if device.type == 'cuda':
                 torch.cuda.empty_cache()
-    with open(osp.join(out_dir, 'kernels.json'), 'w') as f:
-        json.dump(rows, f, indent=1)
+    write_outputs(out_dir, {'kernels.json': rows})
     failed = [r for r in rows if r['status'] != 'ok']
     return dict(status='ok' if not failed else 'FAIL', checked=len(rows), failed=len(failed))
 
 
 def summary_markdown(summary: Dict[str, Any], out_dir: str) -> str:
-    """``gpu_check.md``: the steps, then the kernels' check (measured next to predicted) and the
-    official-operator comparison when those steps ran; the benchmarks write their own tables
-    (``ops/benchmark_ops.md``, ``backbones/benchmark.md``)."""
+    """``gpu_check.md``: the steps, the kernels' check and the official-operator comparison (the
+    benchmarks write their own tables)."""
     env = summary['environment']
     where = 'dry run on the CPU (plumbing only)' if summary['dry_run'] else env.get('gpu', 'GPU')
     lines = [f'# gpu_check: {where}', '',
              f'{env["time"]}; torch {env["torch"]}, Triton {env.get("triton_version", "none")}, '
              f'Python {env["python"]}' + (f', compute capability {env["capability"]}'
                                           if 'capability' in env else '') + '.', '',
-             '| step | status | seconds |', '|---|---|---:|']
-    lines += [f'| {name} | {summary[name]["status"]} | {summary[name]["seconds"]} |'
-              for name in summary['steps'] if name in summary]
+             *md_table(['step', 'status', 'seconds'], [
+                 [name, summary[name]['status'], summary[name]['seconds']]
+                 for name in summary['steps'] if name in summary], 'llr')]
 
     def table(file: str, title: str, header: List[str], row: Callable[[dict], List[Any]]):
         path = osp.join(out_dir, file)
@@ -205,10 +187,7 @@ def summary_markdown(summary: Dict[str, Any], out_dir: str) -> str:
         with open(path) as f:
             data = json.load(f)
         rows = data['rows'] if isinstance(data, dict) else data
-        lines.extend(['', f'## {title}', '', '| ' + ' | '.join(header) + ' |',
-                      '|' + '---|' * len(header)])
-        lines.extend('| ' + ' | '.join('' if v is None else str(v) for v in row(r)) + ' |'
-                     for r in rows)
+        lines.extend(['', f'## {title}', ''] + md_table(header, map(row, rows)))
 
     table('kernels.json', 'Kernels against the fp64 reference (forward + backward)',
           ['case', 'dtype', 'status', 'measured µs', 'predicted µs', 'of roofline', 'error'],
@@ -227,9 +206,7 @@ def summary_markdown(summary: Dict[str, Any], out_dir: str) -> str:
     return '\n'.join(lines) + '\n'
 
 
-# --------------------------------------------------------------------------------------------
-# steps 2-4: subprocesses
-# --------------------------------------------------------------------------------------------
+# -- steps 2-4: subprocesses --
 def run_step(name: str, cmd: List[str], out_dir: str, limit: int) -> Dict[str, Any]:
     log = osp.join(out_dir, f'{name}.log')
     env = dict(os.environ, PYTHONUNBUFFERED='1')
@@ -245,8 +222,7 @@ def run_step(name: str, cmd: List[str], out_dir: str, limit: int) -> Dict[str, A
 
 
 def step_commands(args: argparse.Namespace) -> Dict[str, List[str]]:
-    """The command of each subprocess step (``--dry-run``: the same tools on the CPU, at smoke
-    sizes)."""
+    """The command of each subprocess step (``--dry-run``: on the CPU, at smoke sizes)."""
     py = sys.executable
     # tests/ops/test_aot.py compiles for sm_80/sm_90 on the CPU: CI's work, not the GPU's
     op_tests = [py, '-m', 'pytest', 'tests/ops', '-q', '-p', 'no:cacheprovider',
@@ -305,10 +281,8 @@ def main(argv=None) -> int:
                                  traceback=traceback.format_exc()[-3000:])
         summary[name]['seconds'] = round(time.time() - t0, 1)
         summary['total_seconds'] = round(time.time() - t_all, 1)
-        with open(osp.join(args.out_dir, 'gpu_check.json'), 'w') as f:
-            json.dump(summary, f, indent=1)
-        with open(osp.join(args.out_dir, 'gpu_check.md'), 'w') as f:
-            f.write(summary_markdown(summary, args.out_dir))
+        write_outputs(args.out_dir, {'gpu_check.json': summary,
+                                     'gpu_check.md': summary_markdown(summary, args.out_dir)})
         print(f'[{name}] {summary[name]["status"]} in {summary[name]["seconds"]} s', flush=True)
     ok = all(summary[name]['status'] == 'ok' for name in args.steps)
     print(f'gpu_check: {"all steps passed" if ok else "FAILURES"}; '

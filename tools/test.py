@@ -5,18 +5,10 @@
                          [--out PREDICTIONS.pkl] [--show-dir DIR] [--tta]
     bash tools/dist_test.sh CONFIG CHECKPOINT NUM_PROCS [args]
 
-CHECKPOINT is what an ``init_cfg`` takes: a path or URL (downloaded once, cached), a checkpoint
-of ours or mmengine's, or the authors' published checkpoint (official MLLA, WeightFormer
-``.pth``/``.safetensors``), converted with its classification head into the config's model. It
-must fill the model exactly: a missing, unexpected or mis-shaped key stops the run with one line
-naming the keys, so no part of the model is ever evaluated at its random init. The config's own
-``init_cfg`` entries do not apply at test time (the Runner does not initialise weights), so
-``--cfg-options`` that set one are refused.
-
-``--tta`` evaluates with the config's own test-time augmentation, as the downstream tools do:
-the model is wrapped in ``tta_model`` and ``tta_pipeline`` replaces the test pipeline. The ADE20K
-UperNet configs inherit mmseg's (image ratios 0.5-1.75 x horizontal flip, the multi-scale mIoU);
-the RetinaNet configs inherit mmdet's ``retinanet/retinanet_tta.py`` (3 scales x flip, NMS).
+CHECKPOINT is a path or URL: ours, mmengine's, or an official one (MLLA, WeightFormer),
+converted with its head. It must fill the model exactly (a mismatch stops the run with one line
+naming the keys); ``--cfg-options`` that set an ``init_cfg`` are refused, as nothing else loads
+weights at test time. ``--tta`` evaluates with the config's ``tta_model`` and ``tta_pipeline``.
 """
 import argparse
 import json
@@ -40,10 +32,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('config', help='test config file path')
     parser.add_argument('checkpoint', help='checkpoint file or URL (official layouts too)')
     parser.add_argument('--work-dir', help='where logs (and by default the metrics JSON) go')
-    parser.add_argument('--out-json',
-                        help='metrics JSON path (default: WORK_DIR/test_metrics.json); an '
-                             'existing folder, or a path ending in /, gets test_metrics.json '
-                             'inside it')
+    parser.add_argument('--out-json', help='metrics JSON file, or a folder for '
+                        'test_metrics.json (default: WORK_DIR)')
     parser.add_argument('--out', help='dump the predictions to this .pkl file (mmengine '
                                       'DumpResults)')
     parser.add_argument('--show-dir', help='draw predictions on the test images into this folder')
@@ -60,8 +50,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def enable_visualization(cfg, show_dir: str) -> None:
-    """Turn on the downstream library's visualization hook, whichever it is, for every test
-    image."""
+    """Turn on the downstream library's visualization hook for every test image."""
     hook = cfg.default_hooks.get('visualization')
     if hook is None:
         raise RuntimeError('--show-dir needs a "visualization" entry in default_hooks')
@@ -77,9 +66,7 @@ def enable_visualization(cfg, show_dir: str) -> None:
         raise RuntimeError(f'--show-dir does not know the visualization hook {hook["type"]!r}')
 
 
-# What to add when a config has no test-time augmentation, per downstream library (default_scope).
-# mmdet's and mmpretrain's test.py would fall back to a flip-only default here; this tool does not,
-# so that "--tta" never reports a number from an augmentation nobody chose.
+# What to add to a config without test-time augmentation (no silent flip-only default)
 TTA_HINTS = {
     'mmseg': "tta_model = dict(type='SegTTAModel') (mmseg::_base_/default_runtime.py) and a "
              "tta_pipeline like the one in mmseg::_base_/datasets/ade20k.py (Resize with "
@@ -107,14 +94,8 @@ def _has_mask_head(model_cfg) -> bool:
 
 
 def apply_tta(cfg, config_path: Optional[str] = None) -> None:
-    """Turn ``cfg`` into its test-time-augmented form, in place.
-
-    ``cfg.model`` becomes ``tta_model`` with the original model as its ``module``, and the test
-    dataset's pipeline becomes ``tta_pipeline`` (the data root, annotations and evaluator are
-    untouched). Raises ``ValueError`` naming what to add when the config has no
-    ``tta_model``/``tta_pipeline``, and for Mask R-CNN-style models, whose masks mmdet's
-    ``DetTTAModel`` cannot merge.
-    """
+    """Wrap ``cfg.model`` in ``tta_model`` and put ``tta_pipeline`` in the test dataset, in
+    place; a ``ValueError`` names what to add, or that mmdet cannot merge masks."""
     where = f'the config {config_path!r}' if config_path else 'the config'
     scope = cfg.get('default_scope') or 'mmengine'
     tta_type = str((cfg.get('tta_model') or {}).get('type', '')).split('.')[-1]
@@ -137,12 +118,8 @@ def apply_tta(cfg, config_path: Optional[str] = None) -> None:
 
 
 def metrics_path(out_json: Optional[str], work_dir: str) -> str:
-    """The metrics JSON file for ``--out-json`` (``None``: ``WORK_DIR/test_metrics.json``).
-
-    A folder (one that exists, or a path ending in a separator) gets ``test_metrics.json`` inside
-    it. Decided before the evaluation: opening a folder as the file failed only after it, with
-    ``IsADirectoryError``, and the metrics were lost.
-    """
+    """The metrics file for ``--out-json``: ``test_metrics.json`` in the work dir or in a
+    folder given (decided before the evaluation, so no metrics are lost)."""
     if not out_json:
         return osp.join(work_dir, 'test_metrics.json')
     if osp.isdir(out_json) or out_json.endswith(('/', os.sep)):
@@ -167,12 +144,8 @@ def keep_test_config_dump(runner, config_path: str) -> None:
 
 
 def maybe_compile_test(runner, cfg) -> None:
-    """``compile=True`` (or a dict of ``torch.compile`` options, ``--cfg-options compile=True``)
-    compiles the model's ``test_step``, as mmengine's Runner compiles ``train_step`` for
-    training (its ``test()`` ignores the option); the data preprocessor stays eager
-    (:func:`~mmeffattn.engine.runner_setup.prepare_compile`). Inductor's graphs are frozen
-    (``freezing``): the test loop runs without gradients, so the weights become constants that
-    inductor folds (a convolution's BatchNorm) and pre-packs for the CPU's kernels."""
+    """``compile=True`` compiles the model's ``test_step`` (mmengine's ``test()`` ignores the
+    option); inductor freezes the weights as constants, as the loop runs without gradients."""
     option = cfg.get('compile')
     if not option:
         return
@@ -190,8 +163,8 @@ def maybe_compile_test(runner, cfg) -> None:
 
 
 def check_no_init_cfg(cfg_options: Optional[dict]) -> None:
-    """Refuse ``--cfg-options`` that set weights through an ``init_cfg`` or ``pretrained``: at
-    test time nothing initialises weights, CHECKPOINT alone is loaded."""
+    """Refuse ``--cfg-options`` that set an ``init_cfg`` or ``pretrained``: CHECKPOINT alone
+    is loaded."""
     keys = [k for k in cfg_options or {} if 'init_cfg' in k or k.split('.')[-1] == 'pretrained']
     if keys:
         raise CheckpointError(
@@ -210,8 +183,7 @@ def main(argv=None) -> dict:
     out = metrics_path(args.out_json, cfg.work_dir)
     if args.tta:  # before anything is loaded, so that a config without TTA fails at once
         apply_tta(cfg, args.config)
-    # A missing, truncated or refused file (or a failed download) ends here with one line,
-    # before anything is built.
+    # a bad file or a failed download ends here with one line, before anything is built
     loaded = open_checkpoint(args.checkpoint, extra_safe_globals=OFFICIAL_STAND_INS)
     cfg.load_from = args.checkpoint
     if args.out:
@@ -222,9 +194,7 @@ def main(argv=None) -> dict:
     if args.show_dir:
         enable_visualization(cfg, args.show_dir)
     check_dataset_paths(cfg, ['test'])
-    # A test run trains nothing. With a training loop configured, a hook that reads runner.iter
-    # (mmseg's visualization hook) builds it, and with it the training set, which the machine
-    # that tests may not have.
+    # no training loop: a hook reading runner.iter would build it and the training set with it
     for key in ('train_dataloader', 'train_cfg', 'optim_wrapper', 'param_scheduler'):
         cfg[key] = None
     setup_launcher(cfg, args.launcher)
@@ -233,9 +203,8 @@ def main(argv=None) -> dict:
     from mmengine.dist import is_main_process
     from mmengine.registry import RUNNERS
     from mmengine.runner import Runner
-    # The Runner dumps its config as WORK_DIR/<config name>, which is the training run's dump when
-    # the work dirs match; without a file name it writes WORK_DIR/<timestamp>.py instead, which
-    # is then moved into this run's own log folder (WORK_DIR/<timestamp>/).
+    # without a file name the Runner dumps WORK_DIR/<timestamp>.py, not over the training
+    # run's WORK_DIR/<config name>; it is moved into this run's log folder
     cfg = Config(cfg.to_dict(), filename=None)
     runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
     keep_test_config_dump(runner, args.config)

@@ -1,8 +1,6 @@
-"""Measurement helpers shared by ``tools/benchmark.py`` and ``tools/benchmark_ops.py``: timing
-(median after warm-up, CUDA events on a GPU), peak tensor memory, the machine's matmul rate,
-scaling-exponent fits and the environment record that goes with every result; and
-:func:`run_benchmark`, the backbones of :mod:`.model_zoo` timed side by side (eager, compiled,
-onnxruntime), which ``tools/benchmark.py`` and ``tools/analysis_tools/zoo_table.py`` run."""
+"""Measurement helpers of the benchmark tools (timing, peak tensor memory, the machine's matmul
+rate and bandwidth, scaling-exponent fits, the environment record) and :func:`run_benchmark`, the
+backbones of :mod:`.model_zoo` timed side by side (eager, compiled, onnxruntime)."""
 import contextlib
 import json
 import math
@@ -13,7 +11,7 @@ import tempfile
 import time
 import weakref
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -39,8 +37,7 @@ def synchronize(device: torch.device) -> None:
 
 
 class PeakTensorMemory(TorchDispatchMode):
-    """Tracks the bytes of tensor storages created inside the block and released again, and
-    their peak (``peak``). Views of an existing storage are not new memory and are skipped."""
+    """The ``peak`` bytes of the tensor storages created (not views) and alive inside the block."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -145,8 +142,8 @@ def is_oom(e: BaseException) -> bool:
 
 def matmul_flops_per_s(device: torch.device, dtype: torch.dtype = torch.float32,
                        n: int = 0, repeats: int = 5) -> Dict[str, Any]:
-    """The machine's practical limit: FLOP/s (2 per MAC) of a square matmul, the median of
-    ``repeats`` runs after one warm-up. ``n`` defaults to 2048 on CPU and 8192 on CUDA."""
+    """The machine's practical limit: FLOP/s (2 per MAC) of a square matmul (``n`` 2048 on CPU,
+    8192 on CUDA), the median of ``repeats`` runs after a warm-up."""
     n = n or (8192 if device.type == 'cuda' else 2048)
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
@@ -197,9 +194,8 @@ def parse_size(text: str) -> Tuple[int, int]:
 
 def predict_power_law(history: Sequence[Tuple[float, float]], x: float,
                       min_exponent: float = 1.0) -> float:
-    """Extrapolate a cost to ``x`` from ``(x, cost)`` pairs measured at smaller ``x``: a power
-    law through the last two points, with an exponent of at least ``min_exponent`` (so a noisy
-    flat start does not promise a free large size); 0 without history."""
+    """Extrapolate a cost to ``x`` from ``(x, cost)`` pairs: a power law through the last two,
+    exponent at least ``min_exponent`` (a noisy flat start promises no free size); 0 without."""
     if not history:
         return 0.
     k = fit_exponent(*zip(*history[-2:])) if len(history) >= 2 else None
@@ -209,8 +205,7 @@ def predict_power_law(history: Sequence[Tuple[float, float]], x: float,
 
 
 def copy_bandwidth(device: torch.device, nbytes: int = 0, repeats: int = 5) -> Dict[str, Any]:
-    """The machine's practical memory bandwidth: bytes read + written per second by a large
-    tensor copy (64 MiB on CPU, 1 GiB on CUDA by default), median after one warm-up."""
+    """The machine's practical memory bandwidth: bytes read + written per second by a large copy."""
     nbytes = nbytes or (2**30 if device.type == 'cuda' else 2**26)
     src = torch.empty(nbytes // 4, device=device, dtype=torch.float32).normal_()
     dst = torch.empty_like(src)
@@ -219,18 +214,14 @@ def copy_bandwidth(device: torch.device, nbytes: int = 0, repeats: int = 5) -> D
     return dict(bytes=nbytes, seconds=secs, bytes_per_s=2 * nbytes / secs)
 
 
-# --------------------------------------------------------------------------------------------
-# backbones side by side
-# --------------------------------------------------------------------------------------------
+# -- backbones side by side --
 SQUARE_SIZES = ['224', '512', '768', '1024', '1248', '1536', '2048']
 #: presets of :class:`BenchmarkSettings`: the sizes, batch, repeats and limits of a run
 PRESETS: Dict[str, Dict[str, Any]] = {
-    # tiny, for the test suite: two models, two small sizes
     'smoke': dict(models=['SEMA-T', 'ResNet-50'], sizes=['32', '32x64'], batch=1, warmup=1,
                   repeats=2, backward_max_side=64, budget_s=120., max_call_s=30.,
                   max_memory_gb=4.),
-    # the README run: about 10 minutes on 2 CPU cores (all models, up to 1024 px, backward up
-    # to 512 px)
+    # the README run: about 10 minutes on 2 CPU cores
     'readme': dict(models=['all'], sizes=['224', '512', '768', '1024', '512x768'], batch=1,
                    warmup=1, repeats=3, backward_max_side=512, budget_s=60., max_call_s=6.,
                    max_memory_gb=8.),
@@ -238,15 +229,12 @@ PRESETS: Dict[str, Dict[str, Any]] = {
     'full': dict(models=['all'], sizes=SQUARE_SIZES + ['1024x2048'], batch=1, warmup=2,
                  repeats=10, backward_max_side=2048, budget_s=1800., max_call_s=120.,
                  max_memory_gb=16.),
-    # the attention zoo (configs/zoo: SEMA-T with each token mixer), once on a shared CPU: one
-    # thread (OpenMP spin-waits on a loaded machine made two threads 20x slower), forward only,
-    # one timed run, a time budget per model (global softmax is skipped where its predicted time
-    # or memory exceeds the limits); tools/analysis_tools/zoo_table.py runs it
+    # the attention zoo (tools/analysis_tools/zoo_table.py): one thread (OpenMP spin-waits on a
+    # loaded machine), forward only, one timed run
     'zoo': dict(models=['zoo'], sizes=['224', '512', '1024'], batch=1, warmup=1, repeats=1,
                 backward_max_side=0, budget_s=120., max_call_s=30., max_memory_gb=8.,
                 threads=1, reference='Zoo-sema'),
-    # a CUDA GPU, inside the 10-minute GPU script (200 s for 16 models; FLOPs do not depend on
-    # the device: take them from get_flops.py or a CPU run)
+    # a CUDA GPU, inside the 10-minute GPU script (FLOPs: from get_flops.py or a CPU run)
     'gpu': dict(models=['all'], sizes=SQUARE_SIZES + ['1024x2048'], batch=8, warmup=3,
                 repeats=10, backward_max_side=1536, budget_s=7., max_call_s=0.3,
                 max_memory_gb=60., no_flops=True),
@@ -256,11 +244,9 @@ PEER_LAYOUTS = ('channels-last', 'as-built')
 
 @dataclass
 class BenchmarkSettings:
-    """What :func:`run_benchmark` measures, and how (``tools/benchmark.py``'s options).
-
-    Ours run as a config builds them, fed a plain NCHW batch (as mmdet, mmseg and mmpretrain
-    call them); the peers in their best CPU setting (``peer_layout='channels-last'``: model and
-    input); all under the same ``dtype`` (``'bf16'``: autocast) and compile options."""
+    """What :func:`run_benchmark` measures, and how (``tools/benchmark.py``'s options). Ours
+    run as built, fed NCHW; the peers in ``peer_layout`` (their best CPU setting: channels-last);
+    all under the same ``dtype`` (``'bf16'``: autocast) and compile options."""
     models: List[str] = field(default_factory=lambda: ['all'])
     sizes: List[str] = field(default_factory=lambda: ['224'])
     batch: int = 1
@@ -322,22 +308,9 @@ class Runner:
         return [*self.model.parameters(), *self.model.buffers(), self.x]
 
 
-@contextlib.contextmanager
-def _ops_backend(choice: Optional[str], device: torch.device) -> Iterator[str]:
-    """The ops' backend within the block: ``choice``, or by default the torch backend on a CPU
-    (the Triton interpreter would otherwise be timed) and automatic dispatch on a GPU (Triton
-    kernels)."""
-    from mmeffattn.ops import use_backend
-    choice = choice or ('auto' if device.type == 'cuda' else 'torch')
-    with use_backend(choice):
-        yield choice
-
-
 def _compile_config(settings: BenchmarkSettings) -> Any:
-    """Inductor's freezing for inference (``settings.freezing``: parameters folded as constants,
-    convolution and linear weights prepacked), which needs eval mode and ``no_grad``, as our
-    forwards run. One setting for the whole run: a graph compiled without freezing would serve
-    a later frozen compile of the same module class."""
+    """Inductor's freezing (weights folded as constants) for the whole run: a graph compiled
+    without it would serve a later frozen compile of the same module class."""
     if settings.compile and settings.freezing and settings.compile_backend == 'inductor':
         import torch._inductor.config as inductor_config
         return inductor_config.patch(freezing=True)
@@ -362,8 +335,11 @@ def run_benchmark(settings: BenchmarkSettings) -> Dict[str, Any]:
         require_onnx()
     if settings.threads:
         torch.set_num_threads(settings.threads)
-    with _ops_backend(settings.ops_backend, device) as backend, _compile_config(settings), \
-            tempfile.TemporaryDirectory() as tmp:
+    from mmeffattn.ops import use_backend
+
+    # default: the torch backend on a CPU (not the Triton interpreter), Triton on a GPU
+    backend = settings.ops_backend or ('auto' if device.type == 'cuda' else 'torch')
+    with use_backend(backend), _compile_config(settings), tempfile.TemporaryDirectory() as tmp:
         return _run(settings, device, backend, tmp)
 
 
@@ -414,9 +390,8 @@ def _run(settings: BenchmarkSettings, device: torch.device, backend: str,
                        status=info[name]['status'], setting=info[name]['setting'], fwd_ms=None,
                        fwd_bwd_ms=None, images_per_s=None, peak_mem_mb=None,
                        fwd_bwd_peak_mem_mb=None, gmacs=None, params_m=info[name]['params_m'])
-            for v in variants:
-                rec.update({f'fwd_{v}_ms': None, f'{v}_speedup': None, f'{v}_setup_s': None,
-                            f'{v}_status': None})
+            rec.update({k.format(v): None for v in variants
+                        for k in ('fwd_{}_ms', '{}_speedup', '{}_setup_s', '{}_status')})
             records[name] = rec
             if name not in models:
                 continue
@@ -477,8 +452,7 @@ def _run(settings: BenchmarkSettings, device: torch.device, backend: str,
     if settings.compile:
         report_settings['compile'] = settings.compile_backend + (
             ', freezing' if settings.freezing and settings.compile_backend == 'inductor' else ''
-        ) + (
-            f', mode {settings.compile_mode}' if settings.compile_mode else '')
+        ) + (f', mode {settings.compile_mode}' if settings.compile_mode else '')
     env = environment(device, dtype)
     if settings.onnx:
         import onnxruntime
@@ -495,12 +469,8 @@ def _run(settings: BenchmarkSettings, device: torch.device, backend: str,
 def _measure(runners: Dict[str, Runner], records: Dict[str, Dict[str, Any]],
              info: Dict[str, Dict[str, Any]], settings: Any, device: torch.device,
              backward: bool) -> None:
-    """Warm every runner up, then ``repeats`` rounds that time each model once.
-
-    On a GPU the first call of each pass at each size compiles the Triton kernels it meets for
-    the first time (a few seconds each), which says nothing about the model's speed: it is
-    recorded as ``first_call_s`` and kept out of the model's time budget (``budget_s`` bounds
-    measurement), so that compilation does not make the later sizes look too slow to run."""
+    """Warm every runner up, then ``repeats`` rounds that time each model once. On a GPU the
+    first call of each pass (Triton compiles) is ``first_call_s``, outside the time budget."""
     key = 'fwd_bwd_ms' if backward else 'fwd_ms'
     times: Dict[str, List[float]] = {name: [] for name in runners}
     first = set(runners) if device.type == 'cuda' else set()
@@ -546,8 +516,8 @@ def _measure(runners: Dict[str, Runner], records: Dict[str, Dict[str, Any]],
 
 
 def _setup_ort(runner: Runner, rec: Dict[str, Any], tmp: str) -> Callable[[], None]:
-    """Export the backbone at this size (static), open an onnxruntime session with torch's
-    thread count, and record the largest relative error of its outputs against eager's."""
+    """Export the backbone at this size, open an onnxruntime session, and record the largest
+    relative error of its outputs against eager's."""
     from mmeffattn.deploy.onnx import export_onnx, onnx_session, relative_error
     path = os.path.join(tmp, f'{rec["model"]}.onnx')
     export_onnx(runner.model, tuple(runner.x.shape[2:]), path, batch=runner.x.shape[0])
@@ -563,11 +533,9 @@ def _setup_ort(runner: Runner, rec: Dict[str, Any], tmp: str) -> Callable[[], No
 def _measure_variants(runners: Dict[str, Runner], records: Dict[str, Dict[str, Any]],
                       settings: BenchmarkSettings, device: torch.device, variants: List[str],
                       tmp: str) -> None:
-    """The compiled and onnxruntime forwards of every runner. Each is set up first (its time is
-    ``<variant>_setup_s``: compiling is the first call; onnxruntime's is the export and the
-    session) and warmed up; then ``repeats`` rounds time each model's eager forward and its
-    variants back to back, so that all see the same machine load. ``<variant>_speedup`` =
-    eager / variant, from the medians of these rounds."""
+    """The compiled and onnxruntime forwards of every runner: set up (``<variant>_setup_s``),
+    warmed up, then timed back to back with eager in ``repeats`` rounds;
+    ``<variant>_speedup`` = eager / variant."""
     calls: Dict[str, Dict[str, Callable[[], Any]]] = {}
     for name, runner in runners.items():
         rec = records[name]

@@ -1,5 +1,4 @@
-"""Comparing two implementations of one computation, as the tools that hold ours against
-official code do: their outputs within a tolerance, and their times in alternation."""
+"""Ours against official code: outputs within a tolerance, times in alternation."""
 import statistics
 from typing import Callable, Dict, List, Tuple
 
@@ -12,10 +11,8 @@ MISMATCH_HINT = 'the checkpoint filter or the architecture does not match this o
 
 def check_outputs(outputs: Dict[str, Callable[[], torch.Tensor]], tol: float,
                   hint: str = MISMATCH_HINT) -> Dict[str, float]:
-    """Largest difference of each of our outputs from the official one (the first entry),
-    relative to the official output's largest magnitude. Raises ``RuntimeError`` beyond
-    ``tol`` (its message ends with ``hint``): timing two different computations would mean
-    nothing."""
+    """Largest difference of each output from the first (the official one), relative to its
+    largest magnitude; a ``RuntimeError`` ending with ``hint`` beyond ``tol``."""
     items = iter(outputs.items())
     ref_name, ref_fn = next(items)
     with torch.no_grad():
@@ -38,14 +35,9 @@ def check_outputs(outputs: Dict[str, Callable[[], torch.Tensor]], tol: float,
 def time_paired(fns: Dict[str, Callable[[], object]], rounds: int,
                 device: torch.device = torch.device('cpu')
                 ) -> Tuple[Dict[str, float], Dict[str, float]]:
-    """Time each function once per round, for ``rounds`` rounds (after one warm-up call each),
-    the order reversed every other round (``time_once``: CUDA events on a GPU).
-
-    Returns the median ms per call of each, and each one's median over the rounds of its time
-    divided by the first function's in the same round. Calls next to each other share the
-    machine's state at that moment (another tenant, the clock), so the paired ratio is steadier
-    than a ratio of medians on a noisy machine.
-    """
+    """Time each function once per round for ``rounds`` rounds (after a warm-up, the order
+    reversed every other round); returns the median ms per call of each and the median of its
+    ratios to the first function in the same round (steadier than a ratio of medians)."""
     items = list(fns.items())
     for _, fn in items:
         fn()

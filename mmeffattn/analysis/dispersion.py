@@ -1,13 +1,9 @@
-"""How spread out attention weights are, per query, for each attention kind (SEMA's argument).
+"""How spread out attention weights are, per query, for each attention kind (SEMA's argument:
+global softmax *disperses* as ``N`` grows, entropy ~ ``log N``).
 
-SEMA argues that global softmax attention *disperses* as ``N`` grows (entropy ~ ``log N``, the
-top weight shrinks); windows keep a fixed key count and SEMA adds the global mean explicitly.
-:func:`implied_weights` gives each kind's weights ``p[i, j]`` (rows sum to 1) from real queries
-and keys; :func:`dispersion_stats` summarises rows (entropy, entropy / ``log N``, top weight,
-``exp(entropy)`` keys). Kinds: ``softmax``, ``linear`` (ELU + 1), ``window``, ``sema``,
-``core_periphery`` (two softmax hops) and ``laplacian_nystrom``. A model's own queries and keys
-come from probing one of its attention layers: :func:`find_attention`, :func:`capture`,
-:func:`layer_grid` and :func:`project_qk`.
+:func:`implied_weights` gives each kind's weights (rows sum to 1) from real queries and keys,
+:func:`dispersion_stats` summarises them; :func:`find_attention`, :func:`capture`,
+:func:`layer_grid` and :func:`project_qk` probe a model's own attention layer for them.
 """
 import math
 from functools import partial
@@ -73,10 +69,8 @@ def _sema_weights(q, k, hw, rows, window: int = 7, **_: Any) -> torch.Tensor:
 def _core_periphery_weights(q, k, hw, rows, num_cores: int = 16,
                             cores: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
                             **_: Any) -> torch.Tensor:
-    """A patch reads the C cores only; the cores read every token. The implied weight of patch
-    ``j`` for patch ``i`` is the two-hop ``sum_c A[i, c] B[c, j]`` (patch -> core -> patch), with
-    ``A`` the patch-to-core and ``B`` the core-to-patch softmax. Without a VECA model
-    (``cores`` None) the cores are the tokens average pooled to a ``sqrt(C) x sqrt(C)`` grid."""
+    """The two-hop weight ``sum_c A[i, c] B[c, j]`` (patch -> core -> patch softmaxes); without
+    a VECA model's ``cores``, the tokens average pooled to a ``sqrt(C) x sqrt(C)`` grid."""
     scale = q.shape[-1] ** -0.5
     qs = q[:, :, rows.to(q.device)]  # [B, h, R, D]
     if cores is None:
@@ -87,8 +81,7 @@ def _core_periphery_weights(q, k, hw, rows, num_cores: int = 16,
     else:
         q_c, k_c = cores
     to_cores = ((qs @ k_c.transpose(-2, -1)) * scale).softmax(-1)  # [B, h, R, C]
-    # a core reads cores and patches; keep its weights on the patches (renormalised) so the
-    # two hops give a distribution over the N patches
+    # a core reads cores and patches: its weights on the patches, renormalised
     keys = torch.cat([k_c, k], dim=2)  # [B, h, C + N, D]
     from_cores = ((q_c @ keys.transpose(-2, -1)) * scale).softmax(-1)[..., k_c.shape[2]:]
     from_cores = from_cores / from_cores.sum(-1, keepdim=True)  # [B, h, C, N]
@@ -98,12 +91,9 @@ def _core_periphery_weights(q, k, hw, rows, num_cores: int = 16,
 def _laplacian_nystrom_weights(q, k, hw, rows, landmark_cell: int = 8, lam: float = 4.,
                                ns_iters: int = 20, ns_eps: float = 0.01,
                                **_: Any) -> torch.Tensor:
-    """``K(q, L) pinv(K(L, L)) K(L, k) / N`` (landmarks as LaplacianFormer's first stage), as
-    ``|w_ij| / sum_j |w_ij|`` since Nystrom weights may be negative and need not sum to 1."""
-    # (models imported here: this module needs only torch and the ops otherwise)
+    """``K(q, L) pinv(K(L, L)) K(L, k)`` (landmarks as LaplacianFormer's first stage) as
+    ``|w_ij| / sum_j |w_ij|``: Nystrom weights may be negative."""
     from mmeffattn.models.layers.nystrom import nystrom_attention, pool_landmarks
-
-    # the public op: its CPU backend never materialises the [M, N, D] differences (OOM at 1024 px)
     w = nystrom_attention(q[:, :, rows.to(q.device)], pool_landmarks(q, hw, landmark_cell),
                           partial(laplacian_kernel, lam=lam),
                           lambda a, r: newton_schulz_pinv_naive(a, ns_iters, ns_eps) @ r,
@@ -155,9 +145,7 @@ def dispersion_stats(p: torch.Tensor) -> Dict[str, float]:
                 effective_fraction=(eff / N).mean().item(), tokens=N)
 
 
-# --------------------------------------------------------------------------------------------
-# probing a model's attention layer
-# --------------------------------------------------------------------------------------------
+# -- probing a model's attention layer --
 def find_attention(model: nn.Module, name: Optional[str] = None) -> Tuple[str, nn.Module]:
     """The attention module to probe: ``name``, or the first with ``num_heads`` and q/k."""
     modules = dict(model.named_modules())
@@ -201,9 +189,7 @@ class _Stop(Exception):
 def capture(model: nn.Module, attn: nn.Module, x: torch.Tensor,
             stop: bool = False) -> Dict[str, Any]:
     """Run ``model(x)`` (the ops' PyTorch backend, no grad) and return the probed layer's first
-    call: ``x`` (its input tokens), ``args`` and ``kwargs`` (the rest). With ``stop`` the
-    forward ends right there (a quadratic mixer's whole forward at a large size is not needed).
-    """
+    call: ``x`` (its input tokens), ``args`` and ``kwargs``; ``stop`` ends the forward there."""
     from mmeffattn.ops import use_backend
     got: Dict[str, Any] = {}
 

@@ -1,11 +1,9 @@
-"""FLOP counting that understands mmeffattn's attention ops.
+"""FLOP counting (MACs, as the papers and mmengine) that understands mmeffattn's attention ops.
 
-mmengine's :class:`~mmengine.analysis.FlopAnalyzer` misses ``scaled_dot_product_attention``
-(:func:`sdpa_flop_jit` counts it) and our ops, whose Triton kernels are opaque to a trace. While
-:func:`count_flops` runs, a :func:`mmeffattn.ops.dispatch_hook` wraps each op that has an analytic
-counter (:data:`OP_COUNTERS`) in a ``torch.autograd.Function`` named after it, so the trace sees
-one node per op, and hands the analytic count back in trace order. Counts are MACs, as in the
-papers and mmengine; element-wise work (softmax, exp, the mean) is not counted.
+mmengine's ``FlopAnalyzer`` misses ``scaled_dot_product_attention`` (:func:`sdpa_flop_jit`) and
+our ops. While :func:`count_flops` runs, a :func:`mmeffattn.ops.dispatch_hook` makes each op with
+a counter (:data:`OP_COUNTERS`) one node named after it in the trace, which gets the analytic
+count. Element-wise work is not counted.
 """
 import functools
 import math
@@ -59,8 +57,8 @@ def sdpa_flop_jit(inputs: List[Any], outputs: List[Any]) -> int:
 
 
 class _OpRecorder:
-    """Holds the analytic counts recorded while tracing, per op, in call order; the jit handle of
-    each op's node pops them in graph order (which is the trace's call order)."""
+    """The analytic counts recorded while tracing, per op in call order; each op node's jit
+    handle pops them in graph order (the same order)."""
 
     def __init__(self) -> None:
         self.queues: Dict[str, Deque[Tuple[Tuple[int, ...], int]]] = defaultdict(deque)
@@ -110,8 +108,7 @@ def _counting_hook(recorder: _OpRecorder) -> Callable:
         if name not in OP_COUNTERS:
             return run(*args, **kwargs)
         leaves, spec = tree_flatten((args, kwargs))
-        # Under tracing, sizes read from ``x.shape`` arrive as 0-dim tensors: give the counter
-        # (and the op) the plain numbers (constants of this trace anyway).
+        # traced sizes arrive as 0-dim tensors: the counter and the op get plain numbers
         leaves = [leaf.item() if isinstance(leaf, torch.Tensor) and leaf.dim() == 0 and
                   not leaf.is_floating_point() else leaf for leaf in leaves]
         plain_args, plain_kwargs = tree_unflatten(leaves, spec)
@@ -176,9 +173,8 @@ def _count(model: nn.Module, inputs: Tuple[Any, ...], device: str) -> FlopCount:
 
 
 def model_kind(model: nn.Module) -> str:
-    """``'classifier'``, ``'detector'``, ``'segmentor'`` or ``'module'`` (anything else, e.g. a
-    bare backbone), from the OpenMMLab base classes in the model's MRO (so subclasses such as
-    ``mmeffattn.MESAClassifier`` count as what they extend) without importing the libraries."""
+    """``'classifier'``, ``'detector'``, ``'segmentor'`` or ``'module'``, from the OpenMMLab base
+    class names in the model's MRO (without importing the libraries)."""
     names = {cls.__name__ for cls in type(model).__mro__}
     for kind, base in (('classifier', 'ImageClassifier'), ('detector', 'BaseDetector'),
                        ('segmentor', 'BaseSegmentor')):

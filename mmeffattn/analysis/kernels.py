@@ -1,13 +1,7 @@
-"""The Triton launches and analytic costs of each op, for the tools and tests that look at
-compiled kernels without running them.
-
-* :func:`case` and :func:`record`: the launches an op's launchers really issue for one case
-  (forward and backward; the op's ``spec.record``), :func:`specialise`, Triton's JIT
-  specialisation of one launch, and :func:`compile_launch`, its compile for an NVIDIA target
-  without a GPU: what ``tests/ops/test_aot.py`` and ``tools/analysis_tools/kernel_report.py`` run.
-* :data:`ROOFLINES`: per GPU check (each op's ``spec.gpu_sizes``, run by ``tools/gpu_check.py``),
-  the bytes and work of one call (kernels and glue) and its predicted time at peak rates
-  (:func:`predicted_seconds`); ``docs/perf/kernels_history.md`` has earlier designs'.
+"""The Triton launches and analytic costs of each op, for tools and tests that look at compiled
+kernels without running them: :func:`record` (the launches of one case), :func:`specialise` and
+:func:`compile_launch` (an NVIDIA compile without a GPU), and :data:`ROOFLINES` (per GPU check,
+the bytes and work of one call and its predicted time at peak rates).
 """
 import inspect
 import re
@@ -24,13 +18,9 @@ from mmeffattn.ops.sema.spec import SETTINGS as SEMA_SETTINGS, window_sides
 
 
 class Cost(NamedTuple):
-    """What one pass of an op moves and computes on a GPU, kernels and glue together.
-
-    ``bytes``: HBM bytes every call must read and write (inputs, outputs, saved and
-    intermediate tensors, each as often as the implementation touches it). ``fp32``: fp32
-    CUDA-core lane instructions (an FADD, FMUL, FFMA or MUFU counts 1, so the peak is half the
-    fp32 FLOP/s figure). ``tc``: tensor-core FLOPs (2 per MAC) at the op's dot precision.
-    ``launches``: kernel and glue launches (a floor of a few microseconds each)."""
+    """What one pass of an op moves and computes on a GPU, kernels and glue together: HBM
+    ``bytes``, ``fp32`` CUDA-core lane instructions (an FFMA counts 1), tensor-core FLOPs ``tc``
+    (2 per MAC) and ``launches``."""
     bytes: int
     fp32: int = 0
     tc: int = 0
@@ -46,9 +36,8 @@ PEAKS: Dict[str, Dict[str, float]] = {
 
 
 def predicted_seconds(cost: Cost, gpu: str, dtype: str) -> float:
-    """The roofline time of ``cost`` on ``gpu``: the larger of the HBM time and the compute
-    time (CUDA-core and tensor-core work added, as they share issue slots); no launch
-    latency (``cost.launches`` says how many there are)."""
+    """The roofline time of ``cost`` on ``gpu``: the larger of the HBM time and the compute time
+    (CUDA-core and tensor-core work added: they share issue slots), no launch latency."""
     peak = PEAKS[gpu]
     tc_peak = peak['tf32'] if dtype == 'fp32' else peak['tc16']
     return max(cost.bytes / peak['hbm'], cost.fp32 / peak['fp32'] + cost.tc / tc_peak)
@@ -59,9 +48,7 @@ def total_cost(costs: Dict[str, Cost]) -> Cost:
     return Cost(*(sum(getattr(c, f) for c in costs.values()) for f in Cost._fields))
 
 
-# --------------------------------------------------------------------------------------------
-# recorded launches
-# --------------------------------------------------------------------------------------------
+# -- recorded launches --
 def case(op: str, *args: Any, **kwargs: Any) -> Dict[str, Any]:
     """A case of op ``op``: ``dict(op=op, ...)`` with the arguments of its ``spec.record``
     (positional ones named; JSON-serialisable, for a compile worker)."""
@@ -83,9 +70,8 @@ def record(case: Dict[str, Any]) -> list:
 
 
 def specialise(launch, arch: int):
-    """(target, signature, constexprs, attrs, options) exactly as Triton's JIT derives them from
-    the launch's arguments (uses Triton internals: a Triton upgrade that changes them fails
-    loudly)."""
+    """(target, signature, constexprs, attrs, options) as Triton's JIT derives them from the
+    launch's arguments (Triton internals: an upgrade that changes them fails loudly)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler.compiler import make_backend
     from triton.runtime.jit import create_function_from_signature
@@ -126,26 +112,16 @@ def compile_launch(launch, arch: int, sass: bool = False) -> Dict[str, Any]:
                 ptx=compiled.asm.get('ptx', ''), sass=text)
 
 
-# --------------------------------------------------------------------------------------------
-# rooflines: costs(dtype) -> {'fwd': Cost, 'bwd': Cost} of one call
-# --------------------------------------------------------------------------------------------
+# -- rooflines: costs(dtype) -> {'fwd': Cost, 'bwd': Cost} of one call --
 def sema_costs(B: int, heads: int, H: int, W: int, D: int,
                window: int = SEMA_SETTINGS['window'], **_: Any):
     """One call on ``[B, heads, H * W, D]`` q, k, v in windows of ``window``, as the SEMA
-    backbone makes it: q, k packed in the qk projection's output (``sema_attention_qk``), the
-    output stored tokens-major, the mean returned (the backbone adds it at the call site).
-    Forward: the kernel (q, k, v read, o stored into ``[B, N, heads, D]``;
-    with several blocks per window the fp32 log-sum-exp) also writes each block's fp32 value
-    sum (the several-block kernel reads its block's v rows once more), one sum of those
-    partials per (batch, head) into the mean, and in 16-bit dtypes its cast. Backward: the
-    delta pre-pass with several blocks (o, dO read; delta written), the kernel (q, k, v, dO and
-    the mean's gradient read; lse and delta with several blocks; dq, dk written into the packed
-    gradient, dv in v's layout).
-
-    A window of 49 tokens is one block in 16-bit dtypes (no lse, no delta, no pre-pass) and
-    four 16-token blocks in fp32. Tensor-core FLOPs: 2 per MAC, two products forward, five
-    backward (S recomputed, dP, dV, dQ, dK); fp32 lane instructions: about 4 per score forward
-    (scale, max, exp, sum) and 6 backward."""
+    backbone makes it (q, k packed, output tokens-major, the mean returned). Forward: q, k, v
+    read, o written, fp32 block value sums reduced into the mean (with several blocks per
+    window, also the log-sum-exp). Backward: the delta pre-pass (several blocks only), then
+    q, k, v, dO and the mean's gradient read, dq, dk, dv written. A 49-token window is one
+    block in 16-bit dtypes, four in fp32. Tensor-core products: two forward, five backward;
+    fp32 lane instructions: about 4 per score forward, 6 backward."""
     def costs(dtype: str) -> Dict[str, Cost]:
         e = DTYPES[dtype].itemsize
         h, N = heads, H * W
@@ -185,29 +161,18 @@ def _core_periphery_splits(programs: int, loop_blocks: int) -> int:
 
 def core_periphery_costs(B: int, heads: int, C: int, N: int, D: int, rope_grad: bool = False,
                          fused: Optional[bool] = None, **_: Any):
-    """One call on ``[B, h, C + N, D]`` q, k, v with per-token rope tables shared by the batch
-    (``[1, C + N, D]``, as the GPU checks pass them; ``rope_grad``: the tables need gradients
-    too), as the kernels and their glue run.
+    """One call on ``[B, h, C + N, D]`` q, k, v with rope tables ``[1, C + N, D]`` shared by the
+    batch (``rope_grad``: the tables need gradients too), as the kernels and their glue run.
 
-    Bytes: every launch reads each row it needs once (rows re-read by the programs of one
-    launch come from L2), the tables once per launch. Forward: the patch launch reads q, the
-    core k and v, and writes o and the log-sum-exp; the core launch reads the core q and all of
-    k and v, writing fp32 partials merged in PyTorch when its key loop is split. Backward: the
-    delta pre-pass (o, dO read), then per side a dq and a dk/dv launch, each reading its own
-    rows and the other side's, writing dq, dk, dv in the input dtype (the inverse rope is in
-    their epilogues); the core rows' long loops split as the launchers split them. ``fused``
-    (None: where the launchers fuse, i.e. outside ``torch.use_deterministic_algorithms``, in
-    the tile classes that have the fused kernels): three launches visit each pair once (the
-    patch rows' dq plus their share of the cores' dk/dv; every key's dk/dv plus the cores' dq
-    share; the cores' dq through the rope), with a zeroed fp32 ``[3, B*h, C, D]`` buffer for
-    the sums, never split. Their fp32 atomics resolve in L2 and are not counted as HBM bytes.
-    Not fused: the dq and the dk/dv launch of each side both visit its pairs. With
-    ``rope_grad`` the epilogues re-read q / k and write fp32 per-head table partials
-    (4 planes), summed by one reduction per table.
-    Tensor-core FLOPs: 2 per MAC; forward two products per (query, key) pair; backward S and dP
-    in every launch that visits a pair, plus dV, dQ, dK once per pair. fp32 lane instructions:
-    about 4 per score forward (scale, max, exp2, sum), 3 per score and visit backward (P and
-    dS), and 3 per rotated element each time a q / k tile is loaded."""
+    Bytes: each launch reads each row it needs once (re-reads come from L2) and the tables once.
+    Forward: the patch launch (q, core k/v read; o, lse written) and the core launch (core q,
+    all k/v read), whose split key loops write fp32 partials merged in PyTorch. Backward: the
+    delta pre-pass, then per side a dq and a dk/dv launch, split as the launchers split them;
+    ``fused`` (None: where the launchers fuse) visits each pair once in three launches with an
+    fp32 ``[3, B*h, C, D]`` buffer (its L2 atomics are not HBM bytes). ``rope_grad`` adds the
+    q/k re-reads and the fp32 table partials. Tensor-core FLOPs: 2 per MAC, two products per
+    pair forward; backward S and dP per visit plus dV, dQ, dK once. fp32 lane instructions:
+    about 4 per score forward, 3 per score and visit backward, 3 per rotated element loaded."""
     from mmeffattn.ops.core_periphery.function import (core_periphery_bwd_tiles,
                                                        core_periphery_tiles, padded_head_dim)
 
@@ -269,11 +234,9 @@ def core_periphery_costs(B: int, heads: int, C: int, N: int, D: int, rope_grad: 
 
 
 def laplacian_costs(B: int, heads: int, N: int, M: int, D: int, **_: Any):
-    """One call on ``[B, h, N, D]`` x and ``[B, h, M, D]`` y: the forward reads x, y and writes
-    the ``N x M`` kernel; the fused backward reads g and out once, writes dx, and dy's partial
-    sums when the rows are split (summed, cast). fp32 lane instructions: forward 2 per
-    (i, j, d), a difference and an absolute-value add; backward 12 per (i, j, d) for both
-    gradients (difference, two compares, their difference, a multiply-add each)."""
+    """One call on ``[B, h, N, D]`` x and ``[B, h, M, D]`` y: forward x, y read, the kernel
+    written; the fused backward reads g and out once, writes dx and dy (partial sums when the
+    rows are split). fp32 lane instructions per (i, j, d): 2 forward, 12 backward."""
     from mmeffattn.ops.laplacian.function import BWD_MAX_D, bwd_row_split
 
     def costs(dtype: str) -> Dict[str, Cost]:
@@ -334,10 +297,9 @@ def newton_schulz_costs(B: int, heads: int, M: int, iters: int, **_: Any):
 
 def dynamic_dwconv_costs(B: int, C: int, H: int, W: int,
                          K: int = DWCONV_SETTINGS['kernel_size'], **_: Any):
-    """One normalized call with static kernel and bias (the GPU check): x, dy, out, dx once
-    each through HBM (the shifted re-reads hit L1/L2), the kernel-gradient partial sums written
-    and re-read, the per-sample sums summed by torch. fp32 lane instructions: 3 per tap and
-    output (multiply, select, add) forward, 5 backward (dx's 3, the dk product and its sum)."""
+    """One normalized call with static kernel and bias: x, dy, out, dx once each through HBM
+    (shifted re-reads hit L1/L2), the kernel-gradient partial sums written and re-read. fp32
+    lane instructions per tap and output: 3 forward, 5 backward."""
     from mmeffattn.ops.dynamic_dwconv.function import BWD_TILE, bwd_tiles_per_prog
 
     def costs(dtype: str) -> Dict[str, Cost]:
@@ -358,11 +320,9 @@ def dynamic_dwconv_costs(B: int, C: int, H: int, W: int,
 
 
 def dynamic_weight_costs(B: int, M: int, C_in: int, C_out: int, **_: Any):
-    """One call with an fp32 static weight (the GPU check): forward u, v and the weight read,
-    the ``[B, c_out, c_in]`` weight written; backward its gradient read (twice: the row-norm
-    term, then du and dv), u and v read, du, dv written. Tensor-core FLOPs: 2 per MAC
-    (``v^T u`` forward; ``dp``, du, dv backward); fp32 lane instructions: about 3 per output
-    weight each way (norm, scale, add)."""
+    """One call with an fp32 static weight: forward u, v, the weight read, ``[B, c_out, c_in]``
+    written; backward its gradient read twice, u, v read, du, dv written. Tensor-core FLOPs: 2
+    per MAC; fp32 lane instructions: about 3 per output weight each way."""
     def costs(dtype: str) -> Dict[str, Cost]:
         c_in, c_out = C_in, C_out
         e = DTYPES[dtype].itemsize
@@ -378,13 +338,8 @@ def dynamic_weight_costs(B: int, M: int, C_in: int, C_out: int, **_: Any):
 
 @dataclass(frozen=True)
 class Roofline:
-    """An op's analytic roofline at one GPU check's shapes.
-
-    Args:
-        costs: ``costs(dtype_name) -> {'fwd': Cost, 'bwd': Cost}`` at those shapes.
-        aot_case: a :func:`record` case at those shapes: the launches the launchers really
-            issue there (what the kernel report compiles).
-    """
+    """An op's analytic roofline at one GPU check's shapes: ``costs(dtype_name) -> {'fwd':
+    Cost, 'bwd': Cost}`` and the :func:`record` case the kernel report compiles."""
     costs: Callable[[str], Dict[str, Cost]]
     aot_case: Dict[str, Any]
 

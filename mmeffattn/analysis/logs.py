@@ -1,11 +1,6 @@
-"""Reading the scalar logs that training writes, for ``tools/analysis_tools/analyze_logs.py``.
-
-mmengine writes ``<work_dir>/<timestamp>/vis_data/scalars.json``, one JSON object per line:
-training lines carry ``step``, ``iter`` (``epoch``), losses, ``lr``, ``time`` and ``data_time``;
-validation lines carry metrics and a ``step`` that :func:`load_log` ignores, placing each by the
-training line before it. A work dir is read as one history: runs in time order, each replacing
-what earlier runs logged from its first iteration on (resumes); runs without training lines
-(``tools/test.py``) are left out.
+"""Reading the ``<work_dir>/<timestamp>/vis_data/scalars.json`` logs that training writes, for
+``tools/analysis_tools/analyze_logs.py``: a work dir is one history, its runs in time order, each
+replacing what earlier runs logged from its first iteration on (resumes).
 """
 import glob
 import json
@@ -22,15 +17,8 @@ POSITION_KEYS = ('step', 'iter', 'epoch')
 
 @dataclass
 class TrainLog:
-    """A training history: training and validation lines, each sorted by ``step``.
-
-    Attributes:
-        sources: the ``scalars.json`` files read, oldest first.
-        train: training lines (dicts as logged).
-        val: validation lines, their ``step`` set to where they ran (see :func:`load_log`).
-        by_epoch: whether the loop was epoch-based (validation ``step`` is then an epoch).
-        skipped: files left out, with the reason.
-    """
+    """A training history: the ``scalars.json`` ``sources`` read, ``train`` and ``val`` lines
+    sorted by ``step`` (validation at its epoch when ``by_epoch``), ``skipped`` files and why."""
     sources: List[str]
     train: List[dict]
     val: List[dict]
@@ -63,9 +51,8 @@ class TrainLog:
 
 
 def find_scalar_files(path: str) -> List[str]:
-    """The ``scalars.json`` files behind ``path``: the file itself, or every run of a work dir
-    (``<path>/*/vis_data/scalars.json``, or ``<path>/vis_data/scalars.json`` for one run's
-    folder), oldest first (the folders are named by their start time)."""
+    """The ``scalars.json`` files behind ``path`` (a file, a run's folder or a work dir), oldest
+    first."""
     if osp.isfile(path):
         return [path]
     if not osp.isdir(path):
@@ -103,8 +90,8 @@ def read_scalars(path: str) -> List[dict]:
 
 
 def _runs(lines: List[dict]) -> List[List[dict]]:
-    """Split one file's lines where the training step goes back: two runs that started in the
-    same second share their timestamped folder, and the second appends to the first's file."""
+    """Split one file's lines where the training step goes back (two runs started in the same
+    second share a folder)."""
     runs, last = [[]], None
     for line in lines:
         if 'iter' in line:
@@ -116,12 +103,8 @@ def _runs(lines: List[dict]) -> List[List[dict]]:
 
 
 def load_log(path: str) -> TrainLog:
-    """Read a work dir (all its training runs) or one ``scalars.json`` as one history.
-
-    A validation line is placed by the training line before it: at its epoch in an
-    epoch-based loop, at its iteration in an iteration-based one (what mmengine logs as the
-    validation's ``step`` is the epoch by default, 0 in an iteration-based loop).
-    """
+    """Read a work dir (all its training runs) or one ``scalars.json`` as one history; a
+    validation line goes where the training line before it is (its epoch or iteration)."""
     sources, skipped = [], []
     train: Dict[int, dict] = {}
     val: Dict[int, dict] = {}
@@ -138,8 +121,7 @@ def load_log(path: str) -> TrainLog:
                 continue
             run_by_epoch = 'epoch' in run_train[0]
             by_epoch = by_epoch or run_by_epoch
-            # a resumed run restarts the history where it begins: what an earlier run logged
-            # from there on belongs to the timeline it abandoned
+            # a resumed run replaces what earlier runs logged from where it begins
             first = run_train[0]
             position = first['epoch'] - 1 if run_by_epoch else first['step'] - 1
             train = {s: line for s, line in train.items() if s < first['step']}

@@ -1,19 +1,15 @@
-"""The models the benchmarks compare: ours and the peers the installed OpenMMLab packages provide.
-
-Each entry builds a *backbone* with task-neutral outputs and, where the papers publish one, the
-ImageNet *classifier* whose FLOPs at 224x224 they report. Unregistered families are listed with
-the reason they are not available.
-"""
+"""The models the benchmarks compare, ours and the installed OpenMMLab packages' peers: each a
+backbone and, where the papers publish one, the ImageNet classifier whose FLOPs they report."""
 import importlib
 import os.path as osp
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch.nn as nn
 
 __all__ = ['ZooModel', 'MODEL_ZOO', 'OURS', 'PEERS', 'ATTENTION_ZOO', 'ZOO', 'get_model',
            'unavailable_reason', 'build_backbone', 'build_classifier', 'select_models',
-           'resolve_config', 'package_configs']
+           'resolve_config', 'package_configs', 'build_from_config']
 
 
 @dataclass(frozen=True)
@@ -24,8 +20,7 @@ class ZooModel:
         name: display name (``'SEMA-T'``).
         scope: the package whose registry builds it (``'mmeffattn'``, ``'mmpretrain'``, ...).
         backbone: registry config of the backbone (task-neutral outputs).
-        classifier: an ImageNet classifier config, ``'<package>::<path under its configs>'``
-            (ours: ``'mmeffattn::...'``, shipped inside the package).
+        classifier: an ImageNet classifier config, ``'<package>::<path under its configs>'``.
         published_gflops: the paper's GFLOPs (MACs) of that classifier at 224x224.
         attention: the token mixer, for reports (``'window softmax'``, ...).
         ours: one of this project's models.
@@ -105,8 +100,7 @@ MODEL_ZOO: Dict[str, ZooModel] = {m.name: m for m in [
 OURS: List[str] = [n for n, m in MODEL_ZOO.items() if m.ours]
 PEERS: List[str] = [n for n, m in MODEL_ZOO.items() if not m.ours]
 
-#: the attention zoo: SEMA-T with each token mixer (configs/zoo), the group ``'zoo'``; kept out
-#: of ``'all'`` so that the README benchmark keeps its models
+#: the attention zoo: SEMA-T with each token mixer (configs/zoo), the group ``'zoo'`` (not in 'all')
 ZOO_ATTN_TYPES = ('sema', 'linear', 'window', 'softmax', 'laplacian', 'core_periphery', 'dynamic')
 ATTENTION_ZOO: Dict[str, ZooModel] = {
     f'Zoo-{t}': ZooModel(f'Zoo-{t}', 'mmeffattn',
@@ -132,8 +126,7 @@ def _registry(scope: str):
 
 
 def unavailable_reason(name: str) -> Optional[str]:
-    """Why ``name`` cannot be built here (None if it can): unknown name, a package that does not
-    import, or a model type its registry does not (yet) hold."""
+    """Why ``name`` cannot be built here (None if it can)."""
     if name not in MODEL_ZOO and name not in ATTENTION_ZOO:
         return f'unknown model {name!r}; choose from {", ".join([*MODEL_ZOO, *ZOO])}'
     model = get_model(name)
@@ -187,19 +180,35 @@ def build_classifier(name: str) -> nn.Module:
     return classifier
 
 
+def build_from_config(config: str, cfg_options: Optional[dict] = None) -> Tuple[nn.Module, Any]:
+    """``(model, cfg)``: the model of ``config`` (a path or ``pkg::path``) in eval mode with
+    random weights, its data preprocessor inside it as the Runner puts it."""
+    from mmengine.config import Config
+    from mmengine.registry import MODELS, DefaultScope
+    _registry('mmeffattn')
+    cfg = Config.fromfile(resolve_config(config))
+    if cfg_options:
+        cfg.merge_from_dict(cfg_options)
+    model_cfg = cfg.model.copy()
+    if model_cfg.get('pretrained', 1) is None:
+        model_cfg.pop('pretrained')
+    if cfg.get('data_preprocessor') and not model_cfg.get('data_preprocessor'):
+        model_cfg['data_preprocessor'] = cfg.data_preprocessor  # (mmpretrain keeps it outside)
+    with DefaultScope.overwrite_default_scope(cfg.get('default_scope')):
+        return MODELS.build(model_cfg).eval(), cfg
+
+
 def package_configs() -> str:
-    """The configs that ship with mmeffattn: the installed package's ``.mim/configs`` (a wheel
-    carries copies, an editable install links them), or ``configs/`` beside the package in a
-    source checkout that was never installed."""
+    """The configs that ship with mmeffattn: the installed package's ``.mim/configs``, or
+    ``configs/`` beside the package in a source checkout that was never installed."""
     package = osp.dirname(osp.dirname(osp.abspath(__file__)))
     mim = osp.join(package, '.mim', 'configs')
     return mim if osp.isdir(mim) else osp.join(osp.dirname(package), 'configs')
 
 
 def resolve_config(path: str) -> str:
-    """A config file path: an existing path; ``'pkg::rel/path.py'`` (shipped in an installed
-    package's ``.mim/configs``: :func:`package_configs` for mmeffattn); or ``configs/...``, one
-    of ours by its path in the project (found in the package as well)."""
+    """A config file path from an existing path, ``'pkg::rel/path.py'`` (an installed package's
+    ``.mim/configs``) or ``configs/...`` (ours, found in the package too)."""
     if osp.exists(path):
         return path
     if '::' in path:

@@ -1,10 +1,5 @@
-"""Datasets: a deterministic synthetic COCO-format shapes dataset for the demo, and an unlabeled
-image folder (``mmeffattn.UnlabeledImageFolder``) for distillation.
-
-The shapes submodule is loaded on first use (numpy only), so
-``python -m mmeffattn.datasets.synthetic_shapes`` runs it cleanly. The image folder is imported
-here because the dataset registry imports this package to find registered types.
-"""
+"""Datasets: the synthetic shapes (loaded on first use, so ``python -m
+mmeffattn.datasets.synthetic_shapes`` runs cleanly) and ``mmeffattn.UnlabeledImageFolder``."""
 import importlib
 
 from .image_folder import UnlabeledImageFolder  # noqa: F401  (registers the dataset)

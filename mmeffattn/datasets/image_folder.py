@@ -1,9 +1,5 @@
-"""An unlabeled image folder: every image file under a directory, for feature distillation.
-
-As VECA's pretraining reads bare images, :class:`UnlabeledImageFolder` indexes image files below
-a folder (sorted, so order is file-system independent) as an mmengine ``BaseDataset``. An
-optional ``ann_file`` lists them instead (one relative path per line; further columns ignored).
-"""
+"""An unlabeled image folder (every image file under a directory, sorted) for feature
+distillation, as VECA's pretraining reads bare images."""
 import os
 import os.path as osp
 from typing import List, Optional, Sequence
@@ -92,8 +88,7 @@ class UnlabeledImageFolder(BaseDataset):
                 f"relative to data_root); give a list of images, or ann_file='' to scan {folder!r}")
         with open(self.ann_file, encoding='utf-8') as f:
             names = [line.split()[0] for line in f if line.strip()]
-        # a wrong prefix makes every entry miss: checking a few spread over the list finds it
-        # without a stat per image on a large list
+        # a wrong prefix makes every entry miss: a few spread over the list find it
         probe = names[::max(1, len(names) // 16)]
         absent = [n for n in probe if not osp.isfile(osp.join(folder, n))]
         if absent:

@@ -1,16 +1,8 @@
-"""A deterministic synthetic COCO-format instance-segmentation dataset of coloured shapes.
-
-Lets the Mask R-CNN demo train with no download. Shapes (circles, squares, stars, ...) in solid,
-noisy or graded colours on textured backgrounds are written in ``CocoDataset``'s layout
-(``train2017/``, ``val2017/``, ``annotations/instances_*.json``, plus ``meta.json``). The same
-shapes also make small sets in ADE20K's layout (label maps) and ImageNet's (one shape an image),
-so that segmentation and classification pipelines run with no download too.
-
-* **Deterministic**: each image has its own stream seeded by ``(seed, split, index)``.
-* **Exact masks**: images are painted through pycocotools' rasterised mask of each shape.
-* **Occlusion**: placements hiding more than ``1 - min_visible_frac`` of an earlier object are
-  retried; unplaceable objects are not painted, so visible masks never overlap.
-* **Idempotent**: ``meta.json`` is written last; a matching one makes generation a no-op.
+"""A deterministic synthetic COCO-format instance-segmentation dataset of coloured shapes, so
+the demo trains with no download; the same shapes also make small sets in ADE20K's layout (label
+maps) and ImageNet's (one shape an image). Each image has its own seeded stream, masks are
+pycocotools' rasterisation of each shape, visible masks never overlap, and a matching
+``meta.json`` (written last) makes generation a no-op.
 
 Command line::
 
@@ -94,12 +86,8 @@ def _shape_polygons(kind, cx, cy, r, rng):
         return [_ellipse(cx, cy, r, r, 0.0)], []
     if kind == 'ellipse':
         return [_ellipse(cx, cy, r, r * rng.uniform(0.45, 0.7), theta)], []
-    if kind == 'square':
-        return [_regular(cx, cy, r, 4, theta)], []
-    if kind == 'triangle':
-        return [_regular(cx, cy, r, 3, theta)], []
-    if kind == 'hexagon':
-        return [_regular(cx, cy, r, 6, theta)], []
+    if kind in ('triangle', 'square', 'hexagon'):
+        return [_regular(cx, cy, r, dict(triangle=3, square=4, hexagon=6)[kind], theta)], []
     if kind == 'star':
         outer = _regular(cx, cy, r, 5, theta)
         inner = _regular(cx, cy, r * float(rng.uniform(0.38, 0.5)), 5, theta + math.pi / 5)
@@ -147,10 +135,8 @@ def _smooth_noise(rng, h, w, cells):
     y0 = np.minimum(ys.astype(np.int64), gh - 2)
     x0 = np.minimum(xs.astype(np.int64), gw - 2)
     fy, fx = (ys - y0)[:, None], (xs - x0)[None, :]
-    g00 = grid[y0][:, x0]
-    g01 = grid[y0][:, x0 + 1]
-    g10 = grid[y0 + 1][:, x0]
-    g11 = grid[y0 + 1][:, x0 + 1]
+    g00, g01 = grid[y0][:, x0], grid[y0][:, x0 + 1]
+    g10, g11 = grid[y0 + 1][:, x0], grid[y0 + 1][:, x0 + 1]
     return (g00 * (1 - fy) * (1 - fx) + g01 * (1 - fy) * fx + g10 * fy * (1 - fx)
             + g11 * fy * fx)
 
@@ -243,13 +229,9 @@ def _draw_image(seed, split, index, p):
             area = int(full.sum())
             if area < p['min_area']:
                 continue
-            ok = True
-            for o in placed:  # would it hide too much of an earlier object?
-                left = int(np.count_nonzero(o['vis'] & ~full))
-                if left < p['min_area'] or left < p['min_visible_frac'] * o['area']:
-                    ok = False
-                    break
-            if not ok:
+            lefts = (int(np.count_nonzero(o['vis'] & ~full)) for o in placed)
+            if any(left < p['min_area'] or left < p['min_visible_frac'] * o['area']
+                   for left, o in zip(lefts, placed)):  # it would hide an earlier object
                 continue
             for o in placed:
                 o['vis'] &= ~full
@@ -276,10 +258,8 @@ def _annotation(ann_id, img_id, cat_id, polys, mask):
     rle = mask_utils.encode(np.asfortranarray(mask.astype(np.uint8)))
     area = float(mask_utils.area(rle))
     bbox = [float(v) for v in mask_utils.toBbox(rle)]
-    if polys is not None:
-        seg = polys
-    else:
-        seg = dict(size=[int(v) for v in rle['size']], counts=rle['counts'].decode('ascii'))
+    seg = polys if polys is not None else dict(size=[int(v) for v in rle['size']],
+                                               counts=rle['counts'].decode('ascii'))
     return dict(id=ann_id, image_id=img_id, category_id=cat_id, segmentation=seg, area=area,
                 bbox=bbox, iscrowd=0)
 
@@ -320,17 +300,14 @@ def _generate_split(out_dir, split, num, p):
         images.append(dict(id=img_id, file_name=name, height=h, width=w, license=1))
         for cat, polys, mask in objs:
             anns.append(_annotation(len(anns) + 1, img_id, cat + 1, polys, mask))
-    coco = dict(
+    _write_json(ann_path, dict(
         info=dict(description=f'mmeffattn synthetic shapes ({split})',
                   version=str(GENERATOR_VERSION), year=2017, contributor='mmeffattn',
                   url='', date_created=''),
         licenses=[dict(id=1, name='generated, public domain', url='')],
-        images=images,
-        annotations=anns,
+        images=images, annotations=anns,
         categories=[dict(id=k + 1, name=c, supercategory='shape')
-                    for k, c in enumerate(p['classes'])],
-    )
-    _write_json(ann_path, coco)
+                    for k, c in enumerate(p['classes'])]))
     return dict(img_dir=img_dir, ann_file=ann_path, num_images=num, num_instances=len(anns))
 
 
@@ -347,14 +324,12 @@ def load_shapes_meta(out_dir):
 def _is_complete(out_dir, meta, params):
     if meta is None or meta.get('params') != params:
         return False
+    ext = _IMG_EXT[params['img_format']]
     for split in _SPLITS:
         img_dir, ann_path = _split_paths(out_dir, split)
-        info = meta.get('splits', {}).get(split)
-        if info is None or not osp.isfile(ann_path) or not osp.isdir(img_dir):
-            return False
-        ext = _IMG_EXT[params['img_format']]
-        n = params[f'num_{split}']
-        if any(not osp.isfile(osp.join(img_dir, f'{i:06d}{ext}')) for i in range(n)):
+        names = (f'{i:06d}{ext}' for i in range(params[f'num_{split}']))
+        if split not in meta.get('splits', {}) or not osp.isfile(ann_path) or not \
+                osp.isdir(img_dir) or not all(osp.isfile(osp.join(img_dir, n)) for n in names):
             return False
     return True
 
@@ -510,13 +485,11 @@ def make_contact_sheet(data_root, out_path, split='train', num_images=8, cols=4,
     from PIL import Image, ImageDraw
     from pycocotools.coco import COCO
     img_dir, ann_path = _split_paths(data_root, split)
-    palette = {}
     coco = COCO(ann_path)
-    for cat in coco.loadCats(coco.getCatIds()):
-        palette[cat['id']] = np.array(SHAPE_KINDS.get(cat['name'], (255, 255, 255)), np.float32)
-    ids = sorted(coco.getImgIds())[:num_images]
+    palette = {cat['id']: np.array(SHAPE_KINDS.get(cat['name'], (255, 255, 255)), np.float32)
+               for cat in coco.loadCats(coco.getCatIds())}
     tiles = []
-    for img_id in ids:
+    for img_id in sorted(coco.getImgIds())[:num_images]:
         info = coco.loadImgs(img_id)[0]
         img = np.asarray(Image.open(osp.join(img_dir, info['file_name'])).convert('RGB'))
         over = img.astype(np.float32)
@@ -546,8 +519,7 @@ def make_contact_sheet(data_root, out_path, split='train', num_images=8, cols=4,
         raise ValueError(f'no images in {ann_path}')
     cols = max(1, min(cols, len(tiles)))
     rows = (len(tiles) + cols - 1) // cols
-    tw = max(t.width for t in tiles) + 8
-    th = max(t.height for t in tiles) + 8
+    tw, th = max(t.width for t in tiles) + 8, max(t.height for t in tiles) + 8
     sheet = Image.new('RGB', (cols * tw, rows * th), (255, 255, 255))
     for k, t in enumerate(tiles):
         sheet.paste(t, ((k % cols) * tw + 4, (k // cols) * th + 4))

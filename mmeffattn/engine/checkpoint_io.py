@@ -1,8 +1,6 @@
-"""Reading and writing checkpoints safely (docs/advanced/reliability.md): a scoped allow-list
-for ``weights_only=True``, atomic saves, one-line :class:`CheckpointError` messages naming the
-file and the fix, URLs cached by the whole URL, and the opt-in routing of mmengine's Runner
-through these (:func:`install_checkpoint_io`).
-"""
+"""Safe checkpoint I/O (docs/advanced/reliability.md): a scoped ``weights_only`` allow-list,
+atomic saves, one-line :class:`CheckpointError` messages naming the file and the fix, cached URL
+downloads, and the opt-in routing of mmengine's Runner through them."""
 import collections
 import contextlib
 import glob
@@ -50,10 +48,8 @@ def _history_buffer_getattr(obj: Any, name: str) -> Any:
 
 
 def mmengine_safe_globals() -> List[Any]:
-    """The minimum allow-list for ``torch.load(weights_only=True)`` of mmengine checkpoints.
-
-    Entries are objects, or ``(object, 'pickled.name')`` pairs (stand-ins, and numpy 1.x's
-    ``numpy.core`` names that numpy 2 keeps under ``numpy._core``)."""
+    """The minimum allow-list for ``torch.load(weights_only=True)`` of mmengine checkpoints:
+    objects, or ``(object, 'pickled.name')`` pairs (stand-ins, numpy 1.x's ``numpy.core``)."""
     import numpy as np
     from mmengine.logging import HistoryBuffer
     core = getattr(np, '_core', None) or np.core
@@ -76,8 +72,7 @@ def mmengine_safe_loading(extra: Iterable[Any] = ()) -> Iterator[None]:
 
 
 class _YacsConfig:
-    """Stands in for the yacs ``CfgNode`` that official MLLA and WeightFormer training checkpoints
-    hold: such a file loads safely without yacs, each node as a plain ``OrderedDict``."""
+    """Stands in for the yacs ``CfgNode`` of official training checkpoints: a plain dict."""
 
     def __new__(cls, *args, **kwargs):
         return collections.OrderedDict()
@@ -102,10 +97,8 @@ def load_checkpoint_file(path: str, map_location: Any = 'cpu', *, mmap: bool = F
                          extra_safe_globals: Iterable[Any] = (), hint: str = _CORRUPT_HINT,
                          weights_only: bool = True, folder_hint: str = '') -> Any:
     """``torch.load`` a local checkpoint safely (or read a ``.safetensors`` file), or raise a
-    one-line :class:`CheckpointError` (:class:`CheckpointNotFoundError`) naming the file and
-    ``hint``. ``mmap`` maps the file; ``extra_safe_globals`` extends the allow-list;
-    ``folder_hint`` is a way out when ``path`` is a folder; ``weights_only=False`` only for
-    trusted files."""
+    one-line :class:`CheckpointError` naming the file and ``hint`` (``folder_hint``: the way out
+    when ``path`` is a folder). ``weights_only=False`` only for trusted files."""
     path = osp.expanduser(str(path))
     if osp.isdir(path):
         newest = _newest_pth(path)
@@ -149,8 +142,8 @@ def load_checkpoint_file(path: str, map_location: Any = 'cpu', *, mmap: bool = F
 
 
 def is_safetensors(path: str) -> bool:
-    """Whether ``path`` holds a safetensors file: by its suffix, or (a download cached under a
-    name without one) by its header, an 8-byte length followed by a JSON object."""
+    """Whether ``path`` is a safetensors file: its suffix, or its header (an 8-byte length, then
+    a JSON object) for a download cached without the suffix."""
     if path.endswith('.safetensors'):
         return True
     with open(path, 'rb') as f:
@@ -160,7 +153,6 @@ def is_safetensors(path: str) -> bool:
 
 
 def _load_safetensors(path: str, map_location: Any, hint: str) -> Dict[str, torch.Tensor]:
-    """The tensors of a ``.safetensors`` file (a flat state dict), on ``map_location``."""
     try:
         from safetensors.torch import load_file
     except ImportError:
@@ -184,14 +176,12 @@ def _unsupported_global(exc: BaseException) -> str:
     return f'GLOBAL {m.group(1)}' if m else load_error_reason(exc)
 
 
-#: names ``tempfile.mkstemp(prefix=f'.{name}.', suffix='.tmp')`` gives (8 chars of ``[a-z0-9_]``):
-#: cleaning up never removes a file the writer did not create.
+#: the names mkstemp gives atomic_write's files: cleaning up removes no file it did not create
 _TEMP_NAME = r'\.({name})\.[a-z0-9_]{{8}}\.tmp'
 
 
 def _stale_temp_files(folder: str, name: str) -> List[str]:
-    """Temporary files of :func:`atomic_write` in ``folder`` for targets matching the regular
-    expression ``name``, i.e. what a save killed in the middle of writing left behind."""
+    """What saves killed mid-write left in ``folder`` for targets matching the regex ``name``."""
     pattern = re.compile(_TEMP_NAME.format(name=name))
     with contextlib.suppress(OSError):
         return sorted(osp.join(folder, n) for n in os.listdir(folder) if pattern.fullmatch(n))
@@ -205,9 +195,8 @@ def _remove(paths: Iterable[str]) -> None:
 
 
 def atomic_write(path: str, write: Callable[[io.BufferedWriter], None]) -> None:
-    """Call ``write(f)`` on a temporary file beside ``path``, fsync it, then rename it to ``path``:
-    a kill leaves ``path`` as it was or complete. The temporary ``.<name>.XXXXXXXX.tmp`` is removed
-    on any Python exception; one left by a kill is removed by the next save to ``path``."""
+    """Call ``write(f)`` on a temporary file beside ``path``, fsync it and rename it to ``path``,
+    so a kill leaves ``path`` old or complete; the next save removes a kill's leftover."""
     path = osp.abspath(path)
     folder = osp.dirname(path)
     _remove(_stale_temp_files(folder, re.escape(osp.basename(path))))
@@ -225,7 +214,7 @@ def atomic_write(path: str, write: Callable[[io.BufferedWriter], None]) -> None:
         with contextlib.suppress(OSError):
             os.remove(tmp)
         raise
-    # Persist the rename itself (the directory entry); not possible on every OS/filesystem.
+    # persist the rename (the directory entry) where the OS allows it
     with contextlib.suppress(OSError, AttributeError):
         dir_fd = os.open(folder, os.O_RDONLY)
         try:
@@ -240,10 +229,8 @@ def atomic_save(obj: Any, path: str) -> None:
 
 
 def checkpoint_cache_path(url: str, cache_dir: Optional[str] = None) -> str:
-    """Where the download of ``url`` is cached: ``<hash of the whole URL, query
-    included>-<last non-empty path segment>`` (every Hugging Face file is ``model.safetensors``;
-    ``.../f/<id>/?dl=1`` gives ``<id>``), in ``cache_dir`` or ``<torch hub
-    dir>/checkpoints/mmeffattn`` (``$TORCH_HOME`` moves it)."""
+    """Where the download of ``url`` is cached: ``<hash of the whole URL>-<last path segment>``
+    in ``cache_dir`` or ``<torch hub dir>/checkpoints/mmeffattn``."""
     import torch.hub
     folder = cache_dir or osp.join(torch.hub.get_dir(), 'checkpoints', 'mmeffattn')
     parts = urllib.parse.urlsplit(url)
@@ -254,8 +241,7 @@ def checkpoint_cache_path(url: str, cache_dir: Optional[str] = None) -> str:
 
 def download_checkpoint(url: str, cache_dir: Optional[str] = None,
                         timeout_s: float = 60) -> str:
-    """The local path of ``url``'s file, downloaded once (atomically) into the cache; a
-    :class:`CheckpointError` names why a download failed and the way out."""
+    """The local path of ``url``'s file, downloaded once (atomically) into the cache."""
     path = checkpoint_cache_path(url, cache_dir)
     if osp.isfile(path) and osp.getsize(path) > 0:
         return path
@@ -288,10 +274,9 @@ def download_checkpoint(url: str, cache_dir: Optional[str] = None,
 def open_checkpoint(checkpoint: str, map_location: Any = 'cpu', *,
                     cache_dir: Optional[str] = None,
                     extra_safe_globals: Iterable[Any] = ()) -> Any:
-    """Read a checkpoint from a local path or an ``http(s)://`` URL (downloaded once, cached by
-    the whole URL): a ``torch.save`` file through the scoped safe loader (which may also build
-    ``extra_safe_globals``, e.g. :data:`OFFICIAL_STAND_INS`), or a ``.safetensors`` file. Other
-    ``scheme://`` names go to mmengine's ``CheckpointLoader`` (e.g. a Petrel backend)."""
+    """Read a checkpoint from a local path or an ``http(s)://`` URL (downloaded once) with
+    :func:`load_checkpoint_file`; other ``scheme://`` names go to mmengine's
+    ``CheckpointLoader``."""
     scheme = urllib.parse.urlsplit(str(checkpoint)).scheme.lower()
     if scheme in ('http', 'https'):
         return load_checkpoint_file(download_checkpoint(checkpoint, cache_dir),
@@ -308,8 +293,7 @@ def open_checkpoint(checkpoint: str, map_location: Any = 'cpu', *,
 
 def find_resume_checkpoint(work_dir: str) -> Optional[str]:
     """The checkpoint ``--resume`` continues from: ``WORK_DIR/last_checkpoint``'s, else the newest
-    ``*.pth``, else ``None``; a named but unreadable one raises :class:`CheckpointError`. Partial
-    files of killed saves are removed."""
+    ``*.pth``, else ``None``; an unreadable one raises :class:`CheckpointError`."""
     leftovers = _stale_temp_files(work_dir, r'.+\.pth')
     if leftovers:
         _remove(leftovers)
@@ -346,9 +330,8 @@ def _check_readable(path: str, why: str) -> None:
 
 
 def install_checkpoint_io() -> None:
-    """Make mmengine's Runner save atomically (its ``save_checkpoint``, local files) and load
-    through :func:`open_checkpoint` (``CheckpointLoader``'s local and ``http(s)://`` loaders).
-    Idempotent; the opt-in :mod:`mmeffattn.engine.patch_mmengine`, not ``import mmeffattn``."""
+    """Make mmengine's Runner save local files atomically and load through
+    :func:`open_checkpoint` (idempotent; :mod:`mmeffattn.engine.patch_mmengine` calls it)."""
     from mmengine.runner import checkpoint as mm_ckpt
     from mmengine.runner import runner as mm_runner
 
@@ -383,11 +366,9 @@ _LOADER_PROBED = False
 
 
 def warn_if_mmengine_cannot_load() -> bool:
-    """Warn once per process when mmengine's own loader cannot read the checkpoints mmengine
-    writes (mmengine 0.10.7 under torch >= 2.6's weights-only default stops on its
-    ``HistoryBuffer``), naming the config line that fixes it; returns whether it warned.
-    Backbones call it when built, so that a stock ``test.py``, ``--resume`` or ``load_from`` run
-    has the fix in its log before the loader fails (a tiny record is saved and loaded)."""
+    """Warn once per process, naming the config line that fixes it, when mmengine's own loader
+    cannot read the checkpoints mmengine writes (0.10.7 under torch >= 2.6 stops on its
+    ``HistoryBuffer``); backbones call it when built, so the fix is logged before a load fails."""
     global _LOADER_PROBED
     from mmengine.logging import HistoryBuffer, print_log
     from mmengine.runner import checkpoint as mm_ckpt

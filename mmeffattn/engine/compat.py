@@ -1,7 +1,5 @@
-"""Glue for mmengine 0.10.7 on any device: distributed runs on CPU-only machines (mmengine's
-``pytorch`` launcher calls ``torch.cuda.set_device``: we start gloo ourselves and make DDP wrap a
-CPU module; its ``slurm``/``mpi`` launchers need a GPU and are refused by name), and the
-``mmeffattn::`` config prefix."""
+"""Glue for mmengine 0.10.7: distributed runs on CPU-only machines (gloo, DDP of a CPU module;
+mmengine's launchers select a CUDA device) and the ``mmeffattn::`` config prefix."""
 import os
 import os.path as osp
 
@@ -15,12 +13,8 @@ def cpu_distributed_requested(launcher: str) -> bool:
 
 
 def init_cpu_distributed(timeout_s: int = 1800, launcher: str = 'pytorch') -> None:
-    """Start a gloo process group from the torchrun environment (RANK, WORLD_SIZE, ...).
-
-    ``launcher`` is the ``--launcher`` the user passed, named in the error when that environment
-    is missing: on CPUs the tools support ``pytorch`` (torchrun), since mmengine's ``slurm`` and
-    ``mpi`` launchers select a CUDA device.
-    """
+    """Start a gloo process group from the torchrun environment (RANK, WORLD_SIZE, ...); the
+    error names ``launcher`` when that environment is missing."""
     if dist.is_available() and dist.is_initialized():
         return
     missing = [k for k in ('RANK', 'WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT')
@@ -54,10 +48,8 @@ def configure_cpu_ddp(cfg) -> None:
 
 
 def register_config_package() -> None:
-    """Let configs inherit ours as ``_base_ = 'mmeffattn::sema/...py'``: mmengine 0.10.7 resolves
-    ``pkg::`` only for the packages in its ``MODULE2PACKAGE`` table, and finds them beside the
-    distribution's metadata, which an editable install keeps elsewhere; both are told about
-    mmeffattn here. Called by our tools and by :mod:`mmeffattn.engine.patch_mmengine`."""
+    """Let configs inherit ours as ``_base_ = 'mmeffattn::sema/...py'`` (mmengine resolves
+    ``pkg::`` only for its known packages, and misses an editable install)."""
     from mmengine.config import config as cfg_module
     from mmengine.config import utils as cfg_utils
     cfg_utils.MODULE2PACKAGE.setdefault('mmeffattn', 'mmeffattn')

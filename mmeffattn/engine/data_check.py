@@ -1,16 +1,12 @@
-"""Check that a config's datasets exist before anything is built.
-
-A wrong path otherwise surfaces minutes later, deep inside a dataset class, after the model was
-built; here it fails at once with the path, the config key and how to fix it.
-"""
+"""Check that a config's datasets exist before anything is built: a wrong path fails at once
+with the path, the config key and the fix, not minutes later inside a dataset class."""
 import json
 import os.path as osp
 from typing import Iterable, Iterator, List, NamedTuple
 
 from mmengine.config import Config, ConfigDict
 
-#: Annotation JSON files up to this size are parsed completely before anything is built; larger
-#: ones (full COCO train is ~450 MB) only get the cheap check of their first and last bytes.
+#: annotation JSON files up to this size are parsed; larger ones get a check of their ends
 FULL_JSON_CHECK_BYTES = 64 * 1024 * 1024
 
 PHASE_EVALUATORS = {'train': ('val_evaluator',), 'val': ('val_evaluator',),
@@ -66,11 +62,8 @@ class AnnotationFileError(ValueError):
 
 
 def check_annotation_json(path: str, key: str = 'ann_file') -> None:
-    """Raise :class:`AnnotationFileError` naming ``path`` when it is not a valid JSON document.
-
-    Small files are parsed; large ones are checked for an empty file and for a truncated or
-    non-JSON one (first and last non-blank bytes ``{...}`` or ``[...]``), without parsing.
-    """
+    """Raise :class:`AnnotationFileError` naming ``path`` when it is not valid JSON (small files
+    parsed, large ones checked for ``{...}`` or ``[...]`` ends)."""
     fix = (f'regenerate or download it again, or point {key} at a valid COCO-style JSON file')
     size = osp.getsize(path)
     if size == 0:
@@ -103,8 +96,8 @@ def _loader_paths(cfg: Config, phases: Iterable[str]) -> Iterator[DatasetPath]:
 
 
 def check_annotation_files(cfg: Config, phases: Iterable[str]) -> None:
-    """Check every existing ``*.json`` annotation file of ``phases`` (datasets and evaluators)
-    with :func:`check_annotation_json`."""
+    """:func:`check_annotation_json` on every annotation file of ``phases``' datasets and
+    evaluators."""
     seen = set()
     for p in _loader_paths(cfg, phases):
         if p.field == 'ann_file':
@@ -128,9 +121,8 @@ def _check_json_once(path: str, key: str, seen: set) -> None:
 
 
 def _missing_paths_fix(cfg: Config, missing: List[DatasetPath], phases: Iterable[str]) -> str:
-    """How to fix ``missing`` paths, in the config keys that hold them: each dataset's
-    ``data_root`` (its other paths are relative to it) and the phases' evaluator annotation
-    files, e.g. COCO's, which the evaluator reads on its own."""
+    """How to fix ``missing`` paths: the config keys of each dataset's ``data_root`` and of the
+    evaluators' annotation files."""
     datasets = {p.dataset_key: p.dataset for p in missing}  # (in order, once each)
     types = sorted({str(ds.get('type', '')).split('.')[-1] for ds in datasets.values()} - {''})
     options = [f'{key}.data_root=/path/to/dataset/' for key in datasets]
@@ -149,9 +141,8 @@ def _missing_paths_fix(cfg: Config, missing: List[DatasetPath], phases: Iterable
 
 
 def check_dataset_paths(cfg: Config, phases: Iterable[str]) -> None:
-    """Raise ``FileNotFoundError`` naming every missing dataset path used by ``phases`` and the
-    config keys that fix it, and :class:`AnnotationFileError` naming an annotation JSON file
-    that is not valid JSON."""
+    """Raise ``FileNotFoundError`` naming every missing dataset path of ``phases`` and the keys
+    that fix it, and :class:`AnnotationFileError` for an annotation file that is not JSON."""
     phases = list(phases)
     missing = []
     seen = set()

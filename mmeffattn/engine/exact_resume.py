@@ -1,9 +1,6 @@
-"""Exact resume: each checkpoint carries the Python, numpy and torch random states and the data
-position, and :class:`ExactResumeHook` restores them where the uninterrupted run would be: at the
-next epoch's start, or (iteration loops) after mmengine has replayed the trained batches. The
-streams are saved around validation, which the resumed run does not repeat. mmengine alone
-restores the data order but not the main process's streams (dropout, drop path, and augmentation
-with ``num_workers=0``). Guarantees and limits: docs/advanced/reliability.md.
+"""Exact resume: checkpoints carry the Python, numpy and torch random states and the data
+position, which mmengine alone does not restore; :class:`ExactResumeHook` restores them where the
+uninterrupted run would be (docs/advanced/reliability.md).
 """
 import random
 from typing import Any, Dict, Iterator, Optional
@@ -20,8 +17,7 @@ RNG_STATE_KEY = 'rng_state'
 
 
 def get_rng_state() -> Dict[str, Any]:
-    """The process's Python, numpy and torch (CPU, CUDA if initialised) random states, as plain
-    tensors, numbers, strings and tuples that the safe loader reads without an allow-list."""
+    """The Python, numpy and torch random states, as types the safe loader reads."""
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     state = dict(python=random.getstate(),
                  numpy=dict(kind=kind, keys=torch.from_numpy(keys.astype(np.int64)), pos=int(pos),
@@ -50,9 +46,8 @@ def set_rng_state(state: Dict[str, Any]) -> None:
 
 
 class _RestoreAfterReplay:
-    """Wraps an iteration-based loop's dataloader iterator: passes the first ``skip`` batches
-    (mmengine's replay of the trained ones) through, then restores the random streams before
-    the first new batch and steps out of the way."""
+    """An iteration loop's dataloader iterator that restores the random streams after
+    mmengine's replay of the ``skip`` trained batches."""
 
     def __init__(self, loop: Any, inner: Iterator, skip: int, state: Dict[str, Any]):
         self.loop, self.inner, self.skip, self.state = loop, inner, skip, state
@@ -74,12 +69,8 @@ class _RestoreAfterReplay:
 
 @HOOKS.register_module()
 class ExactResumeHook(Hook):
-    """Store the random streams and the data position in checkpoints; restore them on resume.
-
-    Resuming at an epoch or iteration boundary then reproduces the uninterrupted run bit for bit
-    on the CPU, given a fixed ``randomness.seed``. Limits (persistent workers, mid-epoch
-    checkpoints, GPU nondeterminism, distributed ranks): docs/advanced/reliability.md.
-    """
+    """Store the random streams and the data position in checkpoints and restore them on
+    resume: bit for bit on the CPU at epoch or iteration boundaries, given a fixed seed."""
 
     priority = 'VERY_HIGH'  # restore before any other hook of the epoch draws a random number
 

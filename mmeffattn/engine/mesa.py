@@ -1,10 +1,5 @@
-"""``MESAHook``: mmengine's ``EMAHook`` that also feeds the EMA model to MESA's loss term.
-
-See :mod:`mmeffattn.models.distill.mesa` for the term. The hook keeps the EMA model as
-``EMAHook`` does (validation, test and checkpoints use the averaged weights; resuming restores
-them) and, before each training iteration from ``start_ratio`` of the schedule on (MLLA: a
-quarter of the epochs), hands the model its EMA copy, in eval mode, and ``mesa_weight``.
-"""
+"""``MESAHook``: mmengine's ``EMAHook`` that also hands the EMA model to the MESA loss term
+(:mod:`mmeffattn.models.distill.mesa`) from ``start_ratio`` of the schedule on."""
 from mmengine.hooks import EMAHook
 from mmengine.model import is_model_wrapper
 from mmengine.registry import HOOKS

@@ -1,8 +1,5 @@
-"""Mixed precision on any device.
-
-mmengine's ``AmpOptimWrapper`` refuses to run without a GPU. On the CPU, ``--amp`` means bfloat16
-autocast: bf16 has fp32's exponent range, so no loss scaling is needed.
-"""
+"""Mixed precision on the CPU, where mmengine's ``AmpOptimWrapper`` refuses to run: bf16
+autocast (fp32's exponent range, so no loss scaling)."""
 from contextlib import contextmanager
 
 import torch

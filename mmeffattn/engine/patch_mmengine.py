@@ -1,7 +1,5 @@
-"""Opt-in import: patches mmengine's checkpoint I/O and enables ``_base_ = 'mmeffattn::<path>'``.
-
-Idempotent (:func:`~mmeffattn.engine.checkpoint_io.install_checkpoint_io`,
-:func:`~mmeffattn.engine.compat.register_config_package`). Our tools import it; in a stock config::
+"""Opt-in import (idempotent): patches mmengine's checkpoint I/O and enables
+``_base_ = 'mmeffattn::<path>'``. Our tools import it; in a stock config::
 
     custom_imports = dict(imports=['mmeffattn', 'mmeffattn.engine.patch_mmengine'],
                           allow_failed_imports=False)

@@ -1,5 +1,5 @@
-"""What tools/train.py and tools/test.py share: config loading and the runtime set-up that makes
-one set of tools serve mmdet, mmseg and mmpretrain configs on GPUs and CPUs alike."""
+"""What tools/train.py and tools/test.py share: config loading and runtime set-up for mmdet,
+mmseg and mmpretrain configs on GPUs and CPUs alike."""
 import os
 import os.path as osp
 import sys
@@ -47,8 +47,7 @@ def setup_launcher(cfg: Config, launcher: str) -> None:
 
 
 def enable_amp(cfg: Config) -> None:
-    """``--amp``: fp16 with dynamic loss scaling on a GPU, bf16 autocast on the CPU (refused
-    for models that run mmcv's NMS while training, whose CPU kernel takes no bf16)."""
+    """``--amp``: fp16 with dynamic loss scaling on a GPU, bf16 autocast on the CPU."""
     optim_wrapper = cfg.optim_wrapper.get('type', 'OptimWrapper')
     if optim_wrapper in ('AmpOptimWrapper', 'mmeffattn.CPUAutocastOptimWrapper'):
         return
@@ -71,8 +70,8 @@ def enable_amp(cfg: Config) -> None:
 
 
 def _training_nms_key(train_cfg: object, key: str) -> Optional[str]:
-    """The dotted config key of the first ``nms`` setting in a model's ``train_cfg`` (e.g. Mask
-    R-CNN's RPN proposals, ``model.train_cfg.rpn_proposal.nms``), None if it has none."""
+    """The dotted key of the first ``nms`` in a model's ``train_cfg`` (e.g. Mask R-CNN's
+    ``model.train_cfg.rpn_proposal.nms``), or None."""
     if isinstance(train_cfg, dict):
         if train_cfg.get('nms') is not None:
             return f'{key}.nms'
@@ -85,9 +84,8 @@ def _training_nms_key(train_cfg: object, key: str) -> Optional[str]:
 
 
 def prepare_runtime() -> None:
-    """What every tool needs before it parses a config: atomic checkpoint saves, the scoped safe
-    loader and cached URL downloads in mmengine's Runner, and ``mmeffattn::`` config paths. The
-    same as the opt-in import :mod:`mmeffattn.engine.patch_mmengine` (idempotent)."""
+    """What :mod:`mmeffattn.engine.patch_mmengine` does (idempotent): our checkpoint I/O in
+    mmengine's Runner and ``mmeffattn::`` config paths."""
     install_checkpoint_io()
     register_config_package()
 
@@ -102,12 +100,8 @@ def add_exact_resume_hook(cfg: Config) -> None:
 
 
 def configure_resume(cfg: Config, resume: Optional[str]) -> None:
-    """Turn ``--resume [PATH]`` into ``cfg.resume``/``cfg.load_from``: exact or loudly refused.
-
-    ``'auto'`` takes ``WORK_DIR/last_checkpoint`` (else the newest ``*.pth``; none: a WARNING and a
-    fresh start; named but unreadable: :class:`CheckpointError`); a path must be readable. A
-    ``None`` ``randomness.seed`` is taken from the checkpoint, so the data order repeats.
-    """
+    """Turn ``--resume [PATH]`` (``'auto'``: :func:`find_resume_checkpoint`, none: a fresh
+    start) into ``cfg.resume``/``cfg.load_from``; a ``None`` seed is taken from the checkpoint."""
     if resume is None:
         return
     if resume == 'auto':
@@ -141,9 +135,8 @@ COMPILE_KEYS = ('fullgraph', 'dynamic', 'backend', 'mode', 'options', 'disable')
 
 
 def check_compile_option(cfg: Config) -> None:
-    """``compile`` must be a bool or a dict of ``torch.compile`` arguments (a known backend and
-    mode, bool flags): say so before anything is built (mmengine would assert only when training
-    starts, torch.compile only when it runs, without naming the config key)."""
+    """Check ``compile`` (a bool or a dict of ``torch.compile`` arguments) before anything is
+    built, naming the config key."""
     option = cfg.get('compile')
     if option is None or isinstance(option, bool):
         return
@@ -179,9 +172,8 @@ def _keep_eager(obj: object, name: str) -> None:
 
 
 def prepare_compile(runner) -> None:
-    """Make mmengine's ``compile`` option work for our models: the data preprocessor and the
-    optimizer update stay eager, so the model, its losses and its backward get compiled
-    (docs/user_guides/compile_export.md)."""
+    """mmengine's ``compile`` option for our models: the data preprocessor and the optimizer
+    update stay eager (docs/user_guides/compile_export.md)."""
     if not runner.cfg.get('compile'):
         return
     compile_step = runner._maybe_compile
@@ -202,9 +194,8 @@ def prepare_compile(runner) -> None:
 
 
 def _draw_before_each_step(wrapped, model: torch.nn.Module) -> None:
-    """Modules with per-step random choices that set shapes (VECA's nested core dropout) draw
-    them in ``draw_for_next_forward``; call it eagerly before each compiled ``train_step``, so
-    that the compiled forward only reads the number."""
+    """Call ``draw_for_next_forward`` (VECA's nested core dropout) eagerly before each compiled
+    ``train_step``: the compiled forward only reads the drawn shape."""
     drawers = [m for m in model.modules() if hasattr(m, 'draw_for_next_forward')]
     if not drawers:
         return
@@ -223,11 +214,9 @@ def _draw_before_each_step(wrapped, model: torch.nn.Module) -> None:
 
 
 def load_whole_checkpoints(runner, loaded: Optional[dict] = None) -> None:
-    """Make the Runner's ``load_from`` (not ``--resume``) strict and able to read what an
-    ``init_cfg`` reads: a path or URL, and the official layouts converted with their head
-    (:func:`mmeffattn.models.converters.model_checkpoint`; ``loaded``: the file, already read).
-    mmengine's own load is non-strict: a checkpoint that left part of the model at its random
-    init would be evaluated silently."""
+    """Make the Runner's ``load_from`` strict (mmengine's is not) and able to read paths, URLs
+    and official layouts (:func:`mmeffattn.models.converters.model_checkpoint`; ``loaded``: the
+    file, already read)."""
     from mmengine.runner.checkpoint import load_state_dict
 
     from ..models.converters import model_checkpoint
@@ -247,9 +236,8 @@ def load_whole_checkpoints(runner, loaded: Optional[dict] = None) -> None:
 
 
 def close_distributed() -> None:
-    """End a distributed run cleanly: wait for every rank, then destroy the process group (left
-    to interpreter shutdown, gloo's threads could abort a finished run with SIGABRT)."""
-
+    """Wait for every rank, then destroy the process group (at interpreter shutdown, gloo's
+    threads could abort a finished run)."""
     if not (dist.is_available() and dist.is_initialized()):
         return
     dist.barrier()
@@ -257,9 +245,8 @@ def close_distributed() -> None:
 
 
 def run_cli(main: Callable[[], object]) -> None:
-    """Run a tool's ``main``; a bad checkpoint or annotation file ends it with one line on
-    stderr (the file and the fix) instead of a traceback. A distributed run that succeeded
-    closes its process group before the interpreter exits."""
+    """Run a tool's ``main``: a bad checkpoint or annotation file ends it with one line on
+    stderr instead of a traceback; a distributed run closes its process group."""
     try:
         main()
     except (CheckpointError, AnnotationFileError) as e:

@@ -1,11 +1,6 @@
-"""The authors' published checkpoints (MLLA, WeightFormer, VECA) as whole mmpretrain classifiers.
-
-:func:`model_checkpoint` is what tools/test.py and ``load_from`` load: ours, mmengine's, or an
-official checkpoint converted together with its classification head into the config's model; one
-that does not fill the model exactly is a one-line ``CheckpointError``. :func:`convert_official`
-writes the same conversion as an mmpretrain-style file (``backbone.*``, ``head.fc.*`` under
-``state_dict``, plus ``meta``) that mmengine's own loader reads, for mmpretrain's and mmdet's
-tools; tools/model_converters/<family>_official.py are its command lines.
+"""The authors' published checkpoints (MLLA, WeightFormer, VECA) as whole mmpretrain classifiers:
+:func:`model_checkpoint` (what tools/test.py and ``load_from`` load, strictly) and
+:func:`convert_official` (an mmpretrain-style file; tools/model_converters are its command lines).
 """
 import argparse
 import os.path as osp
@@ -57,9 +52,14 @@ def mlla_backbone(sd: dict, ckpt: dict) -> Tuple[dict, str]:
     return dict(type='mmeffattn.MILA', arch=arch, out_indices=(3, )), str(arch)
 
 
+def _width_depth(sd: dict) -> Tuple[int, int]:
+    """The embedding width and block count of an isotropic backbone's ``backbone.*`` keys."""
+    return (sd['backbone.patch_embed.proj.weight'].shape[0],
+            1 + max(int(k.split('.')[2]) for k in sd if k.startswith('backbone.blocks.')))
+
+
 def weightformer_backbone(sd: dict, ckpt: dict) -> Tuple[dict, str]:
-    dims = sd['backbone.patch_embed.proj.weight'].shape[0]
-    depth = 1 + max(int(k.split('.')[2]) for k in sd if k.startswith('backbone.blocks.'))
+    dims, depth = _width_depth(sd)
     hidden = sd['backbone.blocks.0.mlp.fc1.weight'].shape[0]
     arch = {192: 'tiny', 384: 'small (or base, trained at 448)'}.get(dims, f'embed_dims={dims}')
     return dict(type='mmeffattn.WeightFormer', out_type='avgpool',
@@ -74,8 +74,7 @@ _VECA_FAMILIES = {(384, 12, 1024): 'small', (384, 12, 1536): 'splus', (768, 12, 
 def veca_backbone(sd: dict, ckpt: dict) -> Tuple[dict, str]:
     """The VECA config (``out_type='raw'``) the converted backbone loads into strictly."""
     official_cfg = ckpt.get('config') if isinstance(ckpt.get('config'), dict) else {}
-    dims = sd['backbone.patch_embed.proj.weight'].shape[0]
-    depth = 1 + max(int(k.split('.')[2]) for k in sd if k.startswith('backbone.blocks.'))
+    dims, depth = _width_depth(sd)
     half = sd['backbone.blocks.0.ffn.fc2.weight'].shape[1]
     arch = official_cfg.get('model_family') or _VECA_FAMILIES.get((dims, depth, half))
     if arch in veca.VECA.arch_zoo:
@@ -100,9 +99,8 @@ def veca_backbone(sd: dict, ckpt: dict) -> Tuple[dict, str]:
 
 
 class OfficialLayout(NamedTuple):
-    """One family's published checkpoints: where from, into which backbone class, how to
-    recognise them, how to convert them to classifier keys (given the model's backbone, or None)
-    and which backbone config the converted ``backbone.*`` keys load into."""
+    """One family's published checkpoints: source, backbone class, detection, conversion to
+    classifier keys (given the model's backbone, or None) and the backbone config they fit."""
     source: str
     family: type
     detect: Callable[[dict], bool]
@@ -134,13 +132,9 @@ def official_layout(ckpt: dict) -> Optional[str]:
 
 def model_checkpoint(model: nn.Module, checkpoint: str, map_location: str = 'cpu',
                      loaded: Optional[dict] = None) -> dict:
-    """``checkpoint`` (a path or URL, or its content ``loaded``) as an mmengine checkpoint of
-    ``model`` (under any DDP or TTA wrapper): ``state_dict`` holds exactly the model's keys and
-    shapes.
-
-    Raises:
-        CheckpointError: one line naming the first keys missing, unexpected or mis-shaped.
-    """
+    """``checkpoint`` (a path or URL, or its content ``loaded``) as an mmengine checkpoint that
+    holds exactly the keys and shapes of ``model`` (under any wrapper), else a one-line
+    ``CheckpointError`` naming the keys."""
     while is_model_wrapper(model) or isinstance(model, BaseTTAModel):
         model = model.module
     name = repr(checkpoint)
@@ -183,10 +177,9 @@ def model_checkpoint(model: nn.Module, checkpoint: str, map_location: str = 'cpu
 
 
 def convert_official(layout: str, src: str, dst: str, unsafe: bool = False) -> dict:
-    """Convert the official ``layout`` checkpoint ``src`` (a ``.pth``/``.pt`` or ``.safetensors``
-    file) into ``dst``: ``{'state_dict': backbone.* and head.fc.* keys, 'meta'}``, checked to load
-    strictly into the backbone config that ``meta['backbone']`` holds; returns the meta.
-    ``unsafe`` reads ``src`` with ``weights_only=False`` (only for files you trust)."""
+    """Convert the official ``layout`` checkpoint ``src`` into ``dst`` (``backbone.*`` and
+    ``head.fc.*`` keys checked against the backbone config in ``meta['backbone']``); returns the
+    meta. ``unsafe`` reads ``src`` with ``weights_only=False`` (only for files you trust)."""
     official = OFFICIAL_LAYOUTS[layout]
     ckpt = load_checkpoint_file(src, extra_safe_globals=OFFICIAL_STAND_INS,
                                 weights_only=not unsafe, hint='pass the file the official code '
@@ -210,8 +203,7 @@ def convert_official(layout: str, src: str, dst: str, unsafe: bool = False) -> d
 
 
 def save_converted(state_dict: dict, meta: dict, dst: str) -> None:
-    """Write ``{'state_dict', 'meta'}`` to ``dst`` atomically; its folder must exist (no silent
-    mkdir of a mistyped path)."""
+    """Write ``{'state_dict', 'meta'}`` to ``dst`` atomically; its folder must exist."""
     if not osp.isdir(osp.dirname(osp.abspath(dst))):
         raise FileNotFoundError(f'output folder {osp.dirname(osp.abspath(dst))!r} does not exist')
     atomic_save({'state_dict': state_dict, 'meta': meta}, dst)

@@ -7,10 +7,8 @@
     python tools/analysis_tools/analyze_logs.py cal_train_time work_dirs/demo
     python tools/analysis_tools/analyze_logs.py summary work_dirs/demo
 
-Each path is a work dir (every training run in it, read as one history across resumes: see
-``mmeffattn/analysis/logs.py``) or one ``<timestamp>/vis_data/scalars.json``. Training
-quantities are plotted against the iteration, validation metrics against the epoch (the
-iteration for iteration-based loops).
+Each path is a work dir (its training runs read as one history across resumes,
+:mod:`mmeffattn.analysis.logs`) or one ``<timestamp>/vis_data/scalars.json``.
 """
 import argparse
 import os
@@ -19,21 +17,19 @@ import sys
 from typing import List, Optional, Sequence
 
 from mmeffattn.analysis.logs import TrainLog, load_log, train_time
+from mmeffattn.analysis.report import pyplot, save_figure
 
 
 def plot_curve(logs: List[TrainLog], keys: Sequence[str], legend: Sequence[str], out: str,
                title: Optional[str] = None) -> str:
     """One figure: each key of each log as a line (one axes per x unit). Returns ``out``."""
-    import matplotlib
-    matplotlib.use('Agg')  # files only: works without a display
-    import matplotlib.pyplot as plt
     curves = {}  # x label -> [(x, y, label)]
     for log, name in zip(logs, legend):
         for key in keys:
             x, y, x_label = log.series(key)  # KeyError naming the available keys
             label = key if len(logs) == 1 else (name if len(keys) == 1 else f'{name}: {key}')
             curves.setdefault(x_label, []).append((x, y, label))
-    fig, axes = plt.subplots(1, len(curves), figsize=(6.4 * len(curves), 4.4), squeeze=False)
+    fig, axes = pyplot().subplots(1, len(curves), figsize=(6.4 * len(curves), 4.4), squeeze=False)
     for ax, (x_label, lines) in zip(axes[0], curves.items()):
         for x, y, label in lines:
             ax.plot(x, y, marker='o' if len(x) < 30 else None, markersize=3, label=label)
@@ -42,12 +38,9 @@ def plot_curve(logs: List[TrainLog], keys: Sequence[str], legend: Sequence[str],
         ax.legend()
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
     if osp.dirname(out):
         os.makedirs(osp.dirname(out), exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out)
 
 
 def print_train_time(log: TrainLog, name: str) -> dict:

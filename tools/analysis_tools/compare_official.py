@@ -5,25 +5,12 @@
     python tools/analysis_tools/compare_official.py --veca-root PATH/TO/VECA --sizes 224 512 768
     python tools/analysis_tools/compare_official.py --weightformer-root PATH/TO/WeightFormer
 
-The official code is imported from a checkout you point to (github.com/LeapLabTHU/MLLA,
-``models/mlla.py``; github.com/alansong1322/VECA, ``veca/model.py``;
-github.com/LeapLabTHU/WeightFormer, ``model/wfm.py``; all three import timm: ``pip install
-timm==0.4.12``, the version WeightFormer pins, serves all of them); nothing of it is in this
-project.
-
-Before timing, each official model gets seeded random weights, ours loads them through our
-checkpoint filter (strictly), and the two outputs must agree to ``--tol`` (relative to the
-official output's largest value): so both sides are the same network with the same weights,
-which also checks the filters against the real official code. ``--no-check`` skips this.
-
-Both sides run in eval mode, batch 1, no grad (``--train``: a training step instead, forward
-and backward of the outputs' sum in train mode; stochastic depth, dropout and VECA's nested core
-dropout off on both sides, so both do the same work), ``--threads`` threads, on the CPU (our ops
-run their PyTorch references, the CPU path, never Triton's interpreter). They are timed call
-by call in alternation, ``--rounds`` times, and each ratio to the official model is the median
-of the ratios of neighbouring calls, so drift and other tenants hit both sides alike. On a
-shared machine results still spread by several percent between runs: repeat the command before
-reading a difference of that size. ``--json`` writes the rows.
+The official code is imported from a checkout you point to (each needs ``pip install
+timm==0.4.12``). Before timing, each official model gets seeded random weights, ours loads them
+through our checkpoint filter, and the outputs must agree to ``--tol`` (``--no-check`` skips
+this). Both run on the CPU, batch 1, eval mode without grad (``--train``: a training step, all
+stochastic layers off), timed call by call in alternation for ``--rounds`` rounds; each ratio is
+the median of neighbouring calls' ratios.
 """
 import argparse
 import importlib.util
@@ -58,12 +45,8 @@ def _load(path: str, name: str):
 
 @dataclass
 class Comparison:
-    """One official model against ours, at one input size.
-
-    ``timed``: the forward calls to time, the official model first; ``models``: the module
-    behind each (for ``--train``). ``outputs``: the official output, then each of our models
-    that holds the official weights, as tensors of the same layout (empty with ``--no-check``).
-    """
+    """One official model against ours at one size: ``timed`` forwards (the official first),
+    the ``models`` behind them, and the ``outputs`` to compare (empty with ``--no-check``)."""
     timed: Dict[str, Callable[[], object]]
     models: Dict[str, nn.Module]
     outputs: Dict[str, Callable[[], torch.Tensor]] = field(default_factory=dict)
@@ -83,8 +66,8 @@ class Comparison:
 
 
 def perturb_(model: nn.Module, seed: int = 0) -> nn.Module:
-    """Add seeded noise (std 0.02) to every parameter, so that no weight is left at an init
-    value (zero biases, unit norms) that could hide a wrongly mapped tensor."""
+    """Add seeded noise (std 0.02) to every parameter: no init value hides a wrongly mapped
+    tensor."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():

@@ -4,23 +4,12 @@
     python tools/analysis_tools/compare_official_kernels.py \\
         --laplacianformer-root PATH/TO/LaplacianFormer --json work_dirs/official_kernels.json
 
-LaplacianFormer's official code (github.com/BirdWithDreams/LaplacianFormer) is two CUDA
-operators, no model: the pairwise L1 distance of queries and keys (``LaplaceSubtraction``, keys
-as ``[B, h, D, M]``) and a Newton-Schulz inverse of ``mat + 0.01 I`` (``NewtonInverse``, up to
-128 x 128, whose backward is the true inverse's gradient). The checkout is compiled here with
-``torch.utils.cpp_extension`` (nvcc, for this GPU's architecture only; nothing of it is in this
-project) and compared with our ops at LaplacianFormer's shapes:
-
-- ``laplacian``: ``exp(-L1(q, k) / lambda)``, the official distance followed by the exponential
-  in PyTorch, against our ``laplacian_kernel`` (one fused kernel); outputs and both gradients must
-  agree (``--tol``, relative to the largest value);
-- ``newton``: the official inverse against our ``newton_schulz_pinv`` (eps 0.01) with
-  ``backward='implicit'``, LaplacianFormer's default and the official backward (``-V^T G V^T``);
-  outputs and gradients must agree.
-
-Each case is timed forward alone and forward + backward, the calls alternating one by one for
-``--rounds`` rounds (CUDA events; ratios are medians of neighbouring calls' ratios, as in
-``mmeffattn.analysis.comparison``). Without a CUDA device it stops at once with exit status 2.
+The official code is two CUDA operators: the pairwise L1 distance (``LaplaceSubtraction``) and a
+Newton-Schulz inverse of ``mat + 0.01 I`` (``NewtonInverse``). The checkout is compiled here
+(nvcc, this GPU's architecture) and compared with ``laplacian_kernel`` and ``newton_schulz_pinv``
+(``backward='implicit'``) at LaplacianFormer's shapes: outputs and gradients must agree to
+``--tol``, then forward and forward + backward are timed in alternation. Without a CUDA device
+it exits with status 2.
 """
 import argparse
 import json
@@ -72,9 +61,7 @@ def load_official(root: str, build_dir: str, verbose: bool = False):
                 build_directory=build_dir, verbose=verbose)
 
 
-# --------------------------------------------------------------------------------------------
-# the official operators as differentiable functions (their Python interface, as we read it)
-# --------------------------------------------------------------------------------------------
+# -- the official operators as differentiable functions (their interface as we read it) --
 class OfficialL1(torch.autograd.Function):
     """``out[b, h, i, j] = sum_d |q[b, h, i, d] - kt[b, h, d, j]|`` by the official kernels."""
 
@@ -123,9 +110,7 @@ def official_laplacian(ext, q: torch.Tensor, k: torch.Tensor, lam: float) -> tor
     return torch.exp(OfficialL1.apply(ext, q, k.transpose(-2, -1)) / -lam)
 
 
-# --------------------------------------------------------------------------------------------
-# cases
-# --------------------------------------------------------------------------------------------
+# -- cases --
 @dataclass
 class KernelCase:
     """One shape and dtype: ``fns`` maps a name (the official one first) to ``fn(*inputs)``;

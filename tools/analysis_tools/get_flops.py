@@ -9,16 +9,10 @@ whole (backbone, neck, heads) next to its backbone alone.
     python tools/analysis_tools/get_flops.py --zoo   # the benchmark models' classifiers, as a
                                                      # Markdown table beside published figures
 
-Without ``--shape`` the size is the papers': 224x224 for a classifier, 800x1280 (a "1280x800"
-image) for a detector, 512x2048 for a segmentor. A detector is counted as mmdet's own
-``get_flops.py`` counts it: ``model._forward`` in tensor mode, i.e. the RPN's proposals (up to its
-test ``max_per_img``, 1000) through the box head and the first 100 through the mask head; a
-segmentor as mmseg's: the decode head on the backbone + neck (the auxiliary head is training only,
-but its parameters are in the total).
-
-FLOPs are counted as multiply-accumulates, the convention of the papers and of mmengine's
-analyzer. The counting lives in :mod:`mmeffattn.analysis.flops`: it adds
-``scaled_dot_product_attention`` (which mmengine skips) and counts mmeffattn's ops analytically.
+Without ``--shape`` the size is the papers' (224x224 classifier, 800x1280 detector, 512x2048
+segmentor). Whole detectors and segmentors are counted as mmdet's and mmseg's ``get_flops.py``
+count them (``model._forward`` in tensor mode). FLOPs are multiply-accumulates, counted by
+:mod:`mmeffattn.analysis.flops`.
 """
 import argparse
 from typing import Optional, Sequence
@@ -26,6 +20,7 @@ from typing import Optional, Sequence
 import torch
 
 from mmeffattn.analysis.flops import model_kind
+from mmeffattn.analysis.model_zoo import build_from_config
 
 
 #: the papers' input sizes (H, W) per kind of model
@@ -33,8 +28,8 @@ PAPER_SHAPES = {'classifier': (224, 224), 'detector': (800, 1280), 'segmentor': 
 
 
 class WholeModel(torch.nn.Module):
-    """A detector's or segmentor's tensor-mode forward (``model._forward``), as mmdet's and
-    mmseg's ``get_flops.py`` count it, on one image of ``shape`` with made-up meta data."""
+    """A detector's or segmentor's tensor-mode forward (``model._forward``) on one image of
+    ``shape`` with made-up meta data."""
 
     def __init__(self, model: torch.nn.Module, shape: Sequence[int]) -> None:
         super().__init__()
@@ -55,24 +50,14 @@ class WholeModel(torch.nn.Module):
 
 def build(config: str, cfg_options: Optional[dict] = None) -> torch.nn.Module:
     """The model of ``config`` (a path or ``pkg::path``), in eval mode with random weights."""
-    from mmengine.config import Config
-    from mmengine.registry import MODELS, DefaultScope
-
-    import mmeffattn  # noqa: F401
-    from mmeffattn.analysis.model_zoo import resolve_config
-    cfg = Config.fromfile(resolve_config(config))
-    if cfg_options:
-        cfg.merge_from_dict(cfg_options)
-    with DefaultScope.overwrite_default_scope(cfg.get('default_scope')):
-        return MODELS.build(cfg.model).eval()
+    return build_from_config(config, cfg_options)[0]
 
 
 def count(config: str, shape: Optional[Sequence[int]] = None,
           cfg_options: Optional[dict] = None, whole: bool = True) -> dict:
-    """``dict(what, params, flops, shape, ops)`` for the model of ``config`` at ``shape``
-    (default: the paper's size for its kind): the classifier, or the backbone of a detector or
-    segmentor; for those, with ``whole``, also ``model=dict(what, params, flops, ops)`` for the
-    whole model (backbone, neck and heads)."""
+    """``dict(what, params, flops, shape, ops)`` of a classifier, or a detector's or segmentor's
+    backbone (with ``whole``, also ``model=dict(...)`` for the whole model), at ``shape``
+    (default: the paper's size)."""
     from mmeffattn.analysis.flops import CountedForward, count_flops, count_parameters
     built = build(config, cfg_options)
     kind = model_kind(built)

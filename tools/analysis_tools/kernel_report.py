@@ -4,22 +4,16 @@
     python tools/analysis_tools/kernel_report.py                      # docs/perf/kernels.{md,json}
     python tools/analysis_tools/kernel_report.py --quick --out-dir /tmp/kr   # a few, sm_90 only
 
-1. **Compiled code.** Every launch the launchers really issue at each GPU check's shapes
-   (the ``aot_case`` of each roofline, :mod:`mmeffattn.analysis.kernels`) is recorded with
-   ``_launch.record_launches()`` and compiled ahead of time for sm_80 and sm_90 in a subprocess
-   with Triton's interpreter off (the same specialisation as the JIT). Per kernel: registers, stack
-   (spills), shared memory, from ``cuobjdump -res-usage``; and from ``cuobjdump -sass``: the
-   instruction count, tensor-core instructions (HMMA, HGMMA), shuffles (SHFL; also those inside
-   a loop, i.e. between a backward branch and its target), barriers, and global loads/stores
-   by width (128-bit ``LDG.E.128`` vs 64, 32 and 16/8-bit).
-2. **Roofline.** Per op and dtype, the bytes and work of one call (forward, backward; glue
-   included) modelled there, and the predicted time at H100 and H200 peaks
-   (``kernels.PEAKS``): ``max(bytes / HBM bandwidth, compute time)``. These are
-   predictions; ``tools/gpu_check.py`` measures the same calls on a GPU and prints both.
+1. **Compiled code.** Every launch the launchers issue at each GPU check's shapes (the
+   ``aot_case`` of each roofline, :mod:`mmeffattn.analysis.kernels`) is compiled ahead of time
+   for sm_80 and sm_90 in a subprocess with Triton's interpreter off. Per kernel: registers,
+   spills, shared memory (``cuobjdump -res-usage``) and SASS counts: instructions, tensor-core
+   ops, shuffles (also inside loops), barriers, global loads/stores by width.
+2. **Roofline.** Per op and dtype, the predicted time of one call at H100 and H200 peaks
+   (``kernels.PEAKS``); ``tools/gpu_check.py`` measures the same calls on a GPU.
 
 ``--before FILE.json`` adds a before/after table against an earlier report (e.g. one made with
-``--root`` pointing at a checkout whose launchers take the same arguments: its kernels are
-compiled). The rooflines of earlier designs are in ``docs/perf/kernels_history.md``.
+``--root`` at another checkout).
 """
 import argparse
 import json
@@ -33,6 +27,7 @@ import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from mmeffattn.analysis import kernels
+from mmeffattn.analysis.report import md_table, write_outputs
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 
@@ -40,9 +35,7 @@ GPUS = ('H100', 'H200')
 DTYPES = ('bf16', 'fp32')
 
 
-# --------------------------------------------------------------------------------------------
-# SASS reading
-# --------------------------------------------------------------------------------------------
+# -- SASS reading --
 _INSTR = re.compile(r'^\s*/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)(.*?);')
 _BRA = re.compile(r'BRA\s+(?:`?\(?)?(0x[0-9a-f]+)')
 
@@ -101,9 +94,7 @@ def sass_stats(sass: str) -> Dict[str, Any]:
     return stats
 
 
-# --------------------------------------------------------------------------------------------
-# the compile worker (subprocess, interpreter off)
-# --------------------------------------------------------------------------------------------
+# -- the compile worker (subprocess, interpreter off) --
 def worker(cases: List[dict], archs: Sequence[int]) -> None:
     """Print one JSON line per distinct (launch, arch) of ``cases`` (each with ``op``), with
     the package found first on the path (:func:`compile_cases` puts the checkout there)."""
@@ -145,9 +136,7 @@ def compile_cases(cases: List[dict], archs: Sequence[int], root: str = ROOT,
     return [json.loads(line) for line in res.stdout.splitlines() if line.startswith('{')]
 
 
-# --------------------------------------------------------------------------------------------
-# the report
-# --------------------------------------------------------------------------------------------
+# -- the report --
 def plan(quick: bool, ops: Optional[Sequence[str]] = None) -> List[dict]:
     """The AOT cases to compile: each roofline's shape; ``quick`` keeps one case per op."""
     cases: List[dict] = []
@@ -156,11 +145,6 @@ def plan(quick: bool, ops: Optional[Sequence[str]] = None) -> List[dict]:
             continue
         cases.append(r.aot_case)
     return cases
-
-
-def cost_dict(cost) -> Dict[str, Any]:
-    return dict(bytes=int(cost.bytes), fp32=int(cost.fp32), tc=int(cost.tc),
-                launches=int(cost.launches))
 
 
 def rooflines(ops: Optional[Sequence[str]] = None) -> List[dict]:
@@ -173,7 +157,8 @@ def rooflines(ops: Optional[Sequence[str]] = None) -> List[dict]:
             costs = r.costs(dtype)
             for pas, cost in list(costs.items()) + [('fwd+bwd', kernels.total_cost(costs))]:
                 rows.append(dict(
-                    op=r.op, check=check, dtype=dtype, pass_=pas, **cost_dict(cost),
+                    op=r.op, check=check, dtype=dtype, pass_=pas,
+                    **{f: int(getattr(cost, f)) for f in kernels.Cost._fields},
                     predicted_us={g: round(kernels.predicted_seconds(cost, g, dtype) * 1e6,
                                            2) for g in GPUS}))
     return rows
@@ -188,35 +173,29 @@ def _widths(d: Dict[str, int]) -> str:
 
 
 def kernel_table(kernels: List[dict]) -> List[str]:
-    lines = ['| op | role | kernel | sm | config | programs | regs | stack | shared | instr |'
-             ' TC | SHFL (in loops) | BAR | LDG bits:count | STG bits:count |',
-             '|' + '---|' * 15]
+    rows = []
     for k in kernels:
         c = {a: b for a, b in k['constexprs'].items() if a != 'INPUT_PRECISION'}
         cfg = ' '.join(f'{a}={b}' for a, b in c.items()) + f" w{k['num_warps']}s{k['num_stages']}"
-        lines.append(
-            f"| {k['op']} | {k['role']} | `{k['kernel']}` | {k['arch']} | {cfg} | "
-            f"{k['programs']} | {k['regs']} | {k['stack']} | {k['shared']} | "
-            f"{k['instructions']} | {k['tensor_core']} | {k['shfl']} ({k['shfl_in_loops']}) | "
-            f"{k['bar']} | {_widths(k['ldg'])} | {_widths(k['stg'])} |")
-    return lines
+        rows.append([k['op'], k['role'], f"`{k['kernel']}`", k['arch'], cfg] + [
+            k[f] for f in ('programs', 'regs', 'stack', 'shared', 'instructions', 'tensor_core')]
+            + [f"{k['shfl']} ({k['shfl_in_loops']})", k['bar'], _widths(k['ldg']),
+               _widths(k['stg'])])
+    return md_table(['op', 'role', 'kernel', 'sm', 'config', 'programs', 'regs', 'stack',
+                     'shared', 'instr', 'TC', 'SHFL (in loops)', 'BAR', 'LDG bits:count',
+                     'STG bits:count'], rows)
 
 
 def roofline_table(rows: List[dict]) -> List[str]:
-    lines = ['| op | GPU check | dtype | pass | bytes | fp32 inst | TC FLOP | launches | '
-             'H100 µs | H200 µs | bound |', '|' + '---|' * 11]
+    cells = []
     for r in rows:
         mem = r['bytes'] / kernels.PEAKS['H100']['hbm']
         bound = 'memory' if mem * 1e6 >= r['predicted_us']['H100'] - 1e-9 else 'compute'
-        lines.append(f"| {r['op']} | {r['check']} | {r['dtype']} | {r['pass_']} | "
-                     f"{_fmt_bytes(r['bytes'])} | {r['fp32']:.3g} | {r['tc']:.3g} | "
-                     f"{r['launches']} | {r['predicted_us']['H100']} | "
-                     f"{r['predicted_us']['H200']} | {bound} |")
-    return lines
-
-
-def _kernel_key(k: dict) -> Tuple:
-    return (k['op'], k['role'], k['kernel'], k['arch'], json.dumps(k['case'], sort_keys=True))
+        cells.append([r['op'], r['check'], r['dtype'], r['pass_'], _fmt_bytes(r['bytes']),
+                      f"{r['fp32']:.3g}", f"{r['tc']:.3g}", r['launches'],
+                      r['predicted_us']['H100'], r['predicted_us']['H200'], bound])
+    return md_table(['op', 'GPU check', 'dtype', 'pass', 'bytes', 'fp32 inst', 'TC FLOP',
+                     'launches', 'H100 µs', 'H200 µs', 'bound'], cells)
 
 
 def before_after_table(before: dict, after: dict) -> List[str]:
@@ -253,20 +232,17 @@ def before_after_table(before: dict, after: dict) -> List[str]:
 
     b, a = per_op(before), per_op(after)
     rb, ra = roof(before), roof(after)
-    lines = ['| op | kernels | max regs | stack | SASS instr | SHFL (in loops) | TC instr | '
-             'LDG 128-bit / narrow | bytes fwd+bwd (bf16) | H100 µs | H200 µs |',
-             '|' + '---|' * 11]
-
     def cell(x, y, fmt=str):
         x = '-' if x is None else fmt(x)
         y = '-' if y is None else fmt(y)
         return y if x == y else f'{x} → {y}'
 
+    rows = []
     for op in sorted(set(a) | set(b)):
         kb, ka = b.get(op, {}), a.get(op, {})
         r_new = ra.get(op)
         r_old = rb.get(op, r_new)
-        lines.append('| ' + ' | '.join([
+        rows.append([
             op, cell(kb.get('kernels'), ka.get('kernels')),
             cell(kb.get('regs'), ka.get('regs')), cell(kb.get('stack'), ka.get('stack')),
             cell(kb.get('instructions'), ka.get('instructions')),
@@ -277,9 +253,10 @@ def before_after_table(before: dict, after: dict) -> List[str]:
                  f"{ka['ldg128']} / {ka['ldg_narrow']}" if ka else None),
             cell(r_old and r_old['bytes'], r_new and r_new['bytes'], _fmt_bytes),
             cell(r_old and r_old['predicted_us']['H100'], r_new and r_new['predicted_us']['H100']),
-            cell(r_old and r_old['predicted_us']['H200'], r_new and r_new['predicted_us']['H200']),
-        ]) + ' |')
-    return lines
+            cell(r_old and r_old['predicted_us']['H200'], r_new and r_new['predicted_us']['H200'])])
+    return md_table(['op', 'kernels', 'max regs', 'stack', 'SASS instr', 'SHFL (in loops)',
+                     'TC instr', 'LDG 128-bit / narrow', 'bytes fwd+bwd (bf16)', 'H100 µs',
+                     'H200 µs'], rows)
 
 
 def markdown(report: dict, before: Optional[dict] = None) -> str:
@@ -360,12 +337,9 @@ def main(argv=None) -> int:
     if args.before:
         with open(args.before) as f:
             before = json.load(f)
-    os.makedirs(args.out_dir, exist_ok=True)
     stem = osp.join(args.out_dir, args.name)
-    with open(stem + '.json', 'w') as f:
-        json.dump(report, f, indent=1)
-    with open(stem + '.md', 'w') as f:
-        f.write(markdown(report, before))
+    write_outputs(args.out_dir, {args.name + '.json': report,
+                                 args.name + '.md': markdown(report, before)})
     bad = [k for k in report['kernels'] if k['stack'] or k['local']]
     print(f"{len(report['kernels'])} kernels compiled in {report['seconds']} s; "
           f"{len(bad)} with spills; {stem}.md / .json")

@@ -4,28 +4,11 @@
     python tools/analysis_tools/resolution_sweep.py CONFIG CKPT --sizes 224 448 672 1024 \
         [--work-dir DIR] [--out PREFIX] [--cfg-options k=v ...] [--dry-run]
 
-For every size the tool runs ``tools/test.py`` (a fresh process each time, as a user would) with
-``--cfg-options`` that rescale the *test* pipeline, and collects the metrics JSON it writes. No
-fine-tuning: the weights are the checkpoint's (SEMA's 224 -> 448/672/1024 experiment, VECA's
-"256 to 1024 px" claim).
-
-How a size ``S`` is applied, by transform type in ``test_dataloader.dataset.pipeline`` (mmpretrain,
-mmseg and mmdet test pipelines):
-
-- with a ``CenterCrop`` (classifiers): the crop becomes ``S`` and every resize before it is scaled
-  by ``S / old_crop``, so the config's resize/crop ratio (256/224 for most) is kept;
-- without a crop (detection, segmentation): every resize is scaled by ``S / short side`` of the
-  first resize, so ``S`` is the short side (mmdet's 1333x800 at S=800 stays itself; mmseg's
-  2048x512 becomes 4S x S).
-
-Scaled fields: ``Resize.scale`` (int or pair), ``ResizeEdge.scale``, ``RandomResize.scale``
-and ``CenterCrop.crop_size``. A test pipeline wrapped in ``TestTimeAug`` or without any of these
-transforms is rejected with an error naming the problem. mmseg's sliding-window inference keeps its
-``crop_size``; that is part of the method, not of the input size.
-
-Outputs: ``PREFIX.json`` (config, checkpoint, and for each size the overrides used and the
-metrics) and ``PREFIX.md`` (one row per size, one column per metric). PREFIX defaults to
-``WORK_DIR/resolution_sweep``.
+Each size runs ``tools/test.py`` in a fresh process with ``--cfg-options`` that rescale the test
+pipeline (no fine-tuning). With a ``CenterCrop`` (classifiers) the crop becomes ``S`` and the
+resizes before it scale with it; without one, ``S`` is the short side of the first resize and
+every resize scales by the same factor. mmseg's sliding-window ``crop_size`` is kept. Writes
+``PREFIX.json`` (overrides and metrics per size) and ``PREFIX.md``.
 """
 import argparse
 import json
@@ -34,6 +17,8 @@ import os.path as osp
 import subprocess
 import sys
 from typing import Dict, List, Sequence
+
+from mmeffattn.analysis.report import md_table, write_outputs
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 
@@ -128,19 +113,10 @@ def _format_option(key: str, value) -> str:
 
 def markdown_table(rows: List[dict]) -> str:
     """``| size | metric ... |`` with one row per size; metrics missing in a run show ``-``."""
-    keys: List[str] = []
-    for r in rows:
-        for k in r['metrics']:
-            if k not in keys:
-                keys.append(k)
-    lines = ['| size | ' + ' | '.join(keys) + ' |', '|---' * (len(keys) + 1) + '|']
-    for r in rows:
-        cells = []
-        for k in keys:
-            v = r['metrics'].get(k)
-            cells.append('-' if v is None else (f'{v:.2f}' if isinstance(v, float) else str(v)))
-        lines.append(f'| {r["size"]} | ' + ' | '.join(cells) + ' |')
-    return '\n'.join(lines) + '\n'
+    keys = list(dict.fromkeys(k for r in rows for k in r['metrics']))
+    cells = [[r['size']] + ['-' if v is None else f'{v:.2f}' if isinstance(v, float) else v
+                            for v in (r['metrics'].get(k) for k in keys)] for r in rows]
+    return '\n'.join(md_table(['size'] + keys, cells)) + '\n'
 
 
 def run_size(args: argparse.Namespace, size: int, overrides: Dict[str, object],
@@ -185,13 +161,11 @@ def main(argv=None) -> dict:
     record = dict(config=args.config, checkpoint=args.checkpoint, results=rows)
     if not args.dry_run:
         prefix = args.out or osp.join(work_dir, 'resolution_sweep')
-        os.makedirs(osp.dirname(osp.abspath(prefix)), exist_ok=True)
-        with open(prefix + '.json', 'w') as f:
-            json.dump(record, f, indent=2)
         table = markdown_table(rows)
-        with open(prefix + '.md', 'w') as f:
-            f.write(f'Checkpoint `{args.checkpoint}`, config `{args.config}`, test pipeline '
-                    f'rescaled per size (no fine-tuning).\n\n' + table)
+        name = osp.basename(prefix)
+        write_outputs(osp.dirname(osp.abspath(prefix)), {
+            name + '.json': record, name + '.md': f'Checkpoint `{args.checkpoint}`, config '
+            f'`{args.config}`, test pipeline rescaled per size (no fine-tuning).\n\n' + table})
         print(table)
         print(f'[resolution_sweep] wrote {prefix}.json and {prefix}.md')
     return record

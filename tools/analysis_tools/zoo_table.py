@@ -3,30 +3,20 @@
 
     python tools/analysis_tools/zoo_table.py --out-dir docs/perf [--sizes 224 512 1024]
 
-Two measurements of the library, run on the zoo's models (``configs/zoo``, ``Zoo-<attn_type>``
-in :mod:`mmeffattn.analysis.model_zoo`):
-
-- the benchmark's ``zoo`` preset (``tools/benchmark.py --preset zoo``): parameters, FLOPs (MACs,
-  ``count_flops``), forward latency and peak memory per input size; a size whose predicted time
-  or memory exceeds the preset's limits is reported as skipped (global softmax, quadratic, at
-  large sizes);
-- attention dispersion (:mod:`mmeffattn.analysis.dispersion`, as ``tools/analyze_dispersion.py``:
-  the first block's own q/k, the implied attention weights of the model's own kind): entropy /
-  log N and effective keys ``exp(H)``. The core-periphery mixer is measured with its learned
-  cores (projected by its own q/k); the dynamic mixer has no attention weights (``n/a``).
-
-Writes ``zoo.json`` and ``zoo.md`` (the README table) under ``--out-dir``.
+On the zoo's models (``Zoo-<attn_type>`` of :mod:`mmeffattn.analysis.model_zoo`): the
+benchmark's ``zoo`` preset (parameters, MACs, forward latency and peak memory per size; sizes
+past the preset's limits are skipped) and the dispersion of each mixer's own attention weights at
+its first block (:mod:`mmeffattn.analysis.dispersion`; the dynamic mixer has none). Writes
+``zoo.json`` and ``zoo.md`` (the README table) under ``--out-dir``.
 """
 import argparse
-import json
-import os
-import os.path as osp
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 import torch
 
 from mmeffattn.analysis import dispersion as dsp
 from mmeffattn.analysis.benchmarking import PRESETS, BenchmarkSettings, parse_size, run_benchmark
+from mmeffattn.analysis.report import fmt, md_table, write_outputs
 
 #: attn_type -> kind of mmeffattn.analysis.dispersion (None: no attention weights)
 DISPERSION_KIND = {'sema': 'sema', 'linear': 'linear', 'window': 'window', 'softmax': 'softmax',
@@ -86,16 +76,11 @@ def dispersion(name: str, sizes: List[str], max_queries: int) -> List[Dict[str, 
     return rows
 
 
-def _fmt(v: Optional[float], digits: int = 1) -> str:
-    return '-' if v is None else f'{v:,.{digits}f}'
-
-
 def markdown(report: Dict[str, Any]) -> str:
     bench = report['benchmark']
     env, settings = bench['environment'], bench['settings']
     sizes = [tuple(s) for s in settings['sizes']]
     names = list(bench['models'])
-    head = ' | '.join(f'{h}x{w} {col}' for h, w in sizes for col in ('GMACs', 'ms', 'MB'))
     threads = f'{env["threads"]} thread' + ('s' if env['threads'] != 1 else '')
     lines = [
         'Attention zoo: SEMA-T (stem, 4 stages [2, 4, 8, 4], gated Mamba-like blocks, MLP) with '
@@ -106,9 +91,8 @@ def markdown(report: Dict[str, Any]) -> str:
         f'peak memory: {env["memory_method"]}; GMACs per image (count_flops). A size whose '
         f'predicted forward exceeds {settings["max_call_s"]} s or '
         f'{settings["max_memory_gb"]} GB, or the model\'s {settings["budget_s"]:.0f} s budget, '
-        'is skipped (the cell says so).', '',
-        f'| attn_type | params (M) | {head} |',
-        '|---|---:|' + '---:|' * (3 * len(sizes))]
+        'is skipped (the cell says so).', '']
+    rows = []
     for name in names:
         cells = []
         for hw in sizes:
@@ -116,44 +100,41 @@ def markdown(report: Dict[str, Any]) -> str:
             if r['fwd_ms'] is None:
                 cells += [r['status'], '', '']
             else:
-                cells += [_fmt(r['gmacs'], 2), _fmt(r['fwd_ms']), _fmt(r['peak_mem_mb'], 0)]
-        attn = bench['models'][name]['attention']
-        lines.append(f'| {attn} | {_fmt(bench["models"][name]["params_m"], 2)} | '
-                     + ' | '.join(cells) + ' |')
+                cells += [fmt(r['gmacs'], 2), fmt(r['fwd_ms']), fmt(r['peak_mem_mb'], 0)]
+        rows.append([bench['models'][name]['attention'],
+                     fmt(bench['models'][name]['params_m'], 2)] + cells)
+    lines += md_table(['attn_type', 'params (M)'] + [f'{h}x{w} {col}' for h, w in sizes
+                                                     for col in ('GMACs', 'ms', 'MB')],
+                      rows, 'lr' + 'r' * 3 * len(sizes))
     disp = report.get('dispersion')
     if disp:
         lines += ['', 'Dispersion of each mixer\'s own attention weights at its first block '
                   '(mmeffattn.analysis.dispersion; random init, so this shows the '
                   'structure of each kind, not trained behaviour; up to '
                   f'{report["max_queries"]} sampled queries): entropy / log N and effective '
-                  'keys exp(H).', '',
-                  '| attn_type | kind | ' + ' | '.join(f'{h}x{w} H/logN | {h}x{w} eff. keys'
-                                                      for h, w in sizes) + ' |',
-                  '|---|---|' + '---:|' * (2 * len(sizes))]
+                  'keys exp(H).', '']
+        rows = []
         for name in names:
-            rows = disp.get(name) or []
-            attn = bench['models'][name]['attention']
-            if name in report.get('dispersion_errors', {}):
-                lines.append(f'| {attn} | error: {report["dispersion_errors"][name]} |'
-                             + ' |' * (2 * len(sizes)))
+            attn, got = bench['models'][name]['attention'], disp.get(name) or []
+            error = report.get('dispersion_errors', {}).get(name)
+            if error or not got:
+                rows.append([attn, f'error: {error}' if error else 'n/a (no attention weights)']
+                            + [''] * (2 * len(sizes)))
                 continue
-            if not rows:
-                lines.append(f'| {attn} | n/a (no attention weights) |' + ' |' * (2 * len(sizes)))
-                continue
-            by_size = {tuple(r['size']): r for r in rows}
-            cells = []
-            for hw in sizes:
-                r = by_size.get(hw)
+            by_size, cells = {tuple(r['size']): r for r in got}, [attn, got[0]['kind']]
+            for r in (by_size.get(hw) for hw in sizes):
                 cells += ['-', '-'] if r is None else [f'{r["normalized_entropy"]:.3f}',
-                                                       _fmt(r['effective_keys'])]
-            lines.append(f'| {attn} | {rows[0]["kind"]} | ' + ' | '.join(cells) + ' |')
+                                                       fmt(r['effective_keys'])]
+            rows.append(cells)
+        lines += md_table(['attn_type', 'kind'] + [f'{h}x{w} {c}' for h, w in sizes
+                                                   for c in ('H/logN', 'eff. keys')],
+                          rows, 'll' + 'r' * 2 * len(sizes))
     lines += ['', f'Benchmark run time: {bench["elapsed_s"]:.0f} s.']
     return '\n'.join(lines) + '\n'
 
 
 def main(argv=None) -> Dict[str, Any]:
     args = parse_args(argv)
-    os.makedirs(args.out_dir, exist_ok=True)
     report: Dict[str, Any] = dict(benchmark=benchmark(args), max_queries=args.max_queries)
     if not args.no_dispersion:
         report['dispersion'], report['dispersion_errors'] = {}, {}
@@ -163,10 +144,7 @@ def main(argv=None) -> Dict[str, Any]:
             except Exception as e:  # one model's failure must not lose the table
                 print(f'[dispersion] {name}: {type(e).__name__}: {e}', flush=True)
                 report['dispersion_errors'][name] = f'{type(e).__name__}: {e}'
-    with open(osp.join(args.out_dir, 'zoo.json'), 'w') as f:
-        json.dump(report, f, indent=1)
-    with open(osp.join(args.out_dir, 'zoo.md'), 'w') as f:
-        f.write(markdown(report))
+    write_outputs(args.out_dir, {'zoo.json': report, 'zoo.md': markdown(report)})
     print(f'wrote {args.out_dir}/zoo.json, zoo.md')
     return report
 

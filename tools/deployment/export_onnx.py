@@ -6,12 +6,9 @@
     python tools/deployment/export_onnx.py configs/mila/mask-rcnn_mila-t_fpn_1x_coco.py \
         --out mila-t_fpn.onnx --shape 800 1216 --dynamic
 
-A command line over :mod:`mmeffattn.deploy.onnx` (what is exported: its ``ExportWrapper``;
-the data preprocessor's mean, std and channel order go into the file's metadata).
-``--dynamic`` makes the height and width symbolic (the batch is 1). onnxruntime then runs the
-file at the export size and, for a dynamic file, at two other sizes (one of them odd); the tool
-prints the largest relative error ``max|ort - torch| / max|torch|`` over every output and exits
-non-zero above ``--tolerance`` (1e-4).
+A command line over :mod:`mmeffattn.deploy.onnx`. ``--dynamic`` makes height and width
+symbolic. onnxruntime then runs the file at the export size (and two more for a dynamic file);
+the tool exits non-zero when the largest relative error exceeds ``--tolerance``.
 """
 import argparse
 import os.path as osp
@@ -33,26 +30,13 @@ MIN_SIDE = 32
 
 def load_model(config: str, checkpoint: Optional[str] = None,
                cfg_options: Optional[dict] = None) -> Tuple[nn.Module, Any]:
-    """Build the model of ``config`` (a path or ``pkg::path``) in eval mode, with the weights of
-    ``checkpoint`` if given (random weights otherwise). Returns ``(model, cfg)``."""
-    from mmengine.config import Config
-    from mmengine.registry import MODELS, DefaultScope
-    from mmengine.runner import load_checkpoint
-
-    import mmeffattn  # noqa: F401  (registers our models)
-    from mmeffattn.analysis.model_zoo import resolve_config
-    cfg = Config.fromfile(resolve_config(config))
-    if cfg_options:
-        cfg.merge_from_dict(cfg_options)
-    model_cfg = cfg.model.copy()
-    if model_cfg.get('pretrained', 1) is None:
-        model_cfg.pop('pretrained')
-    if cfg.get('data_preprocessor') and not model_cfg.get('data_preprocessor'):
-        # mmpretrain configs keep it at the top level; the Runner moves it into the model
-        model_cfg['data_preprocessor'] = cfg.data_preprocessor
-    with DefaultScope.overwrite_default_scope(cfg.get('default_scope')):
-        model = MODELS.build(model_cfg)
+    """``(model, cfg)`` of ``config`` (a path or ``pkg::path``) in eval mode, with the weights of
+    ``checkpoint`` if given (random weights otherwise)."""
+    from mmeffattn.analysis.model_zoo import build_from_config
+    model, cfg = build_from_config(config, cfg_options)
     if checkpoint:
+        from mmengine.runner import load_checkpoint
+
         from mmeffattn.engine.runner_setup import prepare_runtime
         prepare_runtime()  # our Runner's checkpoints load under torch's weights-only loader
         load_checkpoint(model, checkpoint, map_location='cpu', strict=True)

@@ -3,12 +3,8 @@
 
     python tools/model_converters/mlla_official.py mlla_t.pth mila-t_mmpretrain.pth
 
-SRC is the authors' file (the weights under ``model``, head included, with or without the
-training state). DST gets ``{'state_dict', 'meta'}`` with ``backbone.*`` and ``head.fc.*`` keys
-that mmengine's own loader reads strictly into the classifier of
-configs/mila/mila-t_8xb128_in1k.py (MILA, ``out_indices=(3, )``, the classification norm as
-``norm3``), so mmpretrain's and mmdet's tools take it unchanged. The conversion is
-:func:`mmeffattn.models.converters.convert_official`.
+DST holds ``backbone.*`` and ``head.fc.*`` keys for configs/mila/mila-t_8xb128_in1k.py
+(:func:`mmeffattn.models.converters.convert_official`).
 """
 from typing import Optional, Sequence
 

@@ -3,12 +3,9 @@
 
     python tools/model_converters/veca_official.py veca_small.pt veca-s_mmeffattn.pth
 
-SRC is the authors' training checkpoint (the student under ``student``, next to the optimizers,
-schedulers and ``config``) or a bare state dict. The official VECA is a distilled backbone with
-no classifier, so DST holds ``backbone.*`` keys only (``{'state_dict', 'meta'}``): they load
-strictly into ``meta['backbone']`` (``mmeffattn.VECA``, ``out_type='raw'``) and, with
-``init_cfg=dict(type='Pretrained', checkpoint=DST, prefix='backbone.')``, into the backbones of
-configs/veca. The conversion is :func:`mmeffattn.models.converters.convert_official`.
+VECA is a distilled backbone: DST holds ``backbone.*`` keys for the backbones of configs/veca,
+``init_cfg=dict(type='Pretrained', checkpoint=DST, prefix='backbone.')``
+(:func:`mmeffattn.models.converters.convert_official`).
 """
 from typing import Optional, Sequence
 

@@ -1,10 +1,5 @@
 """What every backbone family shares (OpenMMLab's ``BaseBackbone`` role): ``arch`` parsing, the
-training switches (``out_indices``, ``frozen_stages``, ``norm_eval``, ``with_cp``), the strict
-``Pretrained`` ``init_cfg``, drop-path rates, per-output norms, input checks, and the deprecated
-``pretrained=`` argument that mmseg's segmentors pass to their backbone. A family registered in
-``mmeffattn.registry.MODELS`` with a :attr:`BaseBackbone.mini_arch` joins the contract tests
-(tests/models/test_backbone_contract.py).
-"""
+training switches, the strict ``Pretrained`` ``init_cfg``, per-output norms and input checks."""
 import warnings
 from abc import ABCMeta
 from typing import Dict, List, Optional, Sequence, Tuple, Union
@@ -47,9 +42,8 @@ def run_block(blk: nn.Module, x: torch.Tensor, *args, with_cp: bool = False) -> 
 
 
 class _TakesPretrained(ABCMeta):
-    """Every backbone takes ``pretrained=PATH_OR_URL``, which mmseg's segmentors pass to their
-    backbone, as the deprecated alias of ``init_cfg=dict(type='Pretrained', checkpoint=...)``,
-    without each family naming it in its signature."""
+    """Every backbone takes ``pretrained=PATH_OR_URL`` (mmseg's segmentors pass it), the
+    deprecated alias of ``init_cfg=dict(type='Pretrained', checkpoint=...)``."""
 
     def __call__(cls, *args, pretrained: Optional[str] = None, **kwargs):
         if pretrained is None:
@@ -60,10 +54,8 @@ class _TakesPretrained(ABCMeta):
         if kwargs.get('init_cfg') is not None:
             raise ValueError(
                 f"{cls.__name__} got both pretrained={pretrained!r} and init_cfg="
-                f"{kwargs['init_cfg']!r}; give one. pretrained is deprecated: use init_cfg=dict("
-                f"type='Pretrained', checkpoint=...). If it comes from a stock mmseg/mmdet config's"
-                f' model.pretrained (weights of another architecture), set model.pretrained=None '
-                f'(--cfg-options model.pretrained=None).')
+                f"{kwargs['init_cfg']!r}; give one: init_cfg=dict(type='Pretrained', checkpoint="
+                f"...), or model.pretrained=None for a stock config's model.pretrained.")
         warnings.warn(f"{cls.__name__}: pretrained is deprecated; use init_cfg=dict(type="
                       f"'Pretrained', checkpoint={pretrained!r})", DeprecationWarning, stacklevel=2)
         return super().__call__(*args, **kwargs, init_cfg=dict(type='Pretrained',
@@ -72,19 +64,13 @@ class _TakesPretrained(ABCMeta):
 
 class BaseBackbone(StrictPretrainedMixin, FreezeStagesMixin, BaseModule,
                    metaclass=_TakesPretrained):
-    """Base of the backbone families: the arguments and checks they all share.
-
-    Subclasses set :attr:`arch_zoo`, :attr:`arch_keys` (:attr:`arch_defaults`), call
-    ``super().__init__``, then :meth:`_init_training_switches`, build their modules (with
-    :meth:`_add_out_norms`) and end with ``self._freeze_stages()``. ``forward`` starts with
-    :meth:`check_input`; blocks run through :func:`run_block`.
+    """Base of the backbone families (docs/developer/adding_a_family.md).
 
     Args:
         arch: a key of :attr:`arch_zoo` (case-insensitive) or a dict with :attr:`arch_keys`.
         in_channels: image channels.
         init_cfg: mmengine init config (``type='Pretrained'`` loads strictly).
-        pretrained: deprecated alias of ``init_cfg=dict(type='Pretrained', checkpoint=...)``
-            (a keyword of every backbone's constructor, see :class:`_TakesPretrained`).
+        pretrained: deprecated alias of ``init_cfg=dict(type='Pretrained', checkpoint=...)``.
     """
 
     #: the variants, ``name -> settings``
@@ -93,8 +79,7 @@ class BaseBackbone(StrictPretrainedMixin, FreezeStagesMixin, BaseModule,
     arch_keys: Tuple[str, ...] = ()
     #: values of the optional keys a custom arch dict may leave out
     arch_defaults: Optional[Dict[str, object]] = None
-    #: the smallest arch that still runs every code path of the family (a custom dict): the shared
-    #: contract tests build it, with :attr:`mini_kwargs`, so a registered family is covered
+    #: the smallest arch (a dict) that runs every code path: what the contract tests build
     mini_arch: Optional[dict] = None
     mini_kwargs: Dict[str, object] = {}
     #: per-output LayerNorm epsilon
@@ -118,8 +103,7 @@ class BaseBackbone(StrictPretrainedMixin, FreezeStagesMixin, BaseModule,
 
     @classmethod
     def _check_arch(cls, arch: dict) -> dict:
-        """Family-specific checks (and normalization) of resolved arch settings; here, the
-        ``depth`` of a single-stage trunk."""
+        """Family-specific checks of resolved arch settings; here, a trunk's ``depth``."""
         if 'depth' in arch and arch['depth'] < 1:
             raise ValueError(f"arch 'depth' must be >= 1, got {arch['depth']}")
         return arch
@@ -151,7 +135,6 @@ class BaseBackbone(StrictPretrainedMixin, FreezeStagesMixin, BaseModule,
         return getattr(self, f'norm{i}')
 
     def _frozen_out_norms(self) -> List[nn.Module]:
-        """The output norms of the frozen stages/blocks (for :meth:`frozen_modules`)."""
         return [self.out_norm(i) for i in range(self.frozen_stages) if i in self.out_indices]
 
     def check_input(self, x: torch.Tensor) -> None:
@@ -185,8 +168,6 @@ class BaseBackbone(StrictPretrainedMixin, FreezeStagesMixin, BaseModule,
 
 
 def backbone_families() -> Dict[str, type]:
-    """Every registered backbone family (``MODELS`` name -> class), for tests and tools.
-
-    Importing this module imports ``mmeffattn``, whose ``__init__`` registers every family."""
+    """Every registered backbone family (``MODELS`` name -> class), for tests and tools."""
     return {name: cls for name, cls in sorted(MODELS.module_dict.items())
             if isinstance(cls, type) and issubclass(cls, BaseBackbone)}

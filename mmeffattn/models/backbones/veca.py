@@ -478,11 +478,7 @@ class VECA(BaseBackbone):
         return outs, hw, C
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-        """Args: x: ``[B, in_channels, H, W]``, any ``H, W >= 1``.
-
-        Returns:
-            A tuple, per ``out_type`` (see the class docstring).
-        """
+        """``x [B, in_channels, H, W]`` (any ``H, W >= 1``) -> a tuple per ``out_type``."""
         outs, hw, C = self.forward_tokens(x)
         if self.out_type == 'raw':
             out = outs[-1]
@@ -509,7 +505,7 @@ class VECA(BaseBackbone):
             return int(name.split('.')[1]) + 1, num_layers
         return num_layers - 1, num_layers
 
-    # strict Pretrained loading comes from StrictPretrainedMixin; these tailor it to the family
+    # the family's strict Pretrained loading (StrictPretrainedMixin)
     optional_keys = r'(norm\d+|pyramid)\.'  # an official checkpoint has only the final norm
     # documented exceptions: without out_proj_dims the distillation projection is not used, and
     # a smaller core bank takes the first chunks of a larger one (both logged at WARNING)

@@ -304,11 +304,7 @@ class WeightFormer(BaseBackbone):
                 *self._frozen_out_norms()]
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-        """Args: x: ``[B, in_channels, H, W]``, any ``H, W >= 1``.
-
-        Returns:
-            A tuple, per ``out_type`` (see the class docstring).
-        """
+        """``x [B, in_channels, H, W]`` (any ``H, W >= 1``) -> a tuple per ``out_type``."""
         self.check_input(x)
         x, hw = self.patch_embed(x)  # [B, N, C]
         outs = []
@@ -325,7 +321,7 @@ class WeightFormer(BaseBackbone):
             return self.pyramid(outs)
         return tuple(outs)
 
-    # strict Pretrained loading comes from StrictPretrainedMixin; these tailor it to the family
+    # the family's strict Pretrained loading (StrictPretrainedMixin)
     optional_keys = r'(norm\d+|pyramid)\.'  # an ImageNet checkpoint has only the last norm
     prefix_probe = 'patch_embed.proj.weight'
     checkpoint_signature = r'(^|\.)blocks\.\d+\.mlp\.fc1\.token_proj\.weight$'

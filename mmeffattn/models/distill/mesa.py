@@ -1,9 +1,6 @@
-"""MESA: self-distillation from the model's own exponential moving average (MLLA's recipe).
-
-After a quarter of the epochs, MLLA adds ``mesa * CE(logits, softmax(ema_logits))`` (``mesa`` 1.0
-/ 1.5 / 2.0 for T / S / B; EMA model in eval, no gradient). :class:`MESAClassifier` is
-mmpretrain's ``ImageClassifier`` plus ``loss_mesa``; :class:`~mmeffattn.engine.MESAHook` hands it
-the EMA model and weight while the term is on. Without the hook it is a plain ``ImageClassifier``.
+"""MESA (MLLA's recipe): self-distillation from the model's own EMA, ``mesa * CE(logits,
+softmax(ema_logits))``. ``MESAClassifier`` is mmpretrain's ``ImageClassifier`` plus this
+``loss_mesa`` while :class:`~mmeffattn.engine.MESAHook` hands it the EMA model.
 """
 import functools
 from typing import Optional

@@ -1,8 +1,6 @@
-"""VECA pretraining by feature distillation from a frozen ViT teacher (the official recipe).
-
-The student's global core and patch tokens, projected to the teacher's width, learn the teacher's
-final-norm CLS and patch features (cosine and MSE losses). The teacher is held outside the module
-tree, so it is never trained, switched to train mode or saved. Details: docs/design/veca.md.
+"""VECA pretraining by feature distillation from a frozen ViT teacher (the official recipe): the
+student's global core and patch tokens learn the teacher's CLS and patch features (cosine and
+MSE losses). Details: docs/design/veca.md.
 """
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
@@ -49,11 +47,9 @@ def patch_losses(student: torch.Tensor, teacher: torch.Tensor,
 def split_teacher_tokens(outs: Union[torch.Tensor, Sequence[torch.Tensor]],
                          num_extra_tokens: int = 1,
                          num_register_tokens: int = 0) -> Tokens:
-    """``(class token [B, D], patch tokens [B, N, D])`` from a teacher's output: a token sequence
-    ``[B, T, D]`` (class token, ``num_register_tokens`` registers, patches; alone or last in a
-    tuple) or a pair ``([B, D], [B, N, D])``. ``num_extra_tokens``: tokens before the patches other
-    than the registers.
-    """
+    """``(class token [B, D], patch tokens [B, N, D])`` from a teacher's output: a sequence
+    ``[B, T, D]`` (class token and other extra tokens, registers, patches; alone or last in a
+    tuple) or a pair ``([B, D], [B, N, D])``."""
     if isinstance(outs, (tuple, list)):
         if len(outs) == 2 and outs[0].dim() == 2 and outs[1].dim() == 3:
             return outs[0], outs[1]
@@ -78,9 +74,8 @@ def split_teacher_tokens(outs: Union[torch.Tensor, Sequence[torch.Tensor]],
 
 def load_teacher_checkpoint(teacher: nn.Module, checkpoint: str, prefix: Optional[str] = None,
                             map_location: str = 'cpu') -> None:
-    """Load ``checkpoint`` (under ``prefix``) into ``teacher`` strictly, as every backbone
-    (:func:`~mmeffattn.models.utils.load_state_dict_strict`); a mismatch raises naming the keys.
-    """
+    """Load ``checkpoint`` (under ``prefix``) into ``teacher`` strictly; a mismatch raises
+    naming the keys."""
     state_dict = read_checkpoint(checkpoint, prefix, map_location, what='teacher checkpoint',
                                  prefix_option='teacher_ckpt_prefix')
 
@@ -175,8 +170,7 @@ class VECADistiller(BaseModel):
             load_teacher_checkpoint(teacher_module, teacher_ckpt, prefix=teacher_ckpt_prefix)
             MMLogger.get_current_instance().info(f'VECADistiller: teacher loaded from '
                                                  f'{teacher_ckpt!r}')
-        elif hasattr(teacher_module, 'init_weights'):
-            # not a child, so the runner's init_weights() never reaches it: initialise it here
+        elif hasattr(teacher_module, 'init_weights'):  # (not a child: the runner misses it)
             teacher_module.init_weights()
         teacher_module.eval()
         teacher_module.requires_grad_(False)
@@ -249,10 +243,7 @@ class VECADistiller(BaseModel):
             return
         dst.weight.copy_(src.weight)
         if dst.bias is not None:
-            if src.bias is None:
-                dst.bias.zero_()
-            else:
-                dst.bias.copy_(src.bias)
+            dst.bias.copy_(src.bias if src.bias is not None else torch.zeros_like(dst.bias))
         logger.info(f'VECADistiller: student {student_name} starts from the teacher\'s '
                     f'{teacher_name}')
 
@@ -296,11 +287,9 @@ class VECADistiller(BaseModel):
         (s_glob, s_patch), (t_cls, t_patch) = self._pair(inputs)
         w = self.loss_weights
         patch_cos, patch_mse = patch_losses(s_patch, t_patch, self.norm_eps)
-        losses = dict(
+        return dict(
             loss_global_cos=w['global_cos'] * global_cosine_loss(s_glob, t_cls, self.norm_eps),
-            loss_patch_cos=w['patch_cos'] * patch_cos,
-            loss_patch_mse=w['patch_mse'] * patch_mse)
-        return losses
+            loss_patch_cos=w['patch_cos'] * patch_cos, loss_patch_mse=w['patch_mse'] * patch_mse)
 
     def predict(self, inputs: torch.Tensor,
                 data_samples: Optional[List[BaseDataElement]] = None) -> List[BaseDataElement]:
@@ -313,20 +302,17 @@ class VECADistiller(BaseModel):
         if data_samples is None:
             data_samples = [BaseDataElement() for _ in range(inputs.shape[0])]
         for i, sample in enumerate(data_samples):
-            sample.set_field(s_glob[i], 'global_feat')
-            sample.set_field(s_patch[i], 'patch_feat')
-            sample.set_field(g_cos[i], 'global_cos')
-            sample.set_field(p_cos[i], 'patch_cos')
+            for name, value in (('global_feat', s_glob), ('patch_feat', s_patch),
+                                ('global_cos', g_cos), ('patch_cos', p_cos)):
+                sample.set_field(value[i], name)
         return data_samples
 
     def forward(self, inputs: torch.Tensor, data_samples: Optional[list] = None,
                 mode: str = 'tensor'):
         """``mode='loss'``: the loss dict; ``'tensor'``: the student ``(global
         [B, Dt], patches [B, N, Dt])``; ``'predict'``: see :meth:`predict`."""
-        if mode == 'loss':
-            return self.loss(inputs)
-        if mode == 'tensor':
-            return self.extract_student(inputs)
+        if mode in ('loss', 'tensor'):
+            return self.loss(inputs) if mode == 'loss' else self.extract_student(inputs)
         if mode == 'predict':
             return self.predict(inputs, data_samples)
         raise RuntimeError(f'invalid mode {mode!r}: use "loss", "tensor" or "predict"')

@@ -5,19 +5,9 @@ from typing import Iterable, Mapping, Optional, Union
 
 def resolve_arch(owner: str, arch: Union[str, dict], arch_zoo: Mapping[str, dict],
                  essential: Iterable[str], defaults: Optional[Mapping] = None) -> dict:
-    """Return a fresh copy of the settings ``arch`` names (or gives), with ``defaults`` filled in.
-
-    Args:
-        owner: the class name, for the error messages.
-        arch: a key of ``arch_zoo`` (case-insensitive) or a dict of settings.
-        arch_zoo: the class's table of variants.
-        essential: keys a custom dict must have.
-        defaults: values for the optional keys a custom dict may leave out.
-
-    Raises:
-        KeyError: an unknown name (the message lists the known ones).
-        ValueError: a custom dict lacking essential keys or with a key no variant has.
-    """
+    """A fresh copy of the settings ``arch`` names (a key of ``arch_zoo``, any case) or gives (a
+    dict with the ``essential`` keys, ``defaults`` filled in); ``owner`` names the class in the
+    ``KeyError``/``ValueError`` of an unknown name or a bad dict."""
     essential = sorted(essential)
     optional = f' (optional: {sorted(defaults)})' if defaults else ''
     if isinstance(arch, str):

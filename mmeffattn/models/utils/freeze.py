@@ -6,12 +6,9 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 
 class FreezeStagesMixin:
-    """Re-applies freezing in every ``train()`` call: modules from :meth:`frozen_modules` go to
-    eval mode with ``requires_grad=False``; with ``norm_eval`` all BatchNorm layers, and the
-    layers that declare ``running_statistics = True`` (LaplacianFormer's whitening, whichever
-    family's blocks hold it), stay in eval.
-
-    Subclasses set ``frozen_stages`` and ``norm_eval`` and implement :meth:`frozen_modules`.
+    """Re-applies freezing in every ``train()``: :meth:`frozen_modules` go to eval mode without
+    gradients; with ``norm_eval`` BatchNorms and layers with ``running_statistics = True`` stay
+    in eval. Subclasses set ``frozen_stages``, ``norm_eval`` and :meth:`frozen_modules`.
     """
 
     def frozen_modules(self) -> List[nn.Module]:

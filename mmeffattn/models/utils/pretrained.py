@@ -1,10 +1,6 @@
-"""Strict loading of a checkpoint into a backbone (its ``Pretrained`` ``init_cfg``).
-
-mmengine's ``PretrainedInit`` loads with ``strict=False`` and takes no key filter, so a wrong
-prefix, arch or family would train from partly random weights with a log line. Here the family's
-``checkpoint_filter`` maps the keys (converting the authors' layouts), and any key that does not
-match raises an error naming the keys, the likely cause and the fix.
-"""
+"""Strict loading of a backbone's ``Pretrained`` ``init_cfg``: mmengine's ``PretrainedInit``
+loads non-strictly without a key filter; here the family's ``checkpoint_filter`` maps the keys and
+any mismatch raises an error naming the keys, the likely cause and the fix."""
 import re
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -54,8 +50,7 @@ def guess_prefix(probe: Optional[str], ckpt_keys: List[str]) -> Optional[str]:
 
 
 def keys_under(state_dict: StateDict, prefix: str) -> StateDict:
-    """The entries of ``state_dict`` under ``prefix`` (``'backbone'`` or ``'backbone.'``),
-    the prefix stripped."""
+    """The entries under ``prefix`` (``'backbone'`` or ``'backbone.'``), the prefix stripped."""
     prefix = prefix if prefix.endswith('.') else prefix + '.'
     return {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
 
@@ -71,7 +66,6 @@ def read_checkpoint(checkpoint: str, prefix: Optional[str] = None, map_location:
     a ``RuntimeError`` names the prefixes found (and ``prefix_option``) when none match."""
     if not checkpoint:
         raise ValueError(f'no {what} file given')
-    # (official training checkpoints carry their yacs config: read as a plain dict)
     state_dict = unwrap_state_dict(open_checkpoint(checkpoint, map_location,
                                                    extra_safe_globals=OFFICIAL_STAND_INS))
     prefix = prefix and (prefix if prefix.endswith('.') else prefix + '.')
@@ -88,13 +82,11 @@ def load_state_dict_strict(module: nn.Module, state_dict: StateDict, source: str
                            ignorable_keys: Optional[str] = None, check_shapes: bool = True,
                            hint: Optional[Callable[[List[str], List[str], List[str]], str]] = None,
                            dry_run: bool = False) -> None:
-    """Load ``state_dict`` into ``module``, or raise a ``RuntimeError`` naming the keys missing,
-    unexpected or mis-shaped (``source``, ``describe``: how it names the file and the model;
-    ``hint(missing, unexpected, mismatched)``: the likely cause and fix). Nothing is copied
-    before the checks pass. ``optional_keys``/``ignorable_keys``: regexes of own keys the file
-    may lack (kept, INFO) and of its keys the model may lack (WARNING); ``check_shapes=False``
-    leaves shapes to the module's load hooks; ``dry_run`` only checks (e.g. a model on the meta
-    device)."""
+    """Load ``state_dict`` into ``module`` or, before copying anything, raise a ``RuntimeError``
+    naming the keys missing, unexpected or mis-shaped, and ``hint(missing, unexpected,
+    mismatched)``. ``optional_keys``/``ignorable_keys``: regexes of own keys the file may lack
+    and of its keys the model may lack; ``check_shapes=False`` leaves shapes to the module's
+    load hooks; ``dry_run`` only checks."""
     logger, cls = MMLogger.get_current_instance(), type(module).__name__
     own = module.state_dict()
     missing = [k for k in own if k not in state_dict]
@@ -159,14 +151,13 @@ WEIGHTS_DOC = 'docs/user_guides/checkpoints.md'
 
 class StrictPretrainedMixin:
     """``init_weights`` of a backbone: ``init_cfg=dict(type='Pretrained', checkpoint=PATH_OR_URL,
-    prefix=None, strict=True)`` keeps the keys under ``prefix`` (all of them when none is: an
-    official checkpoint is bare), maps them with :meth:`checkpoint_filter` and loads them with
-    :func:`load_state_dict_strict`; without a checkpoint the random init stays, with a WARNING
-    (INFO with ``allow_random=True``, which a backbone frozen whole requires).
+    prefix=None, strict=True)`` maps the keys under ``prefix`` with :meth:`checkpoint_filter`
+    and loads them with :func:`load_state_dict_strict`; without a checkpoint the random init
+    stays, with a WARNING (INFO with ``allow_random=True``, which a backbone frozen whole needs).
 
-    Families set ``optional_keys``, ``ignorable_keys``, ``prefix_probe`` (an own key: finds the
-    prefix of a whole-model checkpoint), ``checkpoint_signature`` (a key regex only theirs
-    match), and may override the methods below.
+    Families set ``optional_keys``, ``ignorable_keys``, ``prefix_probe`` (an own key, to find the
+    prefix of a whole-model checkpoint) and ``checkpoint_signature`` (a key regex only theirs
+    match).
     """
 
     optional_keys: Optional[str] = None
@@ -226,8 +217,7 @@ class StrictPretrainedMixin:
                                      'allow_random'})
         if unknown:
             raise ValueError(f'{self.__class__.__name__}: unknown Pretrained init_cfg keys '
-                             f'{unknown}; use checkpoint, prefix, map_location, strict '
-                             f'(allow_random: a fully frozen backbone without a checkpoint)')
+                             f'{unknown}; use checkpoint, prefix, map_location, strict')
         self.load_pretrained(cfg['checkpoint'], cfg.get('prefix'),
                              cfg.get('map_location', 'cpu'), cfg.get('strict', True))
 
@@ -265,9 +255,8 @@ class StrictPretrainedMixin:
              f'{WEIGHTS_DOC})' if converted else ''))
 
     def fitting_archs(self, state_dict: StateDict) -> List[str]:
-        """The ``arch_zoo`` entries whose model (this class, default options otherwise) has
-        exactly the checkpoint's keys and shapes, up to :attr:`optional_keys` the checkpoint
-        may lack and :attr:`ignorable_keys` it may add; built on the meta device (no memory)."""
+        """The ``arch_zoo`` entries whose model (default options, on the meta device) has the
+        checkpoint's keys and shapes, up to :attr:`optional_keys` and :attr:`ignorable_keys`."""
         def skip(pattern, k):
             return bool(pattern and re.search(pattern, k))
         want = {k: tuple(v.shape) for k, v in state_dict.items()
@@ -291,9 +280,7 @@ class StrictPretrainedMixin:
     def _mismatch_hint(self, missing: List[str], unexpected: List[str], mismatched: List[str],
                        prefix: Optional[str], state_dict: StateDict) -> str:
         found = guess_prefix(self.prefix_probe, unexpected) if missing else None
-        # a checkpoint sharing (almost) no key with the model, of no family of ours and not the
-        # model under another prefix: foreign weights (checked first: a family's own guess
-        # assumes a near miss)
+        # (almost) no shared key, of no family of ours, under no other prefix: foreign weights
         foreign = bool(unexpected) and len(missing) >= 0.9 * len(self.state_dict()) and \
             guess_family(unexpected, type(self)) is None and not found
         cause = None if foreign else self.mismatch_cause(missing, unexpected, mismatched)
