@@ -36,14 +36,18 @@ def plain_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 def window_attention(q_w: torch.Tensor, k_w: torch.Tensor, v_w: torch.Tensor,
-                     mask: Optional[torch.Tensor], scale: float) -> torch.Tensor:
+                     mask: Optional[torch.Tensor], scale: float,
+                     fused_bf16: bool = False) -> torch.Tensor:
     """Softmax attention per window, the torch backend's form: ``[BH, nW, L, D]`` in and out
     (``mask`` ``[nW, 1, L]``, True = real key). fp32 with at least :data:`FUSED_MIN_KEYS` keys
-    uses torch's fused SDPA, else matmul and softmax (why: docs/design/ops_backends.md).
+    uses torch's fused SDPA, else matmul and softmax (why: docs/design/ops_backends.md);
+    ``fused_bf16``: bf16 without a gradient too.
     """
-    fused = q_w.dtype == torch.float32 and k_w.shape[-2] >= FUSED_MIN_KEYS
+    grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q_w, k_w, v_w))
+    fused = (q_w.dtype == torch.float32 or fused_bf16 and q_w.dtype == torch.bfloat16
+             and not grad) and k_w.shape[-2] >= FUSED_MIN_KEYS
     if fused and mask is not None:
-        if torch.is_grad_enabled() and any(x.requires_grad for x in (q_w, k_w, v_w)):
+        if grad:
             fused = False  # a masked fused backward is slower than the plain form's
         else:
             # the fused CPU kernel takes a mask of q's rank only

@@ -108,14 +108,16 @@ def test_floordiv_translation_floors_negative_numbers(tmp_path):
         assert out.shape == (-(-h // 3), ), h
 
 
-def test_cdist_translation_matches_torch(tmp_path):
+@pytest.mark.parametrize('n', [7, 150], ids=['one_block', 'three_blocks_padded'])
+def test_cdist_translation_matches_torch(tmp_path, n):
+    """p=1 runs over blocks of CDIST_BLOCK_ROWS rows of x1 (the last one padded), p=2 at once."""
     import onnxruntime as ort
 
     class L1(torch.nn.Module):
         def forward(self, a, b):
             return torch.cdist(a, b, p=1), torch.cdist(a, b, p=2)
 
-    a, b = torch.randn(2, 7, 5), torch.randn(2, 3, 5)
+    a, b = torch.randn(2, n, 5), torch.randn(2, 3, 5)
     program = torch.onnx.export(L1().eval(), (a, b), dynamo=True, verbose=False,
                                 custom_translation_table=E.translation_table())
     program.save(str(tmp_path / 'cdist.onnx'))
@@ -124,6 +126,30 @@ def test_cdist_translation_matches_torch(tmp_path):
     got = session.run(None, dict(zip(names, (a.numpy(), b.numpy()))))
     for g, r in zip(got, L1()(a, b)):
         torch.testing.assert_close(torch.from_numpy(g), r, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize('approximate', ['none', 'tanh'])
+def test_gelu_translation_matches_torch_and_fuses(tmp_path, approximate):
+    """The exact GELU comes out of onnxruntime's graph optimizations as one Gelu kernel."""
+    import onnxruntime as ort
+
+    class Act(torch.nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.gelu(x, approximate=approximate)
+
+    x = torch.randn(3, 40) * 3
+    program = torch.onnx.export(Act().eval(), (x, ), dynamo=True, verbose=False,
+                                custom_translation_table=E.translation_table())
+    program.save(str(tmp_path / 'gelu.onnx'))
+    opts = ort.SessionOptions()
+    opts.optimized_model_filepath = str(tmp_path / 'gelu_ort.onnx')
+    session = ort.InferenceSession(str(tmp_path / 'gelu.onnx'), opts)
+    (got, ) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+    torch.testing.assert_close(torch.from_numpy(got), Act()(x), rtol=1e-5, atol=1e-6)
+    if approximate == 'none':
+        import onnx
+        ops = {n.op_type for n in onnx.load(str(tmp_path / 'gelu_ort.onnx')).graph.node}
+        assert 'Gelu' in ops and 'Erf' not in ops, ops
 
 
 def test_the_three_kinds_of_model_are_wrapped():

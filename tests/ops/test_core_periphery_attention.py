@@ -438,6 +438,77 @@ def test_reference_gradcheck_fp64(rope) -> None:
 
 
 # ------------------------------------------------------------------------------------------
+# the torch backend's fast forms (its odd-shape checks against the reference: test_dispatch.py)
+# ------------------------------------------------------------------------------------------
+def model_layout(x: torch.Tensor) -> torch.Tensor:
+    """x's values as heads split off a ``[B, L, heads * D]`` projection (as VECA passes q, k, v)."""
+    B, h, L, D = x.shape
+    return x.transpose(1, 2).reshape(B, L, h * D).view(B, L, h, D).transpose(1, 2)
+
+
+@pytest.mark.parametrize('dtype', ['fp32', 'bf16'])
+@pytest.mark.parametrize('rope', ['batch', 'shared'])
+def test_torch_fast_inference_forms(rope: str, dtype: str) -> None:
+    """Without a gradient, on VECA's layout: fp32 rotates q and k as complex numbers (VECA's
+    tables hold one angle per channel pair), bf16 takes the fused attention; both match the
+    reference, and the output is a view of ``[B, C + N, heads, D]`` (the head merge is a view)."""
+    from mmeffattn.ops.core_periphery import pytorch as cp_torch
+    case = Case(2, 3, 16, 21, 16, dtype, rope)
+    q, k, v, tables = make_inputs(case, 'cpu')
+    q, k, v = (model_layout(x) for x in (q, k, v))
+    cos, sin = (t.to(q.dtype).unsqueeze(1) for t in tables)
+    assert (cp_torch._complex_rotation(cos, sin) is not None) == (dtype == 'fp32')
+    with torch.no_grad():
+        assert cp_torch._fused_bf16(q, k, v) == (dtype == 'bf16')
+        out = core_periphery_attention(q, k, v, case.C, rope=tables, backend='torch')
+    assert out.transpose(1, 2).is_contiguous()
+    assert_close(out, reference_fp64(q, k, v, tables, case)[0], DTYPES[dtype], 'out')
+    # a random table (two angles per pair), a table that needs a gradient, a q whose pairs a
+    # complex view cannot take (odd offset): x * cos + swapped * sin, as the reference
+    odd = torch.randn(2, 3, 37, 17)[..., 1:].to(q.dtype)
+    for c, s, x in ((cos, torch.rand_like(sin), q), (cos.requires_grad_(), sin, q),
+                    (cos.detach(), sin, odd)):
+        assert x is odd or cp_torch._complex_rotation(c, s) is None
+        with torch.no_grad():
+            out = core_periphery_attention(x, k, v, case.C, rope=(c[:, 0], s[:, 0]),
+                                           backend='torch')
+        expected = reference_fp64(x, k, v, (c[:, 0], s[:, 0]), case)[0]
+        assert_close(out, expected, DTYPES[dtype], 'out')
+
+
+def test_torch_complex_rope_gradients() -> None:
+    """Tables without a gradient (a frozen position encoding) keep the complex rotation under
+    autograd: q, k and v get the reference's gradients through it."""
+    case = Case(2, 2, 16, 9, 16, 'fp32', 'batch')
+    q, k, v, tables = make_inputs(case, 'cpu')
+    leaves = [x.requires_grad_() for x in (q, k, v)]
+    out = core_periphery_attention(*leaves, case.C, rope=tables, backend='torch')
+    do = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
+    out.backward(do)
+    ref, leaves64 = reference_fp64(q, k, v, tables, case)
+    ref.backward(do.double())
+    for name, x, x64 in zip(['dq', 'dk', 'dv'], leaves, leaves64):
+        assert_close(x.grad, x64.grad, torch.float32, name)
+
+
+@pytest.mark.parametrize('value', [math.inf, -math.inf, math.nan])
+def test_torch_bf16_fused_path_keeps_ieee_arithmetic(value: float) -> None:
+    """torch's fused bf16 attention returns finite rows where an infinite q or k entry gives NaN
+    by IEEE arithmetic: the torch backend then takes the plain form, whose non-finite outputs
+    are the reference's (a NaN the fused kernel keeps)."""
+    from mmeffattn.ops.core_periphery import pytorch as cp_torch
+    case = Case(1, 2, 16, 5, 16, 'bf16')
+    for name in ('q', 'k'):
+        q, k, v, _ = make_inputs(case, 'cpu')
+        dict(q=q, k=k)[name][0, 1, 3, 2] = value
+        with torch.no_grad():
+            assert not cp_torch._fused_bf16(q, k, v)
+            out = core_periphery_attention(q, k, v, case.C, backend='torch')
+        ref = core_periphery_attention_naive(q.double(), k.double(), v.double(), case.C)
+        assert torch.equal(out.isnan(), ref.isnan()) and torch.equal(out.isinf(), ref.isinf())
+
+
+# ------------------------------------------------------------------------------------------
 # reasons against the kernels
 # ------------------------------------------------------------------------------------------
 def small_inputs(dtype=torch.float32, device='cpu', D=16):

@@ -107,8 +107,11 @@ OPS = [
        reason_args=lambda args, kwargs: (*args[:2], kwargs['weight'])),
     Op('dynamic_dwconv', 'dynamic_dwconv', 'dynamic_dwconv_triton_reasons',
        [lambda: ((_randn(1, 8, 5, 6), _randn(1, 8, 3, 3, seed=1), _randn(8, seed=2),
-                  _randn(8, 1, 3, 3, seed=3)), dict(normalize=True))],
-       reason_args=lambda args, kwargs: args[:4], uses_dot=False),
+                  _randn(8, 1, 3, 3, seed=3)), dict(normalize=True)),
+        # two samples as a token tensor's channels-last view (the torch backend's grouped form)
+        lambda: ((_randn(2, 30, 8).transpose(1, 2).reshape(2, 8, 5, 6), _randn(2, 8, 3, 3, seed=1),
+                  _randn(8, seed=2), _randn(8, 1, 3, 3, seed=3)), dict(normalize=True))],
+       reason_args=lambda args, kwargs: args[:4], uses_dot=False, ids=['B1', 'B2-tokens']),
     Op('newton_schulz_pinv', 'newton_schulz', 'newton_schulz_triton_reasons',
        [_kernel_matrix(), _kernel_matrix('implicit')], reason_args=lambda args, kwargs: args[:1],
        uses_dot=False, ids=['unrolled', 'implicit']),

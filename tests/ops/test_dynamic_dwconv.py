@@ -133,6 +133,16 @@ def test_triton_keeps_the_token_layout() -> None:
         assert out.flatten(2).transpose(1, 2).is_contiguous() == channels_last
 
 
+def test_torch_keeps_one_samples_token_layout() -> None:
+    """The torch backend convolves one sample's channels-last map as it is (oneDNN's channels-last
+    path: no copy to NCHW in, tokens out without a copy), and matches the grouped form of two."""
+    x, kernel, bias, weight = make_inputs(Case(2, 16, 5, 6, 3, 'fp32', layout='tokens'))
+    out = dynamic_dwconv(x[:1], kernel[:1], bias, weight, normalize=True, backend='torch')
+    assert out.stride() == x[:1].stride()
+    both = dynamic_dwconv(x, kernel, bias, weight, normalize=True, backend='torch')
+    torch.testing.assert_close(out, both[:1])
+
+
 @needs_triton
 def test_triton_zero_kernels_no_grad_and_partial_grad() -> None:
     """Zero predicted kernels (norm 0: torch's zero subgradient, no NaN); inference needs no

@@ -91,7 +91,9 @@ def dynamic_dwconv(x: torch.Tensor, kernel: torch.Tensor, bias: Optional[torch.T
             (:mod:`mmeffattn.ops._backend`).
 
     Returns:
-        ``[B, C, H, W]`` in x's dtype and memory layout (Triton: fp32 math, no autocast).
+        ``[B, C, H, W]`` in x's dtype. Triton (fp32 math, no autocast) keeps x's memory
+        layout, the torch backend too for one sample (several come back NCHW, from one grouped
+        convolution).
 
     Raises:
         ValueError: malformed inputs (the message says what to change).

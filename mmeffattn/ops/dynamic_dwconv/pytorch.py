@@ -40,5 +40,8 @@ def dynamic_dwconv_torch(x: torch.Tensor, kernel: torch.Tensor,
     if is_eager(k) and not bool(torch.isfinite(k).all()):
         return conv_by_taps(x, k.reshape(B, C, K, K),
                             None if b is None else b.reshape(B, C, 1, 1))
+    if B == 1:  # x as it is: a reshape would give a channels-last map batch stride C, and
+        # oneDNN would then copy it to NCHW and return NCHW (a copy for the next token op too)
+        return F.conv2d(x, k, b, padding=K // 2, groups=C)
     out = F.conv2d(x.reshape(1, B * C, H, W), k, b, padding=K // 2, groups=B * C)
     return out.reshape(B, C, H, W)
