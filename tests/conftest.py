@@ -123,13 +123,17 @@ def sample_data(shared_data, generated_data):
     return get
 
 
-@pytest.fixture(autouse=True)
-def _isolated_default_scope():
+def _restoring_default_scope():
     """mmengine keeps the default scope (mmdet, mmseg, ...) in a process-wide registry of
-    instances; a Runner or init_default_scope in one test would change how the next test's
-    registries resolve types. Each test starts from the scopes that existed before it."""
+    instances; a Runner or init_default_scope in one test (or a module's fixture) would change
+    how later tests' registries resolve types. Each module and test starts from the scopes that
+    existed before it."""
     from mmengine.registry import DefaultScope
     saved = DefaultScope._instance_dict.copy()
     yield
     DefaultScope._instance_dict.clear()
     DefaultScope._instance_dict.update(saved)
+
+
+_isolated_default_scope = pytest.fixture(autouse=True)(_restoring_default_scope)
+_module_default_scope = pytest.fixture(scope='module', autouse=True)(_restoring_default_scope)
