@@ -46,13 +46,6 @@ logger = logging.getLogger('mmeffattn.ops')
 _warned: set = set()
 
 
-def can_run_triton() -> List[str]:
-    """Reasons Triton itself is unusable in this process (empty when it can be used)."""
-    if not HAS_TRITON:
-        return [f'triton is not importable ({_TRITON_IMPORT_ERROR})']
-    return []
-
-
 def can_run_device(tensors: Sequence[torch.Tensor], interpret: Optional[bool] = None) -> List[str]:
     """Reasons the tensors' device cannot run Triton kernels (``interpret``: default
     :data:`TRITON_INTERPRET`)."""
@@ -100,7 +93,7 @@ def triton_reasons(kernels: str, import_error: str, tensors: Sequence[torch.Tens
                    interpret: Optional[bool] = None, uses_dot: bool = True) -> List[str]:
     """What every op checks before its kernels: Triton usable, the op's kernels imported
     (``import_error`` empty), the tensors' device and ``dtype_tensors``' dtype."""
-    reasons = can_run_triton()
+    reasons = [] if HAS_TRITON else [f'triton is not importable ({_TRITON_IMPORT_ERROR})']
     if import_error:  # pragma: no cover - e.g. a Triton release without an API we use
         reasons.append(f'the {kernels} Triton kernels failed to import ({import_error})')
     reasons += can_run_device(tensors, interpret=interpret)

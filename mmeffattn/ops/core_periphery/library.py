@@ -8,9 +8,6 @@ from .._library import define, empty_like_none
 from .function import (DEFAULT_INPUT_PRECISION, _table_strides, core_periphery_bwd,
                        core_periphery_fwd)
 
-Tables = Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]
-
-
 def _prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: Optional[torch.Tensor],
              sin: Optional[torch.Tensor]) -> Tuple[torch.Tensor, ...]:
     """Unit stride on D; cos and sin with one set of strides (the kernels take one)."""

@@ -5,8 +5,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from .._backend import KERNEL_DTYPES as SUPPORTED_DTYPES  # noqa: F401 (public)
-from .._backend import dispatch, triton_reasons
+from .._backend import KERNEL_DTYPES, dispatch, triton_reasons
 from .._common import import_kernels, offsets_reason, token_offsets_fit
 from .._validate import check_alike, check_int, check_qkv, check_real, check_tensor
 from .naive import sema_attention_naive, sema_attention_qk_naive, unbind_qk
@@ -74,7 +73,7 @@ def sema_triton_reasons(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """Reasons the Triton kernels cannot run these (validated) inputs (``[]``: they can);
     ``interpret`` as in :func:`mmeffattn.ops._backend.triton_reasons`."""
     tensors = (q, k, v)
-    reasons = triton_reasons('SEMA', _KERNELS_IMPORT_ERROR, tensors, tensors, SUPPORTED_DTYPES,
+    reasons = triton_reasons('SEMA', _KERNELS_IMPORT_ERROR, tensors, tensors, KERNEL_DTYPES,
                              interpret=interpret)
     return reasons + offsets_reason(token_offsets_fit(*tensors),
                                     'N * token stride of an input reaches 2**31')
