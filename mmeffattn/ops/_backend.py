@@ -1,12 +1,10 @@
 """Backend selection shared by every op, and the dispatch hook (imports without Triton).
 
-Backends: ``'triton'`` (the kernels), ``'torch'`` (fast PyTorch) and ``'reference'`` (the
-formula, the test oracle). ``backend='torch'``/``'reference'`` always runs that one;
-``'triton'`` runs the kernels or raises ``RuntimeError`` listing every reason; None takes the
-innermost :func:`use_backend`, else ``$MMEFFATTN_OPS_BACKEND`` (a backend or ``auto``), else
-picks Triton when nothing stands against it, otherwise ``'torch'`` (a CUDA fallback logs its
-reasons once). CPU tensors run Triton only under its interpreter (``TRITON_INTERPRET=1`` before
-``import triton``).
+Backends: ``'triton'`` (the kernels; else ``RuntimeError`` listing every reason), ``'torch'``
+(fast PyTorch) and ``'reference'`` (the formula). None takes the innermost :func:`use_backend`,
+else ``$MMEFFATTN_OPS_BACKEND`` (a backend or ``auto``), else Triton when nothing stands against
+it, otherwise ``'torch'`` (a CUDA fallback logs its reasons once). CPU tensors run Triton only
+under its interpreter (``TRITON_INTERPRET=1`` before ``import triton``).
 """
 import contextlib
 import logging

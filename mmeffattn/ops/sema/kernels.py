@@ -1,13 +1,10 @@
-"""Triton kernels of SEMA's windowed softmax attention; the launchers are in ``function.py``.
+"""Triton kernels of SEMA's windowed softmax attention; launchers in ``function.py``.
 
-q, k, v, do, o, dq, dk, dv are ``[B, heads, N, D]`` with any batch/head/token strides and unit
-stride on D; the ``H x W`` grid is tiled by ``win_h x win_w`` windows from the top-left corner,
-tokens row-major inside a window, in blocks of ``BLOCK``; D is padded to ``BD`` with masks. Only
-tile sizes, dtype and flags are compile-time constants (the geometry is not specialised), so
-one compile serves every grid. Logits are in the log2 domain (``exp2``), accumulation is fp32.
-The value mean is never added here: with ``V_PARTIALS`` each forward program writes its block's
-``sum_n v_n / N`` (fp32) for the launcher to sum; with ``MEAN_GRAD`` the backward adds
-``g_mean / N`` to every dv. Layout details: docs/design/sema_kernels.md.
+Tensors ``[B, heads, N, D]`` (unit stride on D); windows tiled from the grid's top-left corner,
+their tokens in blocks of ``BLOCK``; the geometry is not specialised (one compile serves every
+grid). Logits in the log2 domain, fp32 accumulation. The mean is never added here: forward
+programs write value partial sums (``V_PARTIALS``), the backward adds ``g_mean / N`` to dv
+(``MEAN_GRAD``). Details: docs/design/sema_kernels.md.
 """
 import triton
 import triton.language as tl

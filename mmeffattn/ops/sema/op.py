@@ -70,8 +70,7 @@ def _check_mean_flags(name: str, with_mean: bool, return_mean: bool) -> None:
 
 def sema_triton_reasons(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                         interpret: Optional[bool] = None) -> List[str]:
-    """Reasons the Triton kernels cannot run these (validated) inputs (``[]``: they can);
-    ``interpret`` as in :func:`mmeffattn.ops._backend.triton_reasons`."""
+    """Reasons the kernels cannot run these validated inputs (``[]``: they can)."""
     tensors = (q, k, v)
     reasons = triton_reasons('SEMA', _KERNELS_IMPORT_ERROR, tensors, tensors, KERNEL_DTYPES,
                              interpret=interpret)
