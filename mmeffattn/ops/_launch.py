@@ -1,9 +1,6 @@
-"""Launch plumbing shared by every op's launchers (``<op>/function.py``).
-
-A launcher describes each kernel launch as a :class:`KernelConfig` and starts it with
-:func:`launch`. Inside :func:`record_launches` nothing runs: the launches are recorded instead, so
-the ahead-of-time compilation tests compile exactly the configurations the launchers use.
-"""
+"""Launch plumbing of every op's launchers (``<op>/function.py``): a launch is a
+:class:`KernelConfig` started by :func:`launch`; inside :func:`record_launches` launches are
+recorded instead of run, so the ahead-of-time compile tests compile exactly what runs."""
 import contextlib
 import threading
 from dataclasses import dataclass
