@@ -91,8 +91,7 @@ def core_periphery_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
         rope: None or ``(cos, sin)``, each ``[B or 1, C + N, D]`` (D even), any float dtype:
             cast to q's dtype before use.
         scale: logit scale, ``D ** -0.5`` by default.
-        backend: None (automatic), ``'triton'``, ``'torch'`` or ``'reference'``
-            (:mod:`mmeffattn.ops._backend`).
+        backend: None (automatic), ``'triton'``, ``'torch'`` or ``'reference'``.
 
     Returns:
         ``[B, heads, C + N, D]`` in q's dtype, computed in it (the softmax sums in fp32);

@@ -86,8 +86,7 @@ def dynamic_dwconv(x: torch.Tensor, kernel: torch.Tensor, bias: Optional[torch.T
         bias: optional ``[C]``, shared by the samples.
         weight: optional static kernel ``[C, 1, K, K]`` or ``[C, K, K]``.
         normalize: divide each ``K x K`` kernel by its Frobenius norm plus one first.
-        backend: None (automatic), ``'triton'``, ``'torch'`` or ``'reference'``
-            (:mod:`mmeffattn.ops._backend`).
+        backend: None (automatic), ``'triton'``, ``'torch'`` or ``'reference'``.
 
     Returns:
         ``[B, C, H, W]`` in x's dtype. Triton (fp32 math, no autocast) keeps x's memory

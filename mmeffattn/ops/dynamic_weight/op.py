@@ -79,8 +79,7 @@ def dynamic_weight(u: torch.Tensor, v: torch.Tensor, n_tokens: float,
         scale: multiplier, ``C_in ** -0.5`` by default.
         weight: optional static weight ``[C_out, C_in]``, any float dtype; the result then has
             the promoted dtype of u and weight (as ``dw + weight`` in PyTorch).
-        backend: None (automatic), ``'triton'``, ``'torch'`` or ``'reference'``
-            (:mod:`mmeffattn.ops._backend`).
+        backend: None (automatic), ``'triton'``, ``'torch'`` or ``'reference'``.
 
     Returns:
         ``[B, C_out, C_in]`` in u's dtype (promoted with a weight). The torch backend

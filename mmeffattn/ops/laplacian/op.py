@@ -55,8 +55,7 @@ def laplacian_kernel(x: torch.Tensor, y: torch.Tensor, lam: float, *,
         x: ``[B, heads, N, D]``.
         y: ``[B, heads, M, D]``, x's dtype and device; any strides.
         lam: kernel width, a positive float.
-        backend: None (automatic), ``'triton'``, ``'torch'`` or ``'reference'``
-            (:mod:`mmeffattn.ops._backend`).
+        backend: None (automatic), ``'triton'``, ``'torch'`` or ``'reference'``.
 
     Returns:
         ``[B, heads, N, M]`` in the inputs' dtype; the distances are summed in fp32 (the

@@ -101,8 +101,7 @@ def sema_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: Tuple[
         return_mean: (needs ``with_mean``) return ``(out, mean)``, out without the mean, for a
             caller that adds it itself (the SEMA backbone); on Triton neither direction then
             reduces an N-sized tensor (docs/design/sema_kernels.md).
-        backend: None (automatic), ``'triton'``, ``'torch'`` or ``'reference'``
-            (:mod:`mmeffattn.ops._backend`).
+        backend: None (automatic), ``'triton'``, ``'torch'`` or ``'reference'``.
 
     Returns:
         ``out`` in ``out_layout`` and the inputs' dtype; with ``return_mean``, ``(out, mean)``,
