@@ -1,12 +1,10 @@
 """Backend selection shared by every op, and the dispatch hook (imports without Triton).
 
-Backends: ``'triton'`` (the kernels), ``'torch'`` (fast PyTorch) and ``'reference'`` (the
-formula, the test oracle). ``backend='torch'``/``'reference'`` always runs that one;
-``'triton'`` runs the kernels or raises ``RuntimeError`` listing every reason; None takes the
-innermost :func:`use_backend`, else ``$MMEFFATTN_OPS_BACKEND`` (a backend or ``auto``), else
-picks Triton when nothing stands against it, otherwise ``'torch'`` (a CUDA fallback logs its
-reasons once). CPU tensors run Triton only under its interpreter (``TRITON_INTERPRET=1`` before
-``import triton``).
+Backends: ``'triton'`` (the kernels; else ``RuntimeError`` listing every reason), ``'torch'``
+(fast PyTorch) and ``'reference'`` (the formula). None takes the innermost :func:`use_backend`,
+else ``$MMEFFATTN_OPS_BACKEND`` (a backend or ``auto``), else Triton when nothing stands against
+it, otherwise ``'torch'`` (a CUDA fallback logs its reasons once). CPU tensors run Triton only
+under its interpreter (``TRITON_INTERPRET=1`` before ``import triton``).
 """
 import contextlib
 import logging
@@ -44,13 +42,6 @@ KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 logger = logging.getLogger('mmeffattn.ops')
 _warned: set = set()
-
-
-def can_run_triton() -> List[str]:
-    """Reasons Triton itself is unusable in this process (empty when it can be used)."""
-    if not HAS_TRITON:
-        return [f'triton is not importable ({_TRITON_IMPORT_ERROR})']
-    return []
 
 
 def can_run_device(tensors: Sequence[torch.Tensor], interpret: Optional[bool] = None) -> List[str]:
@@ -100,7 +91,7 @@ def triton_reasons(kernels: str, import_error: str, tensors: Sequence[torch.Tens
                    interpret: Optional[bool] = None, uses_dot: bool = True) -> List[str]:
     """What every op checks before its kernels: Triton usable, the op's kernels imported
     (``import_error`` empty), the tensors' device and ``dtype_tensors``' dtype."""
-    reasons = can_run_triton()
+    reasons = [] if HAS_TRITON else [f'triton is not importable ({_TRITON_IMPORT_ERROR})']
     if import_error:  # pragma: no cover - e.g. a Triton release without an API we use
         reasons.append(f'the {kernels} Triton kernels failed to import ({import_error})')
     reasons += can_run_device(tensors, interpret=interpret)

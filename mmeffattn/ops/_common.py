@@ -94,11 +94,6 @@ def bh_strides(x: torch.Tensor) -> Tuple[int, int, int]:
     return x.stride(0), x.stride(1), x.stride(2)
 
 
-def strides4(x: torch.Tensor) -> Tuple[int, int, int, int]:
-    """All four strides of a 4-D tensor (e.g. ``[B, C, H, W]`` in any memory layout)."""
-    return x.stride(0), x.stride(1), x.stride(2), x.stride(3)
-
-
 def token_offsets_fit(*tensors: torch.Tensor) -> bool:
     """Whether offsets inside one (batch, head) slice of ``[B, heads, N, D]`` fit int32."""
     return all((x.shape[2] - 1) * abs(x.stride(2)) + x.shape[3] < INT32_LIMIT for x in tensors)
@@ -126,7 +121,7 @@ def offsets_reason(fits: Optional[bool], what: str) -> List[str]:
 
 def import_kernels(package: str, *names: str, module: str = 'function') -> Tuple[Any, ...]:
     """``(*objects, import_error)``: ``names`` from ``<package>.<module>``, or Nones and the
-    error ('' when Triton is absent: ``can_run_triton`` says so)."""
+    error ('' when Triton is absent: ``triton_reasons`` says so)."""
     if not HAS_TRITON:
         return (None, ) * len(names) + ('', )
     try:

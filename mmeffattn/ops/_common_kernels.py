@@ -45,6 +45,16 @@ def store_rows(x, o_n, stride_n, o_d, b_x, mask):
     tl.store(x + o_n[:, None] * stride_n + o_d[None, :], b_x.to(x.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def row_norm_grad(b_r, b_g, b_n, b_c):
+    """The gradient through ``R_j / (n_j + 1)``, ``n_j = ||R_j||``, given ``b_g`` at the output
+    and ``c_j = g_j . R_j``: ``g / (n + 1) - R c / (n (n + 1)^2)``; ``g`` where n = 0, as torch's
+    norm backward."""
+    b_inv = 1. / (b_n + 1.)
+    b_coef = tl.where(b_n > 0., b_c * b_inv * b_inv / tl.where(b_n > 0., b_n, 1.), 0.)
+    return b_g * b_inv[:, None] - b_r * b_coef[:, None]
+
+
 @triton.jit(do_not_specialize=['n_heads', 'N'])
 def softmax_bwd_delta_kernel(
     o, do, mean, delta,

@@ -1,9 +1,6 @@
-"""Launch plumbing shared by every op's launchers (``<op>/function.py``).
-
-A launcher describes each kernel launch as a :class:`KernelConfig` and starts it with
-:func:`launch`. Inside :func:`record_launches` nothing runs: the launches are recorded instead, so
-the ahead-of-time compilation tests compile exactly the configurations the launchers use.
-"""
+"""Launch plumbing of every op's launchers (``<op>/function.py``): a launch is a
+:class:`KernelConfig` started by :func:`launch`; inside :func:`record_launches` launches are
+recorded instead of run, so the ahead-of-time compile tests compile exactly what runs."""
 import contextlib
 import threading
 from dataclasses import dataclass
@@ -73,16 +70,13 @@ def launch(role: str, config: KernelConfig, grid: Tuple[int, ...], *args: Any) -
     if recorder is not None:
         recorder.append(Launch(role, config, grid, args))
         return
-    kernel = config.kernel
-    if any(isinstance(a, torch.Tensor) and is_fake(a) for a in args):
-        # traced inside a ``torch.library.triton_op`` (torch.compile/export): the launch becomes
-        # a node of the graph (``_library.py``); eager calls launch the kernel directly
-        kernel = wrap_triton(kernel)
-    elif TRITON_INTERPRET:
-        with torch.profiler.record_function(INTERPRETED_LAUNCH):
-            kernel[grid](*args, **config.constexprs, **config.launch_options)
-        return
-    kernel[grid](*args, **config.constexprs, **config.launch_options)
+    # traced inside a ``torch.library.triton_op`` (torch.compile/export), the launch becomes a
+    # node of the graph (``_library.py``); eager calls launch the kernel directly
+    traced = any(isinstance(a, torch.Tensor) and is_fake(a) for a in args)
+    kernel = wrap_triton(config.kernel) if traced else config.kernel
+    with (torch.profiler.record_function(INTERPRETED_LAUNCH) if TRITON_INTERPRET and not traced
+          else contextlib.nullcontext()):
+        kernel[grid](*args, **config.constexprs, **config.launch_options)
 
 
 def next_pow2(x: int) -> int:

@@ -73,9 +73,7 @@ def check_int(op: str, name: str, value: object, minimum: Optional[int] = None,
               meaning: str = '') -> int:
     """``value`` as an int (``>= minimum`` if given); bools and floats are refused."""
     try:
-        if isinstance(value, bool):
-            raise TypeError
-        result = operator.index(value)
+        result = None if isinstance(value, bool) else operator.index(value)
     except TypeError:
         result = None
     if result is None or (minimum is not None and result < minimum):

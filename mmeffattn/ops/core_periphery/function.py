@@ -5,7 +5,7 @@ split). Backward: the ``delta`` pre-pass, then either the fused three launches (
 the default) or four deterministic ones. The launch plan is in docs/design/ops_kernels.md.
 """
 import math
-from typing import Dict, NamedTuple, Optional, Tuple
+from typing import Any, Dict, NamedTuple, Optional, Tuple
 
 import torch
 
@@ -89,17 +89,13 @@ BWD_CAPPED = frozenset({(True, 32, False, True), (True, 32, True, True),
                         (True, 128, False, False)})
 BWD_MAXNREG = 128  # the dk/dv budget (two CTAs per SM)
 
-BWD_TILE_TABLE = {
-    (fp32, bd, even, rope): (*_bwd_tiles(fp32, bd, even),
-                             BWD_MAXNREG if (fp32, bd, even, rope) in BWD_CAPPED else None,
-                             _fused_warps(fp32, bd, even, _bwd_tiles(fp32, bd, even)[2]))
-    for fp32 in (False, True) for bd in (16, 32, 64, 128)
-    for even in (False, True) for rope in (False, True)}
-
 
 def core_periphery_bwd_tiles(bd: int, even_d: bool, dtype: torch.dtype, rope: bool) -> BwdTiles:
-    """The backward kernels' tiles for padded head dim ``bd`` (:data:`BWD_TILE_TABLE`)."""
-    return BwdTiles(*BWD_TILE_TABLE[(dtype == torch.float32, bd, even_d, rope)])
+    """The backward kernels' tiles for padded head dim ``bd`` (``even_d``: D == BD)."""
+    fp32 = dtype == torch.float32
+    row, loop, warps, stages = _bwd_tiles(fp32, bd, even_d)
+    maxnreg = BWD_MAXNREG if (fp32, bd, even_d, rope) in BWD_CAPPED else None
+    return BwdTiles(row, loop, warps, stages, maxnreg, _fused_warps(fp32, bd, even_d, warps))
 
 
 def padded_head_dim(head_dim: int) -> int:
@@ -183,33 +179,20 @@ def _table_strides(t: torch.Tensor) -> Tuple[int, int]:
     return (t.stride(0) if t.shape[0] > 1 else 0), t.stride(1)
 
 
-def _pair_aligned(x: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    """x with every row starting at an even element (a rope channel pair is one load); a copy
-    only for unusual views. Uses the storage offset: fake tensors have no data_ptr."""
-    if x is None:
-        return None
-    if all(st % 2 == 0 for st in x.stride()[:-1]) and x.storage_offset() % 2 == 0:
-        return x
-    return x.contiguous()
-
-
-def _pair_aligned_inputs(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
-                         sin: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-    """:func:`_pair_aligned` q, k and tables (the tables keep one set of strides)."""
-    q, k, cos, sin = (_pair_aligned(x) for x in (q, k, cos, sin))
+def _rope_inputs(q: torch.Tensor, k: torch.Tensor, cos: Optional[torch.Tensor],
+                 sin: Optional[torch.Tensor]) -> Tuple[Any, ...]:
+    """``(q, k, cos, sin, stride_rb, stride_rn)`` kernel arguments (q stands in for absent
+    tables). With rope, q, k and the tables get every row starting at an even element (a
+    channel pair is one load; a copy only for unusual views, judged by the storage offset: fake
+    tensors have no data_ptr), and the tables one set of strides."""
+    if cos is None:
+        return q, k, q, q, 0, 0
+    q, k, cos, sin = (x if all(st % 2 == 0 for st in x.stride()[:-1])
+                      and x.storage_offset() % 2 == 0 else x.contiguous()
+                      for x in (q, k, cos, sin))
     if _table_strides(cos) != _table_strides(sin):
         cos, sin = cos.contiguous(), sin.contiguous()
-    return q, k, cos, sin
-
-
-def _rope_args(q: torch.Tensor, cos: Optional[torch.Tensor], sin: Optional[torch.Tensor]
-               ) -> Tuple[torch.Tensor, torch.Tensor, int, int]:
-    """``(cos, sin, stride_rb, stride_rn)`` kernel arguments (q stands in when rope is off)."""
-    if cos is None:
-        return q, q, 0, 0
-    strides = _table_strides(cos)
-    assert strides == _table_strides(sin), 'cos and sin share the kernels\' stride arguments'
-    return (cos, sin, *strides)
+    return (q, k, cos, sin, *_table_strides(cos))
 
 
 def core_periphery_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -221,12 +204,10 @@ def core_periphery_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     B, nh, L, D = q.shape
     C, N, BH = num_cores, L - num_cores, B * q.shape[1]
     cfgs = core_periphery_kernel_configs(D, C, q.dtype, cos is not None, input_precision)
-    if cos is not None:
-        q, k, cos, sin = _pair_aligned_inputs(q, k, cos, sin)
+    q, k, cos, sin, stride_rb, stride_rn = _rope_inputs(q, k, cos, sin)
     o = torch.empty((B, nh, L, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((BH, L), dtype=torch.float32, device=q.device)
     _check_int32_offsets(q, k, v, o)
-    cos, sin, stride_rb, stride_rn = _rope_args(q, cos, sin)
     inputs = (q, k, v, cos, sin)
     strides = (*_strides(q), *_strides(k), *_strides(v), stride_rb, stride_rn)
     with _device_guard(q):
@@ -278,16 +259,14 @@ def core_periphery_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     cfgs = core_periphery_kernel_configs(D, C, q.dtype, rope, input_precision, rope_grad, fused)
     fused = 'bwd_patches' in cfgs  # not in every tile class (:func:`_fused_warps`)
     do = _unit_last_stride(do)
-    if rope:
-        q, k, cos, sin = _pair_aligned_inputs(q, k, cos, sin)
+    tables = cos
+    q, k, cos, sin, stride_rb, stride_rn = _rope_inputs(q, k, cos, sin)
     dq = torch.empty((B, nh, L, D), dtype=q.dtype, device=q.device)
     dk, dv = torch.empty_like(dq), torch.empty_like(dq)
     # per-(batch, head) table gradients: [source (q, k), table (cos, sin), B*heads, L, D]
     dtab = (torch.empty((2, 2, BH, L, D), dtype=torch.float32, device=q.device) if rope_grad
             else dq.new_empty(0))
     _check_int32_offsets(q, k, v, do, dq)
-    tables = cos
-    cos, sin, stride_rb, stride_rn = _rope_args(q, cos, sin)
     inputs = (q, k, v, cos, sin, do, lse)
     strides = (*_strides(q), *_strides(k), *_strides(v), stride_rb, stride_rn, *_strides(do))
     out_strides = (0, L * D, D)

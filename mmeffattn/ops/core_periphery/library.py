@@ -5,21 +5,11 @@ import torch
 
 from .._launch import unit_last_stride
 from .._library import define, empty_like_none
-from .function import (DEFAULT_INPUT_PRECISION, _table_strides, core_periphery_bwd,
-                       core_periphery_fwd)
+from .function import DEFAULT_INPUT_PRECISION, core_periphery_bwd, core_periphery_fwd
 
-Tables = Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]
-
-
-def _prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: Optional[torch.Tensor],
-             sin: Optional[torch.Tensor]) -> Tuple[torch.Tensor, ...]:
-    """Unit stride on D; cos and sin with one set of strides (the kernels take one)."""
-    q, k, v = unit_last_stride(q), unit_last_stride(k), unit_last_stride(v)
-    if cos is not None:
-        cos, sin = unit_last_stride(cos), unit_last_stride(sin)
-        if _table_strides(cos) != _table_strides(sin):
-            cos, sin = cos.contiguous(), sin.contiguous()
-    return q, k, v, cos, sin
+def _prepare(*tensors: Optional[torch.Tensor]) -> Tuple[Optional[torch.Tensor], ...]:
+    """Unit stride on D (the launchers align the rope tables' strides)."""
+    return tuple(None if x is None else unit_last_stride(x) for x in tensors)
 
 
 def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: Optional[torch.Tensor],

@@ -59,8 +59,7 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_cores: 
 def core_periphery_triton_reasons(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                   rope: Optional[Rope] = None,
                                   interpret: Optional[bool] = None) -> List[str]:
-    """Reasons the Triton kernels cannot run these (validated) inputs (``[]``: they can);
-    ``interpret`` as in :func:`mmeffattn.ops._backend.triton_reasons`."""
+    """Reasons the kernels cannot run these validated inputs (``[]``: they can)."""
     tensors = (q, k, v)
     # cos and sin are cast to q's dtype before the kernels, so only q, k, v dtypes matter
     reasons = triton_reasons('core-periphery', _KERNELS_IMPORT_ERROR, tensors + tuple(rope or ()),
@@ -92,8 +91,7 @@ def core_periphery_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
         rope: None or ``(cos, sin)``, each ``[B or 1, C + N, D]`` (D even), any float dtype:
             cast to q's dtype before use.
         scale: logit scale, ``D ** -0.5`` by default.
-        backend: None (automatic), ``'triton'``, ``'torch'`` or ``'reference'``
-            (:mod:`mmeffattn.ops._backend`).
+        backend: None (automatic), ``'triton'``, ``'torch'`` or ``'reference'``.
 
     Returns:
         ``[B, heads, C + N, D]`` in q's dtype, computed in it (the softmax sums in fp32);

@@ -46,12 +46,10 @@ def core_periphery_attention_torch(
         q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_cores: int, *,
         rope: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
         scale: Optional[float] = None) -> torch.Tensor:
-    """:func:`.naive.core_periphery_attention_naive` with the rope tables prepared once for q
-    and k, and torch's fused attention for 16 keys or more in fp32, and in bf16 without a
-    gradient (:func:`mmeffattn.ops._common.window_attention`; it reads any strides); same
-    arguments. In the inputs' dtype (a 16-bit softmax accumulates in fp32). Returns a
-    ``[B, heads, C + N, D]`` view of a ``[B, C + N, heads, D]`` tensor: merging the heads after
-    it is a view."""
+    """:func:`.naive.core_periphery_attention_naive` with the rope tables prepared once and
+    :func:`mmeffattn.ops._common.window_attention` (fused for enough keys); same arguments, in
+    the inputs' dtype. Returns a ``[B, heads, C + N, D]`` view of a ``[B, C + N, heads, D]``
+    tensor, so that merging the heads after it is a view."""
     C = num_cores
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     with autocast_off(q.device.type):

@@ -8,7 +8,7 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from .._common import sample_offsets_fit, strides4 as _strides4
+from .._common import sample_offsets_fit
 from .._launch import (KernelConfig, device_guard as _device_guard, launch as _launch,
                        next_pow2 as _next_pow2)
 from . import kernels
@@ -75,7 +75,7 @@ def dynamic_dwconv_fwd(x: torch.Tensor, kernel: torch.Tensor, bias: Optional[tor
     b = k if bias is None else bias.contiguous()
     grid = (-(-H * W // cfg.constexprs['BP']), -(-C // cfg.constexprs['BC']), B)
     with _device_guard(x):
-        _launch('fwd', cfg, grid, x, k, w, b, out, *_strides4(x), k.stride(0), *_strides4(out),
+        _launch('fwd', cfg, grid, x, k, w, b, out, *x.stride(), k.stride(0), *out.stride(),
                 C, H, W)
     return out
 
@@ -109,8 +109,8 @@ def dynamic_dwconv_bwd(dy: torch.Tensor, x: torch.Tensor, kernel: torch.Tensor,
     dkernel = dbias = dweight = None
     with _device_guard(x):
         _launch('bwd', cfg, (n_groups, n_cb, B),
-                x, k, w, dy, dx_arg, part, *_strides4(x), k.stride(0), *_strides4(dy),
-                *_strides4(dx_arg), C, H, W, n_tiles, per_prog, n_groups)
+                x, k, w, dy, dx_arg, part, *x.stride(), k.stride(0), *dy.stride(),
+                *dx_arg.stride(), C, H, W, n_tiles, per_prog, n_groups)
         if needs_dk:
             red_cfg = cfgs['bwd_reduce']
             # dk [B, C, K*K] for the kernel, as a view of a new [B, C, K, K]: dkernel is then

@@ -7,6 +7,8 @@ the tap loop is not unrolled (unrolled, ptxas spilled); fp32 arithmetic.
 import triton
 import triton.language as tl
 
+from .._common_kernels import row_norm_grad
+
 
 @triton.jit
 def _tap(kernel, weight, o_c, m_c, b_inv, t, KK: tl.constexpr, NORMALIZE: tl.constexpr,
@@ -41,6 +43,18 @@ def _pixel_channel_tile(C, H, W, BC: tl.constexpr, BP: tl.constexpr):
 
 
 @triton.jit
+def _shifted(x, o_h, o_w, dh, dw, m_p, o_c, m_c, H, W, stride_h, stride_w, stride_c):
+    """``(tile, m_s)``: x at pixels ``(o_h + dh, o_w + dw)`` ([BP, BC] fp32, zero outside the
+    map) and the mask of the pixels inside it ([BP])."""
+    o_hh = o_h + dh  # [BP]
+    o_ww = o_w + dw  # [BP]
+    m_s = m_p & (o_hh >= 0) & (o_hh < H) & (o_ww >= 0) & (o_ww < W)  # [BP]
+    b_x = tl.load(x + (o_hh * stride_h + o_ww * stride_w)[:, None] + o_c[None, :] * stride_c,
+                  mask=m_s[:, None] & m_c[None, :], other=0.).to(tl.float32)  # [BP, BC]
+    return b_x, m_s
+
+
+@triton.jit
 def dynamic_dwconv_fwd_kernel(
     x, kernel, weight, bias, out,
     stride_xb, stride_xc, stride_xh, stride_xw,
@@ -62,11 +76,8 @@ def dynamic_dwconv_fwd_kernel(
     b_acc = tl.zeros([BP, BC], dtype=tl.float32)  # [BP, BC]
     for t in tl.range(0, KK, loop_unroll_factor=1):
         b_tap = _tap(kernel, weight, o_c, m_c, b_inv, t, KK, NORMALIZE, HAS_WEIGHT)  # [BC]
-        o_hh = o_h + (t // K - PAD)  # [BP]
-        o_ww = o_w + (t % K - PAD)  # [BP]
-        m_s = m_p & (o_hh >= 0) & (o_hh < H) & (o_ww >= 0) & (o_ww < W)  # [BP]
-        b_x = tl.load(x + (o_hh * stride_xh + o_ww * stride_xw)[:, None] + o_c[None, :] * stride_xc,
-                      mask=m_s[:, None] & m_c[None, :], other=0.).to(tl.float32)  # [BP, BC]
+        b_x, m_s = _shifted(x, o_h, o_w, t // K - PAD, t % K - PAD, m_p, o_c, m_c, H, W,
+                            stride_xh, stride_xw, stride_xc)  # [BP, BC]
         # a tap that lands on the padding adds nothing, even a NaN / inf one (0 * NaN = NaN)
         b_acc += tl.where(m_s[:, None], b_x * b_tap[None, :], 0.)
     if HAS_BIAS:
@@ -124,20 +135,12 @@ def dynamic_dwconv_bwd_kernel(
             if NEEDS_DX:
                 b_tap = _tap(kernel, weight, o_c, m_c, b_inv, t, KK, NORMALIZE,
                              HAS_WEIGHT)  # [BC]
-                o_hh = o_h - (t // K - PAD)  # [BP]
-                o_ww = o_w - (t % K - PAD)  # [BP]
-                m_s = m_p & (o_hh >= 0) & (o_hh < H) & (o_ww >= 0) & (o_ww < W)  # [BP]
-                b_dys = tl.load(dy + (o_hh * stride_dyh + o_ww * stride_dyw)[:, None]
-                                + o_c[None, :] * stride_dyc, mask=m_s[:, None] & m_c[None, :],
-                                other=0.).to(tl.float32)  # [BP, BC]
+                b_dys, m_s = _shifted(dy, o_h, o_w, PAD - t // K, PAD - t % K, m_p, o_c, m_c,
+                                      H, W, stride_dyh, stride_dyw, stride_dyc)  # [BP, BC]
                 b_dx += tl.where(m_s[:, None], b_dys * b_tap[None, :], 0.)
             if NEEDS_DK:
-                o_hh = o_h + (t // K - PAD)  # [BP]
-                o_ww = o_w + (t % K - PAD)  # [BP]
-                m_s = m_p & (o_hh >= 0) & (o_hh < H) & (o_ww >= 0) & (o_ww < W)  # [BP]
-                b_xs = tl.load(x + (o_hh * stride_xh + o_ww * stride_xw)[:, None]
-                               + o_c[None, :] * stride_xc, mask=m_s[:, None] & m_c[None, :],
-                               other=0.).to(tl.float32)  # [BP, BC]
+                b_xs, _ = _shifted(x, o_h, o_w, t // K - PAD, t % K - PAD, m_p, o_c, m_c, H, W,
+                                   stride_xh, stride_xw, stride_xc)  # [BP, BC]
                 b_part += tl.where(o_t[:, None] == t, tl.sum(b_dy * b_xs, 0)[None, :], 0.)
         if NEEDS_DX:
             tl.store(dx + (o_h * stride_dxh + o_w * stride_dxw)[:, None]
@@ -155,9 +158,8 @@ def dynamic_dwconv_bwd_reduce_kernel(
     K: tl.constexpr, BC: tl.constexpr, BKK: tl.constexpr, NORMALIZE: tl.constexpr,
 ):
     """Sum a sample's group partials into ``red [B, C, K*K + 1]`` (the effective kernel's
-    gradient G, then the bias's) and write ``dkernel``: G, or with NORMALIZE
-    ``G / (n + 1) - R (G . R) / (n (n + 1)^2)`` for raw kernel R of norm n (G where n = 0).
-    """
+    gradient G, then the bias's) and write ``dkernel``: G, or with NORMALIZE its gradient
+    through the normalization (``row_norm_grad``)."""
     i_c = tl.program_id(0)
     i_b = tl.program_id(1).to(tl.int64)
     kernel += i_b * stride_kb
@@ -179,10 +181,6 @@ def dynamic_dwconv_bwd_reduce_kernel(
     if NORMALIZE:
         b_r = tl.load(kernel + o_c[:, None] * KK + o_t[None, :], mask=m_t,
                       other=0.).to(tl.float32)  # [BC, BKK]
-        b_n = tl.sqrt(tl.sum(b_r * b_r, 1))  # [BC]
-        b_inv = 1. / (b_n + 1.)  # [BC]
-        b_coef = tl.where(b_n > 0., tl.sum(b_g * b_r, 1) * b_inv * b_inv
-                          / tl.where(b_n > 0., b_n, 1.), 0.)  # [BC]
-        b_g = b_g * b_inv[:, None] - b_r * b_coef[:, None]
+        b_g = row_norm_grad(b_r, b_g, tl.sqrt(tl.sum(b_r * b_r, 1)), tl.sum(b_g * b_r, 1))
     tl.store(dkernel + o_c[:, None] * KK + o_t[None, :], b_g.to(dkernel.dtype.element_ty),
              mask=m_t)

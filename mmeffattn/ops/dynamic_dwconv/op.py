@@ -53,8 +53,7 @@ def dynamic_dwconv_triton_reasons(x: torch.Tensor, kernel: torch.Tensor,
                                   bias: Optional[torch.Tensor] = None,
                                   weight: Optional[torch.Tensor] = None,
                                   interpret: Optional[bool] = None) -> List[str]:
-    """Reasons the Triton kernels cannot run these (validated) inputs (``[]``: they can);
-    ``interpret`` as in :func:`mmeffattn.ops._backend.triton_reasons`."""
+    """Reasons the kernels cannot run these validated inputs (``[]``: they can)."""
     tensors = [t for t in (x, kernel, bias, weight) if t is not None]
     reasons = triton_reasons('dynamic depthwise-convolution', _KERNELS_IMPORT_ERROR, tensors,
                              tensors, KERNEL_DTYPES, interpret=interpret, uses_dot=False)
@@ -87,8 +86,7 @@ def dynamic_dwconv(x: torch.Tensor, kernel: torch.Tensor, bias: Optional[torch.T
         bias: optional ``[C]``, shared by the samples.
         weight: optional static kernel ``[C, 1, K, K]`` or ``[C, K, K]``.
         normalize: divide each ``K x K`` kernel by its Frobenius norm plus one first.
-        backend: None (automatic), ``'triton'``, ``'torch'`` or ``'reference'``
-            (:mod:`mmeffattn.ops._backend`).
+        backend: None (automatic), ``'triton'``, ``'torch'`` or ``'reference'``.
 
     Returns:
         ``[B, C, H, W]`` in x's dtype. Triton (fp32 math, no autocast) keeps x's memory

@@ -7,6 +7,8 @@ or a sweep that computes the tiles twice instead of using a workspace. fp32 accu
 import triton
 import triton.language as tl
 
+from .._common_kernels import row_norm_grad
+
 
 @triton.jit
 def _row_block(C_out, BO: tl.constexpr):
@@ -42,6 +44,19 @@ def _raw_tile(u, v, o_o, m_o, o_i, m_i, M, stride_um, stride_vm, s,
 
 
 @triton.jit
+def _store_out(b_r, b_inv, w, out, o_o, m_o, o_i, m_i, stride_wo, stride_oo,
+               HAS_WEIGHT: tl.constexpr):
+    """Store ``R_j / (||R_j|| + 1) (+ W_j)`` (``b_inv``: ``1 / (||R_j|| + 1)``) of one tile."""
+    b_out = b_r * b_inv[:, None]  # [BO, BI]
+    m_oi = m_o[:, None] & m_i[None, :]  # [BO, BI]
+    if HAS_WEIGHT:
+        b_out += tl.load(w + o_o[:, None] * stride_wo + o_i[None, :], mask=m_oi,
+                         other=0.).to(tl.float32)
+    tl.store(out + o_o[:, None] * stride_oo + o_i[None, :], b_out.to(out.dtype.element_ty),
+             mask=m_oi)
+
+
+@triton.jit
 def dynamic_weight_fwd_kernel(
     u, v, w, out,
     stride_ub, stride_um,
@@ -62,13 +77,7 @@ def dynamic_weight_fwd_kernel(
         b_r = _raw_tile(u, v, o_o, m_o, o_i, m_i, M, stride_um, stride_vm, s,
                         BO, BI, BM, INPUT_PRECISION)  # [BO, BI]
         b_inv = 1. / (tl.sqrt(tl.sum(b_r * b_r, 1)) + 1.)  # [BO]
-        b_out = b_r * b_inv[:, None]  # [BO, BI]
-        m_oi = m_o[:, None] & m_i[None, :]  # [BO, BI]
-        if HAS_WEIGHT:
-            b_out += tl.load(w + o_o[:, None] * stride_wo + o_i[None, :], mask=m_oi,
-                             other=0.).to(tl.float32)
-        tl.store(out + o_o[:, None] * stride_oo + o_i[None, :], b_out.to(out.dtype.element_ty),
-                 mask=m_oi)
+        _store_out(b_r, b_inv, w, out, o_o, m_o, o_i, m_i, stride_wo, stride_oo, HAS_WEIGHT)
     else:
         # sweep 1: squared row norms over all column tiles
         b_ss = tl.zeros([BO], dtype=tl.float32)  # [BO]
@@ -83,22 +92,14 @@ def dynamic_weight_fwd_kernel(
             o_i, m_i = _col_tile(i_t, C_in, BI)
             b_r = _raw_tile(u, v, o_o, m_o, o_i, m_i, M, stride_um, stride_vm, s,
                             BO, BI, BM, INPUT_PRECISION)  # [BO, BI]
-            b_out = b_r * b_inv[:, None]  # [BO, BI]
-            m_oi = m_o[:, None] & m_i[None, :]  # [BO, BI]
-            if HAS_WEIGHT:
-                b_out += tl.load(w + o_o[:, None] * stride_wo + o_i[None, :], mask=m_oi,
-                                 other=0.).to(tl.float32)
-            tl.store(out + o_o[:, None] * stride_oo + o_i[None, :],
-                     b_out.to(out.dtype.element_ty), mask=m_oi)
+            _store_out(b_r, b_inv, w, out, o_o, m_o, o_i, m_i, stride_wo, stride_oo, HAS_WEIGHT)
 
 
 @triton.jit
-def _grad_raw(b_r, b_g, b_n, b_c, s):
-    """``dL/dP = s (g / (n + 1) - R c / (n (n + 1)^2))`` for ``P = R / s``, ``n = ||R_j||``,
-    ``c = g_j . R_j``; ``s g`` where n = 0, as torch's norm backward."""
-    b_inv = 1. / (b_n + 1.)  # [BO]
-    b_coef = tl.where(b_n > 0., b_c * b_inv * b_inv / tl.where(b_n > 0., b_n, 1.), 0.)  # [BO]
-    return (b_g * b_inv[:, None] - b_r * b_coef[:, None]) * s
+def _g_tile(g, o_o, m_o, o_i, m_i, stride_go):
+    """The fp32 ``[BO, BI]`` tile of the output gradient, zero where masked."""
+    return tl.load(g + o_o[:, None] * stride_go + o_i[None, :],
+                   mask=m_o[:, None] & m_i[None, :], other=0.).to(tl.float32)
 
 
 @triton.jit
@@ -129,11 +130,10 @@ def dynamic_weight_bwd_dp_kernel(
         m_oi = m_o[:, None] & m_i[None, :]  # [BO, BI]
         b_r = _raw_tile(u, v, o_o, m_o, o_i, m_i, M, stride_um, stride_vm, s,
                         BO, BI, BM, INPUT_PRECISION)  # [BO, BI]
-        b_g = tl.load(g + o_o[:, None] * stride_go + o_i[None, :], mask=m_oi,
-                      other=0.).to(tl.float32)  # [BO, BI]
+        b_g = _g_tile(g, o_o, m_o, o_i, m_i, stride_go)  # [BO, BI]
         b_n = tl.sqrt(tl.sum(b_r * b_r, 1))  # [BO]
         b_c = tl.sum(b_g * b_r, 1)  # [BO]
-        b_dp = _grad_raw(b_r, b_g, b_n, b_c, s)  # [BO, BI]
+        b_dp = row_norm_grad(b_r, b_g, b_n, b_c) * s  # [BO, BI] dL/dP, P = R / s
         tl.store(dp + o_o[:, None] * stride_po + o_i[None, :], b_dp.to(dp.dtype.element_ty),
                  mask=m_oi)
     else:
@@ -143,8 +143,7 @@ def dynamic_weight_bwd_dp_kernel(
             o_i, m_i = _col_tile(i_t, C_in, BI)
             b_r = _raw_tile(u, v, o_o, m_o, o_i, m_i, M, stride_um, stride_vm, s,
                             BO, BI, BM, INPUT_PRECISION)  # [BO, BI]
-            b_g = tl.load(g + o_o[:, None] * stride_go + o_i[None, :],
-                          mask=m_o[:, None] & m_i[None, :], other=0.).to(tl.float32)
+            b_g = _g_tile(g, o_o, m_o, o_i, m_i, stride_go)  # [BO, BI]
             b_ss += tl.sum(b_r * b_r, 1)
             b_c += tl.sum(b_g * b_r, 1)
         b_n = tl.sqrt(b_ss)  # [BO]
@@ -153,9 +152,8 @@ def dynamic_weight_bwd_dp_kernel(
             m_oi = m_o[:, None] & m_i[None, :]  # [BO, BI]
             b_r = _raw_tile(u, v, o_o, m_o, o_i, m_i, M, stride_um, stride_vm, s,
                             BO, BI, BM, INPUT_PRECISION)  # [BO, BI]
-            b_g = tl.load(g + o_o[:, None] * stride_go + o_i[None, :], mask=m_oi,
-                          other=0.).to(tl.float32)  # [BO, BI]
-            b_dp = _grad_raw(b_r, b_g, b_n, b_c, s)  # [BO, BI]
+            b_g = _g_tile(g, o_o, m_o, o_i, m_i, stride_go)  # [BO, BI]
+            b_dp = row_norm_grad(b_r, b_g, b_n, b_c) * s  # [BO, BI] dL/dP, P = R / s
             tl.store(dp + o_o[:, None] * stride_po + o_i[None, :],
                      b_dp.to(dp.dtype.element_ty), mask=m_oi)
 

@@ -46,8 +46,7 @@ def _check_inputs(u: torch.Tensor, v: torch.Tensor, n_tokens: float,
 def dynamic_weight_triton_reasons(u: torch.Tensor, v: torch.Tensor,
                                   weight: Optional[torch.Tensor] = None,
                                   interpret: Optional[bool] = None) -> List[str]:
-    """Reasons the Triton kernels cannot run these (validated) inputs (``[]``: they can);
-    ``interpret`` as in :func:`mmeffattn.ops._backend.triton_reasons`."""
+    """Reasons the kernels cannot run these validated inputs (``[]``: they can)."""
     tensors = (u, v) if weight is None else (u, v, weight)
     reasons = triton_reasons('dynamic-weight', _KERNELS_IMPORT_ERROR, tensors, (u, v),
                              KERNEL_DTYPES, interpret=interpret)
@@ -80,8 +79,7 @@ def dynamic_weight(u: torch.Tensor, v: torch.Tensor, n_tokens: float,
         scale: multiplier, ``C_in ** -0.5`` by default.
         weight: optional static weight ``[C_out, C_in]``, any float dtype; the result then has
             the promoted dtype of u and weight (as ``dw + weight`` in PyTorch).
-        backend: None (automatic), ``'triton'``, ``'torch'`` or ``'reference'``
-            (:mod:`mmeffattn.ops._backend`).
+        backend: None (automatic), ``'triton'``, ``'torch'`` or ``'reference'``.
 
     Returns:
         ``[B, C_out, C_in]`` in u's dtype (promoted with a weight). The torch backend

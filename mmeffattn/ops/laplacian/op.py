@@ -33,8 +33,7 @@ def _check_inputs(x: torch.Tensor, y: torch.Tensor, lam: float) -> None:
 
 def laplacian_triton_reasons(x: torch.Tensor, y: torch.Tensor,
                              interpret: Optional[bool] = None) -> List[str]:
-    """Reasons the Triton kernels cannot run these (validated) inputs (``[]``: they can);
-    ``interpret`` as in :func:`mmeffattn.ops._backend.triton_reasons`."""
+    """Reasons the kernels cannot run these validated inputs (``[]``: they can)."""
     # elementwise arithmetic only (no tl.dot): bf16 is fine under the interpreter too
     reasons = triton_reasons('Laplacian-kernel', _KERNELS_IMPORT_ERROR, (x, y), (x, y),
                              KERNEL_DTYPES, interpret=interpret, uses_dot=False)
@@ -56,8 +55,7 @@ def laplacian_kernel(x: torch.Tensor, y: torch.Tensor, lam: float, *,
         x: ``[B, heads, N, D]``.
         y: ``[B, heads, M, D]``, x's dtype and device; any strides.
         lam: kernel width, a positive float.
-        backend: None (automatic), ``'triton'``, ``'torch'`` or ``'reference'``
-            (:mod:`mmeffattn.ops._backend`).
+        backend: None (automatic), ``'triton'``, ``'torch'`` or ``'reference'``.
 
     Returns:
         ``[B, heads, N, M]`` in the inputs' dtype; the distances are summed in fp32 (the

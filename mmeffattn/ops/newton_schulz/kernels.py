@@ -109,6 +109,13 @@ def newton_schulz_bwd_kernel(
 # of one matrix, one launch per step (a step needs all of the previous iterate). ``stride_*``:
 # a buffer's batch*head stride. Operands are read in BK-wide chunks (loops: unrolled, spills).
 @triton.jit
+def _row_program(MP: tl.constexpr, BR: tl.constexpr):
+    """``(i_bh, o_r, o_all)``: program ``(i_r, bh)``'s matrix, its rows and all columns."""
+    o_r = tl.program_id(0) * BR + tl.arange(0, BR)
+    return tl.program_id(1).to(tl.int64), o_r, tl.arange(0, MP)
+
+
+@triton.jit
 def _p_tile(a, o_r, o_c, M, eps, MP: tl.constexpr):
     """Tile ``P[o_r, o_c]`` of ``P = a + eps I`` (identity-padded)."""
     return _mat_tile(a, o_r, o_c, MP) + _diag_term(o_r, o_c, M, eps)
@@ -144,14 +151,11 @@ def newton_schulz_init_kernel(
     MP: tl.constexpr, BR: tl.constexpr,
 ):
     """``dst = V_0 = alpha P`` (I on the padding) for the rows of program ``(i_r, bh)``."""
-    i_r = tl.program_id(0)
-    i_bh = tl.program_id(1).to(tl.int64)
+    i_bh, o_r, o_all = _row_program(MP, BR)
     a += i_bh * MP * MP
     dst += i_bh * stride_dst
     b_s, _ = _max_row_sum(a, M, eps, MP, BR)
     b_r1, b_r2 = _initial_factors(b_s, alpha_num)
-    o_r = i_r * BR + tl.arange(0, BR)
-    o_all = tl.arange(0, MP)
     b_p = _p_tile(a, o_r, o_all, M, eps, MP)  # [BR, MP]
     _store_mat_tile(dst, o_r, o_all, tl.where((o_r < M)[:, None], b_p * b_r1 * b_r2, b_p), MP)
 
@@ -163,13 +167,10 @@ def newton_schulz_step_kernel(
 ):
     """One step ``dst = 2 V - (V P) V`` (``V = src``) for program ``(i_r, bh)``'s BR rows:
     ``T_i = V_i P`` in registers, then ``2 V_ij - T_i V[:, j]`` per BK-wide chunk."""
-    i_r = tl.program_id(0)
-    i_bh = tl.program_id(1).to(tl.int64)
+    i_bh, o_r, o_all = _row_program(MP, BR)
     a += i_bh * MP * MP
     src += i_bh * stride_src
     dst += i_bh * stride_dst
-    o_r = i_r * BR + tl.arange(0, BR)
-    o_all = tl.arange(0, MP)
     b_t = tl.zeros([BR, MP], dtype=tl.float32)
     for k0 in range(0, MP, BK):
         o_k = k0 + tl.arange(0, BK)
@@ -188,13 +189,10 @@ def newton_schulz_bwd_q_kernel(
 ):
     """``Q = V^T G`` for the BR rows ``i`` of program ``(i_r, bh)``:
     ``Q_i = sum_k V[k, i]^T G[k, :]``. q: ``[B*heads, MP, MP]``."""
-    i_r = tl.program_id(0)
-    i_bh = tl.program_id(1).to(tl.int64)
+    i_bh, o_r, o_all = _row_program(MP, BR)
     v += i_bh * stride_v
     g += i_bh * stride_g
     q += i_bh * MP * MP
-    o_r = i_r * BR + tl.arange(0, BR)
-    o_all = tl.arange(0, MP)
     b_q = tl.zeros([BR, MP], dtype=tl.float32)
     for k0 in range(0, MP, BK):
         o_k = k0 + tl.arange(0, BK)
@@ -217,16 +215,13 @@ def newton_schulz_bwd_step_kernel(
 
     per BK-wide column chunk ``j``; dp is updated in place (each program owns its rows).
     """
-    i_r = tl.program_id(0)
-    i_bh = tl.program_id(1).to(tl.int64)
+    i_bh, o_r, o_all = _row_program(MP, BR)
     a += i_bh * MP * MP
     v += i_bh * stride_v
     g += i_bh * stride_g
     q += i_bh * MP * MP
     g_new += i_bh * MP * MP
     dp += i_bh * MP * MP
-    o_r = i_r * BR + tl.arange(0, BR)
-    o_all = tl.arange(0, MP)
     b_r = tl.zeros([BR, MP], dtype=tl.float32)
     for k0 in range(0, MP, BK):
         o_k = k0 + tl.arange(0, BK)
@@ -254,13 +249,11 @@ def newton_schulz_bwd_alpha_kernel(
 ):
     """``da = dP + alpha G_0 + dL/ds [i is a largest row] / n_top`` (``g = G_0``) for
     program ``(i_r, bh)``'s rows; dp may alias da."""
-    i_r = tl.program_id(0)
-    i_bh = tl.program_id(1).to(tl.int64)
+    i_bh, o_r, o_all = _row_program(MP, BR)
     a += i_bh * MP * MP
     g += i_bh * stride_g
     dp += i_bh * MP * MP
     da += i_bh * MP * MP
-    o_all = tl.arange(0, MP)
     b_s, b_n = _max_row_sum(a, M, eps, MP, BR)
     b_r1, b_r2 = _initial_factors(b_s, alpha_num)  # alpha = r1 r2
     b_c = tl.full([], 0., tl.float32)
@@ -269,7 +262,6 @@ def newton_schulz_bwd_alpha_kernel(
         b_c += tl.sum(tl.sum(_mat_tile(g, o_i, o_all, MP) * _p_tile(a, o_i, o_all, M, eps, MP),
                              1), 0)
     b_ds = -2. * (b_c * b_r1 * b_r2) / b_s
-    o_r = i_r * BR + tl.arange(0, BR)
     b_rows = tl.sum(_p_tile(a, o_r, o_all, M, eps, MP), 1)  # [BR]
     b_top = ((o_r < M) & (b_rows == b_s)).to(tl.float32)
     b_da = (_mat_tile(dp, o_r, o_all, MP) + _mat_tile(g, o_r, o_all, MP) * b_r1 * b_r2

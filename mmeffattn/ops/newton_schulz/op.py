@@ -113,8 +113,7 @@ def newton_schulz_pinv(a: torch.Tensor, iters: int, eps: float, *,
         check: raise ``ValueError`` naming the matrices whose residual is NaN or ``>= 1``.
             None: only for eager CPU inputs (on a GPU the check syncs the host; a captured
             graph cannot branch on it).
-        backend: None (automatic), ``'triton'``, ``'torch'`` or ``'reference'``
-            (:mod:`mmeffattn.ops._backend`).
+        backend: None (automatic), ``'triton'``, ``'torch'`` or ``'reference'``.
 
     Returns:
         ``[B, heads, M, M]`` in a's dtype, computed in fp32 for fp16/bf16 inputs (each step

@@ -7,9 +7,8 @@ import torch
 from .._common import bh_strides as _strides
 from .._common import check_token_offsets as _check_int32_offsets
 from .._common_kernels import delta_config, softmax_bwd_delta
-from .._launch import (KernelConfig, device_guard as _device_guard,  # noqa: F401
-                       launch as _launch, next_pow2 as _next_pow2, record_launches,
-                       unit_last_stride as _unit_last_stride)
+from .._launch import (KernelConfig, device_guard as _device_guard, launch as _launch,
+                       next_pow2 as _next_pow2, unit_last_stride as _unit_last_stride)
 from . import kernels
 
 #: default ``tl.dot`` input precision for fp32: exact fp32 ('ieee'), not TF32.
@@ -88,9 +87,6 @@ def sema_kernel_configs(head_dim: int, window_tokens: int, dtype: torch.dtype, m
         'bwd': KernelConfig(kernels.sema_bwd_kernel, bwd, tiles.bwd_warps, tiles.bwd_stages)}
 
 
-# ---------------------------------------------------------------------------------------------
-# launchers
-# ---------------------------------------------------------------------------------------------
 def empty_out(q: torch.Tensor, out_layout: str) -> Tuple[torch.Tensor, torch.Tensor]:
     """``(out, o)``: a new tensor in ``out_layout`` (``'bhnd'`` or ``'bnhd'``) and its
     ``[B, heads, N, D]`` view, through whose strides the kernels store (no transpose copy)."""

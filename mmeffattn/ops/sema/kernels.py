@@ -1,13 +1,10 @@
-"""Triton kernels of SEMA's windowed softmax attention; the launchers are in ``function.py``.
+"""Triton kernels of SEMA's windowed softmax attention; launchers in ``function.py``.
 
-q, k, v, do, o, dq, dk, dv are ``[B, heads, N, D]`` with any batch/head/token strides and unit
-stride on D; the ``H x W`` grid is tiled by ``win_h x win_w`` windows from the top-left corner,
-tokens row-major inside a window, in blocks of ``BLOCK``; D is padded to ``BD`` with masks. Only
-tile sizes, dtype and flags are compile-time constants (the geometry is not specialised), so
-one compile serves every grid. Logits are in the log2 domain (``exp2``), accumulation is fp32.
-The value mean is never added here: with ``V_PARTIALS`` each forward program writes its block's
-``sum_n v_n / N`` (fp32) for the launcher to sum; with ``MEAN_GRAD`` the backward adds
-``g_mean / N`` to every dv. Layout details: docs/design/sema_kernels.md.
+Tensors ``[B, heads, N, D]`` (unit stride on D); windows tiled from the grid's top-left corner,
+their tokens in blocks of ``BLOCK``; the geometry is not specialised (one compile serves every
+grid). Logits in the log2 domain, fp32 accumulation. The mean is never added here: forward
+programs write value partial sums (``V_PARTIALS``), the backward adds ``g_mean / N`` to dv
+(``MEAN_GRAD``). Details: docs/design/sema_kernels.md.
 """
 import triton
 import triton.language as tl
@@ -30,14 +27,21 @@ def _window_tokens(i_w, i_blk, H, W, win_h, win_w, n_win_w, BLOCK: tl.constexpr)
 
 
 @triton.jit
-def _bwd_slices(q, k, v, do, i_bh, n_heads, stride_qb, stride_qh, stride_kb, stride_kh,
-                stride_vb, stride_vh, stride_dob, stride_doh):
-    """The backward kernels' input pointers moved to the (batch, head) slice ``i_bh`` (the
+def _program(n_win, n_blocks):
+    """``(i_blk, i_w, i_bh)``: block (fastest), window and batch*head of this program."""
+    i_prog = tl.program_id(0)
+    return i_prog % n_blocks, (i_prog // n_blocks) % n_win, i_prog // (n_blocks * n_win)
+
+
+@triton.jit
+def _slices(q, k, v, x, i_bh, n_heads, stride_qb, stride_qh, stride_kb, stride_kh,
+            stride_vb, stride_vh, stride_xb, stride_xh):
+    """q, k, v and x (o, or dO in the backward) moved to the (batch, head) slice ``i_bh`` (the
     gradients' pointers are moved just before their stores: fewer live 64-bit values)."""
     return (q + bh_offset(i_bh, n_heads, stride_qb, stride_qh),
             k + bh_offset(i_bh, n_heads, stride_kb, stride_kh),
             v + bh_offset(i_bh, n_heads, stride_vb, stride_vh),
-            do + bh_offset(i_bh, n_heads, stride_dob, stride_doh))
+            x + bh_offset(i_bh, n_heads, stride_xb, stride_xh))
 
 
 @triton.jit(do_not_specialize=_GEOMETRY[:-1])
@@ -53,12 +57,9 @@ def sema_fwd_window_kernel(
 ):
     """Forward, one program per (batch*head, window) whose window fits one block:
     o = softmax(q k^T * scale) v; v_sum ``[B*heads, n_win, D]`` (V_PARTIALS)."""
-    i_w = tl.program_id(0) % n_win
-    i_bh = tl.program_id(0) // n_win
-    q += bh_offset(i_bh, n_heads, stride_qb, stride_qh)
-    k += bh_offset(i_bh, n_heads, stride_kb, stride_kh)
-    v += bh_offset(i_bh, n_heads, stride_vb, stride_vh)
-    o += bh_offset(i_bh, n_heads, stride_ob, stride_oh)
+    _, i_w, i_bh = _program(n_win, 1)
+    q, k, v, o = _slices(q, k, v, o, i_bh, n_heads, stride_qb, stride_qh, stride_kb, stride_kh,
+                         stride_vb, stride_vh, stride_ob, stride_oh)
 
     o_d, m_d = head_dim_mask(D, BD, EVEN_D)  # [BD]
     o_n, m_n = _window_tokens(i_w, 0, H, W, win_h, win_w, n_win_w, BLOCK)  # [BLOCK]
@@ -94,14 +95,9 @@ def sema_fwd_kernel(
     """Forward, one program per (batch*head, window, query block), online softmax over the
     window's key blocks; lse ``[B*heads, N]`` fp32 (log2) for the backward; v_sum
     ``[B*heads, n_win * n_blocks, D]`` (V_PARTIALS)."""
-    i_prog = tl.program_id(0)
-    i_blk = i_prog % n_blocks
-    i_w = (i_prog // n_blocks) % n_win
-    i_bh = i_prog // (n_blocks * n_win)
-    q += bh_offset(i_bh, n_heads, stride_qb, stride_qh)
-    k += bh_offset(i_bh, n_heads, stride_kb, stride_kh)
-    v += bh_offset(i_bh, n_heads, stride_vb, stride_vh)
-    o += bh_offset(i_bh, n_heads, stride_ob, stride_oh)
+    i_blk, i_w, i_bh = _program(n_win, n_blocks)
+    q, k, v, o = _slices(q, k, v, o, i_bh, n_heads, stride_qb, stride_qh, stride_kb, stride_kh,
+                         stride_vb, stride_vh, stride_ob, stride_oh)
 
     o_d, m_d = head_dim_mask(D, BD, EVEN_D)  # [BD]
     o_nq, m_nq = _window_tokens(i_w, i_blk, H, W, win_h, win_w, n_win_w, BLOCK)  # [BLOCK]
@@ -111,7 +107,7 @@ def sema_fwd_kernel(
         # the value rows of this program's own block (the loop below reads them again, from
         # L2): each block of each window is summed by exactly one program
         b_v = load_rows(v, o_nq, stride_vn, o_d, m_q)  # [BLOCK, BD]
-        tl.store(v_sum + i_prog.to(tl.int64) * D + o_d,
+        tl.store(v_sum + tl.program_id(0).to(tl.int64) * D + o_d,
                  tl.sum(b_v.to(tl.float32), 0) / (H * W), mask=m_d)
 
     qk_scale = scale * 1.4426950408889634
@@ -156,10 +152,9 @@ def sema_bwd_window_kernel(
     """Backward, one program per (batch*head, window) whose window fits one block: recomputes
     the softmax and takes ``delta_i = sum_j P_ij dP_ij``, so it needs neither o nor lse. dq and
     dk share the strides ``stride_g*``; g_mean ``[B*heads, D]`` (any float dtype, MEAN_GRAD)."""
-    i_w = tl.program_id(0) % n_win
-    i_bh = tl.program_id(0) // n_win
-    q, k, v, do = _bwd_slices(q, k, v, do, i_bh, n_heads, stride_qb, stride_qh, stride_kb,
-                              stride_kh, stride_vb, stride_vh, stride_dob, stride_doh)
+    _, i_w, i_bh = _program(n_win, 1)
+    q, k, v, do = _slices(q, k, v, do, i_bh, n_heads, stride_qb, stride_qh, stride_kb,
+                          stride_kh, stride_vb, stride_vh, stride_dob, stride_doh)
 
     o_d, m_d = head_dim_mask(D, BD, EVEN_D)  # [BD]
     o_n, m_n = _window_tokens(i_w, 0, H, W, win_h, win_w, n_win_w, BLOCK)  # [BLOCK]
@@ -212,12 +207,9 @@ def sema_bwd_kernel(
     """Backward, one program per (batch*head, window, block j): dk_j, dv_j over the window's
     query blocks, then dq_j over its key blocks, from the forward's lse and the pre-pass's
     delta (``[B*heads, N]`` fp32); g_mean as in :func:`sema_bwd_window_kernel`."""
-    i_prog = tl.program_id(0)
-    i_blk = i_prog % n_blocks
-    i_w = (i_prog // n_blocks) % n_win
-    i_bh = i_prog // (n_blocks * n_win)
-    q, k, v, do = _bwd_slices(q, k, v, do, i_bh, n_heads, stride_qb, stride_qh, stride_kb,
-                              stride_kh, stride_vb, stride_vh, stride_dob, stride_doh)
+    i_blk, i_w, i_bh = _program(n_win, n_blocks)
+    q, k, v, do = _slices(q, k, v, do, i_bh, n_heads, stride_qb, stride_qh, stride_kb,
+                          stride_kh, stride_vb, stride_vh, stride_dob, stride_doh)
     lse += i_bh.to(tl.int64) * (H * W)
     delta += i_bh.to(tl.int64) * (H * W)
     qk_scale = scale * 1.4426950408889634

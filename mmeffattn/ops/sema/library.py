@@ -49,9 +49,9 @@ sema_attention_backward_op = define(
     f'Tensor mean, {_ARGS}) -> (Tensor, Tensor, Tensor)', _backward)
 
 
-def _autograd(backward_op, n_tensors: int):
-    """``(backward, setup_context)`` of a forward operator whose first ``n_tensors`` arguments
-    are differentiable; ``backward_op(grad, grad_mean, *tensors, out, lse, mean, *args)``."""
+def _register_autograd(op, backward_op, n_tensors: int) -> None:
+    """The autograd of forward operator ``op``, whose first ``n_tensors`` arguments are
+    differentiable; ``backward_op(grad, grad_mean, *tensors, out, lse, mean, *args)``."""
     def setup_context(ctx, inputs, output) -> None:
         ctx.args = inputs[n_tensors:]
         args = ctx.args
@@ -76,11 +76,6 @@ def _autograd(backward_op, n_tensors: int):
         grads = backward_op(grad, empty_like_none(grad, grad_mean), *saved, *ctx.args)
         return (*(g if n else None for g, n in zip(grads, ctx.needs_input_grad)),
                 *(None, ) * n_args)
-    return backward, setup_context
-
-
-def _register_autograd(op, backward_op, n_tensors: int) -> None:
-    backward, setup_context = _autograd(backward_op, n_tensors)
     op.register_autograd(backward, setup_context=setup_context)
 
 

@@ -5,8 +5,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from .._backend import KERNEL_DTYPES as SUPPORTED_DTYPES  # noqa: F401 (public)
-from .._backend import dispatch, triton_reasons
+from .._backend import KERNEL_DTYPES, dispatch, triton_reasons
 from .._common import import_kernels, offsets_reason, token_offsets_fit
 from .._validate import check_alike, check_int, check_qkv, check_real, check_tensor
 from .naive import sema_attention_naive, sema_attention_qk_naive, unbind_qk
@@ -71,10 +70,9 @@ def _check_mean_flags(name: str, with_mean: bool, return_mean: bool) -> None:
 
 def sema_triton_reasons(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                         interpret: Optional[bool] = None) -> List[str]:
-    """Reasons the Triton kernels cannot run these (validated) inputs (``[]``: they can);
-    ``interpret`` as in :func:`mmeffattn.ops._backend.triton_reasons`."""
+    """Reasons the kernels cannot run these validated inputs (``[]``: they can)."""
     tensors = (q, k, v)
-    reasons = triton_reasons('SEMA', _KERNELS_IMPORT_ERROR, tensors, tensors, SUPPORTED_DTYPES,
+    reasons = triton_reasons('SEMA', _KERNELS_IMPORT_ERROR, tensors, tensors, KERNEL_DTYPES,
                              interpret=interpret)
     return reasons + offsets_reason(token_offsets_fit(*tensors),
                                     'N * token stride of an input reaches 2**31')
@@ -103,8 +101,7 @@ def sema_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: Tuple[
         return_mean: (needs ``with_mean``) return ``(out, mean)``, out without the mean, for a
             caller that adds it itself (the SEMA backbone); on Triton neither direction then
             reduces an N-sized tensor (docs/design/sema_kernels.md).
-        backend: None (automatic), ``'triton'``, ``'torch'`` or ``'reference'``
-            (:mod:`mmeffattn.ops._backend`).
+        backend: None (automatic), ``'triton'``, ``'torch'`` or ``'reference'``.
 
     Returns:
         ``out`` in ``out_layout`` and the inputs' dtype; with ``return_mean``, ``(out, mean)``,
