@@ -55,8 +55,7 @@ class UnlabeledImageFolder(BaseDataset):
             raise ValueError('extensions must name at least one file extension, e.g. (".jpg",)')
         self.extensions = tuple(e if e.startswith('.') else '.' + e for e in extensions)
         self.max_images = max_images
-        data_prefix = dict(img_path='') if data_prefix is None else dict(data_prefix)
-        data_prefix.setdefault('img_path', '')
+        data_prefix = {'img_path': '', **(data_prefix or {})}
         super().__init__(data_root=data_root, data_prefix=data_prefix, ann_file=ann_file,
                          **kwargs)
 

@@ -12,11 +12,13 @@ import os
 import os.path as osp
 import pickle
 import re
+import secrets
 import shutil
 import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
+import zipfile
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
 
 import torch
@@ -113,16 +115,11 @@ def load_checkpoint_file(path: str, map_location: Any = 'cpu', *, mmap: bool = F
                               f'download?): {hint}')
     if is_safetensors(path):
         return _load_safetensors(path, map_location, hint)
+    mmap = mmap and zipfile.is_zipfile(path)  # (a file of the legacy format cannot be mapped)
     try:
         with mmengine_safe_loading(extra_safe_globals):
-            try:
-                return torch.load(path, map_location=map_location, weights_only=weights_only,
-                                  mmap=mmap or None)
-            except RuntimeError as e:
-                if mmap and 'mmap' in str(e) and 'zipfile' in str(e):  # legacy format: no mmap
-                    return torch.load(path, map_location=map_location,
-                                      weights_only=weights_only)
-                raise
+            return torch.load(path, map_location=map_location, weights_only=weights_only,
+                              mmap=mmap or None)
     except pickle.UnpicklingError as e:
         # only an unknown global means a real object; anything else is not a pickle
         if 'Unsupported global' in str(e):
@@ -176,7 +173,7 @@ def _unsupported_global(exc: BaseException) -> str:
     return f'GLOBAL {m.group(1)}' if m else load_error_reason(exc)
 
 
-#: the names mkstemp gives atomic_write's files: cleaning up removes no file it did not create
+#: the names of atomic_write's temporary files: cleaning up removes no file it did not create
 _TEMP_NAME = r'\.({name})\.[a-z0-9_]{{8}}\.tmp'
 
 
@@ -200,12 +197,9 @@ def atomic_write(path: str, write: Callable[[io.BufferedWriter], None]) -> None:
     path = osp.abspath(path)
     folder = osp.dirname(path)
     _remove(_stale_temp_files(folder, re.escape(osp.basename(path))))
-    fd, tmp = tempfile.mkstemp(prefix=f'.{osp.basename(path)}.', suffix='.tmp', dir=folder)
-    umask = os.umask(0)
-    os.umask(umask)
+    tmp = osp.join(folder, f'.{osp.basename(path)}.{secrets.token_hex(4)}.tmp')
     try:
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; match a plain open()
-        with os.fdopen(fd, 'wb') as f:
+        with open(tmp, 'xb') as f:  # (the mode a plain open() gives, unlike mkstemp's 0600)
             write(f)
             f.flush()
             os.fsync(f.fileno())
@@ -277,18 +271,15 @@ def open_checkpoint(checkpoint: str, map_location: Any = 'cpu', *,
     """Read a checkpoint from a local path or an ``http(s)://`` URL (downloaded once) with
     :func:`load_checkpoint_file`; other ``scheme://`` names go to mmengine's
     ``CheckpointLoader``."""
-    scheme = urllib.parse.urlsplit(str(checkpoint)).scheme.lower()
-    if scheme in ('http', 'https'):
-        return load_checkpoint_file(download_checkpoint(checkpoint, cache_dir),
-                                    map_location=map_location,
-                                    extra_safe_globals=extra_safe_globals,
-                                    hint=f'delete the cached download to fetch {checkpoint!r} '
-                                         f'again')
-    if '://' in str(checkpoint):
+    path, hint = checkpoint, _CORRUPT_HINT
+    if urllib.parse.urlsplit(str(checkpoint)).scheme.lower() in ('http', 'https'):
+        path = download_checkpoint(checkpoint, cache_dir)
+        hint = f'delete the cached download to fetch {checkpoint!r} again'
+    elif '://' in str(checkpoint):
         from mmengine.runner.checkpoint import CheckpointLoader
         return CheckpointLoader.load_checkpoint(checkpoint, map_location=map_location)
-    return load_checkpoint_file(checkpoint, map_location=map_location,
-                                extra_safe_globals=extra_safe_globals)
+    return load_checkpoint_file(path, map_location=map_location,
+                                extra_safe_globals=extra_safe_globals, hint=hint)
 
 
 def find_resume_checkpoint(work_dir: str) -> Optional[str]:

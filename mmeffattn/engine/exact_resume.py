@@ -36,13 +36,10 @@ def set_rng_state(state: Dict[str, Any]) -> None:
     np.random.set_state((npy['kind'], npy['keys'].numpy().astype(np.uint32), npy['pos'],
                          npy['has_gauss'], npy['cached_gaussian']))
     torch.set_rng_state(state['torch'])
-    cuda = state.get('cuda')
-    if cuda is not None and torch.cuda.is_available():
-        if len(cuda) == torch.cuda.device_count():
-            torch.cuda.set_rng_state_all(cuda)
-        else:  # a different number of GPUs: at least the visible ones that existed
-            for i, s in enumerate(cuda[:torch.cuda.device_count()]):
-                torch.cuda.set_rng_state(s, i)
+    if state.get('cuda') is not None and torch.cuda.is_available():
+        # (with a different number of GPUs: at least the visible ones that existed)
+        for i, s in enumerate(state['cuda'][:torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(s, i)
 
 
 class _RestoreAfterReplay:
