@@ -18,13 +18,9 @@ def scan_images(folder: str, extensions: Sequence[str] = IMG_EXTENSIONS) -> List
     """Sorted paths, relative to ``folder``, of the files below it whose extension (any case)
     is in ``extensions``. Symlinked directories are followed, as ``ImageFolder`` does."""
     exts = tuple(e.lower() for e in extensions)
-    found = []
-    for root, dirs, files in os.walk(folder, followlinks=True):
-        dirs.sort()  # deterministic walk; the final sort decides the order anyway
-        for name in files:
-            if name.lower().endswith(exts):
-                found.append(osp.relpath(osp.join(root, name), folder))
-    return sorted(found)
+    return sorted(osp.relpath(osp.join(root, name), folder)
+                  for root, _, files in os.walk(folder, followlinks=True)
+                  for name in files if name.lower().endswith(exts))
 
 
 @DATASETS.register_module()
@@ -76,9 +72,7 @@ class UnlabeledImageFolder(BaseDataset):
             raise RuntimeError(
                 f'{type(self).__name__}: no images {where}. Check data_root/data_prefix, or pass '
                 f'extensions=(...) for other file types.')
-        if self.max_images is not None:
-            names = names[:self.max_images]
-        return [dict(img_path=osp.join(folder, n)) for n in names]
+        return [dict(img_path=osp.join(folder, n)) for n in names[:self.max_images]]
 
     def _read_list(self, folder: str) -> List[str]:
         if not osp.isfile(self.ann_file):

@@ -194,13 +194,11 @@ def _draw_image(seed, split, index, p):
     img = _background(rng, h, w)
     short = min(h, w)
     rmin, rmax = p['size_range'][0] * short, p['size_range'][1] * short
-    num_cls = len(p['classes'])
     n_target = int(rng.integers(p['min_objects'], p['max_objects'] + 1))
 
     placed = []  # dicts: cat, polys (flat, or None when the shape has a hole), full, vis
     for _ in range(n_target):
-        cat = int(rng.integers(num_cls))
-        kind = p['classes'][cat]
+        cat = int(rng.integers(len(p['classes'])))
         for _try in range(p['max_tries']):
             r = rng.uniform(rmin, rmax)
             m = 2.0
@@ -208,7 +206,7 @@ def _draw_image(seed, split, index, p):
                 r = (short - 2 * m) / 2 - 1
             cx = rng.uniform(r + m, w - r - m)
             cy = rng.uniform(r + m, h - r - m)
-            fill, holes = _shape_polygons(kind, cx, cy, r, rng)
+            fill, holes = _shape_polygons(p['classes'][cat], cx, cy, r, rng)
             flat_fill = [_flat(q) for q in fill]
             full = _rasterise(flat_fill, h, w)
             if holes:
@@ -225,8 +223,7 @@ def _draw_image(seed, split, index, p):
             placed.append(dict(cat=cat, polys=None if holes else flat_fill, full=full,
                                vis=full.copy(), area=area))
             ys, xs = np.nonzero(full)
-            bg_mean = img[ys, xs].mean(axis=0)
-            colour = _object_colour(rng, bg_mean)
+            colour = _object_colour(rng, img[ys, xs].mean(axis=0))
             img[ys, xs] = _object_fill(rng, colour, ys.astype(np.float32),
                                        xs.astype(np.float32),
                                        (xs.min(), ys.min(), xs.max(), ys.max()))
@@ -256,10 +253,8 @@ def _split_paths(out_dir, split):
 
 
 def _write_json(path, obj):
-    tmp = path + '.tmp'
-    with open(tmp, 'w') as f:
-        json.dump(obj, f, separators=(',', ':'))
-    os.replace(tmp, path)
+    from mmeffattn.engine.checkpoint_io import atomic_write
+    atomic_write(path, lambda f: f.write(json.dumps(obj, separators=(',', ':')).encode()))
 
 
 def _generate_split(out_dir, split, num, p):
@@ -279,10 +274,9 @@ def _generate_split(out_dir, split, num, p):
         img, objs = _draw_image(p['seed'], split, i, p)
         name = f'{i:06d}{ext}'
         Image.fromarray(img).save(osp.join(img_dir, name), **save)
-        img_id = i + 1
-        images.append(dict(id=img_id, file_name=name, height=h, width=w, license=1))
+        images.append(dict(id=i + 1, file_name=name, height=h, width=w, license=1))
         for cat, polys, mask in objs:
-            anns.append(_annotation(len(anns) + 1, img_id, cat + 1, polys, mask))
+            anns.append(_annotation(len(anns) + 1, i + 1, cat + 1, polys, mask))
     _write_json(ann_path, dict(
         info=dict(description=f'mmeffattn synthetic shapes ({split})',
                   version=str(GENERATOR_VERSION), year=2017, contributor='mmeffattn',
@@ -296,9 +290,8 @@ def _generate_split(out_dir, split, num, p):
 
 def load_shapes_meta(out_dir):
     """The ``meta.json`` of a generated dataset, or ``None`` when there is none (or it is bad)."""
-    path = osp.join(out_dir, 'meta.json')
     try:
-        with open(path) as f:
+        with open(osp.join(out_dir, 'meta.json')) as f:
             return json.load(f)
     except (OSError, ValueError):
         return None
@@ -320,11 +313,9 @@ def _is_complete(out_dir, meta, params):
 def _result(out_dir, meta, regenerated, seconds):
     out = dict(data_root=osp.abspath(out_dir), regenerated=regenerated, seconds=seconds,
                metainfo=shapes_metainfo(meta['params']['classes']))
-    for split in _SPLITS:
-        info = meta['splits'][split]
+    for split in _SPLITS:  # (num_images and num_instances from the meta)
         out[split] = dict(ann_file=f'annotations/instances_{split}2017.json',
-                          img_prefix=f'{split}2017/', num_images=info['num_images'],
-                          num_instances=info['num_instances'])
+                          img_prefix=f'{split}2017/', **meta['splits'][split])
     return out
 
 

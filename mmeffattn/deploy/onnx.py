@@ -2,8 +2,7 @@
 
 :func:`export_onnx` exports an :class:`ExportWrapper` with torch's dynamo-based exporter (opset 18
 by default, optionally with a symbolic height and width), with three of its translations replaced
-(:func:`translation_table`); :func:`check_parity` runs the file with onnxruntime beside PyTorch.
-"""
+(:func:`translation_table`); :func:`check_parity` runs the file with onnxruntime beside PyTorch."""
 import importlib.util
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -55,13 +54,10 @@ class ExportWrapper(nn.Module):
             raise ValueError(f'part must be one of {PARTS}, got {part!r}')
         self.model = model
         self.kind = model_kind(model)
-        if part == 'backbone' and self.kind != 'module':
-            self.what = 'backbone'
-        elif self.kind == 'detector':
-            self.what = 'backbone+neck' if getattr(model, 'with_neck', False) else 'backbone'
-        else:
-            self.what = {'classifier': 'logits', 'segmentor': 'seg_logits',
-                         'module': 'backbone'}[self.kind]
+        neck = 'backbone+neck' if getattr(model, 'with_neck', False) else 'backbone'
+        self.what = 'backbone' if part == 'backbone' else {
+            'classifier': 'logits', 'segmentor': 'seg_logits', 'detector': neck,
+            'module': 'backbone'}[self.kind]
 
     @property
     def min_dynamic_side(self) -> int:
@@ -114,8 +110,7 @@ def cdist_translation() -> Callable:
     """ONNX translation of ``aten._cdist_forward`` (torch's exporter has none).
 
     p=1 (LaplacianFormer's kernel) is a ``Scan`` of ``ReduceL1`` over blocks of
-    :data:`CDIST_BLOCK_ROWS` rows of ``x1`` (padded, the padding sliced off); p=2 broadcasts.
-    """
+    :data:`CDIST_BLOCK_ROWS` rows of ``x1`` (padded, the padding sliced off); p=2 broadcasts."""
     from onnxscript import ir
     from onnxscript import opset18 as op
 
@@ -160,8 +155,7 @@ def floordiv_translation() -> Callable:
     torch's exporter emits a bare ``Div``, which truncates towards zero: wrong for the negative
     operands of ``ceil(a / b) == -((-a) // b)`` (LaplacianFormer's landmark count), where a
     dynamic file would compute 7 landmark rows instead of 8 on an odd grid. ``Mod`` takes the
-    divisor's sign, as Python does, so ``(a - a mod b) / b == floor(a / b)`` exactly.
-    """
+    divisor's sign, as Python does, so ``(a - a mod b) / b == floor(a / b)`` exactly."""
     from onnxscript import opset18 as op
 
     def floordiv(a, b):
@@ -175,8 +169,7 @@ def gelu_translation() -> Callable:
 
     Opset 18 has no Gelu, and onnxruntime does not fuse torch's ``x * (0.5 * (1 + erf(x /
     sqrt(2))))``: ``(x * (1 + erf(x / sqrt(2)))) * 0.5`` is the pattern it fuses. The tanh
-    approximation stays torch's.
-    """
+    approximation stays torch's."""
     from onnxscript import opset18 as op
     from onnxscript.function_libs.torch_lib.ops.nn import aten_gelu
 
@@ -213,10 +206,8 @@ def export_onnx(wrapper: nn.Module, shape: Sequence[int], out: str, dynamic: boo
     With ``dynamic`` the height and width are symbolic (each at least
     :attr:`ExportWrapper.min_dynamic_side`); a model whose code pins a size (a Python int taken
     from a shape, a branch on it) makes ``torch.export`` raise, naming the guard. The ops run
-    their PyTorch backend: a Triton kernel cannot be exported.
-    """
+    their PyTorch backend: a Triton kernel cannot be exported."""
     require_onnx()
-    import onnx
     x = torch.randn(batch, 3, *shape)
     if dynamic:
         # the batch stays 1: a dimension exported at size 1 is specialised by torch.export
@@ -234,12 +225,8 @@ def export_onnx(wrapper: nn.Module, shape: Sequence[int], out: str, dynamic: boo
         program = torch.onnx.export(wrapper, (x, ), dynamo=True, opset_version=opset,
                                     custom_translation_table=translation_table(),
                                     input_names=['image'], verbose=False, optimize=True)
+    program.model.metadata_props.update(metadata or {})
     program.save(out)
-    proto = onnx.load(out)
-    for key, value in (metadata or {}).items():
-        entry = proto.metadata_props.add()
-        entry.key, entry.value = key, value
-    onnx.save(proto, out)
     return out
 
 
@@ -247,8 +234,7 @@ def input_dims(path: str) -> List[Any]:
     """The first input's dimensions: ints (static) or names (symbolic)."""
     import onnx
     proto = onnx.load(path, load_external_data=False)
-    dims = proto.graph.input[0].type.tensor_type.shape.dim
-    return [d.dim_param if d.dim_param else d.dim_value for d in dims]
+    return [d.dim_param or d.dim_value for d in proto.graph.input[0].type.tensor_type.shape.dim]
 
 
 def check_sizes(shape: Sequence[int], dynamic: bool,

@@ -10,6 +10,7 @@ import inspect
 import io
 import os
 import os.path as osp
+import pathlib
 import pickle
 import re
 import secrets
@@ -19,7 +20,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import zipfile
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
+from typing import Any, Callable, ContextManager, Dict, Iterable, List, Optional
 
 import torch
 
@@ -66,11 +67,9 @@ def mmengine_safe_globals() -> List[Any]:
     return found
 
 
-@contextlib.contextmanager
-def mmengine_safe_loading(extra: Iterable[Any] = ()) -> Iterator[None]:
+def mmengine_safe_loading(extra: Iterable[Any] = ()) -> ContextManager[None]:
     """Allow-list mmengine's checkpoint contents (plus ``extra``) for the ``with`` block only."""
-    with torch.serialization.safe_globals([*mmengine_safe_globals(), *extra]):
-        yield
+    return torch.serialization.safe_globals([*mmengine_safe_globals(), *extra])
 
 
 class _YacsConfig:
@@ -205,8 +204,7 @@ def atomic_write(path: str, write: Callable[[io.BufferedWriter], None]) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
+        _remove([tmp])
         raise
     # persist the rename (the directory entry) where the OS allows it
     with contextlib.suppress(OSError, AttributeError):
@@ -225,7 +223,6 @@ def atomic_save(obj: Any, path: str) -> None:
 def checkpoint_cache_path(url: str, cache_dir: Optional[str] = None) -> str:
     """Where the download of ``url`` is cached: ``<hash of the whole URL>-<last path segment>``
     in ``cache_dir`` or ``<torch hub dir>/checkpoints/mmeffattn``."""
-    import torch.hub
     folder = cache_dir or osp.join(torch.hub.get_dir(), 'checkpoints', 'mmeffattn')
     parts = urllib.parse.urlsplit(url)
     name = next((seg for seg in reversed(parts.path.split('/')) if seg), parts.netloc)
@@ -293,8 +290,7 @@ def find_resume_checkpoint(work_dir: str) -> Optional[str]:
                   f'{work_dir}: ' + ', '.join(osp.basename(p) for p in leftovers), logger=None)
     record = osp.join(work_dir, 'last_checkpoint')
     if osp.isfile(record):
-        with open(record) as f:
-            named = f.read().strip()
+        named = pathlib.Path(record).read_text().strip()
         if named:
             if not osp.isfile(named) and osp.isfile(osp.join(work_dir, osp.basename(named))):
                 named = osp.join(work_dir, osp.basename(named))  # the work dir was moved

@@ -2,6 +2,7 @@
 with the path, the config key and the fix, not minutes later inside a dataset class."""
 import json
 import os.path as osp
+from pathlib import Path
 from typing import Iterable, Iterator, List, NamedTuple, Tuple
 
 from mmengine.config import Config, ConfigDict
@@ -65,9 +66,8 @@ def check_annotation_json(path: str, key: str = 'ann_file') -> None:
         raise AnnotationFileError(f'annotation file {path!r} ({key}) is empty: {fix}')
     if size <= FULL_JSON_CHECK_BYTES:
         try:
-            with open(path, 'rb') as f:
-                json.loads(f.read())
-        except (ValueError, UnicodeDecodeError) as e:
+            json.loads(Path(path).read_bytes())
+        except ValueError as e:  # (UnicodeDecodeError included)
             raise AnnotationFileError(
                 f'annotation file {path!r} ({key}) is not valid JSON ({e}): {fix}') from None
         return
@@ -134,14 +134,9 @@ def check_dataset_paths(cfg: Config, phases: Iterable[str]) -> None:
     """Raise ``FileNotFoundError`` naming every missing dataset path of ``phases`` and the keys
     that fix it, and :class:`AnnotationFileError` for an annotation file that is not JSON."""
     phases = list(phases)
-    missing = []
-    seen = set()
-    for p in _loader_paths(cfg, phases):
-        if p.path.startswith(_REMOTE) or (p.key, p.path) in seen:
-            continue
-        seen.add((p.key, p.path))
-        if not osp.exists(p.path):
-            missing.append(p)
+    unique = {(p.key, p.path): p for p in _loader_paths(cfg, phases)}  # (in order, once each)
+    missing = [p for p in unique.values() if not p.path.startswith(_REMOTE)
+               and not osp.exists(p.path)]
     if missing:
         lines = '\n'.join(f'  {p.key} = {p.path!r}' for p in missing)
         raise FileNotFoundError('dataset paths in the config do not exist:\n' + lines + '\n'

@@ -121,8 +121,7 @@ def configure_resume(cfg: Config, resume: Optional[str]) -> None:
                                 folder_hint=f'--resume with no value to continue from the latest '
                                 f'checkpoint in the work dir (--work-dir {path} --resume for '
                                 f'this folder)').get('meta')
-    cfg.resume = True
-    cfg.load_from = path
+    cfg.resume, cfg.load_from = True, path
     randomness = dict(cfg.get('randomness') or {})
     if randomness.get('seed') is None and isinstance(meta, dict) and meta.get('seed') is not None:
         randomness['seed'] = meta['seed']
