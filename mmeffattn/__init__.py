@@ -5,8 +5,7 @@
 checkpoint patches our tools use are the opt-in :mod:`mmeffattn.engine.patch_mmengine`.
 
 The attention ops (:mod:`mmeffattn.ops`) need only torch (and Triton for their kernels): without
-mmengine installed, only they are imported.
-"""
+mmengine installed, only they are imported."""
 import importlib.util
 
 from .version import __version__

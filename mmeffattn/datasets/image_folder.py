@@ -18,13 +18,9 @@ def scan_images(folder: str, extensions: Sequence[str] = IMG_EXTENSIONS) -> List
     """Sorted paths, relative to ``folder``, of the files below it whose extension (any case)
     is in ``extensions``. Symlinked directories are followed, as ``ImageFolder`` does."""
     exts = tuple(e.lower() for e in extensions)
-    found = []
-    for root, dirs, files in os.walk(folder, followlinks=True):
-        dirs.sort()  # deterministic walk; the final sort decides the order anyway
-        for name in files:
-            if name.lower().endswith(exts):
-                found.append(osp.relpath(osp.join(root, name), folder))
-    return sorted(found)
+    return sorted(osp.relpath(osp.join(root, name), folder)
+                  for root, _, files in os.walk(folder, followlinks=True)
+                  for name in files if name.lower().endswith(exts))
 
 
 @DATASETS.register_module()
@@ -55,8 +51,7 @@ class UnlabeledImageFolder(BaseDataset):
             raise ValueError('extensions must name at least one file extension, e.g. (".jpg",)')
         self.extensions = tuple(e if e.startswith('.') else '.' + e for e in extensions)
         self.max_images = max_images
-        data_prefix = dict(img_path='') if data_prefix is None else dict(data_prefix)
-        data_prefix.setdefault('img_path', '')
+        data_prefix = {'img_path': '', **(data_prefix or {})}
         super().__init__(data_root=data_root, data_prefix=data_prefix, ann_file=ann_file,
                          **kwargs)
 
@@ -77,9 +72,7 @@ class UnlabeledImageFolder(BaseDataset):
             raise RuntimeError(
                 f'{type(self).__name__}: no images {where}. Check data_root/data_prefix, or pass '
                 f'extensions=(...) for other file types.')
-        if self.max_images is not None:
-            names = names[:self.max_images]
-        return [dict(img_path=osp.join(folder, n)) for n in names]
+        return [dict(img_path=osp.join(folder, n)) for n in names[:self.max_images]]
 
     def _read_list(self, folder: str) -> List[str]:
         if not osp.isfile(self.ann_file):

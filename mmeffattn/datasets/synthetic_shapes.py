@@ -9,41 +9,33 @@ Command line::
     python -m mmeffattn.datasets.synthetic_shapes data/shapes --num-train 200 --num-val 50
 """
 import argparse
+import colorsys
 import json
 import math
 import os
 import os.path as osp
-import shutil
 import time
 
 import numpy as np
 
-__all__ = [
-    'SHAPE_KINDS', 'DEFAULT_CLASSES', 'DEFAULT_METAINFO', 'GENERATOR_VERSION',
-    'generate_shapes_coco', 'generate_shapes_ade20k', 'generate_shapes_imagenet',
-    'shapes_metainfo', 'load_shapes_meta', 'make_contact_sheet',
-]
+__all__ = ['SHAPE_KINDS', 'DEFAULT_CLASSES', 'DEFAULT_METAINFO', 'GENERATOR_VERSION',
+           'generate_shapes_coco', 'generate_shapes_ade20k', 'generate_shapes_imagenet',
+           'shapes_metainfo', 'load_shapes_meta', 'make_contact_sheet']
 
 #: Bumped whenever the drawing changes, so an existing dataset is regenerated.
 GENERATOR_VERSION = 1
 
 #: Every kind of shape this generator can draw, with its visualisation colour (RGB).
 SHAPE_KINDS = {
-    'circle': (220, 20, 60),
-    'square': (0, 130, 200),
-    'triangle': (60, 180, 75),
-    'star': (255, 200, 0),
-    'ring': (145, 30, 180),
-    'hexagon': (245, 130, 48),
-    'ellipse': (70, 240, 240),
-    'cross': (240, 50, 230),
+    'circle': (220, 20, 60), 'square': (0, 130, 200), 'triangle': (60, 180, 75),
+    'star': (255, 200, 0), 'ring': (145, 30, 180), 'hexagon': (245, 130, 48),
+    'ellipse': (70, 240, 240), 'cross': (240, 50, 230),
 }
 
 #: The demo's classes: four shapes that differ clearly in outline.
 DEFAULT_CLASSES = ('circle', 'square', 'triangle', 'star')
 
-_SPLITS = ('train', 'val')
-_SPLIT_CODES = {'train': 0, 'val': 1}
+_SPLITS = ('train', 'val')  # index: the split's code in each image's seed
 _IMG_EXT = {'png': '.png', 'jpg': '.jpg'}
 
 
@@ -67,16 +59,17 @@ def _regular(cx, cy, r, n, theta):
     return np.array([(cx + r * math.cos(t), cy + r * math.sin(t)) for t in a], np.float64)
 
 
+def _place(pts, cx, cy, theta):
+    """(N, 2) offsets, rotated by ``theta`` and moved to ``(cx, cy)``."""
+    c, s = math.cos(theta), math.sin(theta)
+    return np.stack([cx + c * pts[:, 0] - s * pts[:, 1], cy + s * pts[:, 0] + c * pts[:, 1]], 1)
+
+
 def _ellipse(cx, cy, rx, ry, theta):
     # dense enough that the polygon is a smooth outline at any size we draw
     n = int(min(max(math.ceil(2 * math.pi * max(rx, ry) / 3.0), 24), 96))
-    c, s = math.cos(theta), math.sin(theta)
-    pts = []
-    for k in range(n):
-        a = 2 * math.pi * k / n
-        x, y = rx * math.cos(a), ry * math.sin(a)
-        pts.append((cx + c * x - s * y, cy + s * x + c * y))
-    return np.array(pts, np.float64)
+    a = [2 * math.pi * k / n for k in range(n)]
+    return _place(np.array([(rx * math.cos(t), ry * math.sin(t)) for t in a]), cx, cy, theta)
 
 
 def _shape_polygons(kind, cx, cy, r, rng):
@@ -97,9 +90,7 @@ def _shape_polygons(kind, cx, cy, r, rng):
         L = math.sqrt(max(r * r - w * w, w * w))
         pts = np.array([(w, -L), (w, -w), (L, -w), (L, w), (w, w), (w, L), (-w, L), (-w, w),
                         (-L, w), (-L, -w), (-w, -w), (-w, -L)], dtype=np.float64)
-        c, s = math.cos(theta), math.sin(theta)
-        return [np.stack([cx + c * pts[:, 0] - s * pts[:, 1],
-                          cy + s * pts[:, 0] + c * pts[:, 1]], axis=1)], []
+        return [_place(pts, cx, cy, theta)], []
     if kind == 'ring':
         rh = r * rng.uniform(0.45, 0.6)
         return [_ellipse(cx, cy, r, r, 0.0)], [_ellipse(cx, cy, rh, rh, 0.0)]
@@ -119,11 +110,7 @@ def _rasterise(flat_polys, h, w):
 
 
 def _hsv_to_rgb(h, s, v):
-    i = int(h * 6) % 6
-    f = h * 6 - int(h * 6)
-    p, q, t = v * (1 - s), v * (1 - f * s), v * (1 - (1 - f) * s)
-    rgb = [(v, t, p), (q, v, p), (p, v, t), (p, q, v), (t, p, v), (v, p, q)][i]
-    return np.array(rgb, dtype=np.float32) * 255.0
+    return np.array(colorsys.hsv_to_rgb(h, s, v), dtype=np.float32) * 255.0
 
 
 def _smooth_noise(rng, h, w, cells):
@@ -203,17 +190,15 @@ def _object_fill(rng, colour, ys, xs, box):
 def _draw_image(seed, split, index, p):
     """Draw one image. Returns (uint8 HxWx3 image, list of (cat index, polygons or None, mask))."""
     h, w = p['img_size']
-    rng = np.random.default_rng(np.random.SeedSequence([seed, _SPLIT_CODES[split], index]))
+    rng = np.random.default_rng(np.random.SeedSequence([seed, _SPLITS.index(split), index]))
     img = _background(rng, h, w)
     short = min(h, w)
     rmin, rmax = p['size_range'][0] * short, p['size_range'][1] * short
-    num_cls = len(p['classes'])
     n_target = int(rng.integers(p['min_objects'], p['max_objects'] + 1))
 
     placed = []  # dicts: cat, polys (flat, or None when the shape has a hole), full, vis
     for _ in range(n_target):
-        cat = int(rng.integers(num_cls))
-        kind = p['classes'][cat]
+        cat = int(rng.integers(len(p['classes'])))
         for _try in range(p['max_tries']):
             r = rng.uniform(rmin, rmax)
             m = 2.0
@@ -221,7 +206,7 @@ def _draw_image(seed, split, index, p):
                 r = (short - 2 * m) / 2 - 1
             cx = rng.uniform(r + m, w - r - m)
             cy = rng.uniform(r + m, h - r - m)
-            fill, holes = _shape_polygons(kind, cx, cy, r, rng)
+            fill, holes = _shape_polygons(p['classes'][cat], cx, cy, r, rng)
             flat_fill = [_flat(q) for q in fill]
             full = _rasterise(flat_fill, h, w)
             if holes:
@@ -238,8 +223,7 @@ def _draw_image(seed, split, index, p):
             placed.append(dict(cat=cat, polys=None if holes else flat_fill, full=full,
                                vis=full.copy(), area=area))
             ys, xs = np.nonzero(full)
-            bg_mean = img[ys, xs].mean(axis=0)
-            colour = _object_colour(rng, bg_mean)
+            colour = _object_colour(rng, img[ys, xs].mean(axis=0))
             img[ys, xs] = _object_fill(rng, colour, ys.astype(np.float32),
                                        xs.astype(np.float32),
                                        (xs.min(), ys.min(), xs.max(), ys.max()))
@@ -256,12 +240,11 @@ def _draw_image(seed, split, index, p):
 def _annotation(ann_id, img_id, cat_id, polys, mask):
     from pycocotools import mask as mask_utils
     rle = mask_utils.encode(np.asfortranarray(mask.astype(np.uint8)))
-    area = float(mask_utils.area(rle))
-    bbox = [float(v) for v in mask_utils.toBbox(rle)]
     seg = polys if polys is not None else dict(size=[int(v) for v in rle['size']],
                                                counts=rle['counts'].decode('ascii'))
-    return dict(id=ann_id, image_id=img_id, category_id=cat_id, segmentation=seg, area=area,
-                bbox=bbox, iscrowd=0)
+    return dict(id=ann_id, image_id=img_id, category_id=cat_id, segmentation=seg,
+                area=float(mask_utils.area(rle)), bbox=[float(v) for v in mask_utils.toBbox(rle)],
+                iscrowd=0)
 
 
 def _split_paths(out_dir, split):
@@ -270,10 +253,8 @@ def _split_paths(out_dir, split):
 
 
 def _write_json(path, obj):
-    tmp = path + '.tmp'
-    with open(tmp, 'w') as f:
-        json.dump(obj, f, separators=(',', ':'))
-    os.replace(tmp, path)
+    from mmeffattn.engine.checkpoint_io import atomic_write
+    atomic_write(path, lambda f: f.write(json.dumps(obj, separators=(',', ':')).encode()))
 
 
 def _generate_split(out_dir, split, num, p):
@@ -286,20 +267,16 @@ def _generate_split(out_dir, split, num, p):
         if name not in wanted and osp.splitext(name)[1] in ('.png', '.jpg'):
             os.remove(osp.join(img_dir, name))
     h, w = p['img_size']
+    save = (dict(format='PNG', compress_level=6) if ext == '.png' else
+            dict(format='JPEG', quality=p['jpeg_quality'], subsampling=0))
     images, anns = [], []
     for i in range(num):
         img, objs = _draw_image(p['seed'], split, i, p)
         name = f'{i:06d}{ext}'
-        pil = Image.fromarray(img)
-        if ext == '.png':
-            pil.save(osp.join(img_dir, name), format='PNG', compress_level=6)
-        else:
-            pil.save(osp.join(img_dir, name), format='JPEG', quality=p['jpeg_quality'],
-                     subsampling=0)
-        img_id = i + 1
-        images.append(dict(id=img_id, file_name=name, height=h, width=w, license=1))
+        Image.fromarray(img).save(osp.join(img_dir, name), **save)
+        images.append(dict(id=i + 1, file_name=name, height=h, width=w, license=1))
         for cat, polys, mask in objs:
-            anns.append(_annotation(len(anns) + 1, img_id, cat + 1, polys, mask))
+            anns.append(_annotation(len(anns) + 1, i + 1, cat + 1, polys, mask))
     _write_json(ann_path, dict(
         info=dict(description=f'mmeffattn synthetic shapes ({split})',
                   version=str(GENERATOR_VERSION), year=2017, contributor='mmeffattn',
@@ -308,14 +285,13 @@ def _generate_split(out_dir, split, num, p):
         images=images, annotations=anns,
         categories=[dict(id=k + 1, name=c, supercategory='shape')
                     for k, c in enumerate(p['classes'])]))
-    return dict(img_dir=img_dir, ann_file=ann_path, num_images=num, num_instances=len(anns))
+    return len(anns)
 
 
 def load_shapes_meta(out_dir):
     """The ``meta.json`` of a generated dataset, or ``None`` when there is none (or it is bad)."""
-    path = osp.join(out_dir, 'meta.json')
     try:
-        with open(path) as f:
+        with open(osp.join(out_dir, 'meta.json')) as f:
             return json.load(f)
     except (OSError, ValueError):
         return None
@@ -335,15 +311,11 @@ def _is_complete(out_dir, meta, params):
 
 
 def _result(out_dir, meta, regenerated, seconds):
-    out = dict(data_root=osp.abspath(out_dir), metainfo=dict(
-        classes=tuple(meta['metainfo']['classes']),
-        palette=[tuple(c) for c in meta['metainfo']['palette']]),
-        regenerated=regenerated, seconds=seconds)
-    for split in _SPLITS:
-        info = meta['splits'][split]
+    out = dict(data_root=osp.abspath(out_dir), regenerated=regenerated, seconds=seconds,
+               metainfo=shapes_metainfo(meta['params']['classes']))
+    for split in _SPLITS:  # (num_images and num_instances from the meta)
         out[split] = dict(ann_file=f'annotations/instances_{split}2017.json',
-                          img_prefix=f'{split}2017/', num_images=info['num_images'],
-                          num_instances=info['num_instances'])
+                          img_prefix=f'{split}2017/', **meta['splits'][split])
     return out
 
 
@@ -403,23 +375,15 @@ def generate_shapes_coco(out_dir, num_train=200, num_val=50, img_size=(256, 256)
     os.makedirs(osp.join(out_dir, 'annotations'), exist_ok=True)
     if osp.exists(meta_path):
         os.remove(meta_path)  # the dataset is incomplete until meta.json is back
-    for split in _SPLITS:  # a split of the other image format would be stale
-        img_dir = _split_paths(out_dir, split)[0]
-        if osp.isdir(img_dir) and params['img_format'] != (meta or {}).get('params', {}).get(
-                'img_format', params['img_format']):
-            shutil.rmtree(img_dir)
     p = dict(params, img_size=(h, w), classes=tuple(params['classes']))
     splits = {}
-    for split, num in (('train', num_train), ('val', num_val)):
-        ts = time.perf_counter()
-        info = _generate_split(out_dir, split, int(num), p)
-        splits[split] = dict(num_images=info['num_images'], num_instances=info['num_instances'])
+    for split in _SPLITS:
+        ts, num = time.perf_counter(), params[f'num_{split}']
+        splits[split] = dict(num_images=num, num_instances=_generate_split(out_dir, split, num, p))
         if verbose:
-            print(f'{split}: {info["num_images"]} images, {info["num_instances"]} instances '
-                  f'in {time.perf_counter() - ts:.1f} s -> {info["img_dir"]}')
-    meta = dict(params=params, splits=splits,
-                metainfo=dict(classes=list(metainfo['classes']),
-                              palette=[list(c) for c in metainfo['palette']]))
+            print(f'{split}: {num} images, {splits[split]["num_instances"]} instances in '
+                  f'{time.perf_counter() - ts:.1f} s -> {_split_paths(out_dir, split)[0]}')
+    meta = dict(params=params, splits=splits, metainfo=metainfo)  # (JSON: tuples as lists)
     _write_json(meta_path, meta)
     return _result(out_dir, meta, True, time.perf_counter() - t0)
 
@@ -544,19 +508,16 @@ def main(argv=None):
     parser.add_argument('--force', action='store_true', help='regenerate even if up to date')
     parser.add_argument('--preview', metavar='PNG',
                         help='also save a contact sheet of training images with their masks')
-    args = parser.parse_args(argv)
-    res = generate_shapes_coco(args.out_dir, num_train=args.num_train, num_val=args.num_val,
-                               img_size=tuple(args.img_size), seed=args.seed,
-                               classes=tuple(args.classes), min_objects=args.min_objects,
-                               max_objects=args.max_objects,
-                               img_format=args.img_format, force=args.force, verbose=True)
+    args = vars(parser.parse_args(argv))
+    preview = args.pop('preview')
+    res = generate_shapes_coco(**args, verbose=True)
     state = 'generated' if res['regenerated'] else 'already up to date'
     print(f"{res['data_root']}: {state} in {res['seconds']:.1f} s; "
           f"train {res['train']['num_images']} images / {res['train']['num_instances']} "
           f"instances, val {res['val']['num_images']} / {res['val']['num_instances']}")
     print(f"metainfo = {res['metainfo']}")
-    if args.preview:
-        print('preview:', make_contact_sheet(res['data_root'], args.preview))
+    if preview:
+        print('preview:', make_contact_sheet(res['data_root'], preview))
     return 0
 
 

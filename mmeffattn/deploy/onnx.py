@@ -1,16 +1,9 @@
 """ONNX export of models built with mmeffattn's ops, and the onnxruntime check of a file.
 
-:func:`export_onnx` exports an :class:`ExportWrapper` (the tensor-in, tensors-out part of a
-classifier, segmentor, detector or backbone) with torch's dynamo-based exporter
-(``torch.onnx.export(..., dynamo=True)``), opset 18 by default, optionally with a symbolic
-height and width; :func:`check_parity` runs the file with onnxruntime beside PyTorch.
-
-Three translations of torch's exporter are replaced (:func:`translation_table`): ``torch.cdist``
-(LaplacianFormer's L1 kernel reference) has none (``No ONNX function found for
-aten._cdist_forward``), see :func:`cdist_translation`; ``//`` on symbolic sizes truncates
-instead of flooring, see :func:`floordiv_translation`; and the exact GELU is written in the
-order onnxruntime fuses into one kernel, see :func:`gelu_translation`.
-"""
+:func:`export_onnx` exports an :class:`ExportWrapper` with torch's dynamo-based exporter (opset 18
+by default, optionally with a symbolic height and width), with three of its translations replaced
+(:func:`translation_table`); :func:`check_parity` runs the file with onnxruntime beside PyTorch."""
+import importlib.util
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -22,33 +15,24 @@ from mmeffattn.analysis.flops import model_kind
 from mmeffattn.ops import use_backend
 
 __all__ = ['ExportWrapper', 'export_onnx', 'translation_table', 'cdist_translation',
-           'floordiv_translation', 'gelu_translation', 'onnx_session', 'check_parity', 'check_sizes', 'input_dims',
-           'preprocess_meta', 'relative_error', 'require_onnx', 'PARTS', 'MIN_DYNAMIC_SIDE']
+           'floordiv_translation', 'gelu_translation', 'onnx_session', 'check_parity',
+           'check_sizes', 'input_dims', 'preprocess_meta', 'relative_error', 'require_onnx',
+           'PARTS', 'MIN_DYNAMIC_SIDE']
 
 PARTS = ('auto', 'backbone')
 DEFAULT_OPSET = 18
-#: smallest side of a dynamic export: a last-stage grid of one token (32 px) is a size-1 special
-#: case that torch.export would otherwise have to pin (twice the coarsest stride: a detector's
-#: FPN levels past the backbone's raise it, see :attr:`ExportWrapper.min_dynamic_side`)
+#: smallest side of a dynamic export of our backbones, see :attr:`ExportWrapper.min_dynamic_side`
 MIN_DYNAMIC_SIDE = 64
 
 
 def require_onnx() -> None:
     """Raise a clear error if the optional export dependencies are missing."""
-    missing = []
-    for name in ('onnx', 'onnxruntime', 'onnxscript'):
-        try:
-            __import__(name)
-        except ImportError:
-            missing.append(name)
+    missing = [n for n in ('onnx', 'onnxruntime', 'onnxscript') if not importlib.util.find_spec(n)]
     if missing:
         raise ImportError(f'ONNX export needs {", ".join(missing)}: install the optional extra '
                           f'with `pip install -e .[deploy]` (or `pip install {" ".join(missing)}`)')
 
 
-# --------------------------------------------------------------------------------------------
-# what is exported
-# --------------------------------------------------------------------------------------------
 class ExportWrapper(nn.Module):
     """The tensor-in, tensors-out part of a built model that is exported (``what``).
 
@@ -70,13 +54,10 @@ class ExportWrapper(nn.Module):
             raise ValueError(f'part must be one of {PARTS}, got {part!r}')
         self.model = model
         self.kind = model_kind(model)
-        if part == 'backbone' and self.kind != 'module':
-            self.what = 'backbone'
-        elif self.kind == 'detector':
-            self.what = 'backbone+neck' if getattr(model, 'with_neck', False) else 'backbone'
-        else:
-            self.what = {'classifier': 'logits', 'segmentor': 'seg_logits',
-                         'module': 'backbone'}[self.kind]
+        neck = 'backbone+neck' if getattr(model, 'with_neck', False) else 'backbone'
+        self.what = 'backbone' if part == 'backbone' else {
+            'classifier': 'logits', 'segmentor': 'seg_logits', 'detector': neck,
+            'module': 'backbone'}[self.kind]
 
     @property
     def min_dynamic_side(self) -> int:
@@ -120,23 +101,16 @@ def preprocess_meta(model: nn.Module) -> Dict[str, str]:
     return meta
 
 
-# --------------------------------------------------------------------------------------------
-# export
-# --------------------------------------------------------------------------------------------
 #: rows of ``x1`` per step of the p=1 translation's Scan: a ``[64, M, D]`` difference block
 #: stays in the cache where the whole ``[N, M, D]`` went through memory (3x faster in ORT)
 CDIST_BLOCK_ROWS = 64
 
 
 def cdist_translation() -> Callable:
-    """ONNX translation of ``aten._cdist_forward`` (torch's exporter has none):
-    ``out[..., i, j] = ||x1_i - x2_j||_p``.
+    """ONNX translation of ``aten._cdist_forward`` (torch's exporter has none).
 
-    p=1 (LaplacianFormer's kernel) runs as a ``Scan`` over blocks of :data:`CDIST_BLOCK_ROWS`
-    rows of ``x1`` (padded to a multiple, the padding sliced off): each step takes
-    ``ReduceL1`` of the block's ``[R, M, D]`` differences. p=2 broadcasts ``[..., N, 1, D] -
-    [..., 1, M, D]`` at once.
-    """
+    p=1 (LaplacianFormer's kernel) is a ``Scan`` of ``ReduceL1`` over blocks of
+    :data:`CDIST_BLOCK_ROWS` rows of ``x1`` (padded, the padding sliced off); p=2 broadcasts."""
     from onnxscript import ir
     from onnxscript import opset18 as op
 
@@ -178,14 +152,10 @@ def cdist_translation() -> Callable:
 def floordiv_translation() -> Callable:
     """ONNX translation of Python's ``//`` on symbolic sizes (``operator.floordiv``) that floors.
 
-    torch's exporter (onnxscript's ``operator_floordiv``) emits a bare ``Div``, which truncates
-    towards zero: right for non-negative operands only. Shape arithmetic is often rewritten as
-    a floor division of a *negative* number (``ceil(a / b) == -((-a) // b)``, as in
-    LaplacianFormer's landmark count): with truncation a dynamic file computes 7 instead of 8
-    landmark rows on an odd grid, and onnxruntime fails with "Attempting to broadcast an axis by
-    a dimension other than 1. 35 by 48". ``Mod`` (``fmod=0``) takes the divisor's sign, as
-    Python does, so ``(a - a mod b) / b`` is exact and equals ``floor(a / b)``.
-    """
+    torch's exporter emits a bare ``Div``, which truncates towards zero: wrong for the negative
+    operands of ``ceil(a / b) == -((-a) // b)`` (LaplacianFormer's landmark count), where a
+    dynamic file would compute 7 landmark rows instead of 8 on an odd grid. ``Mod`` takes the
+    divisor's sign, as Python does, so ``(a - a mod b) / b == floor(a / b)`` exactly."""
     from onnxscript import opset18 as op
 
     def floordiv(a, b):
@@ -197,11 +167,9 @@ def floordiv_translation() -> Callable:
 def gelu_translation() -> Callable:
     """ONNX translation of ``aten.gelu`` that onnxruntime runs as one ``Gelu`` kernel.
 
-    Opset 18 has no Gelu: torch's exporter writes ``x * (0.5 * (1 + erf(x / sqrt(2))))``, which
-    onnxruntime's Gelu fusion does not match, so four elementwise passes run on the largest
-    maps (the MLPs' hidden ones). ``(x * (1 + erf(x / sqrt(2)))) * 0.5`` is the pattern it fuses.
-    The tanh approximation is written as torch's exporter writes it.
-    """
+    Opset 18 has no Gelu, and onnxruntime does not fuse torch's ``x * (0.5 * (1 + erf(x /
+    sqrt(2))))``: ``(x * (1 + erf(x / sqrt(2)))) * 0.5`` is the pattern it fuses. The tanh
+    approximation stays torch's."""
     from onnxscript import opset18 as op
     from onnxscript.function_libs.torch_lib.ops.nn import aten_gelu
 
@@ -238,37 +206,27 @@ def export_onnx(wrapper: nn.Module, shape: Sequence[int], out: str, dynamic: boo
     With ``dynamic`` the height and width are symbolic (each at least
     :attr:`ExportWrapper.min_dynamic_side`); a model whose code pins a size (a Python int taken
     from a shape, a branch on it) makes ``torch.export`` raise, naming the guard. The ops run
-    their PyTorch backend: a Triton kernel cannot be exported.
-    """
+    their PyTorch backend: a Triton kernel cannot be exported."""
     require_onnx()
-    import onnx
     x = torch.randn(batch, 3, *shape)
-    dynamic_shapes = None
     if dynamic:
         # the batch stays 1: a dimension exported at size 1 is specialised by torch.export
         # (any module may be exported; our wrapper knows its outputs' coarsest stride)
         side = getattr(wrapper, 'min_dynamic_side', MIN_DYNAMIC_SIDE)
         if min(shape) < side:
             raise ValueError(dynamic_side_error(wrapper, shape))
-        dynamic_shapes = ({2: torch.export.Dim('height', min=side, max=16384),
-                           3: torch.export.Dim('width', min=side, max=16384)}, )
+        dims = {2: torch.export.Dim('height', min=side, max=16384),
+                3: torch.export.Dim('width', min=side, max=16384)}
     with torch.no_grad(), use_backend('torch'):
         if dynamic:
             # torch.export first: torch.onnx.export falls back to a static graph when the model
             # pins a size, silently; torch.export raises and names the guard that pins it
-            wrapper = torch.export.export(wrapper, (x, ), dynamic_shapes=dynamic_shapes,
-                                          strict=False)
-            dynamic_shapes = None
-        program = torch.onnx.export(
-            wrapper, (x, ), dynamo=True, opset_version=opset, dynamic_shapes=dynamic_shapes,
-            custom_translation_table=translation_table(), input_names=['image'],
-            verbose=False, optimize=True)
+            wrapper = torch.export.export(wrapper, (x, ), dynamic_shapes=(dims, ), strict=False)
+        program = torch.onnx.export(wrapper, (x, ), dynamo=True, opset_version=opset,
+                                    custom_translation_table=translation_table(),
+                                    input_names=['image'], verbose=False, optimize=True)
+    program.model.metadata_props.update(metadata or {})
     program.save(out)
-    proto = onnx.load(out)
-    for key, value in (metadata or {}).items():
-        entry = proto.metadata_props.add()
-        entry.key, entry.value = key, value
-    onnx.save(proto, out)
     return out
 
 
@@ -276,32 +234,22 @@ def input_dims(path: str) -> List[Any]:
     """The first input's dimensions: ints (static) or names (symbolic)."""
     import onnx
     proto = onnx.load(path, load_external_data=False)
-    dims = proto.graph.input[0].type.tensor_type.shape.dim
-    return [d.dim_param if d.dim_param else d.dim_value for d in dims]
+    return [d.dim_param or d.dim_value for d in proto.graph.input[0].type.tensor_type.shape.dim]
 
 
-# --------------------------------------------------------------------------------------------
-# onnxruntime
-# --------------------------------------------------------------------------------------------
 def check_sizes(shape: Sequence[int], dynamic: bool,
                 min_side: int = MIN_DYNAMIC_SIDE) -> List[Tuple[int, int]]:
     """The export size, and for a dynamic file two more (each side at least ``min_side``): one
     larger and one with odd sides."""
     h, w = int(shape[0]), int(shape[1])
-    sizes = [(h, w)]
-    if dynamic:
-        sizes.append((h + 64, max(w - 32, min_side)))
-        sizes.append((h + 17 if h % 2 == 0 else h + 16, w + 9 if w % 2 == 0 else w + 8))
-    return sizes
+    odd = (h + 17 - h % 2, w + 9 - w % 2)
+    return [(h, w), (h + 64, max(w - 32, min_side)), odd] if dynamic else [(h, w)]
 
 
 def _flatten(outs: Any) -> List[torch.Tensor]:
     if isinstance(outs, torch.Tensor):
         return [outs]
-    flat: List[torch.Tensor] = []
-    for o in outs:
-        flat += _flatten(o)
-    return flat
+    return [t for o in outs for t in _flatten(o)]
 
 
 def relative_error(got: Any, ref: torch.Tensor) -> float:
@@ -341,15 +289,10 @@ def check_parity(path: str, wrapper: nn.Module, sizes: Sequence[Tuple[int, int]]
         with torch.no_grad(), use_backend('torch'):
             ref = _flatten(wrapper(x))
         torch_ms = (time.perf_counter() - t0) * 1e3
-        if len(got) != len(ref):
-            raise RuntimeError(f'{path}: onnxruntime returned {len(got)} outputs at {hw}, '
-                               f'PyTorch {len(ref)}')
-        for g, r in zip(got, ref):
-            if tuple(g.shape) != tuple(r.shape):
-                raise RuntimeError(f'{path}: output shape {tuple(g.shape)} from onnxruntime at '
-                                   f'{hw}, {tuple(r.shape)} from PyTorch')
-        records.append(dict(size=tuple(hw), rel_err=max(relative_error(g, r)
-                                                        for g, r in zip(got, ref)),
-                            shapes=[tuple(r.shape) for r in ref], ort_ms=ort_ms,
-                            torch_ms=torch_ms))
+        shapes = [tuple(r.shape) for r in ref]
+        if [tuple(g.shape) for g in got] != shapes:
+            raise RuntimeError(f'{path}: onnxruntime returned outputs of shapes '
+                               f'{[tuple(g.shape) for g in got]} at {hw}, PyTorch {shapes}')
+        records.append(dict(size=tuple(hw), shapes=shapes, ort_ms=ort_ms, torch_ms=torch_ms,
+                            rel_err=max(relative_error(g, r) for g, r in zip(got, ref))))
     return records

@@ -10,14 +10,17 @@ import inspect
 import io
 import os
 import os.path as osp
+import pathlib
 import pickle
 import re
+import secrets
 import shutil
 import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
+import zipfile
+from typing import Any, Callable, ContextManager, Dict, Iterable, List, Optional
 
 import torch
 
@@ -64,11 +67,9 @@ def mmengine_safe_globals() -> List[Any]:
     return found
 
 
-@contextlib.contextmanager
-def mmengine_safe_loading(extra: Iterable[Any] = ()) -> Iterator[None]:
+def mmengine_safe_loading(extra: Iterable[Any] = ()) -> ContextManager[None]:
     """Allow-list mmengine's checkpoint contents (plus ``extra``) for the ``with`` block only."""
-    with torch.serialization.safe_globals([*mmengine_safe_globals(), *extra]):
-        yield
+    return torch.serialization.safe_globals([*mmengine_safe_globals(), *extra])
 
 
 class _YacsConfig:
@@ -113,16 +114,11 @@ def load_checkpoint_file(path: str, map_location: Any = 'cpu', *, mmap: bool = F
                               f'download?): {hint}')
     if is_safetensors(path):
         return _load_safetensors(path, map_location, hint)
+    mmap = mmap and zipfile.is_zipfile(path)  # (a file of the legacy format cannot be mapped)
     try:
         with mmengine_safe_loading(extra_safe_globals):
-            try:
-                return torch.load(path, map_location=map_location, weights_only=weights_only,
-                                  mmap=mmap or None)
-            except RuntimeError as e:
-                if mmap and 'mmap' in str(e) and 'zipfile' in str(e):  # legacy format: no mmap
-                    return torch.load(path, map_location=map_location,
-                                      weights_only=weights_only)
-                raise
+            return torch.load(path, map_location=map_location, weights_only=weights_only,
+                              mmap=mmap or None)
     except pickle.UnpicklingError as e:
         # only an unknown global means a real object; anything else is not a pickle
         if 'Unsupported global' in str(e):
@@ -176,7 +172,7 @@ def _unsupported_global(exc: BaseException) -> str:
     return f'GLOBAL {m.group(1)}' if m else load_error_reason(exc)
 
 
-#: the names mkstemp gives atomic_write's files: cleaning up removes no file it did not create
+#: the names of atomic_write's temporary files: cleaning up removes no file it did not create
 _TEMP_NAME = r'\.({name})\.[a-z0-9_]{{8}}\.tmp'
 
 
@@ -200,19 +196,15 @@ def atomic_write(path: str, write: Callable[[io.BufferedWriter], None]) -> None:
     path = osp.abspath(path)
     folder = osp.dirname(path)
     _remove(_stale_temp_files(folder, re.escape(osp.basename(path))))
-    fd, tmp = tempfile.mkstemp(prefix=f'.{osp.basename(path)}.', suffix='.tmp', dir=folder)
-    umask = os.umask(0)
-    os.umask(umask)
+    tmp = osp.join(folder, f'.{osp.basename(path)}.{secrets.token_hex(4)}.tmp')
     try:
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; match a plain open()
-        with os.fdopen(fd, 'wb') as f:
+        with open(tmp, 'xb') as f:  # (the mode a plain open() gives, unlike mkstemp's 0600)
             write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
+        _remove([tmp])
         raise
     # persist the rename (the directory entry) where the OS allows it
     with contextlib.suppress(OSError, AttributeError):
@@ -231,7 +223,6 @@ def atomic_save(obj: Any, path: str) -> None:
 def checkpoint_cache_path(url: str, cache_dir: Optional[str] = None) -> str:
     """Where the download of ``url`` is cached: ``<hash of the whole URL>-<last path segment>``
     in ``cache_dir`` or ``<torch hub dir>/checkpoints/mmeffattn``."""
-    import torch.hub
     folder = cache_dir or osp.join(torch.hub.get_dir(), 'checkpoints', 'mmeffattn')
     parts = urllib.parse.urlsplit(url)
     name = next((seg for seg in reversed(parts.path.split('/')) if seg), parts.netloc)
@@ -277,18 +268,15 @@ def open_checkpoint(checkpoint: str, map_location: Any = 'cpu', *,
     """Read a checkpoint from a local path or an ``http(s)://`` URL (downloaded once) with
     :func:`load_checkpoint_file`; other ``scheme://`` names go to mmengine's
     ``CheckpointLoader``."""
-    scheme = urllib.parse.urlsplit(str(checkpoint)).scheme.lower()
-    if scheme in ('http', 'https'):
-        return load_checkpoint_file(download_checkpoint(checkpoint, cache_dir),
-                                    map_location=map_location,
-                                    extra_safe_globals=extra_safe_globals,
-                                    hint=f'delete the cached download to fetch {checkpoint!r} '
-                                         f'again')
-    if '://' in str(checkpoint):
+    path, hint = checkpoint, _CORRUPT_HINT
+    if urllib.parse.urlsplit(str(checkpoint)).scheme.lower() in ('http', 'https'):
+        path = download_checkpoint(checkpoint, cache_dir)
+        hint = f'delete the cached download to fetch {checkpoint!r} again'
+    elif '://' in str(checkpoint):
         from mmengine.runner.checkpoint import CheckpointLoader
         return CheckpointLoader.load_checkpoint(checkpoint, map_location=map_location)
-    return load_checkpoint_file(checkpoint, map_location=map_location,
-                                extra_safe_globals=extra_safe_globals)
+    return load_checkpoint_file(path, map_location=map_location,
+                                extra_safe_globals=extra_safe_globals, hint=hint)
 
 
 def find_resume_checkpoint(work_dir: str) -> Optional[str]:
@@ -302,8 +290,7 @@ def find_resume_checkpoint(work_dir: str) -> Optional[str]:
                   f'{work_dir}: ' + ', '.join(osp.basename(p) for p in leftovers), logger=None)
     record = osp.join(work_dir, 'last_checkpoint')
     if osp.isfile(record):
-        with open(record) as f:
-            named = f.read().strip()
+        named = pathlib.Path(record).read_text().strip()
         if named:
             if not osp.isfile(named) and osp.isfile(osp.join(work_dir, osp.basename(named))):
                 named = osp.join(work_dir, osp.basename(named))  # the work dir was moved

@@ -37,14 +37,11 @@ def init_cpu_distributed(timeout_s: int = 1800, launcher: str = 'pytorch') -> No
 
 def configure_cpu_ddp(cfg) -> None:
     """Make mmengine wrap the model in DDP over CPU tensors."""
-    wrapper = dict(cfg.get('model_wrapper_cfg') or {})
-    wrapper.setdefault('type', 'MMDistributedDataParallel')
-    wrapper['device_ids'] = None
-    wrapper.setdefault('broadcast_buffers', False)
-    wrapper.setdefault('find_unused_parameters', cfg.get('find_unused_parameters', False))
-    cfg.model_wrapper_cfg = wrapper
-    env = cfg.setdefault('env_cfg', {})
-    env.setdefault('dist_cfg', {})['backend'] = 'gloo'
+    cfg.model_wrapper_cfg = {  # the config's own settings win, but the device is the CPU
+        'type': 'MMDistributedDataParallel', 'broadcast_buffers': False,
+        'find_unused_parameters': cfg.get('find_unused_parameters', False),
+        **(cfg.get('model_wrapper_cfg') or {}), 'device_ids': None}
+    cfg.merge_from_dict({'env_cfg.dist_cfg.backend': 'gloo'})
 
 
 def register_config_package() -> None:

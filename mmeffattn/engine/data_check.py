@@ -2,7 +2,8 @@
 with the path, the config key and the fix, not minutes later inside a dataset class."""
 import json
 import os.path as osp
-from typing import Iterable, Iterator, List, NamedTuple
+from pathlib import Path
+from typing import Iterable, Iterator, List, NamedTuple, Tuple
 
 from mmengine.config import Config, ConfigDict
 
@@ -11,12 +12,10 @@ FULL_JSON_CHECK_BYTES = 64 * 1024 * 1024
 
 PHASE_EVALUATORS = {'train': ('val_evaluator',), 'val': ('val_evaluator',),
                     'test': ('test_evaluator',)}
-
-PHASE_LOADERS = {
-    'train': ('train_dataloader', 'val_dataloader'),
-    'val': ('val_dataloader',),
-    'test': ('test_dataloader',),
-}
+PHASE_LOADERS = {'train': ('train_dataloader', 'val_dataloader'), 'val': ('val_dataloader',),
+                 'test': ('test_dataloader',)}
+#: paths that are not local files, and so are not checked
+_REMOTE = ('s3:', 'http:', 'https:', 'petrel:')
 
 
 class DatasetPath(NamedTuple):
@@ -36,10 +35,8 @@ def _dataset_paths(ds: dict, key: str) -> List[DatasetPath]:
     if ds is None:
         return []
     if 'datasets' in ds:  # ConcatDataset and friends
-        out = []
-        for i, sub in enumerate(ds['datasets']):
-            out += _dataset_paths(sub, f'{key}.datasets[{i}]')
-        return out
+        return [p for i, sub in enumerate(ds['datasets'])
+                for p in _dataset_paths(sub, f'{key}.datasets[{i}]')]
     if 'dataset' in ds:  # RepeatDataset, ClassBalancedDataset, MultiImageMixDataset
         return _dataset_paths(ds['dataset'], f'{key}.dataset')
     root = ds.get('data_root') or ''
@@ -47,9 +44,8 @@ def _dataset_paths(ds: dict, key: str) -> List[DatasetPath]:
     if root:
         out.append(DatasetPath(key, 'data_root', root, ds))
     ann = ds.get('ann_file')
-    if ann:
-        out.append(DatasetPath(key, 'ann_file', osp.join(root, ann) if not osp.isabs(ann) else ann,
-                               ds))
+    if ann:  # (an absolute ann_file is taken as it is)
+        out.append(DatasetPath(key, 'ann_file', osp.join(root, ann), ds))
     prefix = ds.get('data_prefix') or {}
     for name, sub in (prefix.items() if isinstance(prefix, dict) else []):
         if isinstance(sub, str) and sub:
@@ -70,9 +66,8 @@ def check_annotation_json(path: str, key: str = 'ann_file') -> None:
         raise AnnotationFileError(f'annotation file {path!r} ({key}) is empty: {fix}')
     if size <= FULL_JSON_CHECK_BYTES:
         try:
-            with open(path, 'rb') as f:
-                json.loads(f.read())
-        except (ValueError, UnicodeDecodeError) as e:
+            json.loads(Path(path).read_bytes())
+        except ValueError as e:  # (UnicodeDecodeError included)
             raise AnnotationFileError(
                 f'annotation file {path!r} ({key}) is not valid JSON ({e}): {fix}') from None
         return
@@ -95,29 +90,26 @@ def _loader_paths(cfg: Config, phases: Iterable[str]) -> Iterator[DatasetPath]:
                 yield from _dataset_paths(loader['dataset'], f'{loader_key}.dataset')
 
 
+def _evaluator_ann_files(cfg: Config, phases: Iterable[str]) -> Iterator[Tuple[str, str]]:
+    """``(config key, path)`` of each evaluator annotation file of ``phases``, once each."""
+    for ev_key in dict.fromkeys(k for phase in phases for k in PHASE_EVALUATORS[phase]):
+        evaluators = cfg.get(ev_key)
+        many = isinstance(evaluators, (list, tuple))
+        for i, ev in enumerate(evaluators if many else [evaluators]):
+            if isinstance(ev, (dict, ConfigDict)) and isinstance(ev.get('ann_file'), str):
+                yield f'{ev_key}[{i}].ann_file' if many else f'{ev_key}.ann_file', ev['ann_file']
+
+
 def check_annotation_files(cfg: Config, phases: Iterable[str]) -> None:
     """:func:`check_annotation_json` on every annotation file of ``phases``' datasets and
     evaluators."""
-    seen = set()
-    for p in _loader_paths(cfg, phases):
-        if p.field == 'ann_file':
-            _check_json_once(p.path, p.key, seen)
-    for phase in phases:
-        for ev_key in PHASE_EVALUATORS[phase]:
-            evaluators = cfg.get(ev_key)
-            for i, ev in enumerate(evaluators if isinstance(evaluators, (list, tuple))
-                                   else [evaluators]):
-                if isinstance(ev, (dict, ConfigDict)) and isinstance(ev.get('ann_file'), str):
-                    key = f'{ev_key}.ann_file' if ev is evaluators else f'{ev_key}[{i}].ann_file'
-                    _check_json_once(ev['ann_file'], key, seen)
-
-
-def _check_json_once(path: str, key: str, seen: set) -> None:
-    if (not path.lower().endswith('.json') or path in seen or not osp.isfile(path)
-            or path.startswith(('s3:', 'http:', 'https:', 'petrel:'))):
-        return
-    seen.add(path)
-    check_annotation_json(path, key)
+    phases, seen = list(phases), set()
+    files = [(p.key, p.path) for p in _loader_paths(cfg, phases) if p.field == 'ann_file']
+    for key, path in files + list(_evaluator_ann_files(cfg, phases)):
+        if (path.lower().endswith('.json') and path not in seen and osp.isfile(path)
+                and not path.startswith(_REMOTE)):
+            seen.add(path)
+            check_annotation_json(path, key)
 
 
 def _missing_paths_fix(cfg: Config, missing: List[DatasetPath], phases: Iterable[str]) -> str:
@@ -128,13 +120,11 @@ def _missing_paths_fix(cfg: Config, missing: List[DatasetPath], phases: Iterable
     options = [f'{key}.data_root=/path/to/dataset/' for key in datasets]
     # the datasets' own annotation files, relative to their roots (COCO's evaluator repeats one)
     anns = [str(ds.get('ann_file') or '') for ds in datasets.values()]
-    for ev_key in dict.fromkeys(k for phase in phases for k in PHASE_EVALUATORS[phase]):
-        ev = cfg.get(ev_key)
-        if isinstance(ev, (dict, ConfigDict)) and isinstance(ev.get('ann_file'), str):
-            ann = next((a for a in anns if a and not osp.isabs(a) and ev['ann_file'].endswith(a)),
-                       None)
-            options.append(f'{ev_key}.ann_file=' + (f'/path/to/dataset/{ann}' if ann else
-                                                    '/path/to/annotations.json'))
+    for key, path in _evaluator_ann_files(cfg, phases):
+        if '[' not in key:  # (a list's entries have no --cfg-options key)
+            ann = next((a for a in anns if a and not osp.isabs(a) and path.endswith(a)), None)
+            options.append(f'{key}=' + (f'/path/to/dataset/{ann}' if ann else
+                                        '/path/to/annotations.json'))
     layout = f' (the layout {" / ".join(types)} expects)' if types else ''
     return (f'Put the dataset there{layout}, or point the config at it, e.g. --cfg-options '
             + ' '.join(options))
@@ -144,14 +134,9 @@ def check_dataset_paths(cfg: Config, phases: Iterable[str]) -> None:
     """Raise ``FileNotFoundError`` naming every missing dataset path of ``phases`` and the keys
     that fix it, and :class:`AnnotationFileError` for an annotation file that is not JSON."""
     phases = list(phases)
-    missing = []
-    seen = set()
-    for p in _loader_paths(cfg, phases):
-        if p.path.startswith(('s3:', 'http:', 'https:', 'petrel:')) or (p.key, p.path) in seen:
-            continue
-        seen.add((p.key, p.path))
-        if not osp.exists(p.path):
-            missing.append(p)
+    unique = {(p.key, p.path): p for p in _loader_paths(cfg, phases)}  # (in order, once each)
+    missing = [p for p in unique.values() if not p.path.startswith(_REMOTE)
+               and not osp.exists(p.path)]
     if missing:
         lines = '\n'.join(f'  {p.key} = {p.path!r}' for p in missing)
         raise FileNotFoundError('dataset paths in the config do not exist:\n' + lines + '\n'

@@ -1,7 +1,6 @@
 """Exact resume: checkpoints carry the Python, numpy and torch random states and the data
 position, which mmengine alone does not restore; :class:`ExactResumeHook` restores them where the
-uninterrupted run would be (docs/advanced/reliability.md).
-"""
+uninterrupted run would be (docs/advanced/reliability.md)."""
 import random
 from typing import Any, Dict, Iterator, Optional
 
@@ -36,13 +35,10 @@ def set_rng_state(state: Dict[str, Any]) -> None:
     np.random.set_state((npy['kind'], npy['keys'].numpy().astype(np.uint32), npy['pos'],
                          npy['has_gauss'], npy['cached_gaussian']))
     torch.set_rng_state(state['torch'])
-    cuda = state.get('cuda')
-    if cuda is not None and torch.cuda.is_available():
-        if len(cuda) == torch.cuda.device_count():
-            torch.cuda.set_rng_state_all(cuda)
-        else:  # a different number of GPUs: at least the visible ones that existed
-            for i, s in enumerate(cuda[:torch.cuda.device_count()]):
-                torch.cuda.set_rng_state(s, i)
+    if state.get('cuda') is not None and torch.cuda.is_available():
+        # (with a different number of GPUs: at least the visible ones that existed)
+        for i, s in enumerate(state['cuda'][:torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(s, i)
 
 
 class _RestoreAfterReplay:
@@ -56,11 +52,10 @@ class _RestoreAfterReplay:
         return self
 
     def __next__(self):
-        if self.skip > 0:
-            self.skip -= 1
-            return next(self.inner)
-        set_rng_state(self.state)
-        self.loop.dataloader_iterator = self.inner
+        if self.skip == 0:  # replayed: restore, and let the loop read the inner iterator on
+            set_rng_state(self.state)
+            self.loop.dataloader_iterator = self.inner
+        self.skip -= 1
         return next(self.inner)
 
     def __getattr__(self, name):  # e.g. the _InfiniteDataloaderIterator's _epoch
@@ -79,13 +74,11 @@ class ExactResumeHook(Hook):
         self._val_state: Optional[Dict[str, Any]] = None
 
     def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
-        state = get_rng_state()
         meta = checkpoint.get('meta', {})
         # the loop replays this many batches of the seeded sampler on resume
-        state['position'] = dict(epoch=int(meta.get('epoch', runner.epoch)),
-                                 iter=int(meta.get('iter', runner.iter)),
-                                 seed=runner.seed, world_size=int(runner.world_size))
-        checkpoint[RNG_STATE_KEY] = state
+        checkpoint[RNG_STATE_KEY] = dict(get_rng_state(), position=dict(
+            epoch=int(meta.get('epoch', runner.epoch)), iter=int(meta.get('iter', runner.iter)),
+            seed=runner.seed, world_size=int(runner.world_size)))
 
     def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
         if not getattr(runner, '_resume', False):  # load_from: fine-tuning starts fresh streams

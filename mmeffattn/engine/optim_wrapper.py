@@ -10,12 +10,8 @@ from ..registry import OPTIM_WRAPPERS
 
 @OPTIM_WRAPPERS.register_module()
 class CPUAutocastOptimWrapper(OptimWrapper):
-    """An ``OptimWrapper`` that runs the forward pass under ``torch.autocast('cpu', bf16)``.
-
-    Args:
-        dtype: the autocast dtype, ``'bfloat16'`` (default) or ``'float16'``.
-        **kwargs: passed to :class:`mmengine.optim.OptimWrapper`.
-    """
+    """An ``OptimWrapper`` that runs the forward pass under ``torch.autocast('cpu', dtype)``,
+    ``dtype`` ``'bfloat16'`` (default) or ``'float16'``; ``**kwargs`` go to ``OptimWrapper``."""
 
     def __init__(self, dtype: str = 'bfloat16', **kwargs) -> None:
         super().__init__(**kwargs)

@@ -39,8 +39,7 @@ def set_work_dir(cfg: Config, config_path: str, work_dir: Optional[str]) -> None
 def setup_launcher(cfg: Config, launcher: str) -> None:
     """Record the launcher; on a CPU-only machine start gloo and wrap DDP for CPU modules."""
     cfg.launcher = launcher
-    if 'LOCAL_RANK' not in os.environ:
-        os.environ['LOCAL_RANK'] = '0'
+    os.environ.setdefault('LOCAL_RANK', '0')
     if cpu_distributed_requested(launcher):
         init_cpu_distributed(launcher=launcher)
         configure_cpu_ddp(cfg)
@@ -122,8 +121,7 @@ def configure_resume(cfg: Config, resume: Optional[str]) -> None:
                                 folder_hint=f'--resume with no value to continue from the latest '
                                 f'checkpoint in the work dir (--work-dir {path} --resume for '
                                 f'this folder)').get('meta')
-    cfg.resume = True
-    cfg.load_from = path
+    cfg.resume, cfg.load_from = True, path
     randomness = dict(cfg.get('randomness') or {})
     if randomness.get('seed') is None and isinstance(meta, dict) and meta.get('seed') is not None:
         randomness['seed'] = meta['seed']
@@ -238,10 +236,9 @@ def load_whole_checkpoints(runner, loaded: Optional[dict] = None) -> None:
 def close_distributed() -> None:
     """Wait for every rank, then destroy the process group (at interpreter shutdown, gloo's
     threads could abort a finished run)."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return
-    dist.barrier()
-    dist.destroy_process_group()
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def run_cli(main: Callable[[], object]) -> None:
